@@ -1,0 +1,258 @@
+"""AttentionInputs: one validated record of an ``attention()`` call.
+
+Everything a backend needs to decide whether it can run, and to run, is checked
+and computed here once, before any compute: shapes, dtypes, device, the
+canonical score and mask objects, the resolved scale and the flags.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from . import masks as _masks
+from .scores import Score, resolve_score
+
+__all__ = ["AttentionInputs", "validate_inputs"]
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class AttentionInputs:
+    """A validated attention call.
+
+    Shapes: query (*Bq, L, E), key (*Bk, S, Ek), value (*Bk, S, Ev); the output
+    has shape (*batch_shape, L, Ev). ``groups`` > 1 means grouped-query attention:
+    dim -3 of query is ``groups`` times dim -3 of key and value.
+    """
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    score: Score
+    mask: _masks.Mask | None
+    scale: float
+    dropout_p: float
+    return_weights: bool
+    return_lse: bool
+    batch_shape: tuple[int, ...]
+    L: int
+    S: int
+    E: int
+    Ev: int
+    groups: int
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.query.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.query.device
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """float32 for half inputs (softmax accumulates in float32), else the input dtype."""
+        return torch.float32 if self.dtype in (torch.float16, torch.bfloat16) else self.dtype
+
+    @property
+    def mask_parts(self) -> tuple[_masks.Mask, ...]:
+        return () if self.mask is None else self.mask.parts()
+
+    @property
+    def mask_kinds(self) -> frozenset[str]:
+        return frozenset(p.kind for p in self.mask_parts)
+
+    @property
+    def needs_grad(self) -> bool:
+        if not torch.is_grad_enabled():
+            return False
+        return any(t.requires_grad for t in (self.query, self.key, self.value)) or any(
+            p.requires_grad for p in self.score.parameters()
+        )
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        return (*self.batch_shape, self.L, self.Ev)
+
+
+def _shape(t: torch.Tensor | Sequence[int]) -> str:
+    dims = t.shape if isinstance(t, torch.Tensor) else t
+    return "(" + ", ".join(str(int(d)) for d in dims) + ")"
+
+
+def _check_tensor(name: str, t: object, layout: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor of shape {layout}, got {type(t).__name__}")
+    if t.ndim < 2:
+        raise ValueError(f"{name}: expected shape {layout} with at least 2 dims, got {_shape(t)}")
+    if t.dtype not in _FLOAT_DTYPES:
+        raise TypeError(
+            f"{name}: expected a floating-point tensor (float16, bfloat16, float32, float64), "
+            f"got dtype {t.dtype}"
+        )
+    return t
+
+
+def _broadcast_batch(
+    q_batch: tuple[int, ...], kv_batch: tuple[int, ...]
+) -> tuple[tuple[int, ...], int]:
+    """Broadcast leading dims of query and key/value; returns (batch_shape, groups)."""
+    groups = 1
+    kv = list(kv_batch)
+    if len(q_batch) >= 1 and len(kv) >= 1:
+        hq, hk = q_batch[-1], kv[-1]
+        if hq != hk and hk != 1 and hq != 1:
+            if hq % hk != 0:
+                raise ValueError(
+                    f"key: the head dim (-3) of query is {hq} and of key is {hk}; for "
+                    f"grouped-query attention the query's must be a multiple of the key's, "
+                    f"otherwise both must be equal or 1"
+                )
+            groups = hq // hk
+            kv[-1] = hq
+    try:
+        shape = torch.broadcast_shapes(torch.Size(q_batch), torch.Size(kv))
+    except RuntimeError:
+        raise ValueError(
+            f"query, key: leading (batch) dims do not broadcast: query has {_shape(q_batch)}, "
+            f"key/value have {_shape(kv_batch)}"
+        ) from None
+    return tuple(int(d) for d in shape), groups
+
+
+def _normalize_mask(mask: object) -> _masks.Mask | None:
+    if mask is None or isinstance(mask, _masks.Mask):
+        return mask
+    if isinstance(mask, torch.Tensor):
+        if mask.dtype == torch.bool:
+            raise TypeError(
+                "mask: a raw bool tensor is ambiguous; wrap it as masks.keep(t) (True = may "
+                "attend) or masks.block(t) (True = masked, torch.nn.MultiheadAttention's "
+                "convention)"
+            )
+        if mask.is_floating_point():
+            return _masks.bias(mask)
+        raise TypeError(
+            f"mask: a {mask.dtype} tensor is ambiguous; use masks.tf(t) (1 = masked), "
+            "masks.keep(t.bool()) or masks.block(t.bool())"
+        )
+    raise TypeError(
+        f"mask: expected an attnkit mask (masks.keep, masks.block, masks.causal, ...) or a float "
+        f"tensor (additive bias), got {type(mask).__name__}"
+    )
+
+
+def _check_flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected True or False, got {value!r}")
+    return value
+
+
+def validate_inputs(
+    query: object,
+    key: object,
+    value: object,
+    *,
+    score: object = "scaled_dot",
+    mask: object = None,
+    scale: object = None,
+    dropout_p: object = 0.0,
+    return_weights: object = False,
+    return_lse: object = False,
+) -> AttentionInputs:
+    """Check every argument of ``attention()`` and return the canonical record."""
+    q = _check_tensor("query", query, "(..., L, E)")
+    k = _check_tensor("key", key, "(..., S, E)")
+    v = _check_tensor("value", value, "(..., S, Ev)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"query, key, value: dtypes must match, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    if not (q.device == k.device == v.device):
+        raise ValueError(
+            f"query, key, value: must be on one device, got {q.device}, {k.device}, {v.device}"
+        )
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"key, value: must have the same number of keys S (dim -2), got key {_shape(k)} "
+            f"and value {_shape(v)}"
+        )
+    if k.shape[:-2] != v.shape[:-2]:
+        raise ValueError(
+            f"key, value: leading dims must match, got key {_shape(k)} and value {_shape(v)}"
+        )
+    L, E = int(q.shape[-2]), int(q.shape[-1])
+    S, Ek, Ev = int(k.shape[-2]), int(k.shape[-1]), int(v.shape[-1])
+    if E == 0 or Ek == 0:
+        raise ValueError(f"query, key: feature dim must be >= 1, got query {_shape(q)}, key {_shape(k)}")
+
+    sc = resolve_score(score)  # type: ignore[arg-type]
+    qd, kd = sc.query_dim(), sc.key_dim()
+    if qd is None and kd is None:
+        if E != Ek:
+            raise ValueError(
+                f"query, key: score {sc.name!r} needs equal feature dims, got query {_shape(q)} "
+                f"(E={E}) and key {_shape(k)} (E={Ek})"
+            )
+    else:
+        if qd is not None and E != qd:
+            raise ValueError(
+                f"query: score {sc.name!r} expects query feature dim {qd}, got {_shape(q)}"
+            )
+        if kd is not None and Ek != kd:
+            raise ValueError(f"key: score {sc.name!r} expects key feature dim {kd}, got {_shape(k)}")
+    for pname, p in sc.named_parameters():
+        if p.dtype != q.dtype or p.device != q.device:
+            raise TypeError(
+                f"score: parameter {pname!r} of {sc.name!r} is {p.dtype} on {p.device}, but the "
+                f"inputs are {q.dtype} on {q.device}; move the score with .to(...)"
+            )
+
+    batch_shape, groups = _broadcast_batch(tuple(q.shape[:-2]), tuple(k.shape[:-2]))
+
+    if scale is None:
+        scale_f = sc.default_scale(E)
+    else:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise TypeError(f"scale: expected a positive finite float or None, got {scale!r}")
+        scale_f = float(scale)
+        if not math.isfinite(scale_f) or scale_f <= 0:
+            raise ValueError(f"scale: expected a positive finite float or None, got {scale!r}")
+
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p: expected a float in [0, 1), got {dropout_p!r}")
+    if not (0.0 <= float(dropout_p) < 1.0):
+        raise ValueError(f"dropout_p: expected a float in [0, 1), got {dropout_p!r}")
+
+    m = _normalize_mask(mask)
+    if m is not None:
+        m.validate(batch_shape, L, S)
+        for part in m.parts():
+            t = getattr(part, "tensor", None)
+            if isinstance(t, torch.Tensor) and t.device != q.device:
+                raise ValueError(
+                    f"mask: is on {t.device} but the query is on {q.device}; expected one device"
+                )
+
+    return AttentionInputs(
+        query=q,
+        key=k,
+        value=v,
+        score=sc,
+        mask=m,
+        scale=scale_f,
+        dropout_p=float(dropout_p),
+        return_weights=_check_flag("return_weights", return_weights),
+        return_lse=_check_flag("return_lse", return_lse),
+        batch_shape=batch_shape,
+        L=L,
+        S=S,
+        E=E,
+        Ev=Ev,
+        groups=groups,
+    )

@@ -1,0 +1,85 @@
+"""Backend: what a kernel supports, declared as data, plus one generic reason check.
+
+Every backend declares its capabilities as class attributes. The generic
+:meth:`Backend.not_supported_reasons` turns them into human-readable reasons
+for a given call; a backend adds its own special reasons by extending it.
+The dispatcher runs the first backend, in priority order, with no reasons.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from .._inputs import AttentionInputs
+
+__all__ = ["AttentionResult", "Backend"]
+
+ALL_MASK_KINDS = frozenset(
+    {"keep", "bias", "valid_lens", "key_padding", "causal", "window"}
+)
+
+
+@dataclass(frozen=True)
+class AttentionResult:
+    """What every backend returns: output (..., L, Ev), weights (..., L, S) or None, lse (..., L) or None."""
+
+    output: torch.Tensor
+    weights: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
+
+
+class Backend:
+    """Base class: capability attributes and ``not_supported_reasons``.
+
+    Attributes:
+        name: the name used by ``backend=`` and ``use_backend``.
+        dtypes: input dtypes it computes in.
+        device_types: ``torch.device.type`` values it runs on.
+        any_score: True if it computes any score; else only dot-reducible ones.
+        mask_kinds: mask kinds it accepts (leaf kinds of ``&`` combinations).
+        supports_weights / supports_lse / supports_dropout / supports_grad: flags.
+    """
+
+    name: ClassVar[str] = "base"
+    dtypes: ClassVar[frozenset[torch.dtype]] = frozenset(
+        {torch.float16, torch.bfloat16, torch.float32, torch.float64}
+    )
+    device_types: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda"})
+    any_score: ClassVar[bool] = True
+    mask_kinds: ClassVar[frozenset[str]] = ALL_MASK_KINDS
+    supports_weights: ClassVar[bool] = True
+    supports_lse: ClassVar[bool] = True
+    supports_dropout: ClassVar[bool] = True
+    supports_grad: ClassVar[bool] = True
+
+    def not_supported_reasons(self, inputs: AttentionInputs) -> list[str]:
+        """Every reason this backend cannot run ``inputs``; empty when it can."""
+        reasons: list[str] = []
+        if inputs.dtype not in self.dtypes:
+            reasons.append(f"dtype {inputs.dtype} is not supported")
+        if inputs.device.type not in self.device_types:
+            reasons.append(f"device type {inputs.device.type!r} is not supported")
+        if not self.any_score and not inputs.score.dot_reducible:
+            reasons.append(f"score {inputs.score.name!r} does not reduce to a dot product")
+        unsupported = sorted(inputs.mask_kinds - self.mask_kinds)
+        if unsupported:
+            reasons.append(f"mask kind(s) {', '.join(unsupported)} not supported")
+        if inputs.return_weights and not self.supports_weights:
+            reasons.append("cannot return attention weights (return_weights=True)")
+        if inputs.return_lse and not self.supports_lse:
+            reasons.append("cannot return the log-sum-exp (return_lse=True)")
+        if inputs.dropout_p > 0 and not self.supports_dropout:
+            reasons.append("does not support dropout_p > 0")
+        if inputs.needs_grad and not self.supports_grad:
+            reasons.append("does not support autograd")
+        return reasons
+
+    def forward(self, inputs: AttentionInputs) -> AttentionResult:
+        """Compute attention for validated inputs."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<attnkit backend {self.name!r}>"

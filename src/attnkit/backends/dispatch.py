@@ -1,0 +1,152 @@
+"""Dispatch: a priority list of backends, explain(), and use_backend().
+
+The first backend in priority order with no reasons not to run is chosen.
+A backend forced by name (``backend=`` or ``use_backend``) runs or raises with
+its reasons; it never falls back silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+from .._inputs import AttentionInputs
+from .base import Backend
+from .reference import ReferenceBackend
+from .sdpa import SDPABackend
+
+__all__ = [
+    "BackendNotSupportedError",
+    "Explanation",
+    "available_backends",
+    "explain_inputs",
+    "register_backend",
+    "select_backend",
+    "use_backend",
+]
+
+_REGISTRY: dict[str, Backend] = {}
+_PRIORITY: list[str] = []
+_FORCED: ContextVar[tuple[str, ...] | None] = ContextVar("attnkit_forced_backends", default=None)
+
+
+class BackendNotSupportedError(ValueError):
+    """A backend chosen by name cannot run this call; the message lists its reasons."""
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Which backend runs a call and why every other one does or does not.
+
+    Attributes:
+        chosen: name of the backend that runs, or None when none can.
+        candidates: names considered, in priority order.
+        reasons: for every registered backend, the reasons it cannot run (empty = can).
+        forced: the names a caller forced (``backend=`` or ``use_backend``), if any.
+    """
+
+    chosen: str | None
+    candidates: tuple[str, ...]
+    reasons: dict[str, list[str]] = field(default_factory=dict)
+    forced: tuple[str, ...] | None = None
+
+    def __str__(self) -> str:
+        lines = [f"chosen: {self.chosen or 'none'}" + (" (forced)" if self.forced else "")]
+        for name in self.reasons:
+            why = self.reasons[name]
+            mark = "ok" if not why else "; ".join(why)
+            skipped = "" if name in self.candidates else " [not a candidate]"
+            lines.append(f"  {name}: {mark}{skipped}")
+        return "\n".join(lines)
+
+
+def register_backend(backend: Backend, *, before: str | None = None) -> None:
+    """Add a backend to the registry, placed in priority before ``before`` (or last)."""
+    if backend.name in _REGISTRY:
+        _PRIORITY.remove(backend.name)
+    _REGISTRY[backend.name] = backend
+    if before is not None and before in _PRIORITY:
+        _PRIORITY.insert(_PRIORITY.index(before), backend.name)
+    else:
+        _PRIORITY.append(backend.name)
+
+
+def available_backends() -> tuple[str, ...]:
+    """Registered backend names in priority order."""
+    return tuple(_PRIORITY)
+
+
+def _check_names(names: Sequence[str], argument: str) -> tuple[str, ...]:
+    out = []
+    for n in names:
+        if not isinstance(n, str) or n not in _REGISTRY:
+            raise ValueError(
+                f"{argument}: unknown backend {n!r}; expected one of {list(_PRIORITY)}"
+            )
+        out.append(n)
+    if not out:
+        raise ValueError(f"{argument}: expected at least one backend name, got none")
+    return tuple(out)
+
+
+def normalize_backend_arg(backend: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    """Validate ``backend=``: None, a name, or a sequence of names."""
+    if backend is None:
+        return None
+    if isinstance(backend, str):
+        return _check_names([backend], "backend")
+    if isinstance(backend, (list, tuple)):
+        return _check_names(list(backend), "backend")
+    raise TypeError(
+        f"backend: expected None, a backend name or a list of names, got {type(backend).__name__}"
+    )
+
+
+def explain_inputs(inputs: AttentionInputs, backend: tuple[str, ...] | None = None) -> Explanation:
+    """Every backend's reasons for this call and the one that would run."""
+    forced = backend if backend is not None else _FORCED.get()
+    candidates = forced if forced is not None else tuple(_PRIORITY)
+    reasons = {name: _REGISTRY[name].not_supported_reasons(inputs) for name in _PRIORITY}
+    chosen = next((n for n in candidates if not reasons[n]), None)
+    return Explanation(chosen=chosen, candidates=candidates, reasons=reasons, forced=forced)
+
+
+def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = None) -> Backend:
+    """The backend that runs this call; raises BackendNotSupportedError when none can."""
+    ex = explain_inputs(inputs, backend)
+    if ex.chosen is None:
+        detail = "; ".join(f"{n}: {', '.join(ex.reasons[n])}" for n in ex.candidates)
+        if ex.forced:
+            raise BackendNotSupportedError(
+                f"backend: the forced backend(s) {list(ex.forced)} cannot run this call ({detail})"
+            )
+        raise BackendNotSupportedError(f"backend: no backend can run this call ({detail})")
+    return _REGISTRY[ex.chosen]
+
+
+@contextmanager
+def use_backend(*names: str | Sequence[str]) -> Iterator[None]:
+    """Force the backend(s) tried, in order, inside a ``with`` block.
+
+    ``use_backend("reference")`` or ``use_backend("chunked", "reference")``. The
+    previous choice is restored on exit, even on error. A forced backend that
+    cannot run raises with its reasons instead of falling back to another.
+    """
+    flat: list[str] = []
+    for n in names:
+        if isinstance(n, (list, tuple)):
+            flat.extend(n)
+        else:
+            flat.append(n)  # type: ignore[arg-type]
+    chosen = _check_names(flat, "use_backend")
+    token = _FORCED.set(chosen)
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
+
+
+register_backend(SDPABackend())
+register_backend(ReferenceBackend())

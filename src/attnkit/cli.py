@@ -1,0 +1,61 @@
+"""The ``attnkit`` command: one module per subcommand (attnkit.commands), imported when used.
+
+Each subcommand module exposes ``DESCRIPTION``, ``add_arguments(parser)`` and
+``run(args) -> int`` (the exit status). Bad input exits with status 2 and one
+clear line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+# name -> (module, one-line summary)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("attnkit.commands.demo", "walk through Nadaraya–Watson, valid_lens masks, dispatch"),
+    "explain": ("attnkit.commands.explain", "which backend runs a call of given shapes, and why"),
+}
+
+
+def _usage() -> str:
+    width = max(len(n) for n in COMMANDS)
+    lines = ["usage: attnkit COMMAND [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()]
+    lines += ["", "Run 'attnkit COMMAND --help' for a command's options."]
+    return "\n".join(lines)
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``attnkit`` console script."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if args else 2
+    if args[0] in ("-V", "--version"):
+        from . import __version__
+
+        print(f"attnkit {__version__}")
+        return 0
+    name = args[0]
+    if name not in COMMANDS:
+        print(f"attnkit: error: unknown command {name!r}; expected one of {', '.join(COMMANDS)}",
+              file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = _ArgumentParser(prog=f"attnkit {name}", description=COMMANDS[name][1])
+    module.add_arguments(parser)
+    ns = parser.parse_args(args[1:])
+    return int(module.run(ns))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

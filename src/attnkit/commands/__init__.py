@@ -1,0 +1,1 @@
+"""Subcommands of the ``attnkit`` console command, one module each."""

@@ -1,0 +1,136 @@
+"""attention(): validate -> normalize mask and score -> dispatch -> backend."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from . import masks as _masks
+from ._inputs import AttentionInputs, validate_inputs
+from .backends.base import AttentionResult
+from .backends.dispatch import Explanation, explain_inputs, normalize_backend_arg, select_backend
+from .scores import Score
+
+__all__ = ["attention", "explain"]
+
+ScoreArg = str | Score
+MaskArg = _masks.Mask | torch.Tensor | None
+BackendArg = str | Sequence[str] | None
+
+
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    score: ScoreArg = "scaled_dot",
+    mask: MaskArg = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    return_weights: bool = False,
+    return_lse: bool = False,
+    backend: BackendArg = None,
+) -> Any:
+    """Exact attention with any score and any mask convention.
+
+    Args:
+        query: (..., L, E). Leading dims broadcast against key/value's.
+        key: (..., S, Ek); Ek == E unless the score maps dims (Bilinear, Additive).
+            Grouped-query attention: dim -3 of query may be g times key's; key
+            head j serves query heads j*g .. j*g+g-1.
+        value: (..., S, Ev).
+        score: "scaled_dot" (default), "dot", "gaussian", or a
+            :mod:`attnkit.scores` object (Bilinear, Additive, Gaussian(sigma), ...).
+        mask: an :mod:`attnkit.masks` object (``masks.keep``, ``masks.causal()``,
+            ``masks.valid_lens(lens)``, combinations with ``&``), or a float
+            tensor (..., L, S) added to the logits. A raw bool tensor is refused:
+            use ``masks.keep`` (True = attend) or ``masks.block`` (True = masked).
+        scale: multiplier of the logits; None = the score's default
+            (1/sqrt(E) for scaled_dot, 1 otherwise).
+        dropout_p: dropout on the attention weights, in [0, 1).
+        return_weights: also return the weights (..., L, S) the output used
+            (before dropout), in float32 for half inputs.
+        return_lse: also return the log-sum-exp of the logits, (..., L).
+        backend: None (automatic), a name ("sdpa", "reference", ...) or a list
+            of names tried in order; a forced backend raises if it cannot run.
+
+    Returns:
+        output (..., L, Ev); with ``return_weights``/``return_lse`` a tuple
+        ``(output, weights?, lse?)`` in that order. A query row with no key to
+        attend gives output 0, weights 0 and lse -inf (never NaN).
+    """
+    inputs = validate_inputs(
+        query,
+        key,
+        value,
+        score=score,
+        mask=mask,
+        scale=scale,
+        dropout_p=dropout_p,
+        return_weights=return_weights,
+        return_lse=return_lse,
+    )
+    chosen = select_backend(inputs, normalize_backend_arg(backend))
+    result = _empty_result(inputs) if inputs.L == 0 or inputs.S == 0 else chosen.forward(inputs)
+    return _pack(inputs, result)
+
+
+def explain(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    score: ScoreArg = "scaled_dot",
+    mask: MaskArg = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    return_weights: bool = False,
+    return_lse: bool = False,
+    backend: BackendArg = None,
+) -> Explanation:
+    """Which backend :func:`attention` would run for these arguments, and why.
+
+    Takes the same arguments as :func:`attention` and computes nothing. The
+    result's ``reasons`` maps every backend to its reasons not to run (an empty
+    list means it can); ``chosen`` is the one that would run (None if none).
+    """
+    inputs = validate_inputs(
+        query,
+        key,
+        value,
+        score=score,
+        mask=mask,
+        scale=scale,
+        dropout_p=dropout_p,
+        return_weights=return_weights,
+        return_lse=return_lse,
+    )
+    return explain_inputs(inputs, normalize_backend_arg(backend))
+
+
+def _empty_result(inputs: AttentionInputs) -> AttentionResult:
+    """L == 0 or S == 0: no work; rows with no keys follow the fully-masked policy."""
+    batch, L, S = inputs.batch_shape, inputs.L, inputs.S
+    dev = inputs.device
+    out = torch.zeros(*batch, L, inputs.Ev, dtype=inputs.dtype, device=dev)
+    # Keep the graph connected so backward gives zero gradients, not None.
+    link = (inputs.query.sum() + inputs.key.sum() + inputs.value.sum()) * 0
+    out = out + link.to(out.dtype)
+    weights = torch.zeros(*batch, L, S, dtype=inputs.compute_dtype, device=dev)
+    lse = torch.full((*batch, L), float("-inf"), dtype=inputs.compute_dtype, device=dev)
+    return AttentionResult(output=out, weights=weights, lse=lse)
+
+
+def _pack(inputs: AttentionInputs, result: AttentionResult) -> Any:
+    if not (inputs.return_weights or inputs.return_lse):
+        return result.output
+    out: list[torch.Tensor] = [result.output]
+    if inputs.return_weights:
+        assert result.weights is not None
+        out.append(result.weights)
+    if inputs.return_lse:
+        assert result.lse is not None
+        out.append(result.lse)
+    return tuple(out)

@@ -1,0 +1,279 @@
+"""Score functions: how a query and a key become a logit.
+
+Every score is an ``nn.Module`` (parameter-free ones have no parameters) with
+
+- ``logits(q, k)``: the materialized score, q (..., L, Eq), k (..., S, Ek) -> (..., L, S);
+- ``dot_form(q, k)``: for scores that reduce *exactly* to a dot product (class
+  attribute ``dot_reducible``), the ``(q', k', key_bias)`` with
+  ``logits(q, k) == q' @ k'^T + key_bias + row_constant(q, k)``, where ``key_bias``
+  is ``None`` or (..., 1, S) and ``row_constant`` is a per-query term (..., L) that
+  softmax ignores and that backends add back to lse so it stays exact.
+
+The ``scale`` of :func:`attnkit.attention` multiplies every logit; when it is
+``None`` each score uses its own default (``1/sqrt(E)`` for ``ScaledDot``, 1 for
+the others).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+__all__ = [
+    "Additive",
+    "Bilinear",
+    "Dot",
+    "Gaussian",
+    "Score",
+    "ScaledDot",
+    "resolve_score",
+]
+
+
+class Score(nn.Module):
+    """Base class of score functions."""
+
+    name: str = "score"
+    dot_reducible: bool = False
+
+    def query_dim(self) -> int | None:
+        """Feature size the query must have, or None if it must equal the key's."""
+        return None
+
+    def key_dim(self) -> int | None:
+        """Feature size the key must have, or None if it must equal the query's."""
+        return None
+
+    def default_scale(self, E: int) -> float:
+        return 1.0
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Same as :meth:`logits`, so ``torch.func.functional_call`` can run a score."""
+        return self.logits(q, k)
+
+    def logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Materialized scores: q (..., L, Eq), k (..., S, Ek) -> (..., L, S), unscaled."""
+        raise NotImplementedError
+
+    def dot_form(
+        self, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(q', k', key_bias)`` with ``logits == q' k'^T + key_bias + row_constant``."""
+        raise NotImplementedError(f"score {self.name!r} does not reduce to a dot product")
+
+    def row_constant(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+        """Per-query term (..., L) that ``dot_form`` drops; None when there is none."""
+        return None
+
+    def extra_repr(self) -> str:
+        return ""
+
+
+class Dot(Score):
+    """Dot product: ``q · k``."""
+
+    name = "dot"
+    dot_reducible = True
+
+    def logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return q @ k.transpose(-2, -1)  # (..., L, S)
+
+    def dot_form(
+        self, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        return q, k, None
+
+
+class ScaledDot(Dot):
+    """Scaled dot product: ``scale · q · k``, ``scale = 1/sqrt(E)`` by default."""
+
+    name = "scaled_dot"
+
+    def __init__(self, scale: float | None = None) -> None:
+        super().__init__()
+        if scale is not None:
+            _check_scale("ScaledDot(scale)", scale)
+        self.scale = None if scale is None else float(scale)
+
+    def default_scale(self, E: int) -> float:
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(E)
+
+    def extra_repr(self) -> str:
+        return "" if self.scale is None else f"scale={self.scale}"
+
+
+class Bilinear(Score):
+    """Bilinear: ``q · W · kᵀ`` with ``weight`` of shape (query_dim, key_dim).
+
+    Reduces exactly to a dot product of ``q W`` and ``k``.
+    """
+
+    name = "bilinear"
+    dot_reducible = True
+
+    def __init__(
+        self,
+        query_dim: int,
+        key_dim: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        _check_dim("Bilinear", "query_dim", query_dim)
+        _check_dim("Bilinear", "key_dim", key_dim)
+        self.weight = nn.Parameter(torch.empty(query_dim, key_dim, device=device, dtype=dtype))
+        nn.init.xavier_uniform_(self.weight)
+
+    def query_dim(self) -> int | None:
+        return int(self.weight.shape[0])
+
+    def key_dim(self) -> int | None:
+        return int(self.weight.shape[1])
+
+    def logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return (q @ self.weight) @ k.transpose(-2, -1)  # (..., L, S)
+
+    def dot_form(
+        self, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        return q @ self.weight, k, None  # (..., L, Ek), (..., S, Ek)
+
+    def extra_repr(self) -> str:
+        return f"query_dim={self.weight.shape[0]}, key_dim={self.weight.shape[1]}"
+
+
+class Additive(Score):
+    """Additive (Bahdanau): ``w_vᵀ · tanh(W_q · q + W_k · k)``.
+
+    Submodules are named as in d2l (``W_q``, ``W_k``, ``w_v``, all bias-free
+    ``nn.Linear``), so d2l state_dicts load unchanged.
+    """
+
+    name = "additive"
+    dot_reducible = False
+
+    def __init__(
+        self,
+        query_dim: int,
+        key_dim: int,
+        hidden_dim: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        _check_dim("Additive", "query_dim", query_dim)
+        _check_dim("Additive", "key_dim", key_dim)
+        _check_dim("Additive", "hidden_dim", hidden_dim)
+        kw = {"device": device, "dtype": dtype, "bias": False}
+        self.W_q = nn.Linear(query_dim, hidden_dim, **kw)  # type: ignore[arg-type]
+        self.W_k = nn.Linear(key_dim, hidden_dim, **kw)  # type: ignore[arg-type]
+        self.w_v = nn.Linear(hidden_dim, 1, **kw)  # type: ignore[arg-type]
+
+    def query_dim(self) -> int | None:
+        return int(self.W_q.in_features)
+
+    def key_dim(self) -> int | None:
+        return int(self.W_k.in_features)
+
+    @property
+    def hidden_dim(self) -> int:
+        return int(self.W_q.out_features)
+
+    def project(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projected features: (..., L, hidden) and (..., S, hidden)."""
+        return self.W_q(q), self.W_k(k)
+
+    def logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        qh, kh = self.project(q, k)
+        feats = torch.tanh(qh.unsqueeze(-2) + kh.unsqueeze(-3))  # (..., L, S, hidden)
+        return feats @ self.w_v.weight.squeeze(0)  # (..., L, S)
+
+    def extra_repr(self) -> str:
+        return ""
+
+
+class Gaussian(Score):
+    """Gaussian kernel: ``-‖q - k‖² / (2σ²)`` (Nadaraya–Watson with softmax).
+
+    Reduces exactly to a dot product: ``q·k/σ² - ‖k‖²/(2σ²) - ‖q‖²/(2σ²)``; the last
+    term is constant per query, which softmax ignores (it is added back to lse).
+    ``sigma`` may be learnable (``learnable=True`` makes it an ``nn.Parameter``).
+    """
+
+    name = "gaussian"
+    dot_reducible = True
+
+    def __init__(self, sigma: float | torch.Tensor = 1.0, *, learnable: bool = False) -> None:
+        super().__init__()
+        value = torch.as_tensor(sigma, dtype=torch.get_default_dtype()).detach().clone()
+        if value.ndim != 0 or not bool(torch.isfinite(value)) or float(value) <= 0:
+            raise ValueError(f"Gaussian: sigma must be a positive finite scalar, got {sigma!r}")
+        if learnable:
+            self.sigma = nn.Parameter(value)
+        else:
+            self.register_buffer("sigma", value)
+
+    def _inv_two_var(self, like: torch.Tensor) -> torch.Tensor:
+        sigma = self.sigma.to(dtype=like.dtype, device=like.device)
+        return 0.5 / (sigma * sigma)
+
+    def logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        diff = q.unsqueeze(-2) - k.unsqueeze(-3)  # (..., L, S, E)
+        return -(diff * diff).sum(-1) * self._inv_two_var(q)  # (..., L, S)
+
+    def dot_form(
+        self, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        c = self._inv_two_var(q)
+        # Translation invariance: centring on the keys' mean keeps norms small, so the
+        # expanded form loses no precision to cancellation.
+        center = k.mean(dim=-2, keepdim=True).detach()  # (..., 1, E)
+        qc, kc = q - center, k - center
+        key_bias = -(kc * kc).sum(-1).unsqueeze(-2) * c  # (..., 1, S)
+        return qc * (2 * c), kc, key_bias
+
+    def row_constant(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+        """The per-query term ``-‖q - c‖²/(2σ²)`` that ``dot_form`` drops: (..., L)."""
+        center = k.mean(dim=-2, keepdim=True).detach()  # (..., 1, E)
+        qc = q - center
+        return -(qc * qc).sum(-1) * self._inv_two_var(q)
+
+    def extra_repr(self) -> str:
+        return f"sigma={float(self.sigma):g}"
+
+
+def _check_dim(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
+
+
+def _check_scale(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a positive finite float, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite float, got {value!r}")
+
+
+_NAMED = {"dot": Dot, "scaled_dot": ScaledDot, "gaussian": Gaussian}
+
+
+def resolve_score(score: str | Score) -> Score:
+    """Turn ``"dot"``, ``"scaled_dot"``, ``"gaussian"`` or a :class:`Score` into a Score."""
+    if isinstance(score, Score):
+        return score
+    if isinstance(score, str):
+        cls = _NAMED.get(score)
+        if cls is None:
+            raise ValueError(
+                f"score: unknown score {score!r}; expected one of {sorted(_NAMED)} or a "
+                "Score object (scores.Bilinear, scores.Additive, ...)"
+            )
+        return cls()
+    raise TypeError(
+        f"score: expected a string ({', '.join(sorted(_NAMED))}) or an attnkit.scores.Score, "
+        f"got {type(score).__name__}"
+    )
