@@ -18,6 +18,8 @@ __all__ = ["main"]
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("attnkit.commands.demo", "walk through Nadaraya–Watson, valid_lens masks, dispatch"),
     "explain": ("attnkit.commands.explain", "which backend runs a call of given shapes, and why"),
+    "show": ("attnkit.commands.show", "a real model's attention as a web page and a picture"),
+    "bench": ("attnkit.commands.bench", "benchmarks side by side with torch SDPA and plain math"),
 }
 
 

@@ -48,9 +48,7 @@ class SDPABackend(Backend):
                 keep = dm.keep
                 assert keep is not None
                 alive = keep.any(dim=-1, keepdim=True)  # (..., L, 1)
-                if not bool(alive.all()):
-                    keep = keep | ~alive
-                attn_mask = keep
+                attn_mask = keep | ~alive  # dead rows attend everywhere, zeroed below
             else:
                 bias = torch.zeros((), dtype=q.dtype, device=q.device)
                 if key_bias is not None:
@@ -61,9 +59,7 @@ class SDPABackend(Backend):
                     bias = bias.masked_fill(~dm.keep, float("-inf"))
                 bias = bias.expand(*bias.shape[:-2], L, S) if bias.ndim >= 2 else bias.expand(L, S)
                 alive = (bias > float("-inf")).any(dim=-1, keepdim=True)  # (..., L, 1)
-                if not bool(alive.all()):
-                    bias = bias.masked_fill(~alive, 0.0)
-                attn_mask = bias
+                attn_mask = bias.masked_fill(~alive, 0.0)  # dead rows: zeroed below
 
         if inputs.groups > 1 and not _HAS_GQA:
             k = expand_kv(k, inputs.groups)  # (..., Hq, S, E)
@@ -84,6 +80,6 @@ class SDPABackend(Backend):
             scale=inputs.scale,
             **kwargs,
         )  # (*batch, L, Ev)
-        if alive is not None and not bool(alive.all()):
+        if alive is not None:  # no host sync: stays torch.compile friendly
             out = torch.where(alive, out, torch.zeros((), dtype=out.dtype, device=out.device))
         return AttentionResult(output=out)
