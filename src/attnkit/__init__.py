@@ -1,11 +1,11 @@
 """attnkit: attention for PyTorch that is exact, fast and visible.
 
-    >>> import torch, attnkit
-    >>> from attnkit import masks
-    >>> q = k = v = torch.randn(2, 4, 16, 32)                # (B, H, L, E)
-    >>> out = attnkit.attention(q, k, v, mask=masks.causal())
-    >>> out.shape
-    torch.Size([2, 4, 16, 32])
+>>> import torch, attnkit
+>>> from attnkit import masks
+>>> q = k = v = torch.randn(2, 4, 16, 32)                # (B, H, L, E)
+>>> out = attnkit.attention(q, k, v, mask=masks.causal())
+>>> out.shape
+torch.Size([2, 4, 16, 32])
 """
 
 from . import masks, scores

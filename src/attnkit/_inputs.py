@@ -87,7 +87,9 @@ def _shape(t: torch.Tensor | Sequence[int]) -> str:
 
 def _check_tensor(name: str, t: object, layout: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor of shape {layout}, got {type(t).__name__}")
+        raise TypeError(
+            f"{name}: expected a torch.Tensor of shape {layout}, got {type(t).__name__}"
+        )
     if t.ndim < 2:
         raise ValueError(f"{name}: expected shape {layout} with at least 2 dims, got {_shape(t)}")
     if t.dtype not in _FLOAT_DTYPES:
@@ -189,7 +191,9 @@ def validate_inputs(
     L, E = int(q.shape[-2]), int(q.shape[-1])
     S, Ek, Ev = int(k.shape[-2]), int(k.shape[-1]), int(v.shape[-1])
     if E == 0 or Ek == 0:
-        raise ValueError(f"query, key: feature dim must be >= 1, got query {_shape(q)}, key {_shape(k)}")
+        raise ValueError(
+            f"query, key: feature dim must be >= 1, got query {_shape(q)}, key {_shape(k)}"
+        )
 
     sc = resolve_score(score)  # type: ignore[arg-type]
     qd, kd = sc.query_dim(), sc.key_dim()
@@ -205,7 +209,9 @@ def validate_inputs(
                 f"query: score {sc.name!r} expects query feature dim {qd}, got {_shape(q)}"
             )
         if kd is not None and Ek != kd:
-            raise ValueError(f"key: score {sc.name!r} expects key feature dim {kd}, got {_shape(k)}")
+            raise ValueError(
+                f"key: score {sc.name!r} expects key feature dim {kd}, got {_shape(k)}"
+            )
     for pname, p in sc.named_parameters():
         if p.dtype != q.dtype or p.device != q.device:
             raise TypeError(

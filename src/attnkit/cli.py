@@ -49,8 +49,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     name = args[0]
     if name not in COMMANDS:
-        print(f"attnkit: error: unknown command {name!r}; expected one of {', '.join(COMMANDS)}",
-              file=sys.stderr)
+        print(
+            f"attnkit: error: unknown command {name!r}; expected one of {', '.join(COMMANDS)}",
+            file=sys.stderr,
+        )
         return 2
     module = importlib.import_module(COMMANDS[name][0])
     parser = _ArgumentParser(prog=f"attnkit {name}", description=COMMANDS[name][1])

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from . import _recording
 from . import masks as _masks
 from ._inputs import AttentionInputs, validate_inputs
 from .backends.base import AttentionResult
@@ -74,6 +75,12 @@ def attention(
     )
     chosen = select_backend(inputs, normalize_backend_arg(backend))
     result = _empty_result(inputs) if inputs.L == 0 or inputs.S == 0 else chosen.forward(inputs)
+    # -- recording hook (attnkit.viz.capture); off: one ContextVar lookup --
+    # Dynamo cannot trace ContextVar.get: compiled code records nothing.
+    recorder = None if torch.compiler.is_compiling() else _recording.ACTIVE.get()
+    if recorder is not None:
+        recorder.record(inputs, result, chosen)
+    # -- end recording hook --
     return _pack(inputs, result)
 
 

@@ -51,8 +51,8 @@ __all__ = [
     "bias",
     "block",
     "causal",
-    "key_padding",
     "keep",
+    "key_padding",
     "tf",
     "valid_lens",
     "window",
@@ -112,9 +112,7 @@ class Mask:
     def validate(self, batch_shape: Sequence[int], L: int, S: int) -> None:
         """Check this mask fits a call with these sizes; raise ValueError if not."""
 
-    def dense(
-        self, L: int, S: int, batch_shape: Sequence[int], device: torch.device
-    ) -> DenseMask:
+    def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
         """Materialize as keep/bias tensors broadcastable to ``batch_shape + (L, S)``."""
         raise NotImplementedError
 
@@ -172,9 +170,7 @@ class KeepMask(Mask):
 
     def __init__(self, tensor: torch.Tensor, *, source: str = "keep") -> None:
         if not isinstance(tensor, torch.Tensor):
-            raise TypeError(
-                f"masks.{source}: expected a torch.Tensor, got {type(tensor).__name__}"
-            )
+            raise TypeError(f"masks.{source}: expected a torch.Tensor, got {type(tensor).__name__}")
         if tensor.ndim < 1:
             raise ValueError(
                 f"masks.{source}: expected a tensor of shape (..., L, S) or (S,), got a 0-d tensor"
@@ -185,9 +181,7 @@ class KeepMask(Mask):
     def validate(self, batch_shape: Sequence[int], L: int, S: int) -> None:
         _check_broadcast_to(f"masks.{self.source}(...)", self.tensor.shape, (*batch_shape, L, S))
 
-    def dense(
-        self, L: int, S: int, batch_shape: Sequence[int], device: torch.device
-    ) -> DenseMask:
+    def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
         return DenseMask(keep=self.tensor.to(device), bias=None)
 
 
@@ -216,9 +210,7 @@ class BiasMask(Mask):
     def validate(self, batch_shape: Sequence[int], L: int, S: int) -> None:
         _check_broadcast_to("masks.bias(...)", self.tensor.shape, (*batch_shape, L, S))
 
-    def dense(
-        self, L: int, S: int, batch_shape: Sequence[int], device: torch.device
-    ) -> DenseMask:
+    def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
         return DenseMask(keep=None, bias=self.tensor.to(device))
 
 
@@ -243,9 +235,7 @@ class ValidLensMask(Mask):
                     f"got {type(lens).__name__}"
                 ) from exc
         if lens.dtype == torch.bool or lens.is_floating_point() or lens.is_complex():
-            raise TypeError(
-                f"masks.valid_lens: lens must have an integer dtype, got {lens.dtype}"
-            )
+            raise TypeError(f"masks.valid_lens: lens must have an integer dtype, got {lens.dtype}")
         if lens.ndim not in (1, 2):
             raise ValueError(
                 f"masks.valid_lens: lens must have shape (B,) or (B, L), got "
@@ -293,9 +283,7 @@ class ValidLensMask(Mask):
                 f"more than the {L} queries; expected lengths in [0, min(L, S)]"
             )
 
-    def dense(
-        self, L: int, S: int, batch_shape: Sequence[int], device: torch.device
-    ) -> DenseMask:
+    def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
         lens = self.lens.to(device)
         j = torch.arange(S, device=device)
         if lens.ndim == 1:
@@ -345,9 +333,7 @@ class KeyPaddingMask(Mask):
                 f"(B, S) = ({B}, {S})"
             )
 
-    def dense(
-        self, L: int, S: int, batch_shape: Sequence[int], device: torch.device
-    ) -> DenseMask:
+    def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
         keep_t = ~self.padding.to(device)  # (B, S)
         # (B, 1, ..., 1, 1, S)
         keep_t = keep_t.view(keep_t.shape[0], *([1] * len(batch_shape)), S)
@@ -368,9 +354,7 @@ class WindowMask(Mask):
             if val is None:
                 continue
             if isinstance(val, bool) or not isinstance(val, int):
-                raise TypeError(
-                    f"masks.window: {name} must be an int >= 0 or None, got {val!r}"
-                )
+                raise TypeError(f"masks.window: {name} must be an int >= 0 or None, got {val!r}")
             if val < 0:
                 raise ValueError(f"masks.window: {name} must be >= 0, got {val}")
         if align not in _ALIGNS:
@@ -385,10 +369,10 @@ class WindowMask(Mask):
         """Shift added to the query index: ``S - L`` for bottom_right, else 0."""
         return S - L if self.align == "bottom_right" else 0
 
-    def dense(
-        self, L: int, S: int, batch_shape: Sequence[int], device: torch.device
-    ) -> DenseMask:
-        return DenseMask(keep=_band_keep(L, S, self.left, self.right, self.align, device), bias=None)
+    def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
+        return DenseMask(
+            keep=_band_keep(L, S, self.left, self.right, self.align, device), bias=None
+        )
 
 
 class CausalMask(WindowMask):
@@ -426,9 +410,7 @@ class AndMask(Mask):
         for p in self._parts:
             p.validate(batch_shape, L, S)
 
-    def dense(
-        self, L: int, S: int, batch_shape: Sequence[int], device: torch.device
-    ) -> DenseMask:
+    def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
         keep_t: torch.Tensor | None = None
         bias_t: torch.Tensor | None = None
         for p in self._parts:

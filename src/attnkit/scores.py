@@ -26,8 +26,8 @@ __all__ = [
     "Bilinear",
     "Dot",
     "Gaussian",
-    "Score",
     "ScaledDot",
+    "Score",
     "resolve_score",
 ]
 
@@ -209,7 +209,9 @@ class Gaussian(Score):
 
     def __init__(self, sigma: float | torch.Tensor = 1.0, *, learnable: bool = False) -> None:
         super().__init__()
-        value = torch.as_tensor(sigma, dtype=torch.get_default_dtype()).detach().clone()
+        # A fixed bandwidth is kept in float64 so float64 inputs see it exactly.
+        dtype = torch.get_default_dtype() if learnable else torch.float64
+        value = torch.as_tensor(sigma, dtype=dtype).detach().clone()
         if value.ndim != 0 or not bool(torch.isfinite(value)) or float(value) <= 0:
             raise ValueError(f"Gaussian: sigma must be a positive finite scalar, got {sigma!r}")
         if learnable:
@@ -221,6 +223,14 @@ class Gaussian(Score):
         sigma = self.sigma.to(dtype=like.dtype, device=like.device)
         return 0.5 / (sigma * sigma)
 
+    @staticmethod
+    def _center(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Mean key (..., 1, E), shared by every query that sees these keys (GQA too)."""
+        center = k.detach().mean(dim=-2, keepdim=True)  # (..., Hk, 1, E)
+        if q.ndim >= 3 and center.ndim >= 3 and center.shape[-3] not in (1, q.shape[-3]):
+            center = center.mean(dim=-3, keepdim=True)  # (..., 1, 1, E)
+        return center
+
     def logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         diff = q.unsqueeze(-2) - k.unsqueeze(-3)  # (..., L, S, E)
         return -(diff * diff).sum(-1) * self._inv_two_var(q)  # (..., L, S)
@@ -231,15 +241,14 @@ class Gaussian(Score):
         c = self._inv_two_var(q)
         # Translation invariance: centring on the keys' mean keeps norms small, so the
         # expanded form loses no precision to cancellation.
-        center = k.mean(dim=-2, keepdim=True).detach()  # (..., 1, E)
+        center = self._center(q, k)
         qc, kc = q - center, k - center
         key_bias = -(kc * kc).sum(-1).unsqueeze(-2) * c  # (..., 1, S)
         return qc * (2 * c), kc, key_bias
 
     def row_constant(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
         """The per-query term ``-‖q - c‖²/(2σ²)`` that ``dot_form`` drops: (..., L)."""
-        center = k.mean(dim=-2, keepdim=True).detach()  # (..., 1, E)
-        qc = q - center
+        qc = q - self._center(q, k)
         return -(qc * qc).sum(-1) * self._inv_two_var(q)
 
     def extra_repr(self) -> str:

@@ -17,9 +17,7 @@ from .._inputs import AttentionInputs
 
 __all__ = ["AttentionResult", "Backend"]
 
-ALL_MASK_KINDS = frozenset(
-    {"keep", "bias", "valid_lens", "key_padding", "causal", "window"}
-)
+ALL_MASK_KINDS = frozenset({"keep", "bias", "valid_lens", "key_padding", "causal", "window"})
 
 
 @dataclass(frozen=True)

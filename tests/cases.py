@@ -1,0 +1,206 @@
+"""Random attention cases shared by the oracle tests: tensors, attnkit objects, oracle specs.
+
+A case pairs the attnkit call (score object, mask object) with the independent
+NumPy spec the oracle in reference.py understands, built from the same arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnkit import masks, scores
+
+SCORES = ("dot", "scaled_dot", "bilinear", "additive", "gaussian")
+MASKS = (
+    "none",
+    "keep",
+    "keep_heads",
+    "block",
+    "bias",
+    "tf_padding",
+    "tf_lookahead",
+    "valid_lens",
+    "valid_lens_2d",
+    "valid_lens_queries",
+    "key_padding",
+    "causal",
+    "causal_bottom_right",
+    "window",
+    "window_bottom_right",
+    "causal_and_padding",
+    "bias_and_window",
+)
+# (B, H, Hk, L, S, E, Ev): odd sizes, L != S, Ev != E, GQA (H != Hk), a single key.
+SHAPES = (
+    (2, 3, 3, 5, 7, 8, 4),
+    (3, 4, 2, 17, 3, 5, 6),
+    (1, 2, 1, 113, 17, 3, 2),
+    (2, 1, 1, 1, 1, 1, 1),
+)
+
+
+@dataclass
+class Case:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    score: scores.Score
+    score_spec: tuple[Any, ...]
+    mask: masks.Mask | torch.Tensor | None
+    mask_spec: tuple[Any, ...] | None
+    scale: float | None
+
+
+def make_score(
+    name: str, E: int, Ek: int, gen: torch.Generator, dtype: torch.dtype
+) -> tuple[scores.Score, tuple[Any, ...]]:
+    """An attnkit score with random parameters and its oracle spec."""
+    if name == "dot":
+        return scores.Dot(), ("dot",)
+    if name == "scaled_dot":
+        return scores.ScaledDot(), ("scaled_dot",)
+    if name == "bilinear":
+        s = scores.Bilinear(E, Ek, dtype=dtype)
+        with torch.no_grad():
+            s.weight.copy_(torch.randn(E, Ek, generator=gen, dtype=dtype) / E**0.5)
+        return s, ("bilinear", s.weight.detach().double().numpy())
+    if name == "additive":
+        hidden = 6
+        s = scores.Additive(E, Ek, hidden, dtype=dtype)
+        with torch.no_grad():
+            for lin in (s.W_q, s.W_k, s.w_v):
+                lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen, dtype=dtype))
+        return s, (
+            "additive",
+            s.W_q.weight.detach().double().numpy(),
+            s.W_k.weight.detach().double().numpy(),
+            s.w_v.weight.detach().double().numpy()[0],
+        )
+    if name == "gaussian":
+        s = scores.Gaussian(1.7)
+        return s, ("gaussian", 1.7)
+    raise ValueError(name)
+
+
+def make_mask(
+    name: str, B: int, H: int, L: int, S: int, gen: torch.Generator, dtype: torch.dtype
+) -> tuple[masks.Mask | torch.Tensor | None, tuple[Any, ...] | None]:
+    """An attnkit mask for shape (B, H, L, S) and its oracle spec; some rows fully masked."""
+
+    def rand_bool(*shape: int, p: float = 0.7) -> torch.Tensor:
+        return torch.rand(*shape, generator=gen) < p
+
+    if name == "none":
+        return None, None
+    if name == "keep":
+        t = rand_bool(L, S)
+        t[0] = False  # a fully masked row
+        return masks.keep(t), ("keep", t.numpy())
+    if name == "keep_heads":
+        t = rand_bool(B, 1, L, S)
+        return masks.keep(t), ("keep", t.numpy())
+    if name == "block":
+        t = rand_bool(B, H, L, S, p=0.4)
+        return masks.block(t), ("block", t.numpy())
+    if name == "bias":
+        t = torch.randn(B, H, L, S, generator=gen, dtype=dtype)
+        t[rand_bool(B, H, L, S, p=0.3)] = float("-inf")
+        return t, ("bias", t.double().numpy())  # a float tensor is an additive bias
+    if name == "tf_padding":
+        t = (rand_bool(B, 1, 1, S, p=0.3)).to(dtype)  # 1 = masked, TF tutorial layout
+        return masks.tf(t), ("tf", t.numpy())
+    if name == "tf_lookahead":
+        t = torch.triu(torch.ones(L, S), diagonal=1)  # 1 = masked
+        return masks.tf(t), ("tf", t.numpy())
+    if name == "valid_lens":
+        lens = torch.randint(0, S + 1, (B,), generator=gen)
+        return masks.valid_lens(lens), ("valid_lens", lens.numpy(), False)
+    if name == "valid_lens_2d":
+        lens = torch.randint(0, S + 1, (B, L), generator=gen)
+        return masks.valid_lens(lens), ("valid_lens", lens.numpy(), False)
+    if name == "valid_lens_queries":
+        lens = torch.randint(0, min(L, S) + 1, (B,), generator=gen)
+        return masks.valid_lens(lens, queries=True), ("valid_lens", lens.numpy(), True)
+    if name == "key_padding":
+        pad = rand_bool(B, S, p=0.3)
+        return masks.key_padding(pad), ("key_padding", pad.numpy())
+    if name == "causal":
+        return masks.causal(), ("causal", "top_left")
+    if name == "causal_bottom_right":
+        return masks.causal("bottom_right"), ("causal", "bottom_right")
+    if name == "window":
+        return masks.window(2, 1), ("window", 2, 1, "top_left")
+    if name == "window_bottom_right":
+        return masks.window(1, 0, align="bottom_right"), ("window", 1, 0, "bottom_right")
+    if name == "causal_and_padding":
+        pad = rand_bool(B, S, p=0.3)
+        return (
+            masks.causal("bottom_right") & masks.key_padding(pad),
+            ("and", ("causal", "bottom_right"), ("key_padding", pad.numpy())),
+        )
+    if name == "bias_and_window":
+        t = torch.randn(L, S, generator=gen, dtype=dtype)
+        return (
+            masks.bias(t) & masks.window(None, 2),
+            ("and", ("bias", t.double().numpy()), ("window", None, 2, "top_left")),
+        )
+    raise ValueError(name)
+
+
+def make_case(
+    score_name: str,
+    mask_name: str,
+    shape: tuple[int, ...],
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+) -> Case:
+    B, H, Hk, L, S, E, Ev = shape
+    gen = torch.Generator().manual_seed(seed)
+    Ek = E + 2 if score_name in ("bilinear", "additive") else E
+    q = torch.randn(B, H, L, E, generator=gen, dtype=dtype)
+    k = torch.randn(B, Hk, S, Ek, generator=gen, dtype=dtype)
+    v = torch.randn(B, Hk, S, Ev, generator=gen, dtype=dtype)
+    score, score_spec = make_score(score_name, E, Ek, gen, dtype)
+    mask, mask_spec = make_mask(mask_name, B, H, L, S, gen, dtype)
+    return Case(q, k, v, score, score_spec, mask, mask_spec, None)
+
+
+def plain_math(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention as a user would write it in the inputs' own dtype (the error yardstick)."""
+    q, k, v = case.q, case.k, case.v
+    if q.shape[-3] != k.shape[-3]:
+        g = q.shape[-3] // k.shape[-3]
+        k = k.repeat_interleave(g, dim=-3)
+        v = v.repeat_interleave(g, dim=-3)
+    spec = case.score_spec
+    if spec[0] in ("dot", "scaled_dot"):
+        logits = q @ k.transpose(-2, -1)
+    elif spec[0] == "bilinear":
+        logits = q @ case.score.weight @ k.transpose(-2, -1)  # type: ignore[operator]
+    elif spec[0] == "additive":
+        s = case.score
+        feats = torch.tanh(s.W_q(q).unsqueeze(-2) + s.W_k(k).unsqueeze(-3))  # type: ignore[operator]
+        logits = s.w_v(feats).squeeze(-1)  # type: ignore[operator]
+    else:
+        logits = -((q.unsqueeze(-2) - k.unsqueeze(-3)) ** 2).sum(-1) / (2 * spec[1] ** 2)
+    scale = q.shape[-1] ** -0.5 if spec[0] == "scaled_dot" else 1.0
+    logits = logits * scale
+    L, S = q.shape[-2], k.shape[-2]
+    from reference import oracle_mask
+
+    keep, bias = oracle_mask(case.mask_spec, L, S, q.ndim - 2)
+    if bias is not None:
+        logits = logits + torch.from_numpy(bias).to(q.dtype)
+    if keep is not None:
+        logits = logits.masked_fill(~torch.from_numpy(np.ascontiguousarray(keep)), float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)
+    w = torch.softmax(logits, dim=-1).nan_to_num(0.0)
+    return w @ v, w, lse
+
+
+def np_of(t: torch.Tensor) -> np.ndarray:
+    return t.detach().double().numpy()

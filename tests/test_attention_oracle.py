@@ -1,0 +1,196 @@
+"""Every score × every mask kind × every backend against the float64 oracle.
+
+Tolerance rule: a backend's error may be at most 2× the error of plain
+same-dtype math (a user's hand-written softmax(QKᵀ)V in float32), with a
+float32 backstop of 1e-5 relative to the largest reference value.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import attnkit
+from attnkit import BackendNotSupportedError
+
+from cases import MASKS, SCORES, SHAPES, Case, make_case, np_of, plain_math
+from reference import oracle
+
+BACKENDS = attnkit.available_backends()
+
+
+def _assert_close(got: np.ndarray, ref: np.ndarray, plain: np.ndarray, what: str) -> None:
+    assert not np.isnan(got).any(), f"{what}: NaN in result"
+    inf_ref = np.isinf(ref)
+    np.testing.assert_array_equal(np.isinf(got), inf_ref, err_msg=f"{what}: -inf pattern")
+    fin = ~inf_ref
+    if not fin.any():
+        return
+    err = np.abs(got[fin] - ref[fin]).max()
+    plain_err = np.abs(plain[fin] - ref[fin]).max()
+    backstop = 1e-5 * max(np.abs(ref[fin]).max(), 1.0)
+    allowed = max(2 * plain_err, backstop)
+    assert err <= allowed, (
+        f"{what}: error {err:.3g} > allowed {allowed:.3g} (plain {plain_err:.3g})"
+    )
+
+
+def _capabilities(case: Case, backend: str) -> tuple[bool, bool, bool]:
+    """(can run at all, can return weights, can return lse) for this backend and case."""
+    kw = {"score": case.score, "mask": case.mask, "backend": backend}
+    runs = not attnkit.explain(case.q, case.k, case.v, **kw).reasons[backend]
+    w = not attnkit.explain(case.q, case.k, case.v, return_weights=True, **kw).reasons[backend]
+    lse = not attnkit.explain(case.q, case.k, case.v, return_lse=True, **kw).reasons[backend]
+    return runs, w, lse
+
+
+def check_case(case: Case, backend: str) -> None:
+    runs, want_w, want_lse = _capabilities(case, backend)
+    if not runs:
+        with pytest.raises(BackendNotSupportedError, match=backend):
+            attnkit.attention(
+                case.q, case.k, case.v, score=case.score, mask=case.mask, backend=backend
+            )
+        return
+    res = attnkit.attention(
+        case.q,
+        case.k,
+        case.v,
+        score=case.score,
+        mask=case.mask,
+        return_weights=want_w,
+        return_lse=want_lse,
+        backend=backend,
+    )
+    res = res if isinstance(res, tuple) else (res,)
+    ref_out, ref_w, ref_lse = oracle(
+        np_of(case.q), np_of(case.k), np_of(case.v), score=case.score_spec, mask=case.mask_spec
+    )
+    p_out, p_w, p_lse = plain_math(case)
+    assert res[0].shape == ref_out.shape and res[0].dtype == case.q.dtype
+    _assert_close(np_of(res[0]), ref_out, np_of(p_out), f"{backend} output")
+    i = 1
+    if want_w:
+        _assert_close(np_of(res[i]), ref_w, np_of(p_w), f"{backend} weights")
+        i += 1
+    if want_lse:
+        _assert_close(np_of(res[i]), ref_lse, np_of(p_lse), f"{backend} lse")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mask_name", MASKS)
+@pytest.mark.parametrize("score_name", SCORES)
+def test_matches_oracle(score_name: str, mask_name: str, backend: str) -> None:
+    for n, shape in enumerate(SHAPES):
+        case = make_case(score_name, mask_name, shape, seed=1000 * n + 7)
+        check_case(case, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("score_name", SCORES)
+def test_float64_matches_oracle_tightly(score_name: str, backend: str) -> None:
+    case = make_case(score_name, "causal_and_padding", (2, 4, 2, 9, 11, 6, 5), 3, torch.float64)
+    runs, _, _ = _capabilities(case, backend)
+    if not runs:
+        with pytest.raises(BackendNotSupportedError, match=score_name):
+            attnkit.attention(case.q, case.k, case.v, score=case.score, backend=backend)
+        return
+    out = attnkit.attention(
+        case.q, case.k, case.v, score=case.score, mask=case.mask, backend=backend
+    )
+    ref, _, _ = oracle(
+        np_of(case.q), np_of(case.k), np_of(case.v), score=case.score_spec, mask=case.mask_spec
+    )
+    np.testing.assert_allclose(np_of(out), ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_broadcast_batch_dims(backend: str) -> None:
+    """query (B, H, L, E) with key/value (1, S, E): leading dims broadcast."""
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(3, 2, 6, 4, generator=gen)
+    k = torch.randn(1, 5, 4, generator=gen)
+    v = torch.randn(1, 5, 3, generator=gen)
+    out = attnkit.attention(q, k, v, backend=backend)
+    ref, _, _ = oracle(np_of(q), np_of(k), np_of(v))
+    assert out.shape == (3, 2, 6, 3)
+    np.testing.assert_allclose(np_of(out), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unbatched_2d_inputs(backend: str) -> None:
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(n, 4, generator=gen) for n in (3, 7, 7))
+    out = attnkit.attention(q, k, v, mask=attnkit.masks.causal("bottom_right"), backend=backend)
+    ref, _, _ = oracle(np_of(q), np_of(k), np_of(v), mask=("causal", "bottom_right"))
+    np.testing.assert_allclose(np_of(out), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_sequences(backend: str) -> None:
+    q = torch.randn(2, 0, 4, requires_grad=True)
+    k = torch.randn(2, 5, 4)
+    out = attnkit.attention(q, k, k, backend=backend)
+    assert out.shape == (2, 0, 4)
+    q = torch.randn(2, 3, 4, requires_grad=True)
+    k = torch.randn(2, 0, 4)
+    out = attnkit.attention(q, k, k, backend=backend)
+    assert out.shape == (2, 3, 4) and not out.any()
+    out.sum().backward()
+    assert q.grad is not None and not q.grad.any()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_same_call_twice_is_bitwise_equal(backend: str) -> None:
+    case = make_case("scaled_dot", "causal_and_padding", (2, 4, 2, 33, 29, 16, 8), 5)
+    a = attnkit.attention(case.q, case.k, case.v, mask=case.mask, backend=backend)
+    b = attnkit.attention(case.q, case.k, case.v, mask=case.mask, backend=backend)
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_explicit_scale(backend: str) -> None:
+    case = make_case("dot", "none", (2, 2, 2, 4, 6, 3, 3), 8)
+    out = attnkit.attention(case.q, case.k, case.v, score="dot", scale=0.37, backend=backend)
+    ref, _, _ = oracle(np_of(case.q), np_of(case.k), np_of(case.v), score=("dot",), scale=0.37)
+    np.testing.assert_allclose(np_of(out), ref, atol=1e-5)
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    score_name=st.sampled_from(SCORES),
+    mask_name=st.sampled_from(MASKS),
+    backend=st.sampled_from(BACKENDS),
+    B=st.integers(1, 3),
+    H=st.integers(1, 3),
+    gqa=st.booleans(),
+    L=st.integers(1, 20),
+    S=st.integers(1, 20),
+    E=st.integers(1, 9),
+    Ev=st.integers(1, 5),
+    seed=st.integers(0, 2**16),
+)
+def test_property_random_cases(
+    score_name: str,
+    mask_name: str,
+    backend: str,
+    B: int,
+    H: int,
+    gqa: bool,
+    L: int,
+    S: int,
+    E: int,
+    Ev: int,
+    seed: int,
+) -> None:
+    Hq = 2 * H if gqa else H
+    case = make_case(score_name, mask_name, (B, Hq, H, L, S, E, Ev), seed)
+    check_case(case, backend)

@@ -1,0 +1,93 @@
+"""Mask constructors: polarity, broadcasting, alignment, composition, to_dense."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import attnkit
+from attnkit import masks
+
+from reference import oracle_mask
+
+
+def test_keep_and_block_are_opposite_polarities() -> None:
+    t = torch.tensor([[True, False, True]])
+    assert torch.equal(masks.keep(t).to_dense(1, 3), t)
+    assert torch.equal(masks.block(t).to_dense(1, 3), ~t)
+
+
+def test_tf_mask_one_means_masked_and_matches_the_tutorial_where_rows_live() -> None:
+    """The TF tutorial adds mask * -1e9; attnkit blocks exactly. Same result on live rows."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, n, 8, generator=gen) for n in (6, 6, 6))
+    look_ahead = 1 - torch.tril(torch.ones(6, 6))  # (L, S), 1 = masked
+    padding = torch.tensor([[0, 0, 0, 1, 1, 0], [0, 1, 0, 0, 0, 0]], dtype=torch.float32)
+    padding = padding[:, None, None, :]  # (B, 1, 1, S), the tutorial's layout
+    combined = torch.maximum(look_ahead, padding)
+    out = attnkit.attention(q, k, v, mask=masks.tf(combined))
+    logits = q @ k.transpose(-1, -2) / 8**0.5 + combined * -1e9
+    tutorial = torch.softmax(logits, dim=-1) @ v
+    torch.testing.assert_close(out, tutorial, atol=1e-5, rtol=1e-5)
+
+
+def test_valid_lens_matches_d2l_semantics_and_broadcasts_over_heads() -> None:
+    d = masks.valid_lens(torch.tensor([2, 3])).to_dense(2, 4, (2, 5))
+    assert d.shape == (2, 5, 2, 4)
+    assert d[0, 3].tolist() == [[True, True, False, False]] * 2
+    assert d[1, 0].tolist() == [[True, True, True, False]] * 2
+    per_query = masks.valid_lens(torch.tensor([[1, 3], [2, 4]])).to_dense(2, 4, (2,))
+    assert per_query[0].tolist() == [[True, False, False, False], [True, True, True, False]]
+
+
+def test_valid_lens_queries_masks_padded_query_rows() -> None:
+    d = masks.valid_lens(torch.tensor([2]), queries=True).to_dense(3, 3, (1,))
+    assert d[0].tolist() == [[True, True, False], [True, True, False], [False, False, False]]
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize(("L", "S"), [(3, 5), (5, 3), (4, 4), (1, 7)])
+def test_causal_and_window_alignment_match_the_oracle(align: str, L: int, S: int) -> None:
+    got = masks.causal(align).to_dense(L, S).numpy()  # type: ignore[arg-type]
+    ref, _ = oracle_mask(("causal", align), L, S, 0)
+    np.testing.assert_array_equal(got, ref)
+    got_w = masks.window(1, 2, align=align).to_dense(L, S).numpy()  # type: ignore[arg-type]
+    ref_w, _ = oracle_mask(("window", 1, 2, align), L, S, 0)
+    np.testing.assert_array_equal(got_w, ref_w)
+
+
+def test_causal_docstring_picture() -> None:
+    tl = masks.causal("top_left").to_dense(3, 5).int().tolist()
+    br = masks.causal("bottom_right").to_dense(3, 5).int().tolist()
+    assert tl == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]]
+    assert br == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+
+
+def test_and_combines_keeps_and_adds_biases() -> None:
+    b1 = torch.tensor([[0.5, 1.0, 2.0]])
+    b2 = torch.tensor([[1.0, 1.0, 1.0]])
+    m = masks.bias(b1) & masks.causal() & masks.bias(b2)
+    assert [p.kind for p in m.parts()] == ["bias", "causal", "bias"]
+    d = m.to_dense(1, 3)
+    assert d.dtype == torch.float32
+    assert d.tolist() == [[1.5, float("-inf"), float("-inf")]]
+
+
+def test_key_padding_is_true_for_padding() -> None:
+    pad = torch.tensor([[False, True, False]])
+    d = masks.key_padding(pad).to_dense(2, 3, (1, 4))
+    assert d.shape == (1, 4, 2, 3)
+    assert d[0, 2].tolist() == [[True, False, True]] * 2
+
+
+def test_window_with_unbounded_side_is_causal() -> None:
+    assert torch.equal(masks.window(None, 0).to_dense(6, 6), masks.causal().to_dense(6, 6))
+
+
+def test_valid_len_zero_gives_zero_rows_not_a_uniform_average() -> None:
+    """d2l's masked_softmax gives a uniform average for valid length 0; attnkit gives 0."""
+    q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 2)
+    out, w = attnkit.attention(q, k, v, mask=masks.valid_lens([0, 5]), return_weights=True)
+    assert not out[0].any() and not w[0].any()
+    torch.testing.assert_close(w[1].sum(-1), torch.ones(3))
