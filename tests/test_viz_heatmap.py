@@ -1,0 +1,78 @@
+"""attnkit.viz.heatmaps and attention_grid: figures of attention matrices."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from attnkit import viz
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def test_heatmaps_grid_like_d2l() -> None:
+    m = torch.softmax(torch.randn(2, 3, 5, 7), dim=-1)  # (rows, cols, Q, K)
+    fig = viz.heatmaps(m, titles=["a", "b", "c"], figsize=(6, 4))
+    images = [ax for ax in fig.axes if ax.images]
+    assert len(images) == 6
+    assert len(fig.axes) == 7  # six panels and one colorbar
+    assert [ax.get_title() for ax in images[:3]] == ["a", "b", "c"]
+    assert images[3].get_xlabel() == "Keys" and images[0].get_ylabel() == "Queries"
+    np.testing.assert_allclose(images[4].images[0].get_array(), m[1, 1].numpy(), rtol=1e-6)
+
+
+def test_heatmaps_token_labels_and_one_matrix() -> None:
+    tokens = ["[CLS]", "hello", "world", "[SEP]"]
+    fig = viz.heatmaps(
+        np.eye(4), xticklabels=tokens, yticklabels=tokens, xlabel="K", ylabel="Q", colorbar=False
+    )
+    (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == tokens
+    assert [t.get_text() for t in ax.get_yticklabels()] == tokens
+    assert ax.get_xlabel() == "K"
+
+
+def test_heatmaps_rejects_bad_shapes_and_labels() -> None:
+    with pytest.raises(ValueError, match="rows, cols, Q, K"):
+        viz.heatmaps(np.zeros((1, 1, 1, 2, 2)))
+    with pytest.raises(ValueError, match="titles"):
+        viz.heatmaps(np.zeros((1, 2, 3, 3)), titles=["only one"])
+    with pytest.raises(ValueError, match="xticklabels"):
+        viz.heatmaps(np.zeros((3, 3)), xticklabels=["a", "b"])
+
+
+def test_attention_grid_png_has_the_expected_size() -> None:
+    tokens = ["[CLS]", "the", "cat", "sat", "[SEP]"]
+    w = torch.softmax(torch.randn(2, 3, 5, 5), dim=-1)  # (layers, heads, L, L)
+    fig = viz.attention_grid(
+        w,
+        tokens,
+        row_labels=["layer 0", "layer 1"],
+        col_labels=["head 0", "head 1", "head 2"],
+        title="grid",
+    )
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    width, height = _png_size(buf.getvalue())
+    expected = fig.get_size_inches() * 100
+    assert (width, height) == (round(expected[0]), round(expected[1]))
+    texts = {t.get_text() for t in fig.axes[0].texts}
+    assert {"cat", "head 2", "layer 1"} <= texts
+
+
+def test_attention_grid_stays_within_max_width_for_long_inputs() -> None:
+    L = 300
+    w = torch.full((1, 12, L, L), 1.0 / L)
+    fig = viz.attention_grid(w, [f"t{i}" for i in range(L)], max_width=20.0)
+    assert fig.get_size_inches()[0] <= 20.5
+    labels = [t.get_text() for t in fig.axes[0].texts]
+    assert 0 < len(labels) < 12 * L + L  # thinned
