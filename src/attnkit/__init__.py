@@ -8,7 +8,7 @@
 torch.Size([2, 4, 16, 32])
 """
 
-from . import masks, scores
+from . import masks, nn, scores, viz
 from .backends.dispatch import (
     BackendNotSupportedError,
     Explanation,
@@ -28,7 +28,9 @@ __all__ = [
     "available_backends",
     "explain",
     "masks",
+    "nn",
     "register_backend",
     "scores",
     "use_backend",
+    "viz",
 ]

@@ -1,0 +1,28 @@
+"""Attention layers built on :func:`attnkit.attention`.
+
+- :class:`MultiheadAttention`: a drop-in for ``torch.nn.MultiheadAttention``.
+- :class:`EinsumMultiHeadAttention`: Keras ``MultiHeadAttention`` semantics
+  (any number of batch dims, chosen attention axes).
+- :class:`SelfAttention`: the classic self-attention block (fused or separate
+  QKV, attention dropout, output projection).
+- :class:`AdditiveAttention`, :class:`DotProductAttention`: d2l's layers.
+- :class:`NadarayaWatson`: kernel regression as attention.
+
+Every layer computes its attention through :func:`attnkit.attention`; none
+writes its own softmax or masking.
+"""
+
+from .classic import AdditiveAttention, DotProductAttention, KernelScore, NadarayaWatson
+from .einsum import EinsumMultiHeadAttention
+from .multihead import MultiheadAttention
+from .self_attention import SelfAttention
+
+__all__ = [
+    "AdditiveAttention",
+    "DotProductAttention",
+    "EinsumMultiHeadAttention",
+    "KernelScore",
+    "MultiheadAttention",
+    "NadarayaWatson",
+    "SelfAttention",
+]

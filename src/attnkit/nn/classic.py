@@ -1,0 +1,348 @@
+"""d2l-style attention layers and Nadaraya–Watson kernel regression.
+
+:class:`AdditiveAttention` and :class:`DotProductAttention` keep d2l's forward
+signature ``(queries, keys, values, valid_lens=None)``, its submodule names
+(``W_q``, ``W_k``, ``w_v``) and the weights of the last call in
+``.attention_weights``. One deliberate difference: d2l masks with -1e6, so a
+row whose valid length is 0 gets a uniform average of every value; here such
+a row is fully masked and gives 0 (weights 0), like every attnkit layer.
+
+:class:`NadarayaWatson` is kernel regression written as attention: the
+weights are a kernel normalized over the keys, which
+:func:`attnkit.attention` computes as a softmax of the log-kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from .. import masks
+from ..functional import attention
+from ..scores import Additive, Gaussian, Score
+from ._common import check_dropout, check_positive_int, shape_str
+
+__all__ = ["AdditiveAttention", "DotProductAttention", "NadarayaWatson"]
+
+
+def _check_qkv(
+    owner: str,
+    queries: object,
+    keys: object,
+    values: object,
+    q_features: int | None,
+    k_features: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """d2l layout: queries (B, L, Dq), keys (B, S, Dk), values (B, S, Dv)."""
+    for name, t, layout in (
+        ("queries", queries, "(B, L, Dq)"),
+        ("keys", keys, "(B, S, Dk)"),
+        ("values", values, "(B, S, Dv)"),
+    ):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{owner}: {name} must be a floating-point tensor of shape {layout}")
+        if t.ndim != 3:
+            raise ValueError(f"{owner}: {name} must have shape {layout}, got {shape_str(t)}")
+    assert isinstance(queries, torch.Tensor) and isinstance(keys, torch.Tensor)
+    assert isinstance(values, torch.Tensor)
+    if not (queries.shape[0] == keys.shape[0] == values.shape[0]):
+        raise ValueError(
+            f"{owner}: queries, keys and values must share the batch size B, got "
+            f"{shape_str(queries)}, {shape_str(keys)}, {shape_str(values)}"
+        )
+    if keys.shape[1] != values.shape[1]:
+        raise ValueError(
+            f"{owner}: keys and values must have the same number of keys S, got keys "
+            f"{shape_str(keys)} and values {shape_str(values)}"
+        )
+    if q_features is not None and queries.shape[-1] != q_features:
+        raise ValueError(
+            f"{owner}: queries have {queries.shape[-1]} features, expected query_size={q_features}"
+        )
+    if k_features is not None and keys.shape[-1] != k_features:
+        raise ValueError(
+            f"{owner}: keys have {keys.shape[-1]} features, expected key_size={k_features}"
+        )
+    if q_features is None and queries.shape[-1] != keys.shape[-1]:
+        raise ValueError(
+            f"{owner}: queries and keys must have the same feature size for a dot product, got "
+            f"{shape_str(queries)} and {shape_str(keys)}"
+        )
+    return queries, keys, values
+
+
+def _valid_lens_mask(
+    owner: str, valid_lens: object, B: int, L: int, S: int
+) -> masks.ValidLensMask | None:
+    """d2l's ``valid_lens``: (B,) per sequence or (B, L) per query, each in [0, S]."""
+    if valid_lens is None:
+        return None
+    if not isinstance(valid_lens, torch.Tensor):
+        if not isinstance(valid_lens, Sequence):
+            raise TypeError(
+                f"{owner}: valid_lens must be an integer tensor of shape (B,) or (B, L), got "
+                f"{type(valid_lens).__name__}"
+            )
+        valid_lens = torch.as_tensor(valid_lens)
+    lens = valid_lens
+    if lens.dtype == torch.bool or lens.is_complex():
+        raise TypeError(f"{owner}: valid_lens must hold integers, got dtype {lens.dtype}")
+    if lens.is_floating_point():
+        if not bool(torch.equal(lens, lens.round())):
+            raise ValueError(f"{owner}: valid_lens must hold whole numbers, got {lens.tolist()}")
+        lens = lens.to(torch.long)
+    if tuple(lens.shape) not in ((B,), (B, L)):
+        raise ValueError(
+            f"{owner}: valid_lens must have shape ({B},) or ({B}, {L}), got {shape_str(lens)}"
+        )
+    if lens.numel():
+        lo, hi = int(lens.min()), int(lens.max())
+        if lo < 0 or hi > S:
+            raise ValueError(
+                f"{owner}: valid_lens must lie in [0, {S}] (there are {S} keys), got values "
+                f"from {lo} to {hi}"
+            )
+    return masks.valid_lens(lens.to(torch.long))
+
+
+class DotProductAttention(nn.Module):
+    """d2l's scaled dot-product attention: softmax(q kᵀ / sqrt(d)) v.
+
+    Args:
+        dropout: dropout on the attention weights while training, in [0, 1).
+
+    ``forward(queries (B, L, d), keys (B, S, d), values (B, S, Dv), valid_lens=None)``
+    returns (B, L, Dv) and keeps the weights (B, L, S) in ``.attention_weights``.
+    ``valid_lens`` is (B,) or (B, L): key j is kept when j < the length. A
+    length of 0 gives output 0 (d2l: a uniform average).
+    """
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(check_dropout("DotProductAttention", dropout))
+        self.attention_weights: torch.Tensor | None = None
+
+    def forward(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        valid_lens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        owner = "DotProductAttention"
+        q, k, v = _check_qkv(owner, queries, keys, values, None, None)
+        mask = _valid_lens_mask(owner, valid_lens, q.shape[0], q.shape[1], k.shape[1])
+        p = self.dropout.p if self.training else 0.0
+        out, self.attention_weights = attention(
+            q, k, v, score="scaled_dot", mask=mask, dropout_p=p, return_weights=True
+        )
+        return out
+
+
+class AdditiveAttention(nn.Module):
+    """d2l's additive (Bahdanau) attention: softmax(w_vᵀ tanh(W_q q + W_k k)) v.
+
+    Args:
+        key_size: Dk, the feature size of the keys.
+        query_size: Dq, the feature size of the queries.
+        num_hiddens: the hidden size of W_q and W_k.
+        dropout: dropout on the attention weights while training, in [0, 1).
+
+    Submodules ``W_k`` (Dk -> hidden), ``W_q`` (Dq -> hidden), ``w_v`` (hidden -> 1),
+    all bias-free Linear layers, as in d2l: d2l's state_dict loads unchanged.
+    ``forward(queries (B, L, Dq), keys (B, S, Dk), values (B, S, Dv), valid_lens=None)``
+    returns (B, L, Dv) and keeps the weights (B, L, S) in ``.attention_weights``.
+    """
+
+    def __init__(
+        self, key_size: int, query_size: int, num_hiddens: int, dropout: float = 0.0
+    ) -> None:
+        super().__init__()
+        owner = "AdditiveAttention"
+        check_positive_int(owner, "key_size", key_size)
+        check_positive_int(owner, "query_size", query_size)
+        check_positive_int(owner, "num_hiddens", num_hiddens)
+        score = Additive(query_size, key_size, num_hiddens)
+        # The layer owns the score's Linear modules under d2l's names; the score
+        # itself is kept outside the module tree so the state_dict has d2l's keys.
+        self.W_k = score.W_k
+        self.W_q = score.W_q
+        self.w_v = score.w_v
+        object.__setattr__(self, "_score", score)
+        self.dropout = nn.Dropout(check_dropout(owner, dropout))
+        self.attention_weights: torch.Tensor | None = None
+
+    @property
+    def score(self) -> Additive:
+        """The :class:`attnkit.scores.Additive` score sharing this layer's W_q, W_k, w_v."""
+        score: Additive = self.__dict__["_score"]
+        # Keep the score's modules the layer's own, even after the layer's were replaced.
+        score.W_q, score.W_k, score.w_v = self.W_q, self.W_k, self.w_v
+        return score
+
+    def forward(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        valid_lens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        owner = "AdditiveAttention"
+        q_size, k_size = self.W_q.in_features, self.W_k.in_features
+        q, k, v = _check_qkv(owner, queries, keys, values, q_size, k_size)
+        mask = _valid_lens_mask(owner, valid_lens, q.shape[0], q.shape[1], k.shape[1])
+        p = self.dropout.p if self.training else 0.0
+        out, self.attention_weights = attention(
+            q, k, v, score=self.score, mask=mask, dropout_p=p, return_weights=True
+        )
+        return out
+
+
+# --------------------------------------------------------------------------- Nadaraya–Watson
+
+
+class KernelScore(Score):
+    """Log of a compactly supported kernel of ``u = ‖q - k‖ / σ``, as a score.
+
+    Nadaraya–Watson weights are ``K(u_j) / Σ_i K(u_i)``, which is exactly the
+    softmax of ``log K(u)``; outside the support ``log K = -inf`` blocks the
+    key, so a query with no key in its support gets weights 0 and output 0.
+    Constant factors of K cancel in the normalization and are dropped.
+
+    kernels:
+        ``"boxcar"``        K(u) = 1 for u <= 1, else 0          (log K = 0 or -inf)
+        ``"epanechnikov"``  K(u) = 1 - u² for u < 1, else 0      (log K = log(1 - u²))
+    """
+
+    dot_reducible = False
+
+    def __init__(self, kernel: str, sigma: float = 1.0, *, learnable: bool = False) -> None:
+        super().__init__()
+        if kernel not in ("boxcar", "epanechnikov"):
+            raise ValueError(
+                f"KernelScore: kernel must be 'boxcar' or 'epanechnikov', got {kernel!r}"
+            )
+        self.kernel = kernel
+        self.name = kernel
+        value = torch.tensor(
+            float(sigma), dtype=torch.get_default_dtype() if learnable else torch.float64
+        )
+        if learnable:
+            self.sigma = nn.Parameter(value)
+        else:
+            self.register_buffer("sigma", value)
+
+    def logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        sigma = self.sigma.to(dtype=q.dtype, device=q.device)
+        diff = q.unsqueeze(-2) - k.unsqueeze(-3)  # (..., L, S, E)
+        u2 = (diff * diff).sum(-1) / (sigma * sigma)  # (..., L, S) squared scaled distance
+        neg_inf = torch.full((), float("-inf"), dtype=q.dtype, device=q.device)
+        if self.kernel == "boxcar":
+            inside = u2 <= 1
+            return torch.where(inside, torch.zeros_like(u2), neg_inf)
+        inside = u2 < 1
+        # Clamp inside log so the branch not taken has a finite gradient (no 0 * inf = NaN).
+        safe = torch.where(inside, 1 - u2, torch.ones_like(u2))
+        return torch.where(inside, torch.log(safe), neg_inf)
+
+    def extra_repr(self) -> str:
+        return f"kernel={self.kernel!r}, sigma={float(self.sigma):g}"
+
+
+_KERNELS = ("gaussian", "boxcar", "epanechnikov")
+
+
+class NadarayaWatson(nn.Module):
+    """Nadaraya–Watson kernel regression as attention: f(q) = Σ_j K(q, k_j) v_j / Σ_j K(q, k_j).
+
+    Args:
+        kernel: ``"gaussian"`` (K = exp(-‖q-k‖²/(2σ²)), a softmax of the
+            Gaussian score), ``"boxcar"`` (K = 1 within distance σ) or
+            ``"epanechnikov"`` (K = 1 - ‖q-k‖²/σ² within distance σ).
+        sigma: the bandwidth σ > 0.
+        learnable: make σ an ``nn.Parameter`` trained by gradient descent
+            (the boxcar's σ gets zero gradients: its weights are piecewise constant).
+
+    ``forward(queries, keys, values)`` takes either layout:
+
+    - shared keys: queries (n,) or (n, d), keys (m,) or (m, d), values (m,)
+      or (m, dv); every query sees every key; returns (n,) or (n, dv);
+    - d2l's training layout: queries (n,), keys (n, m) and values (n, m),
+      one row of m scalar keys/values per query; returns (n,).
+
+    A 1-D ``queries`` with 2-D ``keys`` selects the second layout (scalar
+    features shared by every query are given as 1-D keys). A query with no
+    key inside a compact kernel's support gives 0.
+    """
+
+    def __init__(
+        self, kernel: str = "gaussian", sigma: float = 1.0, learnable: bool = False
+    ) -> None:
+        super().__init__()
+        if kernel not in _KERNELS:
+            raise ValueError(f"NadarayaWatson: kernel must be one of {_KERNELS}, got {kernel!r}")
+        if isinstance(sigma, bool) or not isinstance(sigma, (int, float)):
+            raise TypeError(f"NadarayaWatson: sigma must be a positive float, got {sigma!r}")
+        if not (math.isfinite(sigma) and sigma > 0):
+            raise ValueError(f"NadarayaWatson: sigma must be a positive finite float, got {sigma}")
+        self.kernel = kernel
+        self.score: Score = (
+            Gaussian(float(sigma), learnable=learnable)
+            if kernel == "gaussian"
+            else KernelScore(kernel, float(sigma), learnable=learnable)
+        )
+        self.attention_weights: torch.Tensor | None = None
+
+    @property
+    def sigma(self) -> torch.Tensor:
+        """The bandwidth σ (a parameter when learnable)."""
+        s = self.score.sigma
+        assert isinstance(s, torch.Tensor)
+        return s
+
+    def extra_repr(self) -> str:
+        return f"kernel={self.kernel!r}"
+
+    def forward(
+        self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+    ) -> torch.Tensor:
+        owner = "NadarayaWatson"
+        for name, t in (("queries", queries), ("keys", keys), ("values", values)):
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                raise TypeError(f"{owner}: {name} must be a floating-point tensor")
+            if t.ndim not in (1, 2):
+                raise ValueError(f"{owner}: {name} must be 1-D or 2-D, got {shape_str(t)}")
+        n = queries.shape[0]
+        if queries.ndim == 1 and keys.ndim == 2:
+            # d2l's training layout: one row of m scalar keys/values per query.
+            if keys.shape[0] != n or values.shape != keys.shape:
+                raise ValueError(
+                    f"{owner}: with 1-D queries ({n},) and 2-D keys the layout is one row per "
+                    f"query: keys and values of shape ({n}, m); got keys {shape_str(keys)} and "
+                    f"values {shape_str(values)} (for keys shared by every query pass them 1-D)"
+                )
+            q = queries.view(n, 1, 1)  # (n, L=1, d=1)
+            k = keys.unsqueeze(-1)  # (n, m, 1)
+            v = values.unsqueeze(-1)  # (n, m, 1)
+            out, w = attention(q, k, v, score=self.score, return_weights=True)  # (n, 1, 1)
+            self.attention_weights = w.squeeze(1)  # (n, m)
+            return out.view(n)
+
+        q = queries if queries.ndim == 2 else queries.unsqueeze(-1)  # (n, d)
+        k = keys if keys.ndim == 2 else keys.unsqueeze(-1)  # (m, d)
+        v = values if values.ndim == 2 else values.unsqueeze(-1)  # (m, dv)
+        if q.shape[-1] != k.shape[-1]:
+            raise ValueError(
+                f"{owner}: queries and keys must have the same feature size d, got queries "
+                f"{shape_str(queries)} and keys {shape_str(keys)}"
+            )
+        if k.shape[0] != v.shape[0]:
+            raise ValueError(
+                f"{owner}: keys and values must have the same number m of rows, got keys "
+                f"{shape_str(keys)} and values {shape_str(values)}"
+            )
+        out, self.attention_weights = attention(q, k, v, score=self.score, return_weights=True)
+        return out if values.ndim == 2 else out.squeeze(-1)

@@ -1,0 +1,106 @@
+"""Smoke tests: every example script runs and reproduces its seed's results."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _run(name: str, capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], str]:
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    assert isinstance(module, ModuleType)
+    spec.loader.exec_module(module)
+    result = module.main()
+    return result, capsys.readouterr().out
+
+
+def test_seed000_keras_einsum(capsys: pytest.CaptureFixture[str]) -> None:
+    r, out = _run("seed000_keras_einsum_mha", capsys)
+    assert r["self_attention_shape"] == (10, 5)
+    assert r["seed_diagonal_shape"] == (10, 3, 5)
+    assert r["uniform_rows"]
+    assert r["mha_shape"] == (7, 20, 3, 5)
+    assert r["scores_shape"] == (7, 20, 4, 3, 3)
+    assert r["max_diff_vs_einsums"] < 1e-5
+    assert "(7, 20, 3, 5)" in out
+
+
+def test_seed001_torch_mha_and_scores(capsys: pytest.CaptureFixture[str]) -> None:
+    r, out = _run("seed001_torch_mha_and_scores", capsys)
+    assert r["output_shape"] == (3, 4, 10)
+    assert r["weights_shape"] == (4, 3, 6)
+    assert r["max_diff_vs_torch"] < 1e-6
+    assert r["extra_keys_weights_shape"] == (4, 3, 8)
+    assert r["padding_weight"] == 0.0
+    assert set(r["score_weights"]) == {"additive", "dot", "scaled_dot", "bilinear"}
+    for w in r["score_weights"].values():
+        assert w.shape == (5,) and abs(float(w.sum()) - 1) < 1e-6
+    assert "(N, L, S)" in out
+
+
+def test_seed002_tf_masks(capsys: pytest.CaptureFixture[str]) -> None:
+    r, _ = _run("seed002_tf_masks", capsys)
+    assert torch.allclose(r["weights"], torch.tensor([0.0, 0.0, 0.5, 0.5]), atol=1e-6)
+    assert torch.allclose(r["output"], torch.tensor([6.0, 7.0]), atol=1e-5)
+    assert torch.allclose(r["masked_weights"], torch.tensor([0.0, 0.0, 1.0, 0.0]), atol=1e-6)
+    w = r["decoder_weights"]  # (B, H, L, S): no future key, no padding key
+    assert torch.equal(w[..., 2:4][0], torch.zeros(2, 5, 2))
+    assert torch.equal(w.triu(1), torch.zeros_like(w))
+    assert torch.equal(r["dead_row_output"], torch.zeros(2))
+    assert not torch.equal(r["tutorial_dead_row_output"], torch.zeros(2))
+    assert r["mha_shape"] == (1, 11, 128) and r["per_head_shape"] == (1, 8, 11, 11)
+
+
+def test_seed003_self_attention(capsys: pytest.CaptureFixture[str]) -> None:
+    r, _ = _run("seed003_self_attention", capsys)
+    assert r["v1_shape"] == (3, 2, 4)
+    assert torch.allclose(r["v2_row_sums"], torch.ones(3, 1, 2))
+    assert torch.allclose(r["seed_v2_row_sums"], torch.full((3, 1, 2), 0.5))
+    assert r["v3_shape"] == (3, 4, 2) and r["v3_same_with_expanded_mask"]
+    w3 = r["v3_weights"]  # (B, H, L, S); the mask keeps 3, 2 and 1 keys
+    for b, n in enumerate((3, 2, 1)):
+        assert torch.equal(w3[b, 0, :, n:], torch.zeros(4, 4 - n))
+    assert r["v4_shape"] == (3, 4, 2) and r["v4_weights_shape"] == (3, 4, 4)
+    assert torch.equal(r["dead_row"], torch.zeros(4, 2))
+
+
+def test_seed004_d2l_nadaraya_watson(capsys: pytest.CaptureFixture[str]) -> None:
+    r, out = _run("seed004_d2l_nadaraya_watson", capsys)
+    assert abs(r["nw_57"] - 45.5) < 1e-5
+    assert "f(57) = 45.5" in out
+    assert torch.allclose(r["nw_weights"], torch.tensor([[0.0, 0.5, 0.5]]), atol=1e-7)
+    assert r["compact_kernels"] == pytest.approx({"boxcar": 45.5, "epanechnikov": 45.5})
+    per_seq, per_query = r["masked_softmax_per_sequence"], r["masked_softmax_per_query"]
+    assert torch.equal(per_seq[0, :, 2:], torch.zeros(2, 2)) and torch.equal(
+        per_seq[1, :, 3:], torch.zeros(2, 1)
+    )
+    assert torch.allclose(per_query.sum(-1), torch.ones(2, 2)) and per_query[0, 0, 0] == 1
+    # Equal keys: uniform weights over the valid ones, means of the value rows.
+    expected = torch.tensor([[[2.0, 3.0, 4.0, 5.0]], [[10.0, 11.0, 12.0, 13.0]]])
+    assert torch.allclose(r["additive_output"], expected) and torch.allclose(
+        r["dot_output"], expected
+    )
+    assert r["two_feature"].shape == (2, 2)
+
+
+def test_scripts_run_from_the_command_line() -> None:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "seed004_d2l_nadaraya_watson.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "f(57) = 45.5" in done.stdout

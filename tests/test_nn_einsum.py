@@ -1,0 +1,218 @@
+"""attnkit.nn.EinsumMultiHeadAttention against keras.layers.MultiHeadAttention (torch backend)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["KERAS_BACKEND"] = "torch"  # before any keras import
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from attnkit.nn import EinsumMultiHeadAttention
+
+keras = pytest.importorskip("keras")
+if keras.backend.backend() != "torch":
+    pytest.skip("keras was imported earlier with another backend", allow_module_level=True)
+
+TOL = 1e-5
+
+
+def _np(x: object) -> np.ndarray:
+    return np.asarray(keras.ops.convert_to_numpy(x))
+
+
+def _case(rng: random.Random, gen: np.random.Generator) -> dict[str, object]:
+    rank = rng.choice([3, 3, 4, 5])
+    axes_choices: list[object] = [None]
+    if rank == 4:
+        axes_choices += [(1,), (2,), (-2,), (1, 2), (2, 1)]
+    if rank == 5:
+        axes_choices += [(3,), (1, 3)]
+    axes = rng.choice(axes_choices)
+    nd = rank
+    resolved = tuple(range(1, nd - 1)) if axes is None else tuple(a % nd for a in axes)  # type: ignore[union-attr]
+    B = rng.choice([1, 2])
+    q_shape = [B] + [rng.choice([1, 2, 3]) for _ in range(nd - 2)]
+    kv_shape = list(q_shape)
+    for a in resolved:  # attention axes may differ in size between query and key/value
+        kv_shape[a] = rng.choice([1, 2, 4])
+    fq, fv = rng.choice([2, 5]), rng.choice([3, 4])
+    fk = rng.choice([fv, 6])
+    causal = rng.random() < 0.3 and len(resolved) == 1 and resolved[0] == 1
+    use_mask = rng.random() < 0.4
+    kw = {
+        "num_heads": rng.choice([1, 2, 3]),
+        "key_dim": rng.choice([1, 2, 4]),
+        "value_dim": rng.choice([None, 3]),
+        "use_bias": rng.random() < 0.7,
+        "output_shape": rng.choice([None, 4, (2, 3)]),
+        "attention_axes": axes,
+    }
+    q = gen.standard_normal((*q_shape, fq)).astype(np.float32)
+    v = gen.standard_normal((*kv_shape, fv)).astype(np.float32)
+    k = (
+        gen.standard_normal((*kv_shape, fk)).astype(np.float32)
+        if fk != fv or rng.random() < 0.5
+        else None
+    )
+    mask = None
+    if use_mask:
+        batch_axes = [a for a in range(nd - 1) if a not in resolved]
+        t = [q_shape[a] for a in resolved]
+        s = [kv_shape[a] for a in resolved]
+        # Keras's rule: leading dims align with the leading batch axes.
+        n_lead = rng.choice(range(len(batch_axes) + 1))
+        lead = [q_shape[a] for a in batch_axes[:n_lead]]
+        mask = gen.random((*lead, *t, *s)) < 0.6
+        first = (slice(None),) * (len(lead) + len(t)) + (0,) * len(s)
+        mask[first] = True  # no fully masked query row: Keras would average there
+    return {"kw": kw, "q": q, "v": v, "k": k, "mask": mask, "causal": causal}
+
+
+@pytest.mark.parametrize("chunk", range(3))
+def test_parity_random_configs(chunk: int) -> None:
+    rng = random.Random(2000 + chunk)
+    gen = np.random.default_rng(chunk)
+    for i in range(16):
+        case = _case(rng, gen)
+        keras.utils.set_random_seed(100 * chunk + i)
+        layer = keras.layers.MultiHeadAttention(**case["kw"])  # type: ignore[arg-type]
+        want_scores = i % 2 == 0
+        res = layer(
+            case["q"],
+            case["v"],
+            key=case["k"],
+            attention_mask=case["mask"],
+            use_causal_mask=case["causal"],
+            return_attention_scores=want_scores,
+        )
+        ours = EinsumMultiHeadAttention.from_keras(layer)
+        k = None if case["k"] is None else torch.from_numpy(case["k"])
+        mask = None if case["mask"] is None else torch.from_numpy(case["mask"])
+        got = ours(
+            torch.from_numpy(case["q"]),
+            torch.from_numpy(case["v"]),
+            k,
+            attention_mask=mask,
+            use_causal_mask=bool(case["causal"]),
+            return_attention_scores=want_scores,
+        )
+        if want_scores:
+            (ref, ref_scores), (out, scores) = res, got
+            assert tuple(scores.shape) == tuple(ref_scores.shape)
+            assert np.abs(scores.detach().numpy() - _np(ref_scores)).max() <= TOL
+        else:
+            ref, out = res, got
+        assert tuple(out.shape) == tuple(ref.shape)
+        assert np.abs(out.detach().numpy() - _np(ref)).max() <= TOL
+
+
+def test_seed_shapes_and_causal_with_mask() -> None:
+    keras.utils.set_random_seed(0)
+    layer = keras.layers.MultiHeadAttention(
+        num_heads=4, key_dim=3, output_shape=5, attention_axes=(2,)
+    )
+    x = np.ones((10, 7, 20, 3, 6), dtype=np.float32)
+    q, k, v = x[0], x[1], x[2]
+    ref = layer(q, v, key=k)
+    ours = EinsumMultiHeadAttention.from_keras(layer)
+    out = ours(torch.from_numpy(q), torch.from_numpy(v), torch.from_numpy(k))
+    assert tuple(out.shape) == (7, 20, 3, 5)
+    assert np.abs(out.detach().numpy() - _np(ref)).max() <= TOL
+
+    layer = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)
+    gen = np.random.default_rng(1)
+    q = gen.standard_normal((2, 5, 6)).astype(np.float32)
+    v = gen.standard_normal((2, 7, 6)).astype(np.float32)
+    m = gen.random((2, 5, 7)) < 0.7
+    m[..., 0] = True
+    ref, ref_s = layer(q, v, attention_mask=m, use_causal_mask=True, return_attention_scores=True)
+    ours = EinsumMultiHeadAttention.from_keras(layer)
+    out, s = ours(
+        torch.from_numpy(q),
+        torch.from_numpy(v),
+        attention_mask=torch.from_numpy(m),
+        use_causal_mask=True,
+        return_attention_scores=True,
+    )
+    assert np.abs(out.detach().numpy() - _np(ref)).max() <= TOL
+    assert np.abs(s.detach().numpy() - _np(ref_s)).max() <= TOL
+
+
+def test_dropout_eval_parity_and_training_noise() -> None:
+    keras.utils.set_random_seed(3)
+    layer = keras.layers.MultiHeadAttention(num_heads=2, key_dim=2, dropout=0.5)
+    q = np.random.default_rng(3).standard_normal((2, 4, 3)).astype(np.float32)
+    ref = layer(q, q, training=False)
+    ours = EinsumMultiHeadAttention.from_keras(layer).eval()
+    out = ours(torch.from_numpy(q), torch.from_numpy(q))
+    assert np.abs(out.detach().numpy() - _np(ref)).max() <= TOL
+    ours.train()
+    torch.manual_seed(0)
+    assert not torch.allclose(ours(torch.from_numpy(q), torch.from_numpy(q)), out)
+
+
+def test_fully_masked_row_gives_zero_heads() -> None:
+    torch.manual_seed(4)
+    layer = EinsumMultiHeadAttention(2, 3, query_features=4, use_bias=False)
+    x = torch.randn(1, 3, 4)
+    mask = torch.ones(1, 3, 3, dtype=torch.bool)
+    mask[0, 1] = False
+    out, scores = layer(x, x, attention_mask=mask, return_attention_scores=True)
+    assert torch.equal(out[0, 1], torch.zeros(4))
+    assert torch.equal(scores[0, :, 1], torch.zeros(2, 3))
+
+
+def test_gradients_and_gradcheck() -> None:
+    torch.manual_seed(5)
+    layer = EinsumMultiHeadAttention(
+        2, 2, output_shape=(3,), attention_axes=(1, 2), query_features=3, dtype=torch.float64
+    )
+    q = torch.randn(1, 2, 2, 3, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 3, 1, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda q, v: layer(q, v, use_causal_mask=True), (q, v))
+    layer(q, v).sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
+
+
+def test_training_reduces_loss() -> None:
+    torch.manual_seed(6)
+    layer = EinsumMultiHeadAttention(2, 4, query_features=6)
+    x = torch.randn(8, 5, 6)
+    target = x.mean(dim=1, keepdim=True).expand_as(x)
+    opt = torch.optim.Adam(layer.parameters(), lr=0.05)
+    losses = []
+    for _ in range(30):
+        opt.zero_grad()
+        loss = ((layer(x, x) - target) ** 2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_bad_inputs() -> None:
+    with pytest.raises(ValueError, match="num_heads"):
+        EinsumMultiHeadAttention(0, 2, query_features=3)
+    with pytest.raises(TypeError, match="attention_axes"):
+        EinsumMultiHeadAttention(1, 2, attention_axes="1", query_features=3)  # type: ignore[arg-type]
+    layer = EinsumMultiHeadAttention(2, 2, query_features=3, value_features=4)
+    q, v = torch.randn(2, 5, 3), torch.randn(2, 6, 4)
+    with pytest.raises(ValueError, match=r"value has 3 features .* expected 4"):
+        layer(q, q)
+    with pytest.raises(ValueError, match="at least 3 dims"):
+        layer(q[0], v[0])
+    with pytest.raises(ValueError, match="non-attention axis 0"):
+        layer(q, torch.randn(3, 6, 4))
+    with pytest.raises(ValueError, match=r"attention_mask of shape \(2, 5, 5\) does not broadcast"):
+        layer(q, v, attention_mask=torch.ones(2, 5, 5, dtype=torch.bool))
+    bad_axes = EinsumMultiHeadAttention(1, 2, attention_axes=(-1,), query_features=3)
+    with pytest.raises(ValueError, match="attention_axes entry -1"):
+        bad_axes(q, q)
+    unbuilt = keras.layers.MultiHeadAttention(num_heads=1, key_dim=2)
+    with pytest.raises(ValueError, match="not built"):
+        EinsumMultiHeadAttention.from_keras(unbuilt)

@@ -1,0 +1,332 @@
+"""attnkit.nn.MultiheadAttention against torch.nn.MultiheadAttention, same weights."""
+
+from __future__ import annotations
+
+import random
+import warnings
+
+import pytest
+import torch
+
+from attnkit import masks
+from attnkit.nn import MultiheadAttention
+
+TOL = 1e-5
+
+
+def _pair(seed: int, **kw: object) -> tuple[torch.nn.MultiheadAttention, MultiheadAttention]:
+    """torch's layer with random weights (biases too) and ours loaded from it."""
+    torch.manual_seed(seed)
+    theirs = torch.nn.MultiheadAttention(**kw)  # type: ignore[arg-type]
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+    ours = MultiheadAttention(**kw)  # type: ignore[arg-type]
+    ours.load_state_dict(theirs.state_dict())
+    return theirs, ours
+
+
+def _close_where_finite(ours: torch.Tensor, ref: torch.Tensor) -> None:
+    assert ours.shape == ref.shape
+    assert torch.isfinite(ours).all()
+    ok = torch.isfinite(ref)
+    assert (ours[ok] - ref[ok]).abs().max().item() <= TOL if ok.any() else True
+
+
+def _random_config(rng: random.Random) -> dict[str, object]:
+    H = rng.choice([1, 2, 3])
+    E = H * rng.choice([1, 2, 3, 5])
+    same = rng.random() < 0.5
+    return {
+        "ctor": {
+            "embed_dim": E,
+            "num_heads": H,
+            "bias": rng.random() < 0.7,
+            "add_bias_kv": rng.random() < 0.3,
+            "add_zero_attn": rng.random() < 0.3,
+            "kdim": None if same else rng.choice([1, 2, 4, 7]),
+            "vdim": None if same else rng.choice([1, 3, 6]),
+            "batch_first": rng.random() < 0.5,
+        },
+        "batched": rng.random() < 0.8,
+        "N": rng.choice([1, 2, 3]),
+        "L": rng.choice([1, 3, 5]),
+        "S": rng.choice([1, 2, 4, 7]),
+        "kpm": rng.choice([None, "bool", "float"]),
+        "attn_mask": rng.choice([None, "2d", "3d_heads", "3d_batch", "4d", "4d_b1"]),
+        "mask_dtype": rng.choice(["bool", "float"]),
+        "is_causal": rng.random() < 0.3,
+        "need_weights": rng.random() < 0.6,
+        "average": rng.random() < 0.5,
+    }
+
+
+def _inputs(cfg: dict[str, object], gen: torch.Generator) -> dict[str, torch.Tensor | None]:
+    ctor = cfg["ctor"]
+    assert isinstance(ctor, dict)
+    E, H = ctor["embed_dim"], ctor["num_heads"]
+    kdim = ctor["kdim"] or E
+    vdim = ctor["vdim"] or E
+    N, L, S = cfg["N"], cfg["L"], cfg["S"]
+    assert isinstance(N, int) and isinstance(L, int) and isinstance(S, int)
+
+    def seq(n: int, f: int) -> torch.Tensor:
+        if not cfg["batched"]:
+            return torch.randn(n, f, generator=gen)
+        return torch.randn((N, n, f) if ctor["batch_first"] else (n, N, f), generator=gen)
+
+    out: dict[str, torch.Tensor | None] = {
+        "query": seq(L, E),
+        "key": seq(S, kdim),
+        "value": seq(S, vdim),
+    }
+    NB = N if cfg["batched"] else 1
+    kpm = None
+    if cfg["kpm"] is not None:
+        pad = torch.rand(NB, S, generator=gen) < 0.3
+        if NB > 1:
+            pad[0] = True  # a fully padded sequence
+        kpm = pad if cfg["kpm"] == "bool" else torch.zeros(NB, S).masked_fill(pad, float("-inf"))
+        if cfg["kpm"] == "float":
+            kpm = kpm + torch.randn(NB, S, generator=gen) * 0.1
+        kpm = kpm if cfg["batched"] else kpm[0]
+    out["kpm"] = kpm
+    # A full (N, H, L, S) mask; each accepted layout is a view of one broadcast of it.
+    layout = cfg["attn_mask"]
+    full_shape = {
+        None: None,
+        "2d": (1, 1, L, S),
+        "3d_heads": (NB, H, L, S),
+        "3d_batch": (NB, 1, L, S),
+        "4d": (NB, H, L, S),
+        "4d_b1": (1, H, L, S),
+    }[layout]
+    if not cfg["batched"] and layout in ("3d_batch", "4d", "4d_b1"):
+        full_shape = (1, H, L, S)
+        layout = "3d_heads"
+    ours_mask = theirs_mask = None
+    if full_shape is not None:
+        blocked = torch.rand(full_shape, generator=gen) < 0.3
+        if cfg["mask_dtype"] == "bool":
+            base = blocked
+        else:
+            base = torch.randn(full_shape, generator=gen).masked_fill(blocked, float("-inf"))
+        theirs_mask = base.expand(NB, H, L, S).reshape(NB * H, L, S)
+        if layout == "2d":
+            ours_mask = base[0, 0]
+            theirs_mask = ours_mask
+        elif layout == "3d_heads":
+            ours_mask = theirs_mask
+        elif layout == "3d_batch":
+            ours_mask = base[:, 0]
+        else:
+            ours_mask = base
+    if cfg["is_causal"]:
+        causal = torch.ones(L, S, dtype=torch.bool).triu(1)  # True = masked
+        if theirs_mask is None:
+            theirs_mask = causal
+        elif theirs_mask.dtype == torch.bool:
+            theirs_mask = theirs_mask | causal
+        else:
+            theirs_mask = theirs_mask.masked_fill(causal, float("-inf"))
+    out["ours_mask"], out["theirs_mask"] = ours_mask, theirs_mask
+    return out
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_parity_random_configs(chunk: int) -> None:
+    rng = random.Random(1000 + chunk)
+    gen = torch.Generator().manual_seed(chunk)
+    for i in range(40):
+        cfg = _random_config(rng)
+        theirs, ours = _pair(chunk * 100 + i, **cfg["ctor"])  # type: ignore[arg-type]
+        x = _inputs(cfg, gen)
+        common = {"key_padding_mask": x["kpm"], "average_attn_weights": cfg["average"]}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch: mismatched mask dtypes are deprecated
+            t_w, t_ww = theirs(x["query"], x["key"], x["value"], attn_mask=x["theirs_mask"],
+                               need_weights=True, **common)  # fmt: skip
+            t_nw, _ = theirs(x["query"], x["key"], x["value"], attn_mask=x["theirs_mask"],
+                             need_weights=False, **common)  # fmt: skip
+        out, w = ours(
+            x["query"],
+            x["key"],
+            x["value"],
+            attn_mask=x["ours_mask"],
+            is_causal=cfg["is_causal"],
+            need_weights=cfg["need_weights"],
+            **common,
+        )
+        _close_where_finite(out, t_w)
+        _close_where_finite(out, t_nw)
+        if cfg["need_weights"]:
+            assert w is not None
+            _close_where_finite(w, t_ww)
+        else:
+            assert w is None
+
+
+def test_state_dict_round_trip_both_ways() -> None:
+    for kw in (
+        {"embed_dim": 6, "num_heads": 2},
+        {"embed_dim": 6, "num_heads": 3, "kdim": 4, "vdim": 5, "bias": False},
+        {"embed_dim": 4, "num_heads": 2, "add_bias_kv": True, "add_zero_attn": True},
+    ):
+        theirs, ours = _pair(0, **kw)
+        assert set(theirs.state_dict()) == set(ours.state_dict())
+        fresh = torch.nn.MultiheadAttention(**kw)  # type: ignore[arg-type]
+        fresh.load_state_dict(ours.state_dict())
+        for k, v in fresh.state_dict().items():
+            assert torch.equal(v, theirs.state_dict()[k])
+
+
+def test_fully_masked_rows_are_zero_not_nan() -> None:
+    theirs, ours = _pair(1, embed_dim=4, num_heads=2, bias=False)
+    q = torch.randn(3, 2, 4)
+    kpm = torch.zeros(2, 3, dtype=torch.bool)
+    kpm[1] = True
+    out, w = ours(q, q, q, key_padding_mask=kpm, average_attn_weights=False)
+    t_out, _ = theirs(q, q, q, key_padding_mask=kpm)
+    assert torch.isnan(t_out[:, 1]).all()  # torch's need_weights path: NaN
+    assert torch.equal(out[:, 1], torch.zeros(3, 4))
+    assert w is not None and torch.equal(w[1], torch.zeros(2, 3, 3))
+    out.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in ours.parameters() if p.grad is not None)
+
+
+def test_is_causal_alone_and_mask_objects() -> None:
+    theirs, ours = _pair(2, embed_dim=6, num_heads=2, batch_first=True)
+    x = torch.randn(2, 5, 6)
+    causal = torch.ones(5, 5, dtype=torch.bool).triu(1)
+    ref, ref_w = theirs(x, x, x, attn_mask=causal, average_attn_weights=False)
+    out, w = ours(x, x, x, is_causal=True, average_attn_weights=False)
+    assert (out - ref).abs().max() <= TOL and w is not None and (w - ref_w).abs().max() <= TOL
+    out2, _ = ours(x, x, x, attn_mask=masks.causal())
+    assert (out2 - ref).abs().max() <= TOL
+    band = masks.window(1, 1)
+    dense = ~band.to_dense(5, 5)  # True = masked
+    ref3, _ = theirs(x, x, x, attn_mask=dense)
+    out3, _ = ours(x, x, x, attn_mask=band)
+    assert (out3 - ref3).abs().max() <= TOL
+
+
+def test_mask_object_with_extra_keys() -> None:
+    kw = {"embed_dim": 4, "num_heads": 2, "add_bias_kv": True, "add_zero_attn": True}
+    theirs, ours = _pair(3, **kw)
+    x = torch.randn(4, 2, 4)
+    causal = torch.ones(4, 4, dtype=torch.bool).triu(1)
+    ref, _ = theirs(x, x, x, attn_mask=causal)
+    for mask in (masks.causal(), masks.block(causal)):
+        out, _ = ours(x, x, x, attn_mask=mask)
+        assert (out - ref).abs().max() <= TOL
+    out, _ = ours(x, x, x, is_causal=True)
+    assert (out - ref).abs().max() <= TOL
+
+
+def test_dropout_only_while_training() -> None:
+    theirs, ours = _pair(4, embed_dim=4, num_heads=2, dropout=0.5)
+    x = torch.randn(3, 2, 4)
+    ours.eval()
+    theirs.eval()
+    ref, _ = theirs(x, x, x)
+    out, _ = ours(x, x, x)
+    assert (out - ref).abs().max() <= TOL
+    ours.train()
+    torch.manual_seed(0)
+    a, w = ours(x, x, x)
+    assert torch.isfinite(a).all() and not torch.allclose(a, out)
+    assert w is not None and torch.allclose(w.sum(-1), torch.ones(2, 3))  # before dropout
+
+
+def test_half_precision_weights_dtype() -> None:
+    ours = MultiheadAttention(4, 2, dtype=torch.bfloat16)
+    x = torch.randn(3, 2, 4, dtype=torch.bfloat16)
+    out, w = ours(x, x, x)
+    assert out.dtype == torch.bfloat16 and w is not None and w.dtype == torch.bfloat16
+
+
+def test_gradcheck_float64() -> None:
+    torch.manual_seed(5)
+    layer = MultiheadAttention(4, 2, add_bias_kv=True, kdim=3, dtype=torch.float64)
+    q = torch.randn(3, 2, 4, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 2, 3, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 2, 4, dtype=torch.float64, requires_grad=True)
+    kpm = torch.tensor([[False, True], [False, False]])
+
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return layer(q, k, v, key_padding_mask=kpm, is_causal=False)[0]
+
+    assert torch.autograd.gradcheck(f, (q, k, v))
+
+
+def test_training_reduces_loss() -> None:
+    torch.manual_seed(6)
+    layer = MultiheadAttention(8, 2, batch_first=True)
+    x = torch.randn(16, 5, 8)
+    target = x.flip(1)  # reverse the sequence: needs attention across positions
+    pos = torch.randn(1, 5, 8) * 0.5
+    opt = torch.optim.Adam(layer.parameters(), lr=0.05)
+    losses = []
+    for _ in range(40):
+        opt.zero_grad()
+        out, _ = layer(x + pos, x + pos, x, need_weights=False)
+        loss = ((out - target) ** 2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0]
+
+
+@pytest.mark.parametrize("path", ["plain", "key_padding", "causal"])
+def test_compile_fullgraph(path: str) -> None:
+    torch.manual_seed(7)
+    layer = MultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.randn(2, 5, 8)
+    kpm = torch.tensor([[False] * 5, [False, False, False, True, True]])
+    kwargs: dict[str, object] = {"need_weights": False}
+    if path == "key_padding":
+        kwargs["key_padding_mask"] = kpm
+    if path == "causal":
+        kwargs["is_causal"] = True
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return layer(x, x, x, **kwargs)[0]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(run, fullgraph=True, backend="eager")
+    assert torch.allclose(compiled(x), run(x), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("ctor", "message"),
+    [
+        ({"embed_dim": 6, "num_heads": 4}, "must divide embed_dim=6"),
+        ({"embed_dim": 0, "num_heads": 1}, "embed_dim"),
+        ({"embed_dim": 4, "num_heads": 2, "dropout": 1.0}, "dropout"),
+        ({"embed_dim": 4, "num_heads": 2, "kdim": -1}, "kdim"),
+    ],
+)
+def test_bad_constructor(ctor: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        MultiheadAttention(**ctor)  # type: ignore[arg-type]
+
+
+def test_bad_forward_inputs() -> None:
+    layer = MultiheadAttention(4, 2, kdim=3)
+    q, k, v = torch.randn(5, 2, 4), torch.randn(6, 2, 3), torch.randn(6, 2, 4)
+    with pytest.raises(ValueError, match=r"query has 5 features .* expected embed_dim=4"):
+        layer(torch.randn(5, 2, 5), k, v)
+    with pytest.raises(ValueError, match="expected kdim=3"):
+        layer(q, v, v)
+    with pytest.raises(ValueError, match="same batch size"):
+        layer(q, torch.randn(6, 3, 3), torch.randn(6, 3, 4))
+    with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(2, 6\)"):
+        layer(q, k, v, key_padding_mask=torch.zeros(2, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"attn_mask must have shape .* got \(5, 5\)"):
+        layer(q, k, v, attn_mask=torch.zeros(5, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"attn_mask must have shape .* got \(3, 5, 6\)"):
+        layer(q, k, v, attn_mask=torch.zeros(3, 5, 6, dtype=torch.bool))
+    with pytest.raises(TypeError, match="attn_mask must be bool"):
+        layer(q, k, v, attn_mask=torch.zeros(5, 6, dtype=torch.int64))
+    with pytest.raises(ValueError, match="query must be 3-D"):
+        layer(torch.randn(1, 5, 2, 4), k, v)
