@@ -173,6 +173,12 @@ def test_forward_checks_its_inputs(model: bert.Bert) -> None:
         model(torch.zeros(1, 513, dtype=torch.long))
     with pytest.raises(ValueError, match="attention_mask"):
         model(torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 5))
+    with pytest.raises(ValueError, match=r"input_ids: ids must lie in \[0, 30522\)"):
+        model(torch.full((1, 4), 30522))
+    with pytest.raises(TypeError, match="input_ids: expected an integer tensor"):
+        model(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match=r"token_type_ids: expected shape \(1, 4\)"):
+        model(torch.zeros(1, 4, dtype=torch.long), None, torch.zeros(1, 3, dtype=torch.long))
 
 
 # --------------------------------------------------------------------------- other checkpoints
@@ -262,3 +268,49 @@ def test_sentence_transformers_layout_and_corrupt_tokenizer(tmp_path: Path) -> N
     (inner / "tokenizer.json").write_text("{}")
     with pytest.raises(bert.CheckpointError, match="not a valid tokenizer file"):
         bert.load(inner)
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_tiny_random_checkpoint_matches_transformers(tmp_path: Path, family: str) -> None:
+    """Every hidden state equals transformers' on a padded batch (RoBERTa: its position ids)."""
+    from safetensors.torch import save_file
+
+    transformers = pytest.importorskip("transformers")
+    pad = 1 if family == "roberta" else 0
+    config = {
+        "model_type": family,
+        "vocab_size": 50,
+        "hidden_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 32,
+        "max_position_embeddings": 20,
+        "type_vocab_size": 1 if family == "roberta" else 2,
+        "pad_token_id": pad,
+        "layer_norm_eps": 1e-5,
+    }
+    torch.manual_seed(0)
+    if family == "roberta":
+        theirs = transformers.RobertaModel(transformers.RobertaConfig(**config))
+    else:
+        theirs = transformers.BertModel(transformers.BertConfig(**config))
+    theirs.eval()
+    directory = tmp_path / family
+    directory.mkdir()
+    state = {f"{family}.{k}": v.contiguous() for k, v in theirs.state_dict().items()}
+    save_file(state, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(config))
+    shutil.copy(bert.default_checkpoint() / "tokenizer.json", directory / "tokenizer.json")
+    ours = bert.load(directory)
+    assert ours.config.max_tokens == (20 - pad - 1 if family == "roberta" else 20)
+
+    ids = torch.randint(3, 50, (3, 7), generator=torch.Generator().manual_seed(1))
+    lengths = torch.tensor([7, 4, 2])
+    real = torch.arange(7)[None, :] < lengths[:, None]  # (B, L)
+    ids = ids.masked_fill(~real, pad)
+    with torch.no_grad():
+        got = ours(ids, real.long()).hidden_states
+        want = theirs(input_ids=ids, attention_mask=real.long(), output_hidden_states=True)
+    assert len(got) == len(want.hidden_states) == 3
+    for a, b in zip(got, want.hidden_states, strict=True):
+        torch.testing.assert_close(a[real], b[real], atol=1e-5, rtol=0)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnkit.nn import AdditiveAttention, DotProductAttention, NadarayaWatson
+from attnkit.nn import AdditiveAttention, DotProductAttention, KernelScore, NadarayaWatson
 
 TOL = 1e-5
 
@@ -143,6 +143,8 @@ def test_classic_bad_inputs() -> None:
         layer(q, k, torch.randn(2, 4, 3))
     with pytest.raises(ValueError, match=r"queries must have shape \(B, L, Dq\)"):
         layer(q[0], k, v)
+    with pytest.raises(TypeError, match="valid_lens must be an integer tensor"):
+        layer(q, k, v, "ab")  # type: ignore[arg-type]
     add = AdditiveAttention(4, 6, 8, 0.0)
     with pytest.raises(ValueError, match="expected query_size=6"):
         add(q, k, v)
@@ -243,6 +245,8 @@ def test_nadaraya_watson_bad_inputs() -> None:
         NadarayaWatson("triangle")
     with pytest.raises(ValueError, match="sigma"):
         NadarayaWatson(sigma=0.0)
+    with pytest.raises(ValueError, match="KernelScore: sigma"):
+        KernelScore("boxcar", sigma=-1.0)
     nw = NadarayaWatson()
     with pytest.raises(ValueError, match=r"keys and values of shape \(3, m\)"):
         nw(torch.rand(3), torch.rand(4, 5), torch.rand(4, 5))

@@ -116,7 +116,8 @@ def test_seed_shapes_and_causal_with_mask() -> None:
     layer = keras.layers.MultiHeadAttention(
         num_heads=4, key_dim=3, output_shape=5, attention_axes=(2,)
     )
-    x = np.ones((10, 7, 20, 3, 6), dtype=np.float32)
+    # Random, not ones: with equal inputs every weight is uniform and the test could not fail.
+    x = np.random.default_rng(0).standard_normal((10, 7, 20, 3, 6)).astype(np.float32)
     q, k, v = x[0], x[1], x[2]
     ref = layer(q, v, key=k)
     ours = EinsumMultiHeadAttention.from_keras(layer)
@@ -213,6 +214,10 @@ def test_bad_inputs() -> None:
     bad_axes = EinsumMultiHeadAttention(1, 2, attention_axes=(-1,), query_features=3)
     with pytest.raises(ValueError, match="attention_axes entry -1"):
         bad_axes(q, q)
+    with pytest.raises(
+        TypeError, match=r"query is torch\.float64 .* parameters are torch\.float32"
+    ):
+        layer(q.double(), v.double())
     unbuilt = keras.layers.MultiHeadAttention(num_heads=1, key_dim=2)
     with pytest.raises(ValueError, match="not built"):
         EinsumMultiHeadAttention.from_keras(unbuilt)

@@ -330,3 +330,7 @@ def test_bad_forward_inputs() -> None:
         layer(q, k, v, attn_mask=torch.zeros(5, 6, dtype=torch.int64))
     with pytest.raises(ValueError, match="query must be 3-D"):
         layer(torch.randn(1, 5, 2, 4), k, v)
+    with pytest.raises(
+        TypeError, match=r"query is torch\.float64 .* parameters are torch\.float32"
+    ):
+        layer(q.double(), k.double(), v.double())

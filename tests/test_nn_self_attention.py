@@ -136,3 +136,7 @@ def test_bad_inputs() -> None:
         layer(torch.randn(2, 3, 6), torch.full((2, 3), 0.5))
     with pytest.raises(TypeError, match="mask must be an attnkit mask"):
         layer(torch.randn(2, 3, 6), [[1, 1, 1]])
+    with pytest.raises(TypeError, match=r"x is torch\.float64 .* parameters are torch\.float32"):
+        layer(torch.randn(2, 3, 6, dtype=torch.float64))
+    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
+        layer(torch.ones(2, 3, 6, dtype=torch.int64))

@@ -208,3 +208,16 @@ def test_another_local_checkpoint(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert code == 0, err
     assert out.startswith("tiny-bert: 2 layers × 2 heads, 13 tokens")
     assert _png_size(tmp_path / "t.png")[0] > 100
+
+
+def test_layers_given_out_of_order_are_labelled_in_run_order(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    page = tmp_path / "a.html"
+    code, out, err = _show(capsys, SAMPLE, "--layers", "3,1", "--no-png", "--out", str(page))
+    assert code == 0, err
+    data = json.loads(
+        re.search(r'id="attention-data">(.*?)</script>', page.read_text(), re.S).group(1)  # type: ignore[union-attr]
+    )
+    assert data["layers"] == ["layer 1", "layer 3"]
+    assert out.index("  layer 1: head ") < out.index("  layer 3: head ")

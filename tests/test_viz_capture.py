@@ -132,14 +132,15 @@ def test_bert_layer_weights_match_reference_and_output_is_unchanged() -> None:
         sa = model.encoder.layer[r.index].attention.self
         B, L, _ = seen[r.index].shape
         x = seen[r.index]
-        q = sa.query(x).view(B, L, 12, 32).transpose(1, 2)  # (B, H, L, 32)
-        k = sa.key(x).view(B, L, 12, 32).transpose(1, 2)  # (B, H, L, 32)
-        v = sa.value(x).view(B, L, 12, 32).transpose(1, 2)  # (B, H, L, 32)
+        H, Eh = sa.num_heads, sa.head_dim
+        q = sa.query(x).view(B, L, H, Eh).transpose(1, 2)  # (B, H, L, Eh)
+        k = sa.key(x).view(B, L, H, Eh).transpose(1, 2)  # (B, H, L, Eh)
+        v = sa.value(x).view(B, L, H, Eh).transpose(1, 2)  # (B, H, L, Eh)
         _, w = attnkit.attention(
             q, k, v, mask=masks.key_padding(pad), return_weights=True, backend="reference"
         )
-        assert r.heads == (0, 5, 11)
-        torch.testing.assert_close(r.weights, w[:, [0, 5, 11]], atol=1e-6, rtol=0)
+        assert r.heads == (0, 5, H - 1)
+        torch.testing.assert_close(r.weights, w[:, [0, 5, H - 1]], atol=1e-6, rtol=0)
     assert cap.stack(batch_index=0).shape == (2, 3, L, L)
     assert cap.weights(5).shape == (2, 3, L, L)
     assert cap.weights("encoder.layer.1.attention.self") is cap[0].weights

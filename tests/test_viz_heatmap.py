@@ -20,6 +20,7 @@ def _png_size(data: bytes) -> tuple[int, int]:
 
 
 def test_heatmaps_grid_like_d2l() -> None:
+    torch.manual_seed(0)
     m = torch.softmax(torch.randn(2, 3, 5, 7), dim=-1)  # (rows, cols, Q, K)
     fig = viz.heatmaps(m, titles=["a", "b", "c"], figsize=(6, 4))
     images = [ax for ax in fig.axes if ax.images]
@@ -28,6 +29,9 @@ def test_heatmaps_grid_like_d2l() -> None:
     assert [ax.get_title() for ax in images[:3]] == ["a", "b", "c"]
     assert images[3].get_xlabel() == "Keys" and images[0].get_ylabel() == "Queries"
     np.testing.assert_allclose(images[4].images[0].get_array(), m[1, 1].numpy(), rtol=1e-6)
+    # One colorbar, so one color scale: the range of all panels together.
+    want = (float(m.min()), float(m.max()))
+    assert all(ax.images[0].get_clim() == pytest.approx(want) for ax in images)
 
 
 def test_heatmaps_token_labels_and_one_matrix() -> None:
@@ -52,6 +56,7 @@ def test_heatmaps_rejects_bad_shapes_and_labels() -> None:
 
 def test_attention_grid_png_has_the_expected_size() -> None:
     tokens = ["[CLS]", "the", "cat", "sat", "[SEP]"]
+    torch.manual_seed(0)
     w = torch.softmax(torch.randn(2, 3, 5, 5), dim=-1)  # (layers, heads, L, L)
     fig = viz.attention_grid(
         w,
@@ -76,3 +81,8 @@ def test_attention_grid_stays_within_max_width_for_long_inputs() -> None:
     assert fig.get_size_inches()[0] <= 20.5
     labels = [t.get_text() for t in fig.axes[0].texts]
     assert 0 < len(labels) < 12 * L + L  # thinned
+
+
+def test_attention_grid_rejects_a_width_with_no_room() -> None:
+    with pytest.raises(ValueError, match="max_width"):
+        viz.attention_grid(np.eye(3), ["a", "b", "c"], max_width=0.5)

@@ -215,9 +215,10 @@ def _run(args: argparse.Namespace) -> int:
     except bert.CheckpointError as exc:
         raise UsageError(f"--model: {exc}" if args.model else str(exc)) from None
     cfg = model.config
-    layers = _resolve(layer_sel, cfg.num_hidden_layers, "--layers", "layers")
+    # capture() records layers in the order they run, so the labels must follow that order.
+    layers = sorted(_resolve(layer_sel, cfg.num_hidden_layers, "--layers", "layers"))
     heads = _resolve(head_sel, cfg.num_attention_heads, "--heads", "heads")
-    limit = cfg.max_position_embeddings
+    limit = cfg.max_tokens
     if args.max_length is not None and args.max_length > limit:
         raise UsageError(
             f"--max-length: {args.max_length} is more than the model's {limit} positions"

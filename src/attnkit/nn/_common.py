@@ -9,8 +9,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 
-__all__ = ["check_dropout", "check_positive_int", "check_tensor", "shape_str"]
+from .. import masks
+from ..functional import attention
+
+__all__ = [
+    "attend",
+    "check_dropout",
+    "check_key_value",
+    "check_param_dtype",
+    "check_positive_int",
+    "check_tensor",
+    "shape_str",
+]
 
 
 def shape_str(shape: Sequence[int] | torch.Tensor) -> str:
@@ -49,3 +61,53 @@ def check_tensor(owner: str, name: str, value: object, layout: str) -> torch.Ten
             f"{value.dtype}"
         )
     return value
+
+
+def check_key_value(owner: str, key: torch.Tensor, value: torch.Tensor) -> None:
+    """Raise unless ``key`` and ``value`` agree on every dim but the last (features)."""
+    if key.shape[:-1] != value.shape[:-1]:
+        raise ValueError(
+            f"{owner}: key and value must agree on every dim but the last, got key "
+            f"{shape_str(key)} and value {shape_str(value)}"
+        )
+
+
+def check_param_dtype(owner: str, module: nn.Module, **inputs: torch.Tensor) -> None:
+    """Raise TypeError unless every input has the dtype and device of ``module``'s parameters.
+
+    Caught here, before any compute, instead of as a bare error from deep inside
+    ``F.linear`` or ``torch.einsum``.
+    """
+    param = next(module.parameters(), None)
+    if param is None:
+        return
+    for name, t in inputs.items():
+        if t.dtype != param.dtype or t.device != param.device:
+            raise TypeError(
+                f"{owner}: {name} is {t.dtype} on {t.device}, but the layer's parameters are "
+                f"{param.dtype} on {param.device}; convert the input or the layer "
+                f"(layer.to(dtype=..., device=...))"
+            )
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    mask: masks.Mask | None,
+    dropout_p: float,
+    need_weights: bool,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`attnkit.attention` of (..., L, E), (..., S, E), (..., S, Ev) heads.
+
+    Returns ``(output (..., L, Ev), weights (..., L, S) or None)``; the weights
+    are computed only when ``need_weights``.
+    """
+    if need_weights:
+        out, weights = attention(
+            q, k, v, mask=mask, scale=scale, dropout_p=dropout_p, return_weights=True
+        )
+        return out, weights
+    return attention(q, k, v, mask=mask, scale=scale, dropout_p=dropout_p), None

@@ -25,7 +25,7 @@ from ..functional import attention
 from ..scores import Additive, Gaussian, Score
 from ._common import check_dropout, check_positive_int, shape_str
 
-__all__ = ["AdditiveAttention", "DotProductAttention", "NadarayaWatson"]
+__all__ = ["AdditiveAttention", "DotProductAttention", "KernelScore", "NadarayaWatson"]
 
 
 def _check_qkv(
@@ -81,12 +81,16 @@ def _valid_lens_mask(
     if valid_lens is None:
         return None
     if not isinstance(valid_lens, torch.Tensor):
-        if not isinstance(valid_lens, Sequence):
-            raise TypeError(
-                f"{owner}: valid_lens must be an integer tensor of shape (B,) or (B, L), got "
-                f"{type(valid_lens).__name__}"
-            )
-        valid_lens = torch.as_tensor(valid_lens)
+        bad = TypeError(
+            f"{owner}: valid_lens must be an integer tensor of shape (B,) or (B, L), got "
+            f"{type(valid_lens).__name__}"
+        )
+        if not isinstance(valid_lens, Sequence) or isinstance(valid_lens, (str, bytes)):
+            raise bad
+        try:
+            valid_lens = torch.as_tensor(valid_lens)
+        except (TypeError, ValueError, RuntimeError):
+            raise bad from None
     lens = valid_lens
     if lens.dtype == torch.bool or lens.is_complex():
         raise TypeError(f"{owner}: valid_lens must hold integers, got dtype {lens.dtype}")
@@ -108,7 +112,43 @@ def _valid_lens_mask(
     return masks.valid_lens(lens.to(torch.long))
 
 
-class DotProductAttention(nn.Module):
+class _ValidLensAttention(nn.Module):
+    """What d2l's two layers share: ``forward(queries, keys, values, valid_lens)``,
+    dropout on the weights, and the weights of the last call in ``.attention_weights``."""
+
+    _owner = "attention"
+
+    def __init__(self, dropout: float) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(check_dropout(self._owner, dropout))
+        self.attention_weights: torch.Tensor | None = None
+
+    def _score_and_sizes(self) -> tuple[str | Score, int | None, int | None]:
+        """The score, and the query and key feature sizes it needs (None: any, but equal)."""
+        raise NotImplementedError
+
+    def forward(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        valid_lens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """queries (B, L, Dq), keys (B, S, Dk), values (B, S, Dv), valid_lens (B,) or (B, L).
+
+        Returns (B, L, Dv); the weights (B, L, S) are kept in ``.attention_weights``.
+        """
+        score, q_size, k_size = self._score_and_sizes()
+        q, k, v = _check_qkv(self._owner, queries, keys, values, q_size, k_size)
+        mask = _valid_lens_mask(self._owner, valid_lens, q.shape[0], q.shape[1], k.shape[1])
+        p = self.dropout.p if self.training else 0.0
+        out, self.attention_weights = attention(
+            q, k, v, score=score, mask=mask, dropout_p=p, return_weights=True
+        )  # (B, L, Dv), (B, L, S)
+        return out
+
+
+class DotProductAttention(_ValidLensAttention):
     """d2l's scaled dot-product attention: softmax(q kᵀ / sqrt(d)) v.
 
     Args:
@@ -120,29 +160,16 @@ class DotProductAttention(nn.Module):
     length of 0 gives output 0 (d2l: a uniform average).
     """
 
+    _owner = "DotProductAttention"
+
     def __init__(self, dropout: float = 0.0) -> None:
-        super().__init__()
-        self.dropout = nn.Dropout(check_dropout("DotProductAttention", dropout))
-        self.attention_weights: torch.Tensor | None = None
+        super().__init__(dropout)
 
-    def forward(
-        self,
-        queries: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        valid_lens: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        owner = "DotProductAttention"
-        q, k, v = _check_qkv(owner, queries, keys, values, None, None)
-        mask = _valid_lens_mask(owner, valid_lens, q.shape[0], q.shape[1], k.shape[1])
-        p = self.dropout.p if self.training else 0.0
-        out, self.attention_weights = attention(
-            q, k, v, score="scaled_dot", mask=mask, dropout_p=p, return_weights=True
-        )
-        return out
+    def _score_and_sizes(self) -> tuple[str | Score, int | None, int | None]:
+        return "scaled_dot", None, None
 
 
-class AdditiveAttention(nn.Module):
+class AdditiveAttention(_ValidLensAttention):
     """d2l's additive (Bahdanau) attention: softmax(w_vᵀ tanh(W_q q + W_k k)) v.
 
     Args:
@@ -157,14 +184,15 @@ class AdditiveAttention(nn.Module):
     returns (B, L, Dv) and keeps the weights (B, L, S) in ``.attention_weights``.
     """
 
+    _owner = "AdditiveAttention"
+
     def __init__(
         self, key_size: int, query_size: int, num_hiddens: int, dropout: float = 0.0
     ) -> None:
-        super().__init__()
-        owner = "AdditiveAttention"
-        check_positive_int(owner, "key_size", key_size)
-        check_positive_int(owner, "query_size", query_size)
-        check_positive_int(owner, "num_hiddens", num_hiddens)
+        check_positive_int(self._owner, "key_size", key_size)
+        check_positive_int(self._owner, "query_size", query_size)
+        check_positive_int(self._owner, "num_hiddens", num_hiddens)
+        super().__init__(dropout)
         score = Additive(query_size, key_size, num_hiddens)
         # The layer owns the score's Linear modules under d2l's names; the score
         # itself is kept outside the module tree so the state_dict has d2l's keys.
@@ -172,8 +200,6 @@ class AdditiveAttention(nn.Module):
         self.W_q = score.W_q
         self.w_v = score.w_v
         object.__setattr__(self, "_score", score)
-        self.dropout = nn.Dropout(check_dropout(owner, dropout))
-        self.attention_weights: torch.Tensor | None = None
 
     @property
     def score(self) -> Additive:
@@ -183,22 +209,8 @@ class AdditiveAttention(nn.Module):
         score.W_q, score.W_k, score.w_v = self.W_q, self.W_k, self.w_v
         return score
 
-    def forward(
-        self,
-        queries: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        valid_lens: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        owner = "AdditiveAttention"
-        q_size, k_size = self.W_q.in_features, self.W_k.in_features
-        q, k, v = _check_qkv(owner, queries, keys, values, q_size, k_size)
-        mask = _valid_lens_mask(owner, valid_lens, q.shape[0], q.shape[1], k.shape[1])
-        p = self.dropout.p if self.training else 0.0
-        out, self.attention_weights = attention(
-            q, k, v, score=self.score, mask=mask, dropout_p=p, return_weights=True
-        )
-        return out
+    def _score_and_sizes(self) -> tuple[str | Score, int | None, int | None]:
+        return self.score, self.W_q.in_features, self.W_k.in_features
 
 
 # --------------------------------------------------------------------------- Nadaraya–Watson
@@ -225,6 +237,12 @@ class KernelScore(Score):
             raise ValueError(
                 f"KernelScore: kernel must be 'boxcar' or 'epanechnikov', got {kernel!r}"
             )
+        if (
+            isinstance(sigma, bool)
+            or not isinstance(sigma, (int, float))
+            or not (math.isfinite(sigma) and sigma > 0)
+        ):
+            raise ValueError(f"KernelScore: sigma must be a positive finite float, got {sigma!r}")
         self.kernel = kernel
         self.name = kernel
         value = torch.tensor(
@@ -236,6 +254,7 @@ class KernelScore(Score):
             self.register_buffer("sigma", value)
 
     def logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """log K(‖q - k‖ / σ): q (..., L, E), k (..., S, E) -> (..., L, S); -inf outside."""
         sigma = self.sigma.to(dtype=q.dtype, device=q.device)
         diff = q.unsqueeze(-2) - k.unsqueeze(-3)  # (..., L, S, E)
         u2 = (diff * diff).sum(-1) / (sigma * sigma)  # (..., L, S) squared scaled distance
@@ -309,6 +328,10 @@ class NadarayaWatson(nn.Module):
     def forward(
         self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     ) -> torch.Tensor:
+        """Predict at ``queries``; the layouts and shapes are in the class docstring.
+
+        The weights, (n, m), are kept in ``.attention_weights``.
+        """
         owner = "NadarayaWatson"
         for name, t in (("queries", queries), ("keys", keys), ("values", values)):
             if not isinstance(t, torch.Tensor) or not t.is_floating_point():

@@ -30,8 +30,14 @@ import torch
 from torch import nn
 
 from .. import masks
-from ..functional import attention
-from ._common import check_dropout, check_positive_int, shape_str
+from ._common import (
+    attend,
+    check_dropout,
+    check_key_value,
+    check_param_dtype,
+    check_positive_int,
+    shape_str,
+)
 
 __all__ = ["EinsumMultiHeadAttention"]
 
@@ -234,14 +240,15 @@ class EinsumMultiHeadAttention(nn.Module):
         v = v.permute(perm).reshape(*b_sizes, H, Sf, self.value_dim)  # (*batch, H, S, Dv)
 
         dropout_p = self.dropout if self.training else 0.0
-        scale = 1.0 / math.sqrt(self.key_dim)
-        weights: torch.Tensor | None = None
-        if return_attention_scores:
-            out, weights = attention(
-                q, k, v, mask=mask, scale=scale, dropout_p=dropout_p, return_weights=True
-            )
-        else:
-            out = attention(q, k, v, mask=mask, scale=scale, dropout_p=dropout_p)
+        out, weights = attend(
+            q,
+            k,
+            v,
+            mask=mask,
+            scale=1.0 / math.sqrt(self.key_dim),
+            dropout_p=dropout_p,
+            need_weights=return_attention_scores,
+        )  # (*batch, H, T, Dv), (*batch, H, T, S)
         out = out.reshape(*b_sizes, H, *t_sizes, self.value_dim)  # (*batch, H, *T, Dv)
         inverse = [0] * len(perm)
         for i, p in enumerate(perm):
@@ -250,7 +257,7 @@ class EinsumMultiHeadAttention(nn.Module):
         y = torch.einsum("...hd,hdo->...o", out, self.output_kernel.flatten(2))  # (B, *T, prod O)
         y = y.reshape(*y.shape[:-1], *self.output_shape)  # (B, *T, *O)
         if self.output_bias is not None:
-            y = y + self.output_bias
+            y = y + self.output_bias  # (B, *T, *O)
         if weights is None:
             return y
         scores = weights.to(y.dtype).reshape(*b_sizes, H, *t_sizes, *s_sizes)  # Keras layout
@@ -260,6 +267,7 @@ class EinsumMultiHeadAttention(nn.Module):
 
     @staticmethod
     def _project(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x (..., F) . kernel (F, H, D) (+ bias (H, D)) -> (..., H, D)."""
         y = torch.einsum("...f,fhd->...hd", x, kernel)  # (..., H, D)
         return y if bias is None else y + bias
 
@@ -293,11 +301,13 @@ class EinsumMultiHeadAttention(nn.Module):
                 f"{_OWNER}: value must have as many dims as query, got query {shape_str(query)} "
                 f"and value {shape_str(value)}"
             )
-        if key.shape[:-1] != value.shape[:-1]:
-            raise ValueError(
-                f"{_OWNER}: key and value must agree on every dim but the last, got key "
-                f"{shape_str(key)} and value {shape_str(value)}"
+        check_key_value(_OWNER, key, value)
+        if not (query.dtype == key.dtype == value.dtype):
+            raise TypeError(
+                f"{_OWNER}: query, key and value must share a dtype, got {query.dtype}, "
+                f"{key.dtype}, {value.dtype}"
             )
+        check_param_dtype(_OWNER, self, query=query)
         return query.ndim
 
     def _resolve_axes(self, nd: int) -> tuple[int, ...]:

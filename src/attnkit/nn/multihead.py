@@ -24,8 +24,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import masks
-from ..functional import attention
-from ._common import check_dropout, check_positive_int, shape_str
+from ._common import (
+    attend,
+    check_dropout,
+    check_key_value,
+    check_param_dtype,
+    check_positive_int,
+    shape_str,
+)
 
 __all__ = ["MultiheadAttention"]
 
@@ -205,11 +211,7 @@ class MultiheadAttention(nn.Module):
             v = torch.cat([v, v.new_zeros(N, H, 1, D)], dim=2)  # (N, H, S'+1, D)
 
         dropout_p = self.dropout if self.training else 0.0
-        weights: torch.Tensor | None = None
-        if need_weights:
-            out, weights = attention(q, k, v, mask=mask, dropout_p=dropout_p, return_weights=True)
-        else:
-            out = attention(q, k, v, mask=mask, dropout_p=dropout_p)
+        out, weights = attend(q, k, v, mask=mask, dropout_p=dropout_p, need_weights=need_weights)
         out = out.transpose(1, 2).reshape(N, L, self.embed_dim)  # (N, L, E)
         out = self.out_proj(out)  # (N, L, E)
 
@@ -240,6 +242,7 @@ class MultiheadAttention(nn.Module):
         if self.in_proj_weight is not None:
             w = self.in_proj_weight
             if self_attn:
+                # One matmul (N, L, 3E), split into 3 x (N, L, E).
                 return F.linear(query, w, b).chunk(3, dim=-1)  # type: ignore[return-value]
             wq, wk, wv = w[:E], w[E : 2 * E], w[2 * E :]
         else:
@@ -283,11 +286,7 @@ class MultiheadAttention(nn.Module):
                     f"{_OWNER}: {name} has {t.shape[-1]} features (last dim of "
                     f"{shape_str(t)}), expected {what}={want}"
                 )
-        if key.shape[:-1] != value.shape[:-1]:
-            raise ValueError(
-                f"{_OWNER}: key and value must agree on every dim but the last, got key "
-                f"{shape_str(key)} and value {shape_str(value)}"
-            )
+        check_key_value(_OWNER, key, value)
         if batched:
             n_dim = 0 if self.batch_first else 1
             if query.shape[n_dim] != key.shape[n_dim]:
@@ -301,6 +300,7 @@ class MultiheadAttention(nn.Module):
                 f"{_OWNER}: query, key and value must share a dtype, got {query.dtype}, "
                 f"{key.dtype}, {value.dtype}"
             )
+        check_param_dtype(_OWNER, self, query=query)
         return batched
 
     def _build_mask(
@@ -373,7 +373,10 @@ class MultiheadAttention(nn.Module):
         """Reshape every accepted ``attn_mask`` layout to (N or 1, H or 1, L, S)."""
         H = self.num_heads
         if batched:
-            accepted = f"(L, S), (N·H, L, S), (N, L, S) or (N, H, L, S) = ({L}, {S}), ({N * H}, {L}, {S}), ({N}, {L}, {S}) or ({N}, {H}, {L}, {S})"
+            accepted = (
+                f"(L, S), (N·H, L, S), (N, L, S) or (N, H, L, S) = ({L}, {S}), "
+                f"({N * H}, {L}, {S}), ({N}, {L}, {S}) or ({N}, {H}, {L}, {S})"
+            )
         else:
             accepted = f"(L, S) or (H, L, S) = ({L}, {S}) or ({H}, {L}, {S}) for unbatched inputs"
         bad = ValueError(f"{_OWNER}: attn_mask must have shape {accepted}, got {shape_str(am)}")

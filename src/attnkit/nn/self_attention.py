@@ -15,8 +15,14 @@ import torch
 from torch import nn
 
 from .. import masks
-from ..functional import attention
-from ._common import check_dropout, check_positive_int, shape_str
+from ._common import (
+    attend,
+    check_dropout,
+    check_param_dtype,
+    check_positive_int,
+    check_tensor,
+    shape_str,
+)
 
 __all__ = ["SelfAttention"]
 
@@ -91,13 +97,13 @@ class SelfAttention(nn.Module):
             (B, S, hidden) (or (S, hidden)); with ``return_weights`` the tuple
             ``(output, weights)``.
         """
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise TypeError(f"{_OWNER}: x must be a floating-point tensor of shape (B, S, hidden)")
+        check_tensor(_OWNER, "x", x, f"(B, S, {self.hidden_dim})")
         if x.ndim not in (2, 3) or x.shape[-1] != self.hidden_dim:
             raise ValueError(
                 f"{_OWNER}: x must have shape (B, S, {self.hidden_dim}) or (S, "
                 f"{self.hidden_dim}), got {shape_str(x)}"
             )
+        check_param_dtype(_OWNER, self, x=x)
         batched = x.ndim == 3
         xb = x if batched else x.unsqueeze(0)  # (B, S, hidden)
         B, S = xb.shape[0], xb.shape[1]
@@ -113,21 +119,18 @@ class SelfAttention(nn.Module):
         k = k.view(B, S, H, D).transpose(1, 2)  # (B, H, S, D)
         v = v.view(B, S, H, D).transpose(1, 2)  # (B, H, S, D)
         dropout_p = self.dropout if self.training else 0.0
-        weights: torch.Tensor | None = None
-        if return_weights:
-            out, weights = attention(q, k, v, mask=m, dropout_p=dropout_p, return_weights=True)
-        else:
-            out = attention(q, k, v, mask=m, dropout_p=dropout_p)
+        out, weights = attend(q, k, v, mask=m, dropout_p=dropout_p, need_weights=return_weights)
         out = out.transpose(1, 2).reshape(B, S, self.hidden_dim)  # (B, S, hidden)
         if self.output_proj is not None:
-            out = self.output_proj(out)
+            out = self.output_proj(out)  # (B, S, hidden)
         if not batched:
             out = out.squeeze(0)  # (S, hidden)
         if weights is None:
             return out
-        return out, weights if batched else weights.squeeze(0)
+        return out, (weights if batched else weights.squeeze(0))  # (B, H, S, S) or (H, S, S)
 
     def _mask(self, mask: object, B: int, S: int, batched: bool) -> masks.Mask | None:
+        """The ``mask`` argument as an attnkit mask over (B, H, S, S), or None."""
         if mask is None or isinstance(mask, masks.Mask):
             return mask
         if not isinstance(mask, torch.Tensor):
@@ -135,7 +138,7 @@ class SelfAttention(nn.Module):
                 f"{_OWNER}: mask must be an attnkit mask or a keep tensor (B, S) / (B, S, S), "
                 f"got {type(mask).__name__}"
             )
-        if mask.is_floating_point() and mask.dtype != torch.bool:
+        if mask.is_floating_point():
             bad = (mask != 0) & (mask != 1)
             if bool(bad.any()):
                 raise ValueError(
@@ -144,7 +147,7 @@ class SelfAttention(nn.Module):
                 )
         keep = mask if mask.dtype == torch.bool else mask != 0
         if not batched:
-            keep = keep.unsqueeze(0)
+            keep = keep.unsqueeze(0)  # (1, S) or (1, S, S)
         if keep.shape == (B, S):
             return masks.keep(keep.view(B, 1, 1, S))  # (B, 1, 1, S)
         if keep.shape == (B, S, S):

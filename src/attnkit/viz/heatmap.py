@@ -75,7 +75,8 @@ def heatmaps(
         xticklabels: K key labels (tokens) shown under the bottom row.
         yticklabels: Q query labels (tokens) shown left of the first column.
         row_labels: one label per row (e.g. layer names), put before ``ylabel``.
-        vmin, vmax: color range shared by every panel; None = each panel's own.
+        vmin, vmax: color range shared by every panel; None = the smallest
+            (largest) value of all panels, so that the one colorbar is true of each.
         colorbar: add one colorbar for the figure.
         fontsize: size of the tick labels in points.
 
@@ -90,6 +91,9 @@ def heatmaps(
     yt = _check_labels("yticklabels", yticklabels, Q, "Q")
     rl = _check_labels("row_labels", row_labels, rows, "rows")
 
+    # One color scale for every panel: the figure has a single colorbar.
+    lo = float(np.nanmin(grid)) if vmin is None else vmin
+    hi = float(np.nanmax(grid)) if vmax is None else vmax
     fig = Figure(figsize=figsize)
     axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False)
     image = None
@@ -97,7 +101,7 @@ def heatmaps(
         for j in range(cols):
             ax = axes[i, j]
             image = ax.imshow(
-                grid[i, j], cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest", aspect="auto"
+                grid[i, j], cmap=cmap, vmin=lo, vmax=hi, interpolation="nearest", aspect="auto"
             )
             if i == rows - 1:
                 ax.set_xlabel(xlabel)
@@ -171,7 +175,13 @@ def attention_grid(
     label_in = 0.07 * min(longest, 16) + 0.2 if (xt or yt) else 0.3
     # Inches per token: 0.16 when it fits, less for long inputs or many panels.
     gap_tokens = max(1, round(0.15 * max(Q, K)))
-    unit = min(0.16, (max_width - label_in - 1.0) / (cols * K + (cols - 1) * gap_tokens))
+    room = max_width - label_in - 1.0  # inches left for the panels
+    if not room > 0:
+        raise ValueError(
+            f"max_width: {max_width} inches leaves no room for the panels next to the labels; "
+            f"expected more than {label_in + 1.0:.2f}"
+        )
+    unit = min(0.16, room / (cols * K + (cols - 1) * gap_tokens))
     # Below one pixel (at dpi 100) per token, max-pool f x f tokens into one cell:
     # the picture keeps its sharp patterns and drawing stays fast.
     f = max(1, int(np.ceil(0.01 / unit)))
