@@ -75,6 +75,19 @@ class Backend:
             reasons.append("does not support autograd")
         return reasons
 
+    def preference_reasons(self, inputs: AttentionInputs) -> list[str]:
+        """Reasons to pass over this backend in automatic dispatch only.
+
+        For calls it can run but a later backend runs faster (for example a
+        window mask it would have to materialize). A backend forced by name
+        ignores them and runs.
+        """
+        return []
+
+    def describe(self, inputs: AttentionInputs) -> str:
+        """One line on how this backend computes ``inputs`` (shown by ``explain()``), or ""."""
+        return ""
+
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
         """Compute attention for validated inputs."""
         raise NotImplementedError

@@ -3,17 +3,32 @@
 The first backend in priority order with no reasons not to run is chosen.
 A backend forced by name (``backend=`` or ``use_backend``) runs or raises with
 its reasons; it never falls back silently.
+
+Priority: ``sdpa``, ``chunked``, ``reference``.
+
+- ``sdpa`` first: for dot-reducible scores torch's fused kernel is the fastest
+  dense path, skips the upper triangle of a top-left causal mask by itself, and
+  runs ``valid_lens``/``key_padding`` unpadded. What it would compute densely
+  and wastefully (window masks, bottom-right causal with L != S, causal
+  combined with other masks) it passes over in automatic dispatch, through
+  :meth:`Backend.preference_reasons`, so those fall to ``chunked``; forced by
+  name it still runs them. Preference reasons appear in ``explain()`` like the
+  others, and only when no backend is forced.
+- ``chunked`` second: every dot-reducible score and Additive, every mask kind,
+  whole blocks outside a band skipped, O((L + S)·E) memory in training.
+- ``reference`` last: any score (including user-defined ones), dropout with
+  weights, and the readable definition the others are tested against.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from .._inputs import AttentionInputs
 from .base import Backend
+from .chunked import ChunkedBackend
 from .reference import ReferenceBackend
 from .sdpa import SDPABackend
 
@@ -29,7 +44,16 @@ __all__ = [
 
 _REGISTRY: dict[str, Backend] = {}
 _PRIORITY: list[str] = []
-_FORCED: ContextVar[tuple[str, ...] | None] = ContextVar("attnkit_forced_backends", default=None)
+# The stack of choices made by use_backend(), innermost last. A plain module
+# global (process-wide, like torch's own SDPA backend switches) rather than a
+# ContextVar: torch.compile traces it and guards on it, so a compiled function
+# is recompiled when the choice changes instead of keeping a stale one.
+_FORCED: list[tuple[str, ...]] = []
+
+
+def _forced_backends() -> tuple[str, ...] | None:
+    """The names forced by the innermost :func:`use_backend`, or None."""
+    return _FORCED[-1] if _FORCED else None
 
 
 class BackendNotSupportedError(ValueError):
@@ -45,12 +69,15 @@ class Explanation:
         candidates: names considered, in priority order.
         reasons: for every registered backend, the reasons it cannot run (empty = can).
         forced: the names a caller forced (``backend=`` or ``use_backend``), if any.
+        note: how the chosen backend will compute this call (``Backend.describe``),
+            e.g. which kernel runs the Additive score's tiles, or "".
     """
 
     chosen: str | None
     candidates: tuple[str, ...]
     reasons: dict[str, list[str]] = field(default_factory=dict)
     forced: tuple[str, ...] | None = None
+    note: str = ""
 
     def __str__(self) -> str:
         lines = [f"chosen: {self.chosen or 'none'}" + (" (forced)" if self.forced else "")]
@@ -59,6 +86,8 @@ class Explanation:
             mark = "ok" if not why else "; ".join(why)
             skipped = "" if name in self.candidates else " [not a candidate]"
             lines.append(f"  {name}: {mark}{skipped}")
+        if self.note:
+            lines.append(f"note ({self.chosen}): {self.note}")
         return "\n".join(lines)
 
 
@@ -106,11 +135,17 @@ def normalize_backend_arg(backend: str | Sequence[str] | None) -> tuple[str, ...
 
 def explain_inputs(inputs: AttentionInputs, backend: tuple[str, ...] | None = None) -> Explanation:
     """Every backend's reasons for this call and the one that would run."""
-    forced = backend if backend is not None else _FORCED.get()
+    forced = backend if backend is not None else _forced_backends()
     candidates = forced if forced is not None else tuple(_PRIORITY)
     reasons = {name: _REGISTRY[name].not_supported_reasons(inputs) for name in _PRIORITY}
+    if forced is None:  # automatic choice: also pass over backends a faster one beats
+        for name in _PRIORITY:
+            reasons[name] = reasons[name] + _REGISTRY[name].preference_reasons(inputs)
     chosen = next((n for n in candidates if not reasons[n]), None)
-    return Explanation(chosen=chosen, candidates=candidates, reasons=reasons, forced=forced)
+    note = _REGISTRY[chosen].describe(inputs) if chosen is not None else ""
+    return Explanation(
+        chosen=chosen, candidates=candidates, reasons=reasons, forced=forced, note=note
+    )
 
 
 def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = None) -> Backend:
@@ -141,12 +176,13 @@ def use_backend(*names: str | Sequence[str]) -> Iterator[None]:
         else:
             flat.append(n)  # type: ignore[arg-type]
     chosen = _check_names(flat, "use_backend")
-    token = _FORCED.set(chosen)
+    _FORCED.append(chosen)
     try:
         yield
     finally:
-        _FORCED.reset(token)
+        _FORCED.pop()
 
 
 register_backend(SDPABackend())
 register_backend(ReferenceBackend())
+register_backend(ChunkedBackend(), before="reference")

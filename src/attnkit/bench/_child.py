@@ -1,0 +1,43 @@
+"""Child process of :func:`attnkit.bench.runner.measure_memory`: one side of one case, once.
+
+``python -m attnkit.bench._child CASE {attnkit,baseline} [--quick]`` prints one
+JSON line with the side's peak extra memory in MiB.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from .cases import CASES
+from .runner import peak_since, reset_peak
+
+
+def main(argv: list[str]) -> int:
+    by_name = {c.name: c for c in CASES}
+    quick = "--quick" in argv
+    names = [a for a in argv if not a.startswith("--")]
+    if len(names) != 2 or names[0] not in by_name or names[1] not in ("attnkit", "baseline"):
+        print(
+            "usage: python -m attnkit.bench._child CASE {attnkit,baseline} [--quick]",
+            file=sys.stderr,
+        )
+        return 2
+    case, side = by_name[names[0]], names[1]
+    warm = getattr(case.build(True), side)  # thread pools, lazily built kernels, caches
+    if warm is not None:
+        warm()
+    fn = getattr(case.build(quick), side)
+    if fn is None:
+        print(f"case {case.name} has no {side} side", file=sys.stderr)
+        return 2
+    start = reset_peak()
+    fn()
+    print(
+        json.dumps({"case": case.name, "side": side, "peak_extra_mib": round(peak_since(start), 2)})
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

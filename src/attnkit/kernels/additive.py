@@ -1,0 +1,113 @@
+"""The additive score's inner loop, fused: ``sum_h w[h] * tanh(qh[i, h] + kh[j, h])``.
+
+The materialized formula builds a (rows, L, S, hidden) tensor and makes three
+passes over it (add, tanh, dot with ``w``). Here each (query, key) pair is one
+register-resident loop over the hidden dimension, so nothing larger than a
+logits tile is ever written, and tanh runs on 8 lanes at once.
+
+The loop is compiled C (:mod:`attnkit.kernels._native`, built on first use),
+vectorized with AVX2+FMA where available. When the kernel cannot be built,
+:func:`status` says why and callers use :func:`logits_torch` /
+:func:`grads_torch`, which chunk the hidden dimension so their temporaries stay
+cache-sized. float32 on CPU only; other dtypes use the torch versions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _native
+
+__all__ = ["grads", "grads_torch", "logits", "logits_torch", "status"]
+
+# Hidden features handled per step of the pure-torch fallback: keeps its
+# (rows, bi, bj, chunk) temporaries near cache size.
+TORCH_HIDDEN_CHUNK = 32
+
+
+def status() -> str:
+    """How the fused loop runs here: the compiled kernel, or why the pure-torch fallback."""
+    return _native.status()
+
+
+def available(dtype: torch.dtype, device: torch.device) -> bool:
+    """True when the compiled kernel can run tensors of this dtype on this device."""
+    return _native.available(dtype, device)
+
+
+def logits_torch(qh: torch.Tensor, kh: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Pure-torch additive logits, hidden dim in chunks.
+
+    Args:
+        qh: (R, M, H) projected queries. kh: (R, N, H) projected keys. w: (H,).
+    Returns:
+        (R, M, N): ``sum_h w[h] * tanh(qh[:, i, h] + kh[:, j, h])``.
+    """
+    R, M, H = qh.shape
+    N = kh.shape[1]
+    out = torch.zeros(R, M, N, dtype=qh.dtype, device=qh.device)
+    for h0 in range(0, H, TORCH_HIDDEN_CHUNK):
+        h1 = min(h0 + TORCH_HIDDEN_CHUNK, H)
+        t = torch.tanh(qh[:, :, None, h0:h1] + kh[:, None, :, h0:h1])  # (R, M, N, h)
+        out += t @ w[h0:h1]  # (R, M, N)
+    return out
+
+
+def grads_torch(
+    qh: torch.Tensor, kh: torch.Tensor, w: torch.Tensor, g: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pure-torch gradients of :func:`logits_torch` for upstream gradient ``g`` (R, M, N).
+
+    Returns dqh (R, M, H), dkh (R, N, H), dw (H,).
+    """
+    H = qh.shape[-1]
+    dqh = torch.zeros_like(qh)
+    dkh = torch.zeros_like(kh)
+    dw = torch.zeros_like(w)
+    for h0 in range(0, H, TORCH_HIDDEN_CHUNK):
+        h1 = min(h0 + TORCH_HIDDEN_CHUNK, H)
+        t = torch.tanh(qh[:, :, None, h0:h1] + kh[:, None, :, h0:h1])  # (R, M, N, h)
+        dw[h0:h1] = torch.einsum("rmn,rmnh->h", g, t)
+        d = (1 - t * t) * w[h0:h1]  # (R, M, N, h)
+        d *= g[..., None]
+        dqh[..., h0:h1] = d.sum(2)
+        dkh[..., h0:h1] = d.sum(1)
+    return dqh, dkh, dw
+
+
+def logits(qh: torch.Tensor, kh: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Fused additive logits (R, M, N) of qh (R, M, H), kh (R, N, H), w (H,); no autograd."""
+    lib = _native.library() if qh.dtype == torch.float32 and qh.device.type == "cpu" else None
+    if lib is None:
+        return logits_torch(qh, kh, w)
+    R, M, H = qh.shape
+    N = kh.shape[1]
+    qc, kc, wc = qh.contiguous(), kh.contiguous(), w.contiguous()
+    out = torch.empty(R, M, N, dtype=qh.dtype)
+    lib.ak_additive_logits(
+        qc.data_ptr(), kc.data_ptr(), wc.data_ptr(), out.data_ptr(),
+        R, M, N, H, torch.get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
+def grads(
+    qh: torch.Tensor, kh: torch.Tensor, w: torch.Tensor, g: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused gradients of :func:`logits`: dqh (R, M, H), dkh (R, N, H), dw (H,)."""
+    lib = _native.library() if qh.dtype == torch.float32 and qh.device.type == "cpu" else None
+    if lib is None:
+        return grads_torch(qh, kh, w, g)
+    R, M, H = qh.shape
+    N = kh.shape[1]
+    nt = torch.get_num_threads()
+    qc, kc, wc, gc = qh.contiguous(), kh.contiguous(), w.contiguous(), g.contiguous()
+    dqh = torch.empty(R, M, H, dtype=qh.dtype)
+    dkh_t = torch.zeros(nt, R, N, H, dtype=qh.dtype)  # one accumulator per thread
+    dw_t = torch.zeros(nt, H, dtype=qh.dtype)
+    lib.ak_additive_grads(
+        qc.data_ptr(), kc.data_ptr(), wc.data_ptr(), gc.data_ptr(),
+        dqh.data_ptr(), dkh_t.data_ptr(), dw_t.data_ptr(),
+        R, M, N, H, nt,
+    )  # fmt: skip
+    return dqh, dkh_t.sum(0), dw_t.sum(0)

@@ -1,0 +1,150 @@
+"""The SDPA backend's unpadded path (valid_lens, key_padding, causal) and its
+weights recomputed from the fused kernel's log-sum-exp."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnkit
+from attnkit import masks, scores
+from attnkit.backends import sdpa
+
+
+def _qkv(
+    B: int, H: int, Hk: int, L: int, S: int, E: int, Ev: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, L, E, generator=g)
+    k = torch.randn(B, Hk, S, E, generator=g)
+    v = torch.randn(B, Hk, S, Ev, generator=g)
+    return q, k, v
+
+
+def _mask(name: str, B: int, L: int, S: int) -> masks.Mask:
+    g = torch.Generator().manual_seed(len(name))
+    lens = torch.randint(0, min(L, S) + 1, (B,), generator=g)
+    lens[0] = min(L, S)
+    lens[-1] = 0
+    pad = torch.rand(B, S, generator=g) < 0.3
+    pad[1, :3] = False  # one row whose padding is a suffix (sliced, not gathered)
+    pad[1, 3:] = True
+    table = {
+        "lens": masks.valid_lens(lens),
+        "lens_queries": masks.valid_lens(lens, queries=True),
+        "key_padding": masks.key_padding(pad),
+        "lens_and_padding": masks.valid_lens(lens) & masks.key_padding(pad),
+        "causal_and_lens": masks.causal() & masks.valid_lens(lens, queries=True),
+        "causal_and_lens_keys": masks.causal() & masks.valid_lens(lens),
+    }
+    return table[name]
+
+
+NAMES = (
+    "lens",
+    "lens_queries",
+    "key_padding",
+    "lens_and_padding",
+    "causal_and_lens",
+    "causal_and_lens_keys",
+)
+
+
+@pytest.mark.parametrize("score_name", ["scaled_dot", "gaussian", "bilinear"])
+@pytest.mark.parametrize("name", NAMES)
+def test_unpadded_path_matches_reference(name: str, score_name: str) -> None:
+    B, H, Hk, L, S, E, Ev = 5, 4, 2, 11, 13, 6, 5
+    q, k, v = _qkv(B, H, Hk, L, S, E, Ev, seed=3)
+    torch.manual_seed(0)
+    score: scores.Score | str = scores.Bilinear(E, E) if score_name == "bilinear" else score_name
+    mask = _mask(name, B, L, S)
+    assert attnkit.explain(q, k, v, score=score, mask=mask).chosen == "sdpa"
+    leaves = [q.requires_grad_(True), k.requires_grad_(True), v.requires_grad_(True)]
+    results = []
+    for backend in ("sdpa", "reference"):
+        for t in leaves:
+            t.grad = None
+        out, w = attnkit.attention(
+            q, k, v, score=score, mask=mask, backend=backend, return_weights=True
+        )
+        with torch.no_grad():
+            _, lse = attnkit.attention(
+                q, k, v, score=score, mask=mask, backend=backend, return_lse=True
+            )
+        (out.square().sum() + (w * w.detach().flip(-1)).sum()).backward()
+        results.append([out.detach(), w.detach(), lse] + [t.grad.clone() for t in leaves])  # type: ignore[union-attr]
+    for what, a, b in zip(("out", "w", "lse", "dq", "dk", "dv"), *results, strict=True):
+        assert torch.isfinite(a).all() or what == "lse", what
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=what)
+
+
+def test_grouping_minimizes_padded_work_plus_call_cost() -> None:
+    q_len = [1000, 1000, 1000, 1000]
+    k_len = [10, 11, 500, 900]
+    groups = sdpa._group_lengths([0, 1, 2, 3], q_len, k_len, head_work=512)
+    assert sorted(b for g in groups for b in g) == [0, 1, 2, 3]
+    assert [0, 1] in groups  # near-equal lengths share a call
+    assert [3] in groups  # a long one does not pad the short ones
+    assert sdpa._group_lengths([], [], [], 64) == []
+
+
+def test_three_dim_inputs_and_weights_from_lse() -> None:
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(3, 9, 4, generator=g)
+    k = torch.randn(3, 12, 4, generator=g)
+    v = torch.randn(3, 12, 7, generator=g)  # Ev > E: the lse kernel needs padding
+    out, w, lse = attnkit.attention(q, k, v, return_weights=True, return_lse=True, backend="sdpa")
+    ref = attnkit.attention(q, k, v, return_weights=True, return_lse=True, backend="reference")
+    for a, b in zip((out, w, lse), ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_lse_with_grad_goes_to_chunked() -> None:
+    q = torch.randn(2, 5, 4, requires_grad=True)
+    ex = attnkit.explain(q, q, q, return_lse=True)
+    assert any("lse" in r for r in ex.reasons["sdpa"]) and ex.chosen == "chunked"
+    with torch.no_grad():
+        assert attnkit.explain(q, q, q, return_lse=True).chosen == "sdpa"
+
+
+def test_weights_with_dropout_are_the_weights_before_dropout() -> None:
+    torch.manual_seed(5)
+    q = torch.randn(2, 3, 6, 4)
+    k = torch.randn(2, 3, 7, 4)
+    out, w = attnkit.attention(q, k, k, dropout_p=0.5, return_weights=True, backend="sdpa")
+    ref_w = attnkit.attention(q, k, k, return_weights=True, backend="reference")[1]
+    torch.testing.assert_close(w, ref_w, rtol=1e-5, atol=1e-6)
+    assert out.shape == (2, 3, 6, 4) and torch.isfinite(out).all()
+
+
+def test_under_torch_compile_no_host_syncs() -> None:
+    q = torch.randn(2, 2, 5, 4)
+    mask = masks.key_padding(torch.tensor([[False] * 5, [False, False, False, True, True]]))
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return attnkit.attention(x, x, x, mask=mask)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(run, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(q), run(q))
+
+
+@pytest.mark.parametrize("Ev", [1, 3, 6])
+def test_permuted_inputs_with_weights_and_lse(Ev: int) -> None:
+    """Views with heads and positions swapped (as einsum layers produce) stay exact."""
+    g = torch.Generator().manual_seed(13)
+    q = torch.randn(2, 5, 3, 2, generator=g).transpose(1, 2)  # (B, H, L, E), not contiguous
+    k = torch.randn(2, 7, 3, 2, generator=g).transpose(1, 2)
+    v = torch.randn(2, 7, 3, Ev, generator=g).transpose(1, 2)
+    keep = torch.rand(2, 1, 5, 7, generator=g) < 0.6
+    keep[..., 0] = True
+    mask = masks.keep(keep)
+    with torch.no_grad():
+        got = attnkit.attention(
+            q, k, v, mask=mask, backend="sdpa", return_weights=True, return_lse=True
+        )
+        ref = attnkit.attention(
+            q, k, v, mask=mask, backend="reference", return_weights=True, return_lse=True
+        )
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
