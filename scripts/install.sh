@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-PIP=("$PY" -m pip install --quiet --disable-pip-version-check)
+PIP=("$PY" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore)
 
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
     echo "installing torch==2.13.0 (no torch found)"

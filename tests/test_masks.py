@@ -91,3 +91,15 @@ def test_valid_len_zero_gives_zero_rows_not_a_uniform_average() -> None:
     out, w = attnkit.attention(q, k, v, mask=masks.valid_lens([0, 5]), return_weights=True)
     assert not out[0].any() and not w[0].any()
     torch.testing.assert_close(w[1].sum(-1), torch.ones(3))
+
+
+def test_valid_lens_mask_compiles_without_graph_breaks() -> None:
+    """Under torch.compile the host-side value checks are skipped, not a graph break."""
+    lens = torch.tensor([3, 5])
+
+    def run(q: torch.Tensor) -> torch.Tensor:
+        return attnkit.attention(q, q, q, mask=masks.valid_lens(lens))
+
+    q = torch.randn(2, 2, 5, 4)
+    compiled = torch.compile(run, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(q), run(q))

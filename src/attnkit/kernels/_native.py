@@ -242,12 +242,31 @@ def _build_root() -> Path:
         return Path(tempfile.gettempdir()) / "torch_extensions"
 
 
+def _cpu_identity() -> str:
+    """torch's CPU capability and the processor's model name, e.g. 'AVX2|AMD EPYC ...'."""
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # pragma: no cover - very old torch
+        capability = "unknown"
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{capability}|{model}"
+
+
 def _flag_sets() -> list[list[str]]:
     base = ["-O3", "-shared", "-fPIC", "-fno-math-errno"]
     sets = []
     if platform.machine().lower() in ("x86_64", "amd64"):
         sets.append([*base, "-march=native", "-fopenmp"])
-        sets.append([*base, "-mavx2", "-mfma", "-fopenmp"])
+        if _cpu_identity().split("|")[0] in ("AVX2", "AVX512"):  # never emit what the CPU lacks
+            sets.append([*base, "-mavx2", "-mfma", "-fopenmp"])
     sets.append([*base, "-fopenmp"])
     sets.append(base)
     return sets
@@ -261,7 +280,10 @@ def _try_build() -> tuple[ctypes.CDLL | None, str]:
         return None, "pure torch: no C compiler found ($CC, cc, gcc, clang)"
     errors = []
     for flags in _flag_sets():
-        digest = hashlib.sha256((_SOURCE + " ".join(flags) + cc).encode()).hexdigest()[:16]
+        # The CPU is part of the key: -march=native code must not be reused on another CPU
+        # sharing this build root.
+        key = _SOURCE + " ".join(flags) + cc + _cpu_identity()
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
         out_dir = _build_root() / f"attnkit_kernels_{digest}"
         lib_path = out_dir / "attnkit_kernels.so"
         try:
