@@ -102,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         print(f" done{note}", file=sys.stderr, flush=True)
     print(_table([_row(r) for r in results]))
     print("speedup = baseline time / attnkit time (median of interleaved pairs); MiB = peak extra")
+    if args.quick:
+        print("quick mode: tiny shapes that only check the command; targets are not judged")
     if args.json:
         payload = {
             "suite": args.suite,
