@@ -194,3 +194,14 @@ def test_property_random_cases(
     Hq = 2 * H if gqa else H
     case = make_case(score_name, mask_name, (B, Hq, H, L, S, E, Ev), seed)
     check_case(case, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_batch_dim(backend: str) -> None:
+    q = torch.randn(3, 0, 5, 4)
+    k = torch.randn(3, 0, 6, 4)
+    out, w, lse = attnkit.attention(q, k, k, return_weights=True, return_lse=True, backend=backend)
+    assert out.shape == (3, 0, 5, 4) and w.shape == (3, 0, 5, 6) and lse.shape == (3, 0, 5)
+    q.requires_grad_(True)
+    attnkit.attention(q, k, k, backend=backend).sum().backward()
+    assert q.grad is not None and q.grad.shape == q.shape

@@ -343,3 +343,75 @@ def test_without_a_compiler_the_status_says_pure_torch() -> None:
         check=True,
     )
     assert "pure torch" in proc.stdout and "ATTNKIT_NO_COMPILE" in proc.stdout
+
+
+@pytest.mark.parametrize("score_name", ["scaled_dot", "additive"])
+def test_nan_inputs_give_nan_not_zeros(score_name: str) -> None:
+    """The vectorized exp and tanh propagate NaN like torch does; a bad input is not hidden."""
+    torch.manual_seed(3)
+    score: scores.Score | str = (
+        scores.Additive(4, 4, 16) if score_name == "additive" else score_name
+    )
+    q, k, v = (t.float() for t in _qkv(1, 2, 5, 16, 4, 3, seed=13))  # 16: no scalar tail
+    q[0, 0, 1, 2] = float("nan")
+    with torch.no_grad():
+        out = attnkit.attention(q, k, v, score=score, backend="chunked")
+        ref = attnkit.attention(q, k, v, score=score, backend="reference")
+    assert torch.isnan(ref[0, 0, 1]).all() and torch.isnan(out[0, 0, 1]).all()
+    torch.testing.assert_close(out[0, 1], ref[0, 1], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        masks.valid_lens([3, 0, 7, 5]),
+        masks.key_padding(torch.arange(7) >= torch.arange(4)[:, None]),
+    ],
+    ids=["lens", "key_padding"],
+)
+def test_head_averaged_weights_of_three_dim_inputs_with_per_batch_masks(mask: masks.Mask) -> None:
+    """(H, L, E) inputs: the first (batch) dim of the mask is the head dim being averaged."""
+    q, k, v = (t[0] for t in _qkv(1, 4, 6, 7, 4, 3, seed=14))
+    avg = chunked.head_averaged_weights(q, k, v, mask=mask)
+    _, w = attnkit.attention(q, k, v, mask=mask, return_weights=True, backend="reference")
+    assert avg.shape == (6, 7)
+    torch.testing.assert_close(avg, w.mean(dim=0), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 5, 7), (2, 3, 0, 7), (2, 3, 5, 0)])
+def test_head_averaged_weights_of_empty_shapes(shape: tuple[int, int, int, int]) -> None:
+    B, H, L, S = shape
+    q, k = torch.randn(B, H, L, 4), torch.randn(B, H, S, 4)
+    mask = masks.key_padding(torch.zeros(B, S, dtype=torch.bool))
+    avg = chunked.head_averaged_weights(q, k, k, mask=mask)
+    assert avg.shape == (B, L, S) and not avg.any()
+
+
+def test_native_kernels_never_read_past_mismatched_operands() -> None:
+    """Raw-pointer kernels take only float32 operands of agreeing sizes; others go to torch."""
+    from attnkit.kernels.softmax import exp_rows_
+
+    g = torch.Generator().manual_seed(15)
+    s = torch.randn(3, 4, 9, generator=g)
+    shift = torch.randn(1, 4, generator=g)  # broadcast over the 3 leading rows
+    ref = (s - shift.unsqueeze(-1)).exp()
+    sums = exp_rows_(s, shift, want_sum=True)
+    assert sums is not None
+    torch.testing.assert_close(s, ref, rtol=2e-6, atol=0)
+    torch.testing.assert_close(sums, ref.sum(-1), rtol=2e-6, atol=0)
+    qh, kh = torch.randn(2, 3, 5, generator=g), torch.randn(2, 4, 5, generator=g)
+    w64 = torch.randn(5, generator=g, dtype=torch.float64)
+    with pytest.raises(RuntimeError):  # mixed dtypes: torch refuses, no reinterpretation
+        additive.logits(qh, kh, w64)
+    with pytest.raises(RuntimeError):  # a w of the wrong length: torch refuses, no over-read
+        additive.logits(qh, kh, torch.randn(3, generator=g))
+
+
+def test_double_backward_raises_instead_of_a_wrong_value() -> None:
+    """Tiles are exponentiated in place by the kernel, out of autograd's sight: a second
+    derivative through them would be silently wrong, so it is refused."""
+    q, k, v = (t.float().requires_grad_(True) for t in _qkv(1, 2, 5, 16, 4, 3, seed=16))
+    out = attnkit.attention(q, k, v, backend="chunked")
+    (dq,) = torch.autograd.grad(out.sin().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        dq.square().sum().backward()

@@ -148,3 +148,68 @@ def test_permuted_inputs_with_weights_and_lse(Ev: int) -> None:
         )
     for a, b in zip(got, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("want", ["out", "weights"])
+def test_a_key_row_mask_of_shape_s(want: str) -> None:
+    """A keep mask given as one (S,) row, broadcast over every query, batch and head."""
+    g = torch.Generator().manual_seed(14)
+    q = torch.randn(2, 3, 2, 5, 4, generator=g)  # 5-D: (B, X, H, L, E)
+    k = torch.randn(2, 3, 2, 6, 4, generator=g)
+    v = torch.randn(2, 3, 2, 6, 3, generator=g)
+    keep = torch.tensor([True, False, True, True, False, False])
+    kw = {"mask": masks.keep(keep), "return_weights": want == "weights"}
+    got = attnkit.attention(q, k, v, backend="sdpa", **kw)
+    ref = attnkit.attention(q, k, v, backend="reference", **kw)
+    for a, b in zip(
+        got if isinstance(got, tuple) else (got,),
+        ref if isinstance(ref, tuple) else (ref,),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        masks.valid_lens([3, 0, 6, 5]),
+        masks.valid_lens([3, 0, 6, 5], queries=True),
+        masks.key_padding(
+            torch.tensor([[False, True] * 4, [True] * 8, [False] * 8, [True, False] * 4])
+        ),
+    ],
+    ids=["lens", "lens_queries", "key_padding"],
+)
+def test_unpadded_three_dim_grouped_query(mask: masks.Mask) -> None:
+    """(H, L, E) inputs: the per-element dim of the unpadded path is the query head dim."""
+    g = torch.Generator().manual_seed(15)
+    q = torch.randn(4, 6, 4, generator=g)  # 4 query heads
+    k = torch.randn(2, 8, 4, generator=g)  # 2 key heads
+    v = torch.randn(2, 8, 3, generator=g)
+    got = attnkit.attention(q, k, v, mask=mask, backend="sdpa", return_weights=True)
+    ref = attnkit.attention(q, k, v, mask=mask, backend="reference", return_weights=True)
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("return_weights", [False, True])
+def test_unpadded_every_element_masked_gives_zero_gradients(return_weights: bool) -> None:
+    q, k, v = (t.requires_grad_(True) for t in _qkv(2, 4, 2, 5, 7, 4, 3, seed=16))
+    mask = masks.valid_lens([0, 0])
+    res = attnkit.attention(q, k, v, mask=mask, backend="sdpa", return_weights=return_weights)
+    out = res[0] if return_weights else res
+    assert not out.any()
+    out.sum().backward()  # connected to the inputs, like every other fully masked row
+    for t in (q, k, v):
+        assert t.grad is not None and not t.grad.any()
+
+
+@pytest.mark.parametrize("mask", [None, masks.causal(), masks.valid_lens([0, 0, 0])])
+def test_empty_batch_with_weights_does_not_crash(mask: masks.Mask | None) -> None:
+    """A zero-sized head dim: the lse kernel would divide by zero and kill the process."""
+    q = torch.randn(3, 0, 5, 4)
+    k = torch.randn(3, 0, 6, 4)
+    out, w, lse = attnkit.attention(
+        q, k, k, mask=mask, backend="sdpa", return_weights=True, return_lse=True
+    )
+    assert out.shape == (3, 0, 5, 4) and w.shape == (3, 0, 5, 6) and lse.shape == (3, 0, 5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,7 +75,8 @@ def attention(
         return_lse=return_lse,
     )
     chosen = select_backend(inputs, normalize_backend_arg(backend))
-    result = _empty_result(inputs) if inputs.L == 0 or inputs.S == 0 else chosen.forward(inputs)
+    empty = inputs.L == 0 or inputs.S == 0 or math.prod(inputs.batch_shape) == 0
+    result = _empty_result(inputs) if empty else chosen.forward(inputs)
     # -- recording hook (attnkit.viz.capture); off: one ContextVar lookup --
     # Dynamo cannot trace ContextVar.get: compiled code records nothing.
     recorder = None if torch.compiler.is_compiling() else _recording.ACTIVE.get()
@@ -118,7 +120,7 @@ def explain(
 
 
 def _empty_result(inputs: AttentionInputs) -> AttentionResult:
-    """L == 0 or S == 0: no work; rows with no keys follow the fully-masked policy."""
+    """An empty batch, L == 0 or S == 0: no work; rows with no keys follow the fully-masked policy."""
     batch, L, S = inputs.batch_shape, inputs.L, inputs.S
     dev = inputs.device
     out = torch.zeros(*batch, L, inputs.Ev, dtype=inputs.dtype, device=dev)

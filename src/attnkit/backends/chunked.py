@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .. import masks as _masks
 from .._inputs import AttentionInputs, validate_inputs
@@ -273,6 +274,7 @@ class _Plan:
 
 
 def _build_plan(inputs: AttentionInputs) -> _Plan:
+    """Sort the call's mask parts into bands, per-batch lengths and dense tiles; pick tiles."""
     batch = inputs.batch_shape
     B0 = batch[0] if batch else 1
     N = math.prod(batch)
@@ -370,6 +372,7 @@ def _tile_logits(
 
 
 def _blocks(start: int, end: int, size: int) -> Iterator[tuple[int, int]]:
+    """Half-open ranges [a, b) of at most ``size`` covering [start, end)."""
     for a in range(start, end, size):
         yield a, min(a + size, end)
 
@@ -608,6 +611,7 @@ class _ChunkedAttentionFunction(torch.autograd.Function):
         return out, lse, weights
 
     @staticmethod
+    @once_differentiable  # the tiles are exp'd in place, unseen by autograd: no double backward
     def backward(
         ctx: Any,
         d_out: torch.Tensor | None,
@@ -768,9 +772,17 @@ def head_averaged_weights(
     if reasons:
         raise ValueError(f"head_averaged_weights: cannot run this call ({'; '.join(reasons)})")
     heads = inputs.batch_shape[-1]
+    if heads == 0 or inputs.L == 0 or inputs.S == 0 or math.prod(inputs.batch_shape) == 0:
+        shape = (*inputs.batch_shape[:-1], inputs.L, inputs.S)
+        return torch.zeros(shape, dtype=inputs.compute_dtype, device=inputs.device)
     with torch.no_grad():
         ops, _ = _operands(inputs)
         plan = _build_plan(inputs)
         _, lse, _ = _forward_tiles(ops, plan, want_weights=False)
-        weights = _weights_tiles(ops, plan, lse, heads=heads)  # (N // H, L, S)
+        if plan.per_batch and plan.R % heads:
+            # (H, L, E) with a per-batch mask: its batch dim is the head dim, so each group
+            # holds one head and there is no run of heads to average tile by tile.
+            weights = _weights_tiles(ops, plan, lse).mean(dim=0, keepdim=True)  # (1, L, S)
+        else:
+            weights = _weights_tiles(ops, plan, lse, heads=heads)  # (N // H, L, S)
     return weights.reshape(*inputs.batch_shape[:-1], inputs.L, inputs.S)  # (..., L, S)

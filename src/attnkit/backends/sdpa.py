@@ -18,7 +18,8 @@ bilinear, Gaussian), in one of two ways:
 Staying on torch's fused CPU kernel: inputs are viewed as 4-D, unequal query
 and value head sizes are zero-padded to one size, and a score's key bias (the
 Gaussian's ``-‖k‖²/2σ²``) is a (..., 1, S) row the kernel broadcasts, or,
-under a mask, one extra feature (``[q', 1]·[k', b]``); never an (L, S) bias. Otherwise torch falls back to plain math.
+under a mask, one extra feature (``[q', 1]·[k', b]``); never an (L, S) bias.
+Otherwise torch falls back to plain math.
 
 In automatic dispatch it passes over what it would compute densely and
 wastefully (window masks, bottom-right causal with L != S, causal combined
@@ -143,6 +144,11 @@ def _call(
             _, lse = _call(q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=0.0,
                            scale=scale, gqa=gqa, want_lse=True)  # fmt: skip
         return out, lse
+    if want_lse and math.prod(q.shape[:-2]) == 0:
+        # An empty batch: nothing to compute, and the lse op would divide by zero (SIGFPE).
+        out, _ = _call(q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p,
+                       scale=scale, gqa=gqa, want_lse=False)  # fmt: skip
+        return out, q.new_zeros(q.shape[:-1])  # (..., L): no rows
     if want_lse:
         if gqa:
             g = q.shape[-3] // k.shape[-3]
@@ -299,7 +305,9 @@ class SDPABackend(Backend):
             if dm.bias is None and key_bias is None:
                 keep = dm.keep
                 assert keep is not None
-                alive = keep.any(dim=-1, keepdim=True)  # (..., L, 1)
+                if keep.ndim < 2:  # a (S,) row: SDPA and the lse op need (..., L or 1, S)
+                    keep = keep.unsqueeze(-2)  # (1, S)
+                alive = keep.any(dim=-1, keepdim=True)  # (..., L or 1, 1)
                 attn_mask = keep | ~alive  # dead rows attend everywhere, zeroed below
             else:
                 bias = torch.zeros((), dtype=q.dtype, device=q.device)
@@ -376,11 +384,13 @@ class SDPABackend(Backend):
         cd = inputs.compute_dtype
         dev = q.device
         want_lse = inputs.return_lse or inputs.return_weights
-        gqa = inputs.groups > 1 and _HAS_GQA
+        # With one leading dim, the batch dim that is sliced per element is the head dim
+        # itself: each query head needs its key head materialized at its own index.
+        gqa = inputs.groups > 1 and _HAS_GQA and len(batch) > 1
         v = inputs.value.to(q.dtype)
-        if inputs.groups > 1 and not _HAS_GQA:
-            k, v = expand_kv(k, inputs.groups), expand_kv(v, inputs.groups)
-        kv_batch = (*batch[:-1], k.shape[-3]) if len(batch) > 1 and gqa else batch
+        if inputs.groups > 1 and not gqa:
+            k, v = expand_kv(k, inputs.groups), expand_kv(v, inputs.groups)  # (..., Hq, S, D)
+        kv_batch = (*batch[:-1], k.shape[-3]) if gqa else batch
         q = q.expand(*batch, L, q.shape[-1])  # (B, ..., L, E')
         k = k.expand(*kv_batch, S, k.shape[-1])  # (B, ..., S, E')
         v = v.expand(*kv_batch, S, v.shape[-1])  # (B, ..., S, Ev)
@@ -456,6 +466,13 @@ class SDPABackend(Backend):
                     else:
                         rows = torch.zeros_like(w_full[b, ..., :ql, :])  # (..., ql, S)
                         w_full[b, ..., :ql, :] = rows.index_copy(-1, idx, wb)
+        if not live and torch.is_grad_enabled():
+            # Every element is fully masked: keep the graph connected so backward gives
+            # zero gradients (the policy for masked rows), not "does not require grad".
+            link = (q.sum() + k.sum() + v.sum()) * 0  # a 0-d zero
+            out_full = out_full + link.to(out_full.dtype)
+            if w_full is not None:
+                w_full = w_full + link.to(w_full.dtype)
         return out_full, w_full, lse_full
 
 

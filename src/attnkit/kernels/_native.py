@@ -77,16 +77,17 @@ static inline __m256 ak_exp8_inner(__m256 y) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
-/* exp(x) for any x: 0 below -87 (and for -inf), clamped at 88 above. */
+/* exp(x) for any x: 0 below -87 (and for -inf), clamped at 88 above, NaN for NaN.
+   min/max return their second operand when either is NaN, so x goes second. */
 static inline __m256 ak_exp8(__m256 x) {
-    __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
-    __m256 y = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    return _mm256_and_ps(ak_exp8_inner(y), live);
+    __m256 dead = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    __m256 y = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x));
+    return _mm256_andnot_ps(dead, ak_exp8_inner(y));
 }
 
 static inline __m256 ak_tanh8(__m256 x) {
     const __m256 lim = _mm256_set1_ps(9.0f);
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_sub_ps(_mm256_setzero_ps(), lim)), lim);
+    x = _mm256_min_ps(lim, _mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), lim), x));
     __m256 e = ak_exp8_inner(_mm256_add_ps(x, x));
     __m256 one = _mm256_set1_ps(1.0f);
     return _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
@@ -289,16 +290,24 @@ def _try_build() -> tuple[ctypes.CDLL | None, str]:
         try:
             if not lib_path.exists():
                 out_dir.mkdir(parents=True, exist_ok=True)
-                src = out_dir / "attnkit_kernels.c"
-                src.write_text(_SOURCE)
+                # Source and library both go to files of this builder's own: a concurrent
+                # builder never truncates the source under the compiler reading it.
+                with tempfile.NamedTemporaryFile(
+                    "w", dir=out_dir, suffix=".c", delete=False, encoding="utf-8"
+                ) as src_file:
+                    src_file.write(_SOURCE)
+                src = Path(src_file.name)
                 with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".so", delete=False) as tmp:
                     tmp_path = Path(tmp.name)
-                proc = subprocess.run(
-                    [cc, *flags, str(src), "-o", str(tmp_path), "-lm"],
-                    capture_output=True,
-                    text=True,
-                    timeout=120,
-                )
+                try:
+                    proc = subprocess.run(
+                        [cc, *flags, str(src), "-o", str(tmp_path), "-lm"],
+                        capture_output=True,
+                        text=True,
+                        timeout=120,
+                    )
+                finally:
+                    src.unlink(missing_ok=True)
                 if proc.returncode != 0:
                     tmp_path.unlink(missing_ok=True)
                     errors.append(proc.stderr.strip().splitlines()[-1:] or ["failed"])

@@ -14,6 +14,8 @@ cache-sized. float32 on CPU only; other dtypes use the torch versions.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from . import _native
@@ -75,9 +77,28 @@ def grads_torch(
     return dqh, dkh, dw
 
 
+def _native_lib(qh: torch.Tensor, kh: torch.Tensor, *rest: torch.Tensor) -> Any:
+    """The kernel library when every tensor is float32 on CPU and the shapes agree, else None.
+
+    The kernel reads raw pointers with these sizes, so anything else (mixed dtypes, a
+    w of the wrong length) takes the torch path, which checks its operands.
+    """
+    ts = (qh, kh, *rest)
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in ts):
+        return None
+    if qh.ndim != 3 or kh.ndim != 3 or qh.shape[0] != kh.shape[0] or qh.shape[2] != kh.shape[2]:
+        return None
+    R, M, H = qh.shape
+    if rest[0].shape != (H,):
+        return None
+    if len(rest) > 1 and rest[1].shape != (R, M, kh.shape[1]):
+        return None
+    return _native.library()
+
+
 def logits(qh: torch.Tensor, kh: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Fused additive logits (R, M, N) of qh (R, M, H), kh (R, N, H), w (H,); no autograd."""
-    lib = _native.library() if qh.dtype == torch.float32 and qh.device.type == "cpu" else None
+    lib = _native_lib(qh, kh, w)
     if lib is None:
         return logits_torch(qh, kh, w)
     R, M, H = qh.shape
@@ -95,7 +116,7 @@ def grads(
     qh: torch.Tensor, kh: torch.Tensor, w: torch.Tensor, g: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fused gradients of :func:`logits`: dqh (R, M, H), dkh (R, N, H), dw (H,)."""
-    lib = _native.library() if qh.dtype == torch.float32 and qh.device.type == "cpu" else None
+    lib = _native_lib(qh, kh, w, g)
     if lib is None:
         return grads_torch(qh, kh, w, g)
     R, M, H = qh.shape

@@ -23,7 +23,8 @@ def exp_rows_(s: torch.Tensor, shift: torch.Tensor, *, want_sum: bool) -> torch.
     if lib is None or not s.is_contiguous() or s.numel() == 0:
         s.sub_(shift.unsqueeze(-1)).exp_()
         return s.sum(dim=-1) if want_sum else None
-    sh = shift.to(s.dtype).contiguous()
+    # The kernel reads one shift per row: a broadcast shift is expanded first, never over-read.
+    sh = shift.to(s.dtype).expand(s.shape[:-1]).contiguous()  # (...)
     sums = torch.empty(sh.shape, dtype=s.dtype, device=s.device) if want_sum else None
     rows = s.numel() // s.shape[-1]
     lib.ak_exp_rows(
