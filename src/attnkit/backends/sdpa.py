@@ -102,6 +102,43 @@ def _weights_from_lse(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     return logits
 
 
+def _weights_of_call(
+    inputs: AttentionInputs,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    gqa: bool,
+    alive: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Exact weights (..., L, S) of one SDPA call, recomputed from the lse it returned.
+
+    q (..., L, E'), k (..., S, E') as given to the call (k with its own heads when
+    ``gqa``), lse (..., L); ``attn_mask``/``is_causal`` exactly as the call had them,
+    ``alive`` (..., L, 1) marking rows that keep at least one key.
+    """
+    cd = inputs.compute_dtype
+    kf = expand_kv(k, inputs.groups) if gqa else k  # (..., S, E')
+    qs = q.to(cd) * inputs.scale  # (..., L, E'): scaled here, not on (L, S)
+    logits = torch.matmul(qs, kf.to(cd).transpose(-2, -1))  # (..., L, S)
+    keep: torch.Tensor | None = None
+    if is_causal:
+        L, S = logits.shape[-2], logits.shape[-1]
+        keep = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()  # (L, S)
+    elif attn_mask is not None and attn_mask.dtype == torch.bool:
+        keep = attn_mask
+    elif attn_mask is not None:
+        logits = logits + attn_mask.to(cd)
+        keep = attn_mask > float("-inf")
+    if alive is not None:
+        keep = alive if keep is None else keep & alive
+    if keep is not None:
+        logits = logits.masked_fill(~keep, float("-inf"))
+    return _weights_from_lse(logits, lse.to(cd))
+
+
 def _to4d(t: torch.Tensor) -> torch.Tensor:
     """(..., N, D) -> (B', H, N, D) for the 4-D flash op."""
     if t.ndim == 4:
@@ -263,7 +300,7 @@ class SDPABackend(Backend):
             q = torch.cat([q, q.new_ones(*q.shape[:-1], 1)], dim=-1)  # (..., L, E'+1)
             key_bias = None
         if _unpadded_parts(inputs):
-            out, weights, lse = self._forward_unpadded(inputs, q, k, key_bias)
+            out, weights, lse = self._forward_unpadded(inputs, q, k)  # key bias folded above
         else:
             out, weights, lse = self._forward_dense(inputs, q, k, key_bias)
         if lse is not None and inputs.return_lse:
@@ -349,32 +386,20 @@ class SDPABackend(Backend):
         weights = None
         if inputs.return_weights:
             assert lse is not None
-            kf = expand_kv(k, inputs.groups) if gqa else k  # (*batch, S, E')
-            cd = inputs.compute_dtype
-            qs = q.to(cd) * inputs.scale  # (*batch, L, E'): scaled here, not on (L, S)
-            logits = torch.matmul(qs, kf.to(cd).transpose(-2, -1))  # (*batch, L, S)
-            if attn_mask is not None and attn_mask.dtype != torch.bool:
-                logits = logits + attn_mask.to(cd)
-            if is_causal:
-                attn_mask = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
-            if attn_mask is not None:
-                keep = attn_mask if attn_mask.dtype == torch.bool else attn_mask > float("-inf")
-                if alive is not None:
-                    keep = keep & alive
-                logits = logits.masked_fill(~keep, float("-inf"))
-            weights = _weights_from_lse(logits, lse)
+            weights = _weights_of_call(
+                inputs, q, k, lse, attn_mask=attn_mask, is_causal=is_causal, gqa=gqa, alive=alive
+            )  # (*batch, L, S)
         return out, weights, lse
 
     # ------------------------------------------------------------------ unpadded
 
     def _forward_unpadded(
-        self,
-        inputs: AttentionInputs,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        key_bias: torch.Tensor | None,
+        self, inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """SDPA on each batch element's kept queries and keys, similar lengths grouped.
+
+        This path always has a mask, so a score's key bias already rides in q and k
+        as one extra feature (see :meth:`forward`).
 
         Batch elements are sorted by length and grouped (see :func:`_group_lengths`)
         so a few SDPA calls cover the batch with little padding left inside a group.
@@ -394,10 +419,6 @@ class SDPABackend(Backend):
         q = q.expand(*batch, L, q.shape[-1])  # (B, ..., L, E')
         k = k.expand(*kv_batch, S, k.shape[-1])  # (B, ..., S, E')
         v = v.expand(*kv_batch, S, v.shape[-1])  # (B, ..., S, Ev)
-        kb = None
-        if key_bias is not None:
-            kb = (key_bias * inputs.scale).expand(*batch, 1, S)  # (B, ..., 1, S)
-
         q_len, k_len, key_idx, causal = _unpadded_lengths(inputs, dev)
         out_full = torch.zeros(*batch, L, v.shape[-1], dtype=inputs.dtype, device=dev)
         lse_full = (
@@ -421,16 +442,10 @@ class SDPABackend(Backend):
             if any(k_len[b] < km for b in members):
                 keep = torch.arange(km, device=dev) < lens_g[:, None]  # (G, km)
                 keep = keep.view(len(members), *([1] * (q_g.ndim - 2)), km)  # (G, 1.., 1, km)
-            if causal and (keep is not None or kb is not None):
+            if causal and keep is not None:
                 tri = torch.ones(qm, km, dtype=torch.bool, device=dev).tril()  # (qm, km)
                 keep = tri if keep is None else keep & tri
             attn_mask: torch.Tensor | None = keep
-            if kb is not None:
-                bias_g = torch.stack(
-                    [_take_keys(kb[b].transpose(-2, -1), key_idx[b], km) for b in members]
-                ).transpose(-2, -1)  # (G, ..., 1, km)
-                assert keep is not None or not causal
-                attn_mask = bias_g if keep is None else bias_g.masked_fill(~keep, float("-inf"))
             out_g, lse_g = _call(
                 q_g,
                 k_g,
@@ -444,16 +459,15 @@ class SDPABackend(Backend):
             )  # (G, ..., qm, Ev), (G, ..., qm)
             w_g: torch.Tensor | None = None
             if w_full is not None and lse_g is not None:
-                kf = expand_kv(k_g, inputs.groups) if gqa else k_g  # (G, ..., km, E')
-                logits = torch.matmul(q_g.to(cd), kf.to(cd).transpose(-2, -1)) * inputs.scale
-                if attn_mask is not None and attn_mask.dtype != torch.bool:
-                    logits = logits + attn_mask.to(cd)  # (G, ..., qm, km)
-                elif attn_mask is not None:
-                    logits = logits.masked_fill(~attn_mask, float("-inf"))
-                elif causal:
-                    tri = torch.ones(qm, km, dtype=torch.bool, device=dev).tril()
-                    logits = logits.masked_fill(~tri, float("-inf"))
-                w_g = _weights_from_lse(logits, lse_g.to(cd))  # (G, ..., qm, km)
+                w_g = _weights_of_call(
+                    inputs,
+                    q_g,
+                    k_g,
+                    lse_g,
+                    attn_mask=attn_mask,
+                    is_causal=causal and attn_mask is None,
+                    gqa=gqa,
+                )  # (G, ..., qm, km)
             for n, b in enumerate(members):
                 ql, kl, idx = q_len[b], k_len[b], key_idx[b]
                 out_full[b, ..., :ql, :] = out_g[n, ..., :ql, :].to(inputs.dtype)
