@@ -133,14 +133,20 @@ def normalize_backend_arg(backend: str | Sequence[str] | None) -> tuple[str, ...
     )
 
 
+def _reasons(name: str, inputs: AttentionInputs, automatic: bool) -> list[str]:
+    """One backend's reasons not to run; in automatic dispatch, also its preference reasons."""
+    backend = _REGISTRY[name]
+    reasons = backend.not_supported_reasons(inputs)
+    if automatic:  # pass over backends a faster one beats
+        reasons = reasons + backend.preference_reasons(inputs)
+    return reasons
+
+
 def explain_inputs(inputs: AttentionInputs, backend: tuple[str, ...] | None = None) -> Explanation:
     """Every backend's reasons for this call and the one that would run."""
     forced = backend if backend is not None else _forced_backends()
     candidates = forced if forced is not None else tuple(_PRIORITY)
-    reasons = {name: _REGISTRY[name].not_supported_reasons(inputs) for name in _PRIORITY}
-    if forced is None:  # automatic choice: also pass over backends a faster one beats
-        for name in _PRIORITY:
-            reasons[name] = reasons[name] + _REGISTRY[name].preference_reasons(inputs)
+    reasons = {name: _reasons(name, inputs, forced is None) for name in _PRIORITY}
     chosen = next((n for n in candidates if not reasons[n]), None)
     note = _REGISTRY[chosen].describe(inputs) if chosen is not None else ""
     return Explanation(
@@ -149,16 +155,23 @@ def explain_inputs(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
 
 
 def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = None) -> Backend:
-    """The backend that runs this call; raises BackendNotSupportedError when none can."""
+    """The backend that runs this call; raises BackendNotSupportedError when none can.
+
+    Asks the candidates in order and stops at the first that can run; the full
+    explanation is built only for the error.
+    """
+    forced = backend if backend is not None else _forced_backends()
+    candidates = forced if forced is not None else tuple(_PRIORITY)
+    for name in candidates:
+        if not _reasons(name, inputs, forced is None):
+            return _REGISTRY[name]
     ex = explain_inputs(inputs, backend)
-    if ex.chosen is None:
-        detail = "; ".join(f"{n}: {', '.join(ex.reasons[n])}" for n in ex.candidates)
-        if ex.forced:
-            raise BackendNotSupportedError(
-                f"backend: the forced backend(s) {list(ex.forced)} cannot run this call ({detail})"
-            )
-        raise BackendNotSupportedError(f"backend: no backend can run this call ({detail})")
-    return _REGISTRY[ex.chosen]
+    detail = "; ".join(f"{n}: {', '.join(ex.reasons[n])}" for n in ex.candidates)
+    if ex.forced:
+        raise BackendNotSupportedError(
+            f"backend: the forced backend(s) {list(ex.forced)} cannot run this call ({detail})"
+        )
+    raise BackendNotSupportedError(f"backend: no backend can run this call ({detail})")
 
 
 @contextmanager
