@@ -39,6 +39,7 @@ class AttentionInputs:
     dropout_p: float
     return_weights: bool
     return_lse: bool
+    weights_mean: bool
     batch_shape: tuple[int, ...]
     L: int
     S: int
@@ -155,6 +156,20 @@ def _check_flag(name: str, value: object) -> bool:
     return value
 
 
+def _check_weights_flag(value: object, batch_shape: tuple[int, ...]) -> tuple[bool, bool]:
+    """``return_weights``: True, False or "mean"; returns (return_weights, weights_mean)."""
+    if value == "mean" and isinstance(value, str):
+        if not batch_shape:
+            raise ValueError(
+                'return_weights: "mean" averages over the head dim (-3) of the query, which '
+                "has no leading dims; expected a query of shape (..., H, L, E)"
+            )
+        return True, True
+    if not isinstance(value, bool):
+        raise TypeError(f'return_weights: expected True, False or "mean", got {value!r}')
+    return value, False
+
+
 def validate_inputs(
     query: object,
     key: object,
@@ -245,6 +260,7 @@ def validate_inputs(
                     f"mask: is on {t.device} but the query is on {q.device}; expected one device"
                 )
 
+    want_weights, weights_mean = _check_weights_flag(return_weights, batch_shape)
     return AttentionInputs(
         query=q,
         key=k,
@@ -253,8 +269,9 @@ def validate_inputs(
         mask=m,
         scale=scale_f,
         dropout_p=float(dropout_p),
-        return_weights=_check_flag("return_weights", return_weights),
+        return_weights=want_weights,
         return_lse=_check_flag("return_lse", return_lse),
+        weights_mean=weights_mean,
         batch_shape=batch_shape,
         L=L,
         S=S,

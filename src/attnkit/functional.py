@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import replace
+from typing import Any, Literal
 
 import torch
 
@@ -31,7 +32,7 @@ def attention(
     mask: MaskArg = None,
     scale: float | None = None,
     dropout_p: float = 0.0,
-    return_weights: bool = False,
+    return_weights: bool | Literal["mean"] = False,
     return_lse: bool = False,
     backend: BackendArg = None,
 ) -> Any:
@@ -53,7 +54,9 @@ def attention(
             (1/sqrt(E) for scaled_dot, 1 otherwise).
         dropout_p: dropout on the attention weights, in [0, 1).
         return_weights: also return the weights (..., L, S) the output used
-            (before dropout), in float32 for half inputs.
+            (before dropout), in float32 for half inputs; ``"mean"``: the weights
+            averaged over the head dim (-3), shape (..., L, S) without it, computed
+            tile by tile where the backend can (never holding every head's weights).
         return_lse: also return the log-sum-exp of the logits, (..., L).
         backend: None (automatic), a name ("sdpa", "reference", ...) or a list
             of names tried in order; a forced backend raises if it cannot run.
@@ -77,6 +80,10 @@ def attention(
     chosen = select_backend(inputs, normalize_backend_arg(backend))
     empty = inputs.L == 0 or inputs.S == 0 or math.prod(inputs.batch_shape) == 0
     result = _empty_result(inputs) if empty else chosen.forward(inputs)
+    if inputs.weights_mean and (empty or not chosen.averages_heads):
+        assert result.weights is not None
+        w = result.weights  # (..., H, L, S)
+        result = replace(result, weights=w.sum(dim=-3) / max(w.shape[-3], 1))  # (..., L, S)
     # -- recording hook (attnkit.viz.capture); off: one ContextVar lookup --
     # Dynamo cannot trace ContextVar.get: compiled code records nothing.
     recorder = None if torch.compiler.is_compiling() else _recording.ACTIVE.get()
@@ -95,7 +102,7 @@ def explain(
     mask: MaskArg = None,
     scale: float | None = None,
     dropout_p: float = 0.0,
-    return_weights: bool = False,
+    return_weights: bool | Literal["mean"] = False,
     return_lse: bool = False,
     backend: BackendArg = None,
 ) -> Explanation:

@@ -91,6 +91,43 @@ def _check_broadcast_to(
         )
 
 
+def _and_hint(other: object) -> str:
+    what = f"a {other.dtype} tensor" if isinstance(other, torch.Tensor) else type(other).__name__
+    return (
+        f"mask &: both sides must be attnkit masks, got {what}; wrap a tensor first: "
+        "masks.keep(t) (bool, True = may attend), masks.block(t) (bool, True = masked), "
+        "masks.bias(t) (float, added to the logits) or masks.tf(t) (1 = masked)"
+    )
+
+
+def _check_shard(q_start: int, k_start: int, L: int, S: int, total_L: int, total_S: int) -> None:
+    args = {"q_start": q_start, "k_start": k_start, "L": L, "S": S}
+    args.update(total_L=total_L, total_S=total_S)
+    for name, val in args.items():
+        if isinstance(val, bool) or not isinstance(val, int) or val < 0:
+            raise ValueError(f"mask.shard: {name} must be an int >= 0, got {val!r}")
+    if q_start + L > total_L or k_start + S > total_S:
+        raise ValueError(
+            f"mask.shard: queries [{q_start}, {q_start + L}) and keys [{k_start}, {k_start + S}) "
+            f"must lie inside the full problem of {total_L} queries and {total_S} keys"
+        )
+
+
+def _slice_last2(t: torch.Tensor, q0: int, k0: int, L: int, S: int) -> torch.Tensor:
+    """t (..., L_total or 1, S_total or 1) or (S_total,) sliced to the shard; size-1 dims kept."""
+    if t.shape[-1] != 1:
+        t = t[..., k0 : k0 + S]  # (..., *, S)
+    if t.ndim >= 2 and t.shape[-2] != 1:
+        t = t[..., q0 : q0 + L, :]  # (..., L, S or 1)
+    return t
+
+
+def _readable(t: torch.Tensor) -> bool:
+    """True when a tensor's values may be read on the host for a check: a CPU tensor
+    outside torch.compile (reading a GPU tensor would synchronize with the device)."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 class Mask:
     """Base class of every mask. Combine masks with ``&``.
 
@@ -102,8 +139,28 @@ class Mask:
 
     def __and__(self, other: Mask) -> Mask:
         if not isinstance(other, Mask):
-            return NotImplemented
+            raise TypeError(_and_hint(other))
         return AndMask.of(self, other)
+
+    def __rand__(self, other: object) -> Mask:
+        raise TypeError(_and_hint(other))
+
+    def shard(
+        self, q_start: int, k_start: int, L: int, S: int, total_L: int, total_S: int
+    ) -> Mask:
+        """This mask of the full (total_L, total_S) problem, restricted to queries
+        ``[q_start, q_start + L)`` and keys ``[k_start, k_start + S)``, in local coordinates.
+
+        For context parallelism and any other split of a sequence: a shard of a
+        longer sequence is evaluated at its true positions. Structured masks stay
+        symbolic (a window gains an offset, lengths are shifted); dense tensors are
+        sliced (a size-1 dim stays broadcast). Nothing is read on the host.
+        """
+        _check_shard(q_start, k_start, L, S, total_L, total_S)
+        return self._shard(q_start, k_start, L, S, total_L, total_S)
+
+    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        raise NotImplementedError(f"{type(self).__name__} cannot be sharded")
 
     def parts(self) -> tuple[Mask, ...]:
         """The leaf masks this mask is made of (itself for a leaf)."""
@@ -149,10 +206,9 @@ class Mask:
 
 
 def _band_keep(
-    L: int, S: int, left: int | None, right: int | None, align: Align, device: torch.device
+    L: int, S: int, left: int | None, right: int | None, offset: int, device: torch.device
 ) -> torch.Tensor:
     """Bool (L, S): query i keeps key j when i' - left <= j <= i' + right, i' = i + offset."""
-    offset = S - L if align == "bottom_right" else 0
     i = torch.arange(L, device=device).unsqueeze(-1) + offset  # (L, 1)
     j = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
     keep_t = torch.ones(L, S, dtype=torch.bool, device=device)
@@ -184,6 +240,9 @@ class KeepMask(Mask):
     def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
         return DenseMask(keep=self.tensor.to(device), bias=None)
 
+    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        return KeepMask(_slice_last2(self.tensor, q0, k0, L, S), source=self.source)
+
 
 class BiasMask(Mask):
     """Additive float mask broadcastable to ``(..., L, S)``; ``-inf`` blocks a key."""
@@ -200,7 +259,9 @@ class BiasMask(Mask):
             )
         if tensor.ndim < 1:
             raise ValueError("masks.bias: expected a tensor of shape (..., L, S), got a 0-d tensor")
-        if torch.isnan(tensor).any() or torch.isposinf(tensor).any():
+        if tensor.device.type == "meta":
+            pass  # shapes only: the values cannot be checked
+        elif torch.isnan(tensor).any() or torch.isposinf(tensor).any():
             raise ValueError(
                 "masks.bias: the bias contains NaN or +inf; expected finite values or -inf "
                 "(which blocks a key)"
@@ -213,6 +274,11 @@ class BiasMask(Mask):
     def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
         return DenseMask(keep=None, bias=self.tensor.to(device))
 
+    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        shard = BiasMask.__new__(BiasMask)  # the values were checked once, by the full mask
+        shard.tensor = _slice_last2(self.tensor, q0, k0, L, S)
+        return shard
+
 
 class ValidLensMask(Mask):
     """d2l's ``valid_lens``: key ``j`` is kept for batch ``b`` when ``j < lens[b]``.
@@ -221,6 +287,12 @@ class ValidLensMask(Mask):
     query). B is the first leading dim of the query; the lengths broadcast over
     the other leading dims (heads). With ``queries=True`` (1-D lens only), query
     rows at or past the length are padding too and become fully masked rows.
+
+    Attributes:
+        lens: (B,) or (B, L) long, the key lengths.
+        queries: True when query rows past a length are padding too.
+        query_lens: (B,) long, the query lengths when ``queries`` (equal to ``lens``
+            unless the mask is a shard of a longer sequence), else None.
     """
 
     kind = "valid_lens"
@@ -241,7 +313,9 @@ class ValidLensMask(Mask):
                 f"masks.valid_lens: lens must have shape (B,) or (B, L), got "
                 f"{_shape_str(lens.shape)}"
             )
-        if not torch.compiler.is_compiling() and lens.numel() and int(lens.min()) < 0:
+        if not isinstance(queries, bool):
+            raise TypeError(f"masks.valid_lens: queries must be a bool, got {queries!r}")
+        if _readable(lens) and lens.numel() and int(lens.min()) < 0:
             raise ValueError(
                 f"masks.valid_lens: lengths must be >= 0, got minimum {int(lens.min())}"
             )
@@ -250,10 +324,9 @@ class ValidLensMask(Mask):
                 "masks.valid_lens: queries=True needs one length per batch element, shape (B,); "
                 f"got {_shape_str(lens.shape)}"
             )
-        if not isinstance(queries, bool):
-            raise TypeError(f"masks.valid_lens: queries must be a bool, got {queries!r}")
         self.lens = lens.to(torch.long)
         self.queries = queries
+        self.query_lens: torch.Tensor | None = self.lens if queries else None
 
     def validate(self, batch_shape: Sequence[int], L: int, S: int) -> None:
         if len(batch_shape) == 0:
@@ -272,16 +345,17 @@ class ValidLensMask(Mask):
                 f"mask: masks.valid_lens per-query lengths have shape "
                 f"{_shape_str(self.lens.shape)}, expected ({B}, {L}) for L={L} queries"
             )
-        if torch.compiler.is_compiling() or not self.lens.numel():
-            return  # the value checks below read the lengths on the host: eager calls only
+        if not _readable(self.lens) or not self.lens.numel():
+            return  # the value checks below read the lengths on the host: CPU, eager only
         if int(self.lens.max()) > S:
             raise ValueError(
                 f"mask: masks.valid_lens has a length of {int(self.lens.max())}, more than the "
                 f"{S} keys; expected lengths in [0, {S}]"
             )
-        if self.queries and int(self.lens.max()) > L:
+        ql = self.query_lens
+        if ql is not None and int(ql.max()) > L:
             raise ValueError(
-                f"mask: masks.valid_lens(queries=True) has a length of {int(self.lens.max())}, "
+                f"mask: masks.valid_lens(queries=True) has a length of {int(ql.max())}, "
                 f"more than the {L} queries; expected lengths in [0, min(L, S)]"
             )
 
@@ -290,14 +364,27 @@ class ValidLensMask(Mask):
         j = torch.arange(S, device=device)
         if lens.ndim == 1:
             keep_t = j.view(1, 1, S) < lens.view(-1, 1, 1)  # (B, 1, S)
-            if self.queries:
+            if self.query_lens is not None:
                 i = torch.arange(L, device=device)
-                keep_t = keep_t & (i.view(1, L, 1) < lens.view(-1, 1, 1))  # (B, L, S)
+                q_lens = self.query_lens.to(device)
+                keep_t = keep_t & (i.view(1, L, 1) < q_lens.view(-1, 1, 1))  # (B, L, S)
         else:
             keep_t = j.view(1, 1, S) < lens.unsqueeze(-1)  # (B, L, S)
         # (B, 1, ..., 1, L or 1, S): broadcast over the other leading dims (heads)
         keep_t = keep_t.view(keep_t.shape[0], *([1] * (len(batch_shape) - 1)), *keep_t.shape[1:])
         return DenseMask(keep=keep_t, bias=None)
+
+    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        lens = self.lens
+        if lens.ndim == 2:
+            lens = lens[:, q0 : q0 + L]  # (B, L) rows of this shard
+        shard = ValidLensMask.__new__(ValidLensMask)
+        shard.lens = (lens - k0).clamp(0, S)  # (B,) or (B, L): keys left in this shard
+        shard.queries = self.queries
+        shard.query_lens = None
+        if self.query_lens is not None:
+            shard.query_lens = (self.query_lens - q0).clamp(0, L)  # (B,)
+        return shard
 
 
 class KeyPaddingMask(Mask):
@@ -341,17 +428,38 @@ class KeyPaddingMask(Mask):
         keep_t = keep_t.view(keep_t.shape[0], *([1] * len(batch_shape)), S)
         return DenseMask(keep=keep_t, bias=None)
 
+    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        return KeyPaddingMask(self.padding[:, k0 : k0 + S])  # (B, S) keys of this shard
+
+
+def _check_offset(where: str, name: str, val: object) -> int:
+    if isinstance(val, bool) or not isinstance(val, int):
+        raise TypeError(f"{where}: {name} must be an int, got {val!r}")
+    return val
+
 
 class WindowMask(Mask):
     """Sliding window: query ``i`` keeps keys ``i-left .. i+right`` inclusive.
 
     ``None`` for ``left`` or ``right`` means unbounded on that side. With
     ``align="bottom_right"`` the query index is shifted by ``S - L``.
+
+    Global positions: query row ``i`` sits at position ``q_offset + i`` and key
+    column ``j`` at ``k_offset + j`` (both default 0), so a block of a longer
+    sequence is masked at its true positions; the window compares positions.
     """
 
     kind = "window"
 
-    def __init__(self, left: int | None, right: int | None, align: Align = "top_left") -> None:
+    def __init__(
+        self,
+        left: int | None,
+        right: int | None,
+        align: Align = "top_left",
+        *,
+        q_offset: int = 0,
+        k_offset: int = 0,
+    ) -> None:
         for name, val in (("left", left), ("right", right)):
             if val is None:
                 continue
@@ -366,31 +474,49 @@ class WindowMask(Mask):
         self.left = left
         self.right = right
         self.align: Align = align
+        self.q_offset = _check_offset("masks.window", "q_offset", q_offset)
+        self.k_offset = _check_offset("masks.window", "k_offset", k_offset)
 
     def offset(self, L: int, S: int) -> int:
-        """Shift added to the query index: ``S - L`` for bottom_right, else 0."""
-        return S - L if self.align == "bottom_right" else 0
+        """Shift from a query's row to its own key column: query ``i`` keeps key ``j``
+        when ``i + offset - left <= j <= i + offset + right``. ``S - L`` for
+        bottom_right, plus ``q_offset - k_offset``."""
+        base = S - L if self.align == "bottom_right" else 0
+        return base + self.q_offset - self.k_offset
 
     def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
         return DenseMask(
-            keep=_band_keep(L, S, self.left, self.right, self.align, device), bias=None
+            keep=_band_keep(L, S, self.left, self.right, self.offset(L, S), device), bias=None
         )
+
+    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        shift = self.offset(total_L, total_S) + q0 - k0  # global shift, seen from the shard
+        return WindowMask(self.left, self.right, "top_left", q_offset=shift)
 
 
 class CausalMask(WindowMask):
-    """Causal: query ``i`` keeps keys ``j <= i`` (``j <= i + S - L`` when bottom_right)."""
+    """Causal: query ``i`` keeps keys ``j <= i`` (``j <= i + S - L`` when bottom_right).
+
+    ``q_offset``/``k_offset`` place the rows and columns at global positions, as
+    for :class:`WindowMask`.
+    """
 
     kind = "causal"
 
-    def __init__(self, align: Align = "top_left") -> None:
+    def __init__(self, align: Align = "top_left", *, q_offset: int = 0, k_offset: int = 0) -> None:
         if align not in _ALIGNS:
             raise ValueError(
                 f"masks.causal: align must be 'top_left' or 'bottom_right', got {align!r}"
             )
-        super().__init__(None, 0, align)
+        super().__init__(None, 0, align, q_offset=q_offset, k_offset=k_offset)
 
     def symbolic_causal(self, L: int, S: int) -> bool:
-        return self.align == "top_left" or L == S
+        """True when this is exactly SDPA's ``is_causal=True`` for (L, S): no shift."""
+        return self.offset(L, S) == 0
+
+    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        shift = self.offset(total_L, total_S) + q0 - k0
+        return CausalMask("top_left", q_offset=shift)
 
 
 class AndMask(Mask):
@@ -422,6 +548,9 @@ class AndMask(Mask):
             if d.bias is not None:
                 bias_t = d.bias if bias_t is None else bias_t + d.bias
         return DenseMask(keep=keep_t, bias=bias_t)
+
+    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        return AndMask([p._shard(q0, k0, L, S, total_L, total_S) for p in self._parts])
 
 
 # --------------------------------------------------------------------------- constructors
@@ -481,11 +610,25 @@ def key_padding(tensor: torch.Tensor) -> KeyPaddingMask:
     return KeyPaddingMask(tensor)
 
 
-def causal(align: Align = "top_left") -> CausalMask:
-    """Causal mask; ``align`` is ``"top_left"`` (SDPA, Keras) or ``"bottom_right"``."""
-    return CausalMask(align)
+def causal(align: Align = "top_left", *, q_offset: int = 0, k_offset: int = 0) -> CausalMask:
+    """Causal mask; ``align`` is ``"top_left"`` (SDPA, Keras) or ``"bottom_right"``.
+
+    ``q_offset``/``k_offset``: global positions of the first query row and key column
+    (for a block of a longer sequence); query at position p sees keys at positions <= p.
+    """
+    return CausalMask(align, q_offset=q_offset, k_offset=k_offset)
 
 
-def window(left: int | None, right: int | None = 0, align: Align = "top_left") -> WindowMask:
-    """Sliding window: query i keeps keys i-left .. i+right inclusive (None = unbounded)."""
-    return WindowMask(left, right, align)
+def window(
+    left: int | None,
+    right: int | None = 0,
+    align: Align = "top_left",
+    *,
+    q_offset: int = 0,
+    k_offset: int = 0,
+) -> WindowMask:
+    """Sliding window: query i keeps keys i-left .. i+right inclusive (None = unbounded).
+
+    ``q_offset``/``k_offset``: global positions of the first query row and key column.
+    """
+    return WindowMask(left, right, align, q_offset=q_offset, k_offset=k_offset)

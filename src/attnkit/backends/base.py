@@ -35,7 +35,11 @@ class Backend:
     Attributes:
         name: the name used by ``backend=`` and ``use_backend``.
         dtypes: input dtypes it computes in.
-        device_types: ``torch.device.type`` values it runs on.
+        device_types: ``torch.device.type`` values it runs on (default: the CPU only;
+            a backend claims a device explicitly).
+        fused: True when a call runs as one fused kernel (or a few), False when it is
+            tiled in Python; dispatch never prefers a Python-tiled backend over a
+            fused one on an accelerator.
         any_score: True if it computes any score; else only dot-reducible ones.
         mask_kinds: mask kinds it accepts (leaf kinds of ``&`` combinations).
         supports_weights / supports_lse / supports_dropout / supports_grad: flags.
@@ -45,17 +49,29 @@ class Backend:
     dtypes: ClassVar[frozenset[torch.dtype]] = frozenset(
         {torch.float16, torch.bfloat16, torch.float32, torch.float64}
     )
-    device_types: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda"})
+    device_types: ClassVar[frozenset[str]] = frozenset({"cpu"})
+    fused: ClassVar[bool] = True
     any_score: ClassVar[bool] = True
     mask_kinds: ClassVar[frozenset[str]] = ALL_MASK_KINDS
     supports_weights: ClassVar[bool] = True
     supports_lse: ClassVar[bool] = True
     supports_dropout: ClassVar[bool] = True
     supports_grad: ClassVar[bool] = True
+    averages_heads: ClassVar[bool] = False
+    """True when the backend itself returns head-averaged weights for
+    ``return_weights="mean"`` (else attention() averages the per-head weights)."""
+
+    def is_available(self) -> str | None:
+        """Why this backend cannot run at all on this install (a missing package, no
+        compiler), or None when it can. Checked before any per-call reason."""
+        return None
 
     def not_supported_reasons(self, inputs: AttentionInputs) -> list[str]:
         """Every reason this backend cannot run ``inputs``; empty when it can."""
         reasons: list[str] = []
+        unavailable = self.is_available()
+        if unavailable is not None:
+            reasons.append(unavailable)
         if inputs.dtype not in self.dtypes:
             reasons.append(f"dtype {inputs.dtype} is not supported")
         if inputs.device.type not in self.device_types:
@@ -75,12 +91,12 @@ class Backend:
             reasons.append("does not support autograd")
         return reasons
 
-    def preference_reasons(self, inputs: AttentionInputs) -> list[str]:
-        """Reasons to pass over this backend in automatic dispatch only.
+    def materialized_masks(self, inputs: AttentionInputs) -> list[str]:
+        """The parts of the call's mask this backend would build densely as (L, S) tensors,
+        as short reasons ("window mask", ...); empty when every part stays symbolic.
 
-        For calls it can run but a later backend runs faster (for example a
-        window mask it would have to materialize). A backend forced by name
-        ignores them and runs.
+        Dispatch uses them to pass over this backend in favour of one that keeps those
+        parts symbolic (see ``backends/dispatch.py``); a backend forced by name runs anyway.
         """
         return []
 

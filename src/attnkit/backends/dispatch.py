@@ -1,28 +1,34 @@
-"""Dispatch: a priority list of backends, explain(), and use_backend().
+"""Dispatch: a priority list per device type, declarative preference rules,
+explain(), and use_backend().
 
-The first backend in priority order with no reasons not to run is chosen.
-A backend forced by name (``backend=`` or ``use_backend``) runs or raises with
-its reasons; it never falls back silently.
+Ranking lives here and only here; no backend imports or instantiates another.
 
-Priority: ``sdpa``, ``chunked``, ``reference``.
+- **Priority per device type** (:data:`PRIORITY`): on the CPU ``sdpa``, ``chunked``,
+  ``reference``; on CUDA ``triton`` (when registered and available), ``sdpa``,
+  ``chunked``, ``reference``. A backend registers for the device types it declares
+  (``Backend.device_types``); a device type without a list of its own uses the
+  registration order.
+- **Availability**: a backend whose ``is_available()`` gives a reason (a missing
+  package, no compiler) cannot run; the reason is shown by ``explain()``.
+- **Preference rules** (:data:`RULES`), automatic dispatch only: a backend that can
+  run a call is still passed over when a rule gives a reason and a later candidate
+  can run the call without that reason. The rule today: a backend that would build
+  part of the mask densely as an (L, S) tensor (``Backend.materialized_masks``)
+  yields to a later one that keeps it symbolic; on an accelerator only to a fused
+  backend, never to a Python-tiled one (``Backend.fused``), since a fused kernel
+  with a dense mask beats Python loops over tiles there.
 
-- ``sdpa`` first: for dot-reducible scores torch's fused kernel is the fastest
-  dense path, skips the upper triangle of a top-left causal mask by itself, and
-  runs ``valid_lens``/``key_padding`` unpadded. What it would compute densely
-  and wastefully (window masks, bottom-right causal with L != S, causal
-  combined with other masks) it passes over in automatic dispatch, through
-  :meth:`Backend.preference_reasons`, so those fall to ``chunked``; forced by
-  name it still runs them. Preference reasons appear in ``explain()`` like the
-  others, and only when no backend is forced.
-- ``chunked`` second: every dot-reducible score and Additive, every mask kind,
-  whole blocks outside a band skipped, O((L + S)·E) memory in training.
-- ``reference`` last: any score (including user-defined ones), dropout with
-  weights, and the readable definition the others are tested against.
+The first candidate with no reasons runs. A backend forced by name (``backend=`` or
+``use_backend``) runs or raises with its reasons; it never falls back silently, and
+preference rules do not apply to it. ``use_backend`` is per thread (a
+``threading.local`` stack), which torch.compile traces and guards on, so a compiled
+function is recompiled when the choice changes instead of keeping a stale one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -33,9 +39,13 @@ from .reference import ReferenceBackend
 from .sdpa import SDPABackend
 
 __all__ = [
+    "PRIORITY",
+    "RULES",
     "BackendNotSupportedError",
     "Explanation",
+    "PreferenceRule",
     "available_backends",
+    "backends_for",
     "explain_inputs",
     "register_backend",
     "select_backend",
@@ -43,17 +53,48 @@ __all__ = [
 ]
 
 _REGISTRY: dict[str, Backend] = {}
-_PRIORITY: list[str] = []
-# The stack of choices made by use_backend(), innermost last. A plain module
-# global (process-wide, like torch's own SDPA backend switches) rather than a
-# ContextVar: torch.compile traces it and guards on it, so a compiled function
-# is recompiled when the choice changes instead of keeping a stale one.
-_FORCED: list[tuple[str, ...]] = []
+_ORDER: list[str] = []  # registration order, the fallback ranking
+
+PRIORITY: dict[str, list[str]] = {
+    "cpu": ["sdpa", "chunked", "reference"],
+    "cuda": ["triton", "sdpa", "chunked", "reference"],
+}
+"""Ranking per device type; names not registered are skipped."""
+
+
+@dataclass(frozen=True)
+class PreferenceRule:
+    """In automatic dispatch, pass over ``backend`` when ``reasons(backend, inputs)`` is
+    not empty and a later candidate that ``accepts(later, inputs)`` can run the call
+    with no reasons of this rule."""
+
+    name: str
+    reasons: Callable[[Backend, AttentionInputs], list[str]]
+    accepts: Callable[[Backend, AttentionInputs], bool]
+
+
+def _materialized(backend: Backend, inputs: AttentionInputs) -> list[str]:
+    return [f"{why} would be a dense (L, S) mask" for why in backend.materialized_masks(inputs)]
+
+
+def _keeps_masks_symbolic(later: Backend, inputs: AttentionInputs) -> bool:
+    # On an accelerator a Python-tiled backend never beats a fused kernel.
+    return later.fused or inputs.device.type == "cpu"
+
+
+RULES: list[PreferenceRule] = [
+    PreferenceRule("symbolic masks", _materialized, _keeps_masks_symbolic),
+]
+"""Preference rules, applied in order in automatic dispatch."""
+
+# use_backend() choices, innermost last, per thread.
+_LOCAL = threading.local()
 
 
 def _forced_backends() -> tuple[str, ...] | None:
-    """The names forced by the innermost :func:`use_backend`, or None."""
-    return _FORCED[-1] if _FORCED else None
+    """The names forced by the innermost :func:`use_backend` of this thread, or None."""
+    stack = getattr(_LOCAL, "stack", None)
+    return stack[-1] if stack else None
 
 
 class BackendNotSupportedError(ValueError):
@@ -91,33 +132,62 @@ class Explanation:
         return "\n".join(lines)
 
 
-def register_backend(backend: Backend, *, before: str | None = None) -> None:
-    """Add a backend to the registry, placed in priority before ``before`` (or last)."""
-    if backend.name in _REGISTRY:
-        _PRIORITY.remove(backend.name)
+def register_backend(
+    backend: Backend, *, before: str | None = None, device_types: Sequence[str] | None = None
+) -> None:
+    """Add (or replace) a backend.
+
+    It joins the ranking of each device type it declares (``backend.device_types``,
+    or ``device_types``): placed before ``before`` when given, else where
+    :data:`PRIORITY` names it, else last.
+    """
+    if not isinstance(backend, Backend):
+        raise TypeError(f"backend: expected an attnkit Backend, got {type(backend).__name__}")
+    if backend.name not in _REGISTRY:
+        _ORDER.append(backend.name)
     _REGISTRY[backend.name] = backend
-    if before is not None and before in _PRIORITY:
-        _PRIORITY.insert(_PRIORITY.index(before), backend.name)
-    else:
-        _PRIORITY.append(backend.name)
+    for dev in device_types if device_types is not None else sorted(backend.device_types):
+        ranking = PRIORITY.setdefault(dev, [])
+        if before is not None:
+            if backend.name in ranking:
+                ranking.remove(backend.name)
+            at = ranking.index(before) if before in ranking else len(ranking)
+            ranking.insert(at, backend.name)
+        elif backend.name not in ranking:
+            ranking.append(backend.name)
+    _NAME_CACHE.clear()
 
 
 def available_backends() -> tuple[str, ...]:
-    """Registered backend names in priority order."""
-    return tuple(_PRIORITY)
+    """Registered backend names, in registration order."""
+    return tuple(_ORDER)
+
+
+def backends_for(device_type: str) -> tuple[str, ...]:
+    """Registered backends that run on ``device_type`` ("cpu", "cuda", ...), by priority.
+
+    Includes backends that are registered but unavailable on this install (their
+    ``is_available()`` reason shows in ``explain()``).
+    """
+    ranking = PRIORITY.get(device_type)
+    names = ranking if ranking is not None else _ORDER
+    return tuple(
+        n for n in names if n in _REGISTRY and device_type in _REGISTRY[n].device_types
+    )
 
 
 def _check_names(names: Sequence[str], argument: str) -> tuple[str, ...]:
     out = []
     for n in names:
         if not isinstance(n, str) or n not in _REGISTRY:
-            raise ValueError(
-                f"{argument}: unknown backend {n!r}; expected one of {list(_PRIORITY)}"
-            )
+            raise ValueError(f"{argument}: unknown backend {n!r}; expected one of {list(_ORDER)}")
         out.append(n)
     if not out:
         raise ValueError(f"{argument}: expected at least one backend name, got none")
     return tuple(out)
+
+
+_NAME_CACHE: dict[object, tuple[str, ...]] = {}
 
 
 def normalize_backend_arg(backend: str | Sequence[str] | None) -> tuple[str, ...] | None:
@@ -125,7 +195,10 @@ def normalize_backend_arg(backend: str | Sequence[str] | None) -> tuple[str, ...
     if backend is None:
         return None
     if isinstance(backend, str):
-        return _check_names([backend], "backend")
+        hit = _NAME_CACHE.get(backend)
+        if hit is None:
+            hit = _NAME_CACHE[backend] = _check_names([backend], "backend")
+        return hit
     if isinstance(backend, (list, tuple)):
         return _check_names(list(backend), "backend")
     raise TypeError(
@@ -133,21 +206,52 @@ def normalize_backend_arg(backend: str | Sequence[str] | None) -> tuple[str, ...
     )
 
 
-def _reasons(name: str, inputs: AttentionInputs, automatic: bool) -> list[str]:
-    """One backend's reasons not to run; in automatic dispatch, also its preference reasons."""
+def _candidates(inputs: AttentionInputs, forced: tuple[str, ...] | None) -> tuple[str, ...]:
+    return forced if forced is not None else backends_for(inputs.device.type)
+
+
+def _preferred(
+    name: str, later: Sequence[str], inputs: AttentionInputs
+) -> list[str]:
+    """Preference reasons to pass over ``name`` (which can run) for a later candidate."""
     backend = _REGISTRY[name]
-    reasons = backend.not_supported_reasons(inputs)
-    if automatic:  # pass over backends a faster one beats
-        reasons = reasons + backend.preference_reasons(inputs)
-    return reasons
+    out: list[str] = []
+    for rule in RULES:
+        why = rule.reasons(backend, inputs)
+        if not why:
+            continue
+        for other in later:
+            cand = _REGISTRY[other]
+            if (
+                rule.accepts(cand, inputs)
+                and not cand.not_supported_reasons(inputs)
+                and not rule.reasons(cand, inputs)
+            ):
+                out.extend(f"{w} ({other} keeps it symbolic)" for w in why)
+                break
+    return out
 
 
 def explain_inputs(inputs: AttentionInputs, backend: tuple[str, ...] | None = None) -> Explanation:
     """Every backend's reasons for this call and the one that would run."""
     forced = backend if backend is not None else _forced_backends()
-    candidates = forced if forced is not None else tuple(_PRIORITY)
-    reasons = {name: _reasons(name, inputs, forced is None) for name in _PRIORITY}
-    chosen = next((n for n in candidates if not reasons[n]), None)
+    candidates = _candidates(inputs, forced)
+    reasons: dict[str, list[str]] = {}
+    for name in _ORDER:
+        be = _REGISTRY[name]
+        why = be.not_supported_reasons(inputs)
+        reasons[name] = why
+    chosen: str | None = None
+    for pos, name in enumerate(candidates):
+        if reasons[name]:
+            continue
+        if forced is None:
+            pref = _preferred(name, candidates[pos + 1 :], inputs)
+            if pref:
+                reasons[name] = pref
+                continue
+        chosen = name
+        break
     note = _REGISTRY[chosen].describe(inputs) if chosen is not None else ""
     return Explanation(
         chosen=chosen, candidates=candidates, reasons=reasons, forced=forced, note=note
@@ -157,16 +261,23 @@ def explain_inputs(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
 def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = None) -> Backend:
     """The backend that runs this call; raises BackendNotSupportedError when none can.
 
-    Asks the candidates in order and stops at the first that can run; the full
-    explanation is built only for the error.
+    Asks the candidates in order and stops at the first that can run (and, in
+    automatic dispatch, that no preference rule passes over); the full explanation
+    is built only for the error.
     """
     forced = backend if backend is not None else _forced_backends()
-    candidates = forced if forced is not None else tuple(_PRIORITY)
-    for name in candidates:
-        if not _reasons(name, inputs, forced is None):
-            return _REGISTRY[name]
+    candidates = _candidates(inputs, forced)
+    for pos, name in enumerate(candidates):
+        be = _REGISTRY[name]
+        if be.not_supported_reasons(inputs):
+            continue
+        if forced is None and _preferred(name, candidates[pos + 1 :], inputs):
+            continue
+        return be
     ex = explain_inputs(inputs, backend)
     detail = "; ".join(f"{n}: {', '.join(ex.reasons[n])}" for n in ex.candidates)
+    if not ex.candidates:
+        detail = f"no backend is registered for device type {inputs.device.type!r}"
     if ex.forced:
         raise BackendNotSupportedError(
             f"backend: the forced backend(s) {list(ex.forced)} cannot run this call ({detail})"
@@ -176,11 +287,12 @@ def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
 
 @contextmanager
 def use_backend(*names: str | Sequence[str]) -> Iterator[None]:
-    """Force the backend(s) tried, in order, inside a ``with`` block.
+    """Force the backend(s) tried, in order, inside a ``with`` block, in this thread.
 
     ``use_backend("reference")`` or ``use_backend("chunked", "reference")``. The
-    previous choice is restored on exit, even on error. A forced backend that
-    cannot run raises with its reasons instead of falling back to another.
+    previous choice is restored on exit, even on error; other threads are not
+    affected. A forced backend that cannot run raises with its reasons instead of
+    falling back to another.
     """
     flat: list[str] = []
     for n in names:
@@ -189,13 +301,16 @@ def use_backend(*names: str | Sequence[str]) -> Iterator[None]:
         else:
             flat.append(n)  # type: ignore[arg-type]
     chosen = _check_names(flat, "use_backend")
-    _FORCED.append(chosen)
+    stack = getattr(_LOCAL, "stack", None)
+    if stack is None:
+        stack = _LOCAL.stack = []
+    stack.append(chosen)
     try:
         yield
     finally:
-        _FORCED.pop()
+        stack.pop()
 
 
 register_backend(SDPABackend())
+register_backend(ChunkedBackend())
 register_backend(ReferenceBackend())
-register_backend(ChunkedBackend(), before="reference")

@@ -42,6 +42,8 @@ class ReferenceBackend(Backend):
     """Materialized math in float32/float64; any score, any mask, weights and lse."""
 
     name: ClassVar[str] = "reference"
+    device_types: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda", "mps", "xpu"})
+    fused: ClassVar[bool] = False
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
         cd = inputs.compute_dtype

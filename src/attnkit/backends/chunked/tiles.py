@@ -1,0 +1,270 @@
+"""The chunked backend's tiles: forward (online softmax), exact weights, and backward.
+
+Rows are flattened to N = B0 * R (see :class:`attnkit.blockplan.BlockPlan`); every
+function walks the plan's groups, query blocks and the key blocks the plan keeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ... import _lse
+from ...blockplan import BlockPlan
+from ...kernels import additive as _additive
+from ...kernels.softmax import exp_rows_
+from .sizes import TILE_ELEMENTS
+
+__all__ = ["Operands", "backward_tiles", "forward_tiles", "weights_tiles"]
+
+@dataclass(frozen=True)
+class Operands:
+    """The tensors a tile is computed from (all rows N = B0 * R flattened).
+
+    kind "dot": s = scale * qa @ ka^T + kb (kb pre-scaled key bias or None);
+    kind "additive": s = scale * sum_h w[h] tanh(qa[:, i, h] + ka[:, j, h]).
+    """
+
+    kind: str
+    qa: torch.Tensor  # (N, L, Eq)
+    ka: torch.Tensor  # (N, S, Eq)
+    w: torch.Tensor | None  # (hidden,) for additive
+    v: torch.Tensor  # (N, S, Ev)
+    kb: torch.Tensor | None  # (N, 1, S)
+    scale: float
+
+
+def _tile_logits(
+    ops: Operands,
+    plan: BlockPlan,
+    rows: slice,
+    b: int | None,
+    i0: int,
+    i1: int,
+    j0: int,
+    j1: int,
+) -> torch.Tensor:
+    """Masked logits of one tile: (rows, i1-i0, j1-j0), -inf where blocked."""
+    qt = ops.qa[rows, i0:i1]  # (R, bi, Eq)
+    kt = ops.ka[rows, j0:j1]  # (R, bj, Eq)
+    keep, bias = plan.tile_mask(b, i0, i1, j0, j1, qt.device)
+    if ops.kind == "dot":
+        if ops.kb is not None:
+            kb = ops.kb[rows, :, j0:j1]  # (R, 1, bj)
+            bias = kb if bias is None else bias + kb
+        if bias is not None:  # the bias rides in the matrix product's accumulator
+            bias = bias.expand(qt.shape[0], i1 - i0, j1 - j0)  # (R, bi, bj)
+            s = torch.baddbmm(bias, qt, kt.transpose(1, 2), alpha=ops.scale)
+        else:
+            s = torch.bmm(qt, kt.transpose(1, 2)).mul_(ops.scale)  # (R, bi, bj)
+    else:
+        assert ops.w is not None
+        s = _additive.logits(qt, kt, ops.w).mul_(ops.scale)  # (R, bi, bj)
+        if bias is not None:
+            s = s.add_(bias)
+    if keep is not None:
+        s = s.masked_fill_(~keep, float("-inf"))
+    return s
+
+
+def _blocks(start: int, end: int, size: int) -> Iterator[tuple[int, int]]:
+    """Half-open ranges [a, b) of at most ``size`` covering [start, end)."""
+    for a in range(start, end, size):
+        yield a, min(a + size, end)
+
+
+def forward_tiles(
+    ops: Operands, plan: BlockPlan, want_weights: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Online-softmax forward over all tiles: out (N, L, Ev), lse (N, L), weights or None."""
+    N, L, Ev = ops.qa.shape[0], plan.L, ops.v.shape[-1]
+    dt, dev = ops.qa.dtype, ops.qa.device
+    out = torch.zeros(N, L, Ev, dtype=dt, device=dev)
+    lse = torch.full((N, L), float("-inf"), dtype=dt, device=dev)
+    band = plan.band_offsets() if ops.kind == "dot" else None
+    for rows, b, q_end, k_start, k_end in plan.groups():
+        done: set[int] = set()
+        if band is not None:
+            done = _forward_band_runs(ops, plan, rows, q_end, k_start, k_end, band, out, lse)
+        for i0, i1 in _blocks(0, q_end, plan.block_q):
+            if i0 in done:
+                continue
+            lo, hi = plan.key_range(i0, i1, k_start, k_end)
+            if lo >= hi:
+                continue  # every row of this block is fully masked
+            m: torch.Tensor | None = None
+            acc: torch.Tensor | None = None
+            denom: torch.Tensor | None = None
+            for j0, j1 in _blocks(lo, hi, plan.block_k):
+                s = _tile_logits(ops, plan, rows, b, i0, i1, j0, j1)  # (R, bi, bj)
+                tile_max = s.amax(dim=-1)  # (R, bi)
+                m_new = tile_max if m is None else torch.maximum(m, tile_max)
+                m_safe = _lse.safe_max(m_new)  # (R, bi)
+                tile_sum = exp_rows_(s, m_safe, want_sum=True)  # s becomes p = exp(s - m)
+                assert tile_sum is not None
+                pv = torch.bmm(s, ops.v[rows, j0:j1])  # (R, bi, Ev)
+                if acc is None or denom is None or m is None:
+                    acc, denom = pv, tile_sum
+                else:
+                    alpha = torch.exp(m - m_safe)  # (R, bi); exp(-inf) = 0
+                    denom = denom.mul_(alpha).add_(tile_sum)
+                    acc = acc.mul_(alpha.unsqueeze(-1)).add_(pv)
+                m = m_new
+            assert acc is not None and denom is not None and m is not None
+            out[rows, i0:i1], lse[rows, i0:i1] = _lse.finish(acc, denom, _lse.safe_max(m))
+    weights = weights_tiles(ops, plan, lse) if want_weights else None
+    return out, lse, weights
+
+
+def _forward_band_runs(
+    ops: Operands,
+    plan: BlockPlan,
+    rows: slice,
+    q_end: int,
+    k_start: int,
+    k_end: int,
+    band: tuple[int, int],
+    out: torch.Tensor,
+    lse: torch.Tensor,
+) -> set[int]:
+    """Forward of the interior blocks of a band mask, many query blocks per operation.
+
+    A full query block i0 .. i0+bq whose key range is exactly [i0 + lo_off, i0 + bq + hi_off),
+    unclipped, sees the band at the same relative position as every other such block: its
+    keys are a strided window of K, its mask one cached tile. Runs of these blocks go
+    through batched matrix products over (rows, blocks) instead of one loop step each,
+    in chunks of at most 2 * TILE_ELEMENTS logits. Returns the i0 of the blocks done.
+    """
+    lo_off, hi_off = band
+    bq = plan.block_q
+    span = bq + hi_off - lo_off
+    if span <= 0:
+        return set()
+    first = max(0, -(-(k_start - lo_off) // bq))  # smallest block index with lo unclipped
+    last = min(q_end // bq, (k_end - hi_off) // bq)  # blocks n < last end at or before k_end
+    if last - first < 2:
+        return set()
+    qa, ka, v = ops.qa[rows], ops.ka[rows], ops.v[rows]  # (R, L, E'), (R, S, E'), (R, S, Ev)
+    R, E, Ev = qa.shape[0], qa.shape[-1], v.shape[-1]
+    bias = plan.band_tile(lo_off, bq, span, qa.device)  # (bq, span)
+    kb = ops.kb[rows] if ops.kb is not None else None  # (R, 1, S)
+    per_chunk = max(1, (2 * TILE_ELEMENTS) // max(R * bq * span, 1))
+    for n0 in range(first, last, per_chunk):
+        g = min(per_chunk, last - n0)
+        i0, j0 = n0 * bq, n0 * bq + lo_off
+        qb = qa[:, i0 : i0 + g * bq].reshape(R, g, bq, E)  # (R, g, bq, E')
+        kw = ka.as_strided(
+            (R, g, span, E), (ka.stride(0), bq * E, E, 1), ka.storage_offset() + j0 * E
+        )
+        vw = v.as_strided(
+            (R, g, span, Ev), (v.stride(0), bq * Ev, Ev, 1), v.storage_offset() + j0 * Ev
+        )
+        s = torch.matmul(qb, kw.transpose(-2, -1))  # (R, g, bq, span)
+        s.mul_(ops.scale).add_(bias)
+        if kb is not None:
+            s.add_(
+                kb.as_strided(
+                    (R, g, 1, span), (kb.stride(0), bq, span, 1), kb.storage_offset() + j0
+                )
+            )
+        m = s.amax(dim=-1)  # (R, g, bq)
+        m = _lse.safe_max(m)
+        denom = exp_rows_(s, m, want_sum=True)  # s becomes p = exp(s - m)
+        assert denom is not None
+        o = torch.matmul(s, vw)  # (R, g, bq, Ev)
+        o, lse_b = _lse.finish(o, denom, m)  # (R, g, bq, Ev), (R, g, bq)
+        out[rows, i0 : i0 + g * bq] = o.reshape(R, g * bq, Ev)
+        lse[rows, i0 : i0 + g * bq] = lse_b.reshape(R, g * bq)
+    return {n * bq for n in range(first, last)}
+
+
+def weights_tiles(
+    ops: Operands, plan: BlockPlan, lse: torch.Tensor, *, heads: int = 1
+) -> torch.Tensor:
+    """Exact weights exp(s - lse), tile by tile; skipped tiles stay 0.
+
+    Returns (N, L, S), or with ``heads`` > 1 the mean over each run of ``heads``
+    consecutive rows (the head dim, last of the batch dims): (N // heads, L, S),
+    never holding more than one tile of per-head weights.
+    """
+    N, L, S = ops.qa.shape[0], plan.L, plan.S
+    dt, dev = ops.qa.dtype, ops.qa.device
+    weights = torch.zeros(N // heads, L, S, dtype=dt, device=dev)
+    lse_safe = _lse.safe_max(lse)
+    for rows, b, q_end, k_start, k_end in plan.groups():
+        out_rows = slice(rows.start // heads, rows.stop // heads)
+        for i0, i1 in _blocks(0, q_end, plan.block_q):
+            lo, hi = plan.key_range(i0, i1, k_start, k_end)
+            shift = lse_safe[rows, i0:i1]  # (R, bi)
+            for j0, j1 in _blocks(lo, hi, plan.block_k):
+                s = _tile_logits(ops, plan, rows, b, i0, i1, j0, j1)  # (R, bi, bj)
+                exp_rows_(s, shift, want_sum=False)
+                if heads > 1:
+                    s = s.view(-1, heads, i1 - i0, j1 - j0).mean(dim=1)  # (R // heads, bi, bj)
+                weights[out_rows, i0:i1, j0:j1] = s
+    return weights
+
+
+def backward_tiles(
+    ops: Operands,
+    plan: BlockPlan,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    d_out: torch.Tensor,
+    d_lse: torch.Tensor | None,
+    weights: torch.Tensor | None,
+    d_weights: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """Gradients (dqa, dka, dw, dv, dkb) by recomputing each tile's probabilities.
+
+    With p = exp(s - lse), the gradient of the logits of a tile is
+    ``p * (dO @ V^T - rowsum(dO * O) + dlse)`` plus, when the weights were returned,
+    ``p * (dW - rowsum(dW * W))``.
+    """
+    dqa = torch.zeros_like(ops.qa)
+    dka = torch.zeros_like(ops.ka)
+    dv = torch.zeros_like(ops.v)
+    dkb = torch.zeros_like(ops.kb) if ops.kb is not None else None
+    dw = torch.zeros_like(ops.w) if ops.w is not None else None
+    row_term = (d_out * out).sum(dim=-1)  # (N, L)
+    if d_lse is not None:
+        row_term = row_term - d_lse
+    if d_weights is not None and weights is not None:
+        row_term = row_term + (d_weights * weights).sum(dim=-1)
+    lse_safe = _lse.safe_max(lse)
+    for rows, b, q_end, k_start, k_end in plan.groups():
+        for i0, i1 in _blocks(0, q_end, plan.block_q):
+            lo, hi = plan.key_range(i0, i1, k_start, k_end)
+            if lo >= hi:
+                continue
+            do_t = d_out[rows, i0:i1]  # (R, bi, Ev)
+            shift = lse_safe[rows, i0:i1]  # (R, bi)
+            rt = row_term[rows, i0:i1].unsqueeze(-1)  # (R, bi, 1)
+            qt = ops.qa[rows, i0:i1]  # (R, bi, Eq)
+            for j0, j1 in _blocks(lo, hi, plan.block_k):
+                p = _tile_logits(ops, plan, rows, b, i0, i1, j0, j1)  # (R, bi, bj)
+                exp_rows_(p, shift, want_sum=False)  # p = exp(s - lse)
+                vt = ops.v[rows, j0:j1]  # (R, bj, Ev)
+                dv[rows, j0:j1] += torch.bmm(p.transpose(1, 2), do_t)  # (R, bj, Ev)
+                dp = torch.bmm(do_t, vt.transpose(1, 2))  # (R, bi, bj)
+                if d_weights is not None:
+                    dp += d_weights[rows, i0:i1, j0:j1]
+                ds = dp.sub_(rt).mul_(p)  # (R, bi, bj): gradient of the logits s
+                if dkb is not None:
+                    dkb[rows, :, j0:j1] += ds.sum(dim=1, keepdim=True)  # (R, 1, bj)
+                kt = ops.ka[rows, j0:j1]  # (R, bj, Eq)
+                if ops.kind == "dot":
+                    ds.mul_(ops.scale)
+                    dqa[rows, i0:i1] += torch.bmm(ds, kt)  # (R, bi, Eq)
+                    dka[rows, j0:j1] += torch.bmm(ds.transpose(1, 2), qt)  # (R, bj, Eq)
+                else:
+                    assert ops.w is not None and dw is not None
+                    gq, gk, gw = _additive.grads(qt, kt, ops.w, ds.mul_(ops.scale))
+                    dqa[rows, i0:i1] += gq
+                    dka[rows, j0:j1] += gk
+                    dw += gw
+    return dqa, dka, dw, dv, dkb
+
+
