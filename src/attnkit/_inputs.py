@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from . import masks as _masks
-from .scores import Score, resolve_score
+from .scores import Score, is_shared_score, resolve_score
 
 __all__ = ["AttentionInputs", "validate_inputs"]
 
@@ -72,13 +72,40 @@ class AttentionInputs:
     def needs_grad(self) -> bool:
         if not torch.is_grad_enabled():
             return False
-        return any(t.requires_grad for t in (self.query, self.key, self.value)) or any(
+        if self.query.requires_grad or self.key.requires_grad or self.value.requires_grad:
+            return True
+        return not is_shared_score(self.score) and any(
             p.requires_grad for p in self.score.parameters()
         )
 
     @property
     def output_shape(self) -> tuple[int, ...]:
         return (*self.batch_shape, self.L, self.Ev)
+
+    def signature(self) -> tuple[object, ...]:
+        """Everything a backend's reasons depend on, as a hashable key (no tensor data):
+        dtype, device type, shapes, score type, the mask's structure, the flags and the
+        grad mode. Dispatch caches its choice under it."""
+        score = self.score
+        return (
+            self.dtype,
+            self.device.type,
+            self.batch_shape,
+            self.L,
+            self.S,
+            self.E,
+            self.Ev,
+            self.groups,
+            type(score),
+            score.dot_reducible,
+            None if self.mask is None else self.mask.signature(self.L, self.S),
+            self.return_weights,
+            self.return_lse,
+            self.weights_mean,
+            self.dropout_p > 0,
+            torch.is_grad_enabled(),
+            self.needs_grad,
+        )
 
 
 def _shape(t: torch.Tensor | Sequence[int]) -> str:
@@ -105,6 +132,8 @@ def _broadcast_batch(
     q_batch: tuple[int, ...], kv_batch: tuple[int, ...]
 ) -> tuple[tuple[int, ...], int]:
     """Broadcast leading dims of query and key/value; returns (batch_shape, groups)."""
+    if q_batch == kv_batch:
+        return q_batch, 1
     groups = 1
     kv = list(kv_batch)
     if len(q_batch) >= 1 and len(kv) >= 1:
@@ -203,8 +232,8 @@ def validate_inputs(
         raise ValueError(
             f"key, value: leading dims must match, got key {_shape(k)} and value {_shape(v)}"
         )
-    L, E = int(q.shape[-2]), int(q.shape[-1])
-    S, Ek, Ev = int(k.shape[-2]), int(k.shape[-1]), int(v.shape[-1])
+    L, E = q.shape[-2], q.shape[-1]
+    S, Ek, Ev = k.shape[-2], k.shape[-1], v.shape[-1]
     if E == 0 or Ek == 0:
         raise ValueError(
             f"query, key: feature dim must be >= 1, got query {_shape(q)}, key {_shape(k)}"
@@ -227,7 +256,7 @@ def validate_inputs(
             raise ValueError(
                 f"key: score {sc.name!r} expects key feature dim {kd}, got {_shape(k)}"
             )
-    for pname, p in sc.named_parameters():
+    for pname, p in () if is_shared_score(sc) else sc.named_parameters():
         if p.dtype != q.dtype or p.device != q.device:
             raise TypeError(
                 f"score: parameter {pname!r} of {sc.name!r} is {p.dtype} on {p.device}, but the "

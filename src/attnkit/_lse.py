@@ -98,8 +98,6 @@ def merge_all(
     return merged.to(dtype), lse
 
 
-def empty_lse(
-    shape: Sequence[int], dtype: torch.dtype, device: torch.device | str
-) -> torch.Tensor:
+def empty_lse(shape: Sequence[int], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """An lse of rows with no key: ``-inf`` everywhere, shape ``shape``."""
     return torch.full(tuple(shape), float("-inf"), dtype=dtype, device=device)

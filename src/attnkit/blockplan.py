@@ -461,12 +461,18 @@ def build_plan(
         elif isinstance(part, _masks.ValidLensMask):
             lens = part.lens.to(dev)
             if lens.ndim == 2:
-                plan.row_lens = lens if plan.row_lens is None else torch.minimum(plan.row_lens, lens)
+                plan.row_lens = (
+                    lens if plan.row_lens is None else torch.minimum(plan.row_lens, lens)
+                )
             else:
-                plan.key_lens = lens if plan.key_lens is None else torch.minimum(plan.key_lens, lens)
+                plan.key_lens = (
+                    lens if plan.key_lens is None else torch.minimum(plan.key_lens, lens)
+                )
             if part.query_lens is not None:
                 ql = part.query_lens.to(dev)
-                plan.query_lens = ql if plan.query_lens is None else torch.minimum(plan.query_lens, ql)
+                plan.query_lens = (
+                    ql if plan.query_lens is None else torch.minimum(plan.query_lens, ql)
+                )
         elif isinstance(part, _masks.KeyPaddingMask):
             keep = ~part.padding.to(dev)  # (B0, S)
             plan.key_keep = keep if plan.key_keep is None else plan.key_keep & keep

@@ -122,6 +122,10 @@ def _slice_last2(t: torch.Tensor, q0: int, k0: int, L: int, S: int) -> torch.Ten
     return t
 
 
+def _tensor_signature(t: torch.Tensor) -> tuple[object, ...]:
+    return (tuple(t.shape), t.dtype, t.device.type, t.requires_grad)
+
+
 def _readable(t: torch.Tensor) -> bool:
     """True when a tensor's values may be read on the host for a check: a CPU tensor
     outside torch.compile (reading a GPU tensor would synchronize with the device)."""
@@ -145,9 +149,7 @@ class Mask:
     def __rand__(self, other: object) -> Mask:
         raise TypeError(_and_hint(other))
 
-    def shard(
-        self, q_start: int, k_start: int, L: int, S: int, total_L: int, total_S: int
-    ) -> Mask:
+    def shard(self, q_start: int, k_start: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
         """This mask of the full (total_L, total_S) problem, restricted to queries
         ``[q_start, q_start + L)`` and keys ``[k_start, k_start + S)``, in local coordinates.
 
@@ -168,6 +170,14 @@ class Mask:
 
     def validate(self, batch_shape: Sequence[int], L: int, S: int) -> None:
         """Check this mask fits a call with these sizes; raise ValueError if not."""
+
+    def signature(self, L: int, S: int) -> tuple[object, ...]:
+        """The mask's structure for a call of (L, S), hashable, without tensor data: its
+        kind, static parameters and its tensors' shapes, dtypes, devices and grad flags."""
+        return (type(self), *(_tensor_signature(t) for t in self._tensors()))
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return ()
 
     def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
         """Materialize as keep/bias tensors broadcastable to ``batch_shape + (L, S)``."""
@@ -243,6 +253,9 @@ class KeepMask(Mask):
     def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
         return KeepMask(_slice_last2(self.tensor, q0, k0, L, S), source=self.source)
 
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.tensor,)
+
 
 class BiasMask(Mask):
     """Additive float mask broadcastable to ``(..., L, S)``; ``-inf`` blocks a key."""
@@ -278,6 +291,9 @@ class BiasMask(Mask):
         shard = BiasMask.__new__(BiasMask)  # the values were checked once, by the full mask
         shard.tensor = _slice_last2(self.tensor, q0, k0, L, S)
         return shard
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.tensor,)
 
 
 class ValidLensMask(Mask):
@@ -386,6 +402,12 @@ class ValidLensMask(Mask):
             shard.query_lens = (self.query_lens - q0).clamp(0, L)  # (B,)
         return shard
 
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.lens,) if self.query_lens is None else (self.lens, self.query_lens)
+
+    def signature(self, L: int, S: int) -> tuple[object, ...]:
+        return (*super().signature(L, S), self.queries)
+
 
 class KeyPaddingMask(Mask):
     """Padding keys: bool (B, S), True = padding (torch's ``key_padding_mask``)."""
@@ -430,6 +452,9 @@ class KeyPaddingMask(Mask):
 
     def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
         return KeyPaddingMask(self.padding[:, k0 : k0 + S])  # (B, S) keys of this shard
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.padding,)
 
 
 def _check_offset(where: str, name: str, val: object) -> int:
@@ -493,6 +518,9 @@ class WindowMask(Mask):
         shift = self.offset(total_L, total_S) + q0 - k0  # global shift, seen from the shard
         return WindowMask(self.left, self.right, "top_left", q_offset=shift)
 
+    def signature(self, L: int, S: int) -> tuple[object, ...]:
+        return (type(self), self.left, self.right, self.align, self.offset(L, S))
+
 
 class CausalMask(WindowMask):
     """Causal: query ``i`` keeps keys ``j <= i`` (``j <= i + S - L`` when bottom_right).
@@ -551,6 +579,9 @@ class AndMask(Mask):
 
     def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
         return AndMask([p._shard(q0, k0, L, S, total_L, total_S) for p in self._parts])
+
+    def signature(self, L: int, S: int) -> tuple[object, ...]:
+        return (AndMask, *(p.signature(L, S) for p in self._parts))
 
 
 # --------------------------------------------------------------------------- constructors

@@ -211,6 +211,10 @@ class Gaussian(Score):
         super().__init__()
         # A fixed bandwidth is kept in float64 so float64 inputs see it exactly.
         dtype = torch.get_default_dtype() if learnable else torch.float64
+        if isinstance(sigma, bool) or not isinstance(sigma, (int, float, torch.Tensor)):
+            raise TypeError(
+                f"Gaussian: sigma must be a positive finite number or a 0-d tensor, got {sigma!r}"
+            )
         value = torch.as_tensor(sigma, dtype=dtype).detach().clone()
         if value.ndim != 0 or not bool(torch.isfinite(value)) or float(value) <= 0:
             raise ValueError(f"Gaussian: sigma must be a positive finite scalar, got {sigma!r}")
@@ -270,6 +274,14 @@ def _check_scale(name: str, value: object) -> None:
 _NAMED = {"dot": Dot, "scaled_dot": ScaledDot, "gaussian": Gaussian}
 
 
+_SHARED: dict[str, Score] = {}
+
+
+def is_shared_score(score: Score) -> bool:
+    """True for the parameter-free score objects built once from a name ("scaled_dot")."""
+    return _SHARED.get(score.name) is score
+
+
 def resolve_score(score: str | Score) -> Score:
     """Turn ``"dot"``, ``"scaled_dot"``, ``"gaussian"`` or a :class:`Score` into a Score."""
     if isinstance(score, Score):
@@ -281,7 +293,10 @@ def resolve_score(score: str | Score) -> Score:
                 f"score: unknown score {score!r}; expected one of {sorted(_NAMED)} or a "
                 "Score object (scores.Bilinear, scores.Additive, ...)"
             )
-        return cls()
+        shared = _SHARED.get(score)
+        if shared is None:  # parameter-free named scores are immutable: build each once
+            shared = _SHARED[score] = cls()
+        return shared
     raise TypeError(
         f"score: expected a string ({', '.join(sorted(_NAMED))}) or an attnkit.scores.Score, "
         f"got {type(score).__name__}"

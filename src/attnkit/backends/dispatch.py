@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import torch
+
 from .._inputs import AttentionInputs
 from .base import Backend
 from .chunked import ChunkedBackend
@@ -87,13 +89,20 @@ RULES: list[PreferenceRule] = [
 ]
 """Preference rules, applied in order in automatic dispatch."""
 
-# use_backend() choices, innermost last, per thread.
-_LOCAL = threading.local()
+
+class _PerThread(threading.local):
+    """use_backend() choices of one thread, innermost last (every thread starts empty)."""
+
+    def __init__(self) -> None:
+        self.stack: list[tuple[str, ...]] = []
+
+
+_LOCAL = _PerThread()
 
 
 def _forced_backends() -> tuple[str, ...] | None:
     """The names forced by the innermost :func:`use_backend` of this thread, or None."""
-    stack = getattr(_LOCAL, "stack", None)
+    stack = _LOCAL.stack
     return stack[-1] if stack else None
 
 
@@ -156,6 +165,7 @@ def register_backend(
         elif backend.name not in ranking:
             ranking.append(backend.name)
     _NAME_CACHE.clear()
+    _CHOICES.clear()
 
 
 def available_backends() -> tuple[str, ...]:
@@ -171,9 +181,7 @@ def backends_for(device_type: str) -> tuple[str, ...]:
     """
     ranking = PRIORITY.get(device_type)
     names = ranking if ranking is not None else _ORDER
-    return tuple(
-        n for n in names if n in _REGISTRY and device_type in _REGISTRY[n].device_types
-    )
+    return tuple(n for n in names if n in _REGISTRY and device_type in _REGISTRY[n].device_types)
 
 
 def _check_names(names: Sequence[str], argument: str) -> tuple[str, ...]:
@@ -188,6 +196,12 @@ def _check_names(names: Sequence[str], argument: str) -> tuple[str, ...]:
 
 
 _NAME_CACHE: dict[object, tuple[str, ...]] = {}
+
+_CHOICES: dict[tuple[object, ...], Backend] = {}
+"""The backend chosen per (forced names, ``AttentionInputs.signature()``): a call with
+the same shapes, dtypes, device, score type, mask structure and flags as an earlier
+one skips the reason checks. Cleared when a backend is registered."""
+_CHOICES_MAX = 1024
 
 
 def normalize_backend_arg(backend: str | Sequence[str] | None) -> tuple[str, ...] | None:
@@ -210,9 +224,7 @@ def _candidates(inputs: AttentionInputs, forced: tuple[str, ...] | None) -> tupl
     return forced if forced is not None else backends_for(inputs.device.type)
 
 
-def _preferred(
-    name: str, later: Sequence[str], inputs: AttentionInputs
-) -> list[str]:
+def _preferred(name: str, later: Sequence[str], inputs: AttentionInputs) -> list[str]:
     """Preference reasons to pass over ``name`` (which can run) for a later candidate."""
     backend = _REGISTRY[name]
     out: list[str] = []
@@ -266,6 +278,12 @@ def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
     is built only for the error.
     """
     forced = backend if backend is not None else _forced_backends()
+    key: tuple[object, ...] | None = None
+    if not torch.compiler.is_compiling():  # (a traced dict lookup would guard on the dict)
+        key = (forced, inputs.signature())
+        hit = _CHOICES.get(key)
+        if hit is not None:
+            return hit
     candidates = _candidates(inputs, forced)
     for pos, name in enumerate(candidates):
         be = _REGISTRY[name]
@@ -273,6 +291,10 @@ def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
             continue
         if forced is None and _preferred(name, candidates[pos + 1 :], inputs):
             continue
+        if key is not None:
+            if len(_CHOICES) >= _CHOICES_MAX:
+                _CHOICES.clear()
+            _CHOICES[key] = be
         return be
     ex = explain_inputs(inputs, backend)
     detail = "; ".join(f"{n}: {', '.join(ex.reasons[n])}" for n in ex.candidates)
@@ -301,9 +323,7 @@ def use_backend(*names: str | Sequence[str]) -> Iterator[None]:
         else:
             flat.append(n)  # type: ignore[arg-type]
     chosen = _check_names(flat, "use_backend")
-    stack = getattr(_LOCAL, "stack", None)
-    if stack is None:
-        stack = _LOCAL.stack = []
+    stack = _LOCAL.stack
     stack.append(chosen)
     try:
         yield

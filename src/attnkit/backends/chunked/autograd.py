@@ -129,6 +129,4 @@ def _differentiable_grads(
         got = iter(
             torch.autograd.grad(outs, wanted, grads_in, create_graph=True, allow_unused=True)
         )
-    return tuple(
-        next(got) if t is not None and t.requires_grad else None for t in inputs
-    )
+    return tuple(next(got) if t is not None and t.requires_grad else None for t in inputs)

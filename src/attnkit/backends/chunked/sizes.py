@@ -37,9 +37,7 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def tile_shape(
-    rows: int, L: int, S: int, bands: list[Band]
-) -> tuple[int, int]:
+def tile_shape(rows: int, L: int, S: int, bands: list[Band]) -> tuple[int, int]:
     """(block_q, block_k) for a call whose groups have ``rows`` rows each.
 
     A band of finite width w (causal excluded) gets query blocks of about w/2
@@ -58,5 +56,3 @@ def tile_shape(
     bk = min(max(S, 1), 1024)
     bq = min(max(32, TILE_ELEMENTS // max(rows * bk, 1)), 1024, max(L, 1))
     return bq, bk
-
-

@@ -19,6 +19,7 @@ from .sizes import TILE_ELEMENTS
 
 __all__ = ["Operands", "backward_tiles", "forward_tiles", "weights_tiles"]
 
+
 @dataclass(frozen=True)
 class Operands:
     """The tensors a tile is computed from (all rows N = B0 * R flattened).
@@ -266,5 +267,3 @@ def backward_tiles(
                     dka[rows, j0:j1] += gk
                     dw += gw
     return dqa, dka, dw, dv, dkb
-
-

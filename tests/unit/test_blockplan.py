@@ -1,0 +1,121 @@
+"""The shared block plan against dense masks, at odd sizes, block sizes and offsets."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import pytest
+import torch
+
+from attnkit import masks
+from attnkit.blockplan import EMPTY, FULL, PARTIAL, build_plan
+
+B, H, TL, TS = 3, 2, 23, 29
+
+
+def _masks() -> dict[str, masks.Mask]:
+    g = torch.Generator().manual_seed(3)
+    pad = torch.rand(B, TS, generator=g) < 0.3
+    pad[2] = False
+    pad[2, 20:] = True
+    return {
+        "causal": masks.causal(),
+        "causal_br": masks.causal("bottom_right"),
+        "window": masks.window(4, 2),
+        "window_left_open": masks.window(None, 3, "bottom_right"),
+        "valid_lens": masks.valid_lens(torch.tensor([0, 7, TS])),
+        "valid_lens_queries": masks.valid_lens(torch.tensor([3, 7, 20]), queries=True),
+        "valid_lens_rows": masks.valid_lens(torch.randint(0, TS + 1, (B, TL), generator=g)),
+        "key_padding": masks.key_padding(pad),
+        "keep": masks.keep(torch.rand(B, 1, TL, TS, generator=g) < 0.9),
+        "causal_and_padding": masks.causal() & masks.key_padding(pad),
+        "offset_window": masks.window(3, 0, q_offset=5, k_offset=1),
+    }
+
+
+def _truth(dense: torch.Tensor, bq: int, bk: int) -> torch.Tensor:
+    """(B, nq, nk) states read off a dense (B, H, L, S) keep mask."""
+    L, S = dense.shape[-2:]
+    nq, nk = -(-L // bq), -(-S // bk)
+    out = torch.empty(dense.shape[0], nq, nk, dtype=torch.int8)
+    for b, i, j in itertools.product(range(dense.shape[0]), range(nq), range(nk)):
+        tile = dense[b, :, i * bq : (i + 1) * bq, j * bk : (j + 1) * bk]
+        out[b, i, j] = EMPTY if not tile.any() else FULL if tile.all() else PARTIAL
+    return out
+
+
+def _check_states(got: torch.Tensor, truth: torch.Tensor, combined: bool) -> None:
+    """Exact for one mask; for a combination, a tile each part keeps only in part may be
+    empty in truth and PARTIAL in the plan (never the other way: no kept pair is lost)."""
+    if not combined:
+        torch.testing.assert_close(got, truth, rtol=0, atol=0)
+        return
+    wrong = got != truth
+    assert (got[wrong] == PARTIAL).all() and (truth[wrong] == EMPTY).all()
+
+
+@pytest.mark.parametrize("name", sorted(_masks()))
+@pytest.mark.parametrize("bq, bk", [(4, 4), (5, 7), (8, 16), (32, 32)])
+def test_tile_states_are_exact_for_structured_masks(name: str, bq: int, bk: int) -> None:
+    mask = _masks()[name]
+    plan = build_plan(mask, TL, TS, (B, H), "cpu", block_q=bq, block_k=bk)
+    dense = mask.to_dense(TL, TS, (B, H)).expand(B, H, TL, TS)
+    _check_states(plan.tile_states(), _truth(dense, bq, bk), len(mask.parts()) > 1)
+
+
+@pytest.mark.parametrize("name", sorted(_masks()))
+@pytest.mark.parametrize(
+    "q0, L, k0, S", [(0, TL, 0, TS), (2, 5, 3, 11), (17, 6, 0, TS), (9, 1, 28, 1)]
+)
+def test_a_plan_at_offsets_equals_the_full_mask_cut(
+    name: str, q0: int, L: int, k0: int, S: int
+) -> None:
+    """A block of a longer problem is planned at its true positions."""
+    mask = _masks()[name]
+    full = mask.to_dense(TL, TS, (B, H)).expand(B, H, TL, TS)
+    cut = full[..., q0 : q0 + L, k0 : k0 + S]
+    plan = build_plan(mask, L, S, (B, H), "cpu", block_q=3, block_k=4, q_start=q0, k_start=k0,
+                      total_L=TL, total_S=TS)  # fmt: skip
+    b = torch.arange(B).view(B, 1, 1, 1)
+    h = torch.arange(H).view(1, H, 1, 1)
+    i = torch.arange(L).view(1, 1, L, 1)
+    j = torch.arange(S).view(1, 1, 1, S)
+    keep = plan.keep_fn()(b, h, i, j).expand(B, H, L, S)
+    assert torch.equal(keep, cut)
+    _check_states(plan.tile_states(), _truth(cut, 3, 4), len(mask.parts()) > 1)
+    shard = mask.shard(q0, k0, L, S, TL, TS)
+    assert torch.equal(shard.to_dense(L, S, (B, H)).expand(B, H, L, S), cut)
+
+
+def test_a_dense_bias_makes_tiles_partial_never_full() -> None:
+    bias = masks.bias(torch.zeros(1, 8, 8))
+    plan = build_plan(masks.causal() & bias, 8, 8, (1,), "cpu", block_q=4, block_k=4)
+    assert plan.tile_states().tolist() == [[[PARTIAL, EMPTY], [PARTIAL, PARTIAL]]]
+
+
+def test_shard_rejects_a_block_outside_the_problem() -> None:
+    with pytest.raises(ValueError, match="inside the full problem"):
+        masks.causal().shard(4, 0, 8, 8, 10, 8)
+    with pytest.raises(ValueError, match="q_start"):
+        masks.causal().shard(-1, 0, 8, 8, 10, 8)
+
+
+def test_to_block_mask_matches_flex_attention_on_a_dense_mask() -> None:
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    mask = masks.causal() & masks.valid_lens(torch.tensor([20, 9]))
+    L = S = 32
+    plan = build_plan(mask, L, S, (2, 1), "cpu", block_q=8, block_k=8)
+    block_mask = plan.to_block_mask()
+    dense = block_mask.to_dense()  # (B, H, nq, nk) of visited blocks
+    states = plan.tile_states()
+    assert torch.equal(dense[:, 0].bool(), states != EMPTY)
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 1, L, 8, generator=g) for _ in range(3))
+    with warnings.catch_warnings():  # eager flex_attention warns that it is not fused
+        warnings.simplefilter("ignore", UserWarning)
+        out = flex.flex_attention(q, k, v, block_mask=block_mask)
+    ref_mask = mask.to_dense(L, S, (2, 1))
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=ref_mask)
+    alive = ref_mask.any(-1, keepdim=True)
+    torch.testing.assert_close(out * alive, ref * alive, rtol=1e-5, atol=1e-5)
