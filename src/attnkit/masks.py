@@ -38,6 +38,8 @@ from typing import Literal
 
 import torch
 
+from ._host import readable
+
 __all__ = [
     "AndMask",
     "BiasMask",
@@ -124,12 +126,6 @@ def _slice_last2(t: torch.Tensor, q0: int, k0: int, L: int, S: int) -> torch.Ten
 
 def _tensor_signature(t: torch.Tensor) -> tuple[object, ...]:
     return (tuple(t.shape), t.dtype, t.device.type, t.requires_grad)
-
-
-def _readable(t: torch.Tensor) -> bool:
-    """True when a tensor's values may be read on the host for a check: a CPU tensor
-    outside torch.compile (reading a GPU tensor would synchronize with the device)."""
-    return t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 class Mask:
@@ -272,8 +268,8 @@ class BiasMask(Mask):
             )
         if tensor.ndim < 1:
             raise ValueError("masks.bias: expected a tensor of shape (..., L, S), got a 0-d tensor")
-        if tensor.device.type == "meta":
-            pass  # shapes only: the values cannot be checked
+        if not readable(tensor):
+            pass  # on an accelerator (or meta) the values are not read: that would sync
         elif torch.isnan(tensor).any() or torch.isposinf(tensor).any():
             raise ValueError(
                 "masks.bias: the bias contains NaN or +inf; expected finite values or -inf "
@@ -331,7 +327,7 @@ class ValidLensMask(Mask):
             )
         if not isinstance(queries, bool):
             raise TypeError(f"masks.valid_lens: queries must be a bool, got {queries!r}")
-        if _readable(lens) and lens.numel() and int(lens.min()) < 0:
+        if readable(lens) and lens.numel() and int(lens.min()) < 0:
             raise ValueError(
                 f"masks.valid_lens: lengths must be >= 0, got minimum {int(lens.min())}"
             )
@@ -361,7 +357,7 @@ class ValidLensMask(Mask):
                 f"mask: masks.valid_lens per-query lengths have shape "
                 f"{_shape_str(self.lens.shape)}, expected ({B}, {L}) for L={L} queries"
             )
-        if not _readable(self.lens) or not self.lens.numel():
+        if not readable(self.lens) or not self.lens.numel():
             return  # the value checks below read the lengths on the host: CPU, eager only
         if int(self.lens.max()) > S:
             raise ValueError(
@@ -621,7 +617,7 @@ def tf(tensor: torch.Tensor) -> KeepMask:
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"masks.tf: expected a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dtype != torch.bool:
+    if tensor.dtype != torch.bool and readable(tensor):  # (a device tensor is not read: sync)
         bad = (tensor != 0) & (tensor != 1)
         if bool(bad.any()):
             raise ValueError(

@@ -8,6 +8,7 @@ from typing import ClassVar
 import torch
 
 from ... import masks as _masks
+from ..._host import readable
 from ..._inputs import AttentionInputs
 from ...blockplan import BlockPlan, build_plan
 from ...kernels import additive as _additive
@@ -49,6 +50,11 @@ class ChunkedBackend(Backend):
                 "under torch.compile: block skipping reads mask lengths on the host, which "
                 "cannot be traced"
             )
+        if any(not readable(t) for t in _host_read_tensors(inputs)):
+            reasons.append(
+                "per-batch block skipping reads the mask's lengths on the host, which would "
+                "wait for the device"
+            )
         if torch.is_grad_enabled() and any(
             isinstance(p, _masks.BiasMask) and p.tensor.requires_grad for p in inputs.mask_parts
         ):
@@ -85,6 +91,17 @@ class ChunkedBackend(Backend):
         elif mean_only:
             weights = _head_mean_weights(ops, plan, lse.detach(), inputs)
         return AttentionResult(output=out, weights=weights, lse=lse_out)
+
+
+def _host_read_tensors(inputs: AttentionInputs) -> list[torch.Tensor]:
+    """The mask tensors whose values the tile loops read on the host (per-batch ranges)."""
+    out: list[torch.Tensor] = []
+    for p in inputs.mask_parts:
+        if isinstance(p, _masks.ValidLensMask):
+            out.append(p.lens)
+        elif isinstance(p, _masks.KeyPaddingMask):
+            out.append(p.padding)
+    return out
 
 
 def _plan(inputs: AttentionInputs) -> BlockPlan:
