@@ -22,7 +22,9 @@ __all__ = ["ChunkedAttentionFunction"]
 
 
 class ChunkedAttentionFunction(torch.autograd.Function):
-    """(plan, kind, scale, want_weights, qa, ka, w, v, kb) -> (out, lse, weights or None).
+    """(plan, kind, scale, want_weights, qa, ka, w, v, kb, flags) -> (out, lse, weights or None).
+
+    ``flags`` carries the non-finite markers of :class:`Operands` (``bad_v``, ``nonfinite_k``).
 
     Shapes (rows flattened to N): qa (N, L, Eq), ka (N, S, Eq), w (hidden,) or None,
     v (N, S, Ev), kb (N, 1, S) or None; out (N, L, Ev), lse (N, L), weights (N, L, S).
@@ -40,10 +42,11 @@ class ChunkedAttentionFunction(torch.autograd.Function):
         w: torch.Tensor | None,
         v: torch.Tensor,
         kb: torch.Tensor | None,
+        flags: dict[str, Any],
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        ops = Operands(kind=kind, qa=qa, ka=ka, w=w, v=v, kb=kb, scale=scale)
+        ops = Operands(kind=kind, qa=qa, ka=ka, w=w, v=v, kb=kb, scale=scale, **flags)
         out, lse, weights = forward_tiles(ops, plan, want_weights)
-        ctx.plan, ctx.kind, ctx.scale = plan, kind, scale
+        ctx.plan, ctx.kind, ctx.scale, ctx.flags = plan, kind, scale, flags
         ctx.has_w, ctx.has_kb, ctx.has_weights = w is not None, kb is not None, want_weights
         saved = [qa, ka, v, out, lse]
         saved += [w] if w is not None else []
@@ -67,15 +70,15 @@ class ChunkedAttentionFunction(torch.autograd.Function):
         weights = rest.pop(0) if ctx.has_weights else None
         if d_out is None:
             d_out = torch.zeros_like(out)
-        ops = Operands(kind=ctx.kind, qa=qa, ka=ka, w=w, v=v, kb=kb, scale=ctx.scale)
+        ops = Operands(kind=ctx.kind, qa=qa, ka=ka, w=w, v=v, kb=kb, scale=ctx.scale, **ctx.flags)
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
             grads = _differentiable_grads(ops, ctx.plan, d_out, d_lse, d_weights)
-            return (None, None, None, None, *grads)
+            return (None, None, None, None, *grads, None)
         with torch.no_grad():
             dqa, dka, dw, dv, dkb = backward_tiles(
                 ops, ctx.plan, out, lse, d_out.contiguous(), d_lse, weights, d_weights
             )
-        return None, None, None, None, dqa, dka, dw, dv, dkb
+        return None, None, None, None, dqa, dka, dw, dv, dkb, None
 
 
 def dense_logits(ops: Operands, plan: BlockPlan) -> torch.Tensor:

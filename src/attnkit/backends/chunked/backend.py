@@ -75,8 +75,9 @@ class ChunkedBackend(Backend):
         plan = _plan(inputs)
         mean_only = inputs.weights_mean and not inputs.needs_grad
         want_weights = inputs.return_weights and not mean_only
+        flags = {"bad_v": ops.bad_v, "nonfinite_k": ops.nonfinite_k}
         out, lse, weights = ChunkedAttentionFunction.apply(
-            plan, ops.kind, ops.scale, want_weights, ops.qa, ops.ka, ops.w, ops.v, ops.kb
+            plan, ops.kind, ops.scale, want_weights, ops.qa, ops.ka, ops.w, ops.v, ops.kb, flags
         )
         out = out.reshape(*batch, L, inputs.Ev).to(inputs.dtype)  # (*batch, L, Ev)
         lse_out: torch.Tensor | None = None
@@ -170,6 +171,14 @@ def _operands(inputs: AttentionInputs) -> tuple[Operands, torch.Tensor | None]:
     v = v.expand(*batch, S, v.shape[-1]).reshape(N, S, v.shape[-1])  # (N, S, Ev)
     if kb is not None:
         kb = (kb.to(cd) * inputs.scale).expand(*batch, 1, S).reshape(N, 1, S)  # (N, 1, S)
+    bad_v: torch.Tensor | None = None
+    nonfinite_k = False
+    if readable(v):  # free on the CPU; elsewhere non-finite inputs are not looked for
+        finite_v = torch.isfinite(v).all(dim=-1)  # (N, S)
+        if not bool(finite_v.all()):
+            bad_v = (~finite_v).to(cd)  # (N, S)
+            v = torch.where(finite_v.unsqueeze(-1), v, torch.zeros((), dtype=cd))
+        nonfinite_k = not bool(torch.isfinite(ka).all())
     ops = Operands(
         kind=kind,
         qa=qa.contiguous(),
@@ -178,5 +187,7 @@ def _operands(inputs: AttentionInputs) -> tuple[Operands, torch.Tensor | None]:
         v=v.contiguous(),
         kb=kb.contiguous() if kb is not None else None,
         scale=inputs.scale,
+        bad_v=bad_v,
+        nonfinite_k=nonfinite_k,
     )
     return ops, row_const

@@ -26,6 +26,12 @@ class Operands:
 
     kind "dot": s = scale * qa @ ka^T + kb (kb pre-scaled key bias or None);
     kind "additive": s = scale * sum_h w[h] tanh(qa[:, i, h] + ka[:, j, h]).
+
+    Non-finite inputs (found on the host, where reading is free): ``bad_v`` (N, S)
+    marks value rows holding NaN/inf, which ``v`` holds as zeros so that a masked-out
+    key contributes nothing, and a row that uses such a key becomes NaN;
+    ``nonfinite_k`` makes every additive ``-inf`` of a tile a hard mask, so a NaN
+    key's logit cannot turn a blocked pair into NaN.
     """
 
     kind: str
@@ -35,6 +41,22 @@ class Operands:
     v: torch.Tensor  # (N, S, Ev)
     kb: torch.Tensor | None  # (N, 1, S)
     scale: float
+    bad_v: torch.Tensor | None = None  # (N, S) 1.0 where the value row is not finite
+    nonfinite_k: bool = False
+
+    @property
+    def clean(self) -> bool:
+        """True when every key and value is finite (the fast paths apply)."""
+        return self.bad_v is None and not self.nonfinite_k
+
+
+def _nan_rows(ops: Operands, rows: slice, s: torch.Tensor, j0: int, j1: int) -> torch.Tensor | None:
+    """(R, bi) True where a row of the tile s (R, bi, bj) (logits, -inf = blocked) uses a
+    key whose value is not finite; None when every value is finite."""
+    if ops.bad_v is None:
+        return None
+    used = (s > float("-inf")).to(s.dtype)  # (R, bi, bj)
+    return torch.bmm(used, ops.bad_v[rows, j0:j1].unsqueeze(-1)).squeeze(-1) > 0  # (R, bi)
 
 
 def _tile_logits(
@@ -65,6 +87,8 @@ def _tile_logits(
         s = _additive.logits(qt, kt, ops.w).mul_(ops.scale)  # (R, bi, bj)
         if bias is not None:
             s = s.add_(bias)
+    if ops.nonfinite_k and bias is not None:
+        s = s.masked_fill_(bias == float("-inf"), float("-inf"))  # NaN + -inf stays blocked
     if keep is not None:
         s = s.masked_fill_(~keep, float("-inf"))
     return s
@@ -84,7 +108,7 @@ def forward_tiles(
     dt, dev = ops.qa.dtype, ops.qa.device
     out = torch.zeros(N, L, Ev, dtype=dt, device=dev)
     lse = torch.full((N, L), float("-inf"), dtype=dt, device=dev)
-    band = plan.band_offsets() if ops.kind == "dot" else None
+    band = plan.band_offsets() if ops.kind == "dot" and ops.clean else None
     for rows, b, q_end, k_start, k_end in plan.groups():
         done: set[int] = set()
         if band is not None:
@@ -98,8 +122,12 @@ def forward_tiles(
             m: torch.Tensor | None = None
             acc: torch.Tensor | None = None
             denom: torch.Tensor | None = None
+            nan_rows: torch.Tensor | None = None
             for j0, j1 in _blocks(lo, hi, plan.block_k):
                 s = _tile_logits(ops, plan, rows, b, i0, i1, j0, j1)  # (R, bi, bj)
+                hit = _nan_rows(ops, rows, s, j0, j1)
+                if hit is not None:
+                    nan_rows = hit if nan_rows is None else nan_rows | hit
                 tile_max = s.amax(dim=-1)  # (R, bi)
                 m_new = tile_max if m is None else torch.maximum(m, tile_max)
                 m_safe = _lse.safe_max(m_new)  # (R, bi)
@@ -114,7 +142,10 @@ def forward_tiles(
                     acc = acc.mul_(alpha.unsqueeze(-1)).add_(pv)
                 m = m_new
             assert acc is not None and denom is not None and m is not None
-            out[rows, i0:i1], lse[rows, i0:i1] = _lse.finish(acc, denom, _lse.safe_max(m))
+            o, lse[rows, i0:i1] = _lse.finish(acc, denom, _lse.safe_max(m))
+            if nan_rows is not None:  # a used value that is not finite propagates
+                o = o.masked_fill(nan_rows.unsqueeze(-1), float("nan"))
+            out[rows, i0:i1] = o
     weights = weights_tiles(ops, plan, lse) if want_weights else None
     return out, lse, weights
 
