@@ -21,7 +21,7 @@ __all__ = ["AttentionInputs", "validate_inputs"]
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class AttentionInputs:
     """A validated attention call.
 
@@ -215,25 +215,27 @@ def validate_inputs(
     q = _check_tensor("query", query, "(..., L, E)")
     k = _check_tensor("key", key, "(..., S, E)")
     v = _check_tensor("value", value, "(..., S, Ev)")
+    qs, ks, vs = q.shape, k.shape, v.shape
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(
             f"query, key, value: dtypes must match, got {q.dtype}, {k.dtype}, {v.dtype}"
         )
-    if not (q.device == k.device == v.device):
+    device = q.device
+    if not (device == k.device == v.device):
         raise ValueError(
             f"query, key, value: must be on one device, got {q.device}, {k.device}, {v.device}"
         )
-    if k.shape[-2] != v.shape[-2]:
+    if ks[-2] != vs[-2]:
         raise ValueError(
             f"key, value: must have the same number of keys S (dim -2), got key {_shape(k)} "
             f"and value {_shape(v)}"
         )
-    if k.shape[:-2] != v.shape[:-2]:
+    if ks[:-2] != vs[:-2]:
         raise ValueError(
             f"key, value: leading dims must match, got key {_shape(k)} and value {_shape(v)}"
         )
-    L, E = q.shape[-2], q.shape[-1]
-    S, Ek, Ev = k.shape[-2], k.shape[-1], v.shape[-1]
+    L, E = qs[-2], qs[-1]
+    S, Ek, Ev = ks[-2], ks[-1], vs[-1]
     if E == 0 or Ek == 0:
         raise ValueError(
             f"query, key: feature dim must be >= 1, got query {_shape(q)}, key {_shape(k)}"
@@ -257,13 +259,13 @@ def validate_inputs(
                 f"key: score {sc.name!r} expects key feature dim {kd}, got {_shape(k)}"
             )
     for pname, p in () if is_shared_score(sc) else sc.named_parameters():
-        if p.dtype != q.dtype or p.device != q.device:
+        if p.dtype != q.dtype or p.device != device:
             raise TypeError(
                 f"score: parameter {pname!r} of {sc.name!r} is {p.dtype} on {p.device}, but the "
                 f"inputs are {q.dtype} on {q.device}; move the score with .to(...)"
             )
 
-    batch_shape, groups = _broadcast_batch(tuple(q.shape[:-2]), tuple(k.shape[:-2]))
+    batch_shape, groups = _broadcast_batch(tuple(qs[:-2]), tuple(ks[:-2]))
 
     if scale is None:
         scale_f = sc.default_scale(E)
@@ -274,17 +276,18 @@ def validate_inputs(
         if not math.isfinite(scale_f) or scale_f <= 0:
             raise ValueError(f"scale: expected a positive finite float or None, got {scale!r}")
 
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
-        raise TypeError(f"dropout_p: expected a float in [0, 1), got {dropout_p!r}")
-    if not (0.0 <= float(dropout_p) < 1.0):
-        raise ValueError(f"dropout_p: expected a float in [0, 1), got {dropout_p!r}")
+    if type(dropout_p) not in (int, float) or dropout_p != 0.0:
+        if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+            raise TypeError(f"dropout_p: expected a float in [0, 1), got {dropout_p!r}")
+        if not (0.0 <= float(dropout_p) < 1.0):
+            raise ValueError(f"dropout_p: expected a float in [0, 1), got {dropout_p!r}")
 
     m = _normalize_mask(mask)
     if m is not None:
         m.validate(batch_shape, L, S)
         for part in m.parts():
             t = getattr(part, "tensor", None)
-            if isinstance(t, torch.Tensor) and t.device != q.device:
+            if isinstance(t, torch.Tensor) and t.device != device:
                 raise ValueError(
                     f"mask: is on {t.device} but the query is on {q.device}; expected one device"
                 )
