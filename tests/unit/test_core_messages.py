@@ -1,0 +1,49 @@
+"""Clear errors for the core's bad inputs (each fails with a message, before any compute)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnkit
+from attnkit import masks, scores
+
+
+def test_gaussian_with_a_non_number_sigma_names_the_argument() -> None:
+    with pytest.raises(TypeError, match=r"Gaussian: sigma must be a positive finite number"):
+        scores.Gaussian("wide")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("tensor", [torch.ones(2, 2, dtype=torch.bool), torch.zeros(2, 2)])
+def test_a_mask_and_a_tensor_says_how_to_wrap_the_tensor(tensor: torch.Tensor) -> None:
+    with pytest.raises(TypeError, match=r"masks\.keep\(t\).*masks\.block\(t\)"):
+        masks.causal() & tensor  # type: ignore[operator]
+    with pytest.raises(TypeError, match="wrap a tensor first"):
+        tensor & masks.causal()  # type: ignore[operator]
+
+
+def test_meta_tensors_build_masks_without_reading_values() -> None:
+    bias = masks.bias(torch.empty(4, 4, device="meta"))
+    lens = masks.valid_lens(torch.empty(2, dtype=torch.long, device="meta"))
+    q = torch.empty(2, 1, 4, 8, device="meta")
+    ex = attnkit.explain(q, q, q, mask=bias & lens)
+    assert isinstance(ex.reasons, dict)
+
+
+def test_return_weights_mean_needs_a_head_dim_and_a_flag() -> None:
+    q = torch.randn(4, 3)
+    with pytest.raises(ValueError, match=r'"mean" averages over the head dim'):
+        attnkit.attention(q, q, q, return_weights="mean")
+    with pytest.raises(TypeError, match=r'return_weights: expected True, False or "mean"'):
+        attnkit.attention(q, q, q, return_weights="heads")  # type: ignore[arg-type]
+
+
+def test_return_weights_mean_equals_the_mean_of_per_head_weights_on_every_backend() -> None:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 4, generator=g, dtype=torch.float64) for n in (5, 7, 7))
+    mask = masks.causal("bottom_right")
+    _, per_head = attnkit.attention(q, k, v, mask=mask, return_weights=True, backend="reference")
+    for name in ("reference", "chunked", "sdpa"):
+        _, mean = attnkit.attention(q, k, v, mask=mask, return_weights="mean", backend=name)
+        assert mean.shape == (2, 5, 7)
+        torch.testing.assert_close(mean, per_head.mean(dim=1), rtol=1e-12, atol=1e-12)
