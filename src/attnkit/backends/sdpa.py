@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import masks as _masks
+from .._host import readable
 from .._inputs import AttentionInputs
 from ..kernels.softmax import exp_rows_
 from ._common import dense_mask, expand_kv
@@ -230,12 +231,14 @@ def _unpadded_parts(inputs: AttentionInputs) -> bool:
         return False
     for p in parts:
         if isinstance(p, _masks.ValidLensMask):
-            if p.lens.ndim != 1:
+            if p.lens.ndim != 1 or not readable(p.lens):
+                return False
+            if p.query_lens is not None and not torch.equal(p.query_lens, p.lens):
                 return False
         elif isinstance(p, _masks.CausalMask):
-            if p.align != "top_left" or "key_padding" in kinds:
+            if p.offset(inputs.L, inputs.S) != 0 or "key_padding" in kinds:
                 return False
-        elif not isinstance(p, _masks.KeyPaddingMask):
+        elif not isinstance(p, _masks.KeyPaddingMask) or not readable(p.padding):
             return False
     return True
 
@@ -244,6 +247,7 @@ class SDPABackend(Backend):
     """torch's fused scaled-dot-product attention for dot-reducible scores."""
 
     name: ClassVar[str] = "sdpa"
+    device_types: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda"})
     any_score: ClassVar[bool] = False
 
     def not_supported_reasons(self, inputs: AttentionInputs) -> list[str]:
@@ -254,34 +258,22 @@ class SDPABackend(Backend):
             reasons.append("the fused kernel's lse is not differentiable (return_lse with grad)")
         return reasons
 
-    def preference_reasons(self, inputs: AttentionInputs) -> list[str]:
-        """Masks SDPA would have to materialize while chunked skips their blocks."""
-        if not inputs.score.dot_reducible or len(inputs.mask_parts) == 0:
-            return []
-        if torch.compiler.is_compiling():
-            return []  # chunked's block skipping reads lengths on the host: not traceable
-        from .chunked import ChunkedBackend  # imported here: chunked is optional to sdpa
-
-        if ChunkedBackend().not_supported_reasons(inputs):
-            return []  # chunked cannot run it: SDPA's dense mask is the best on offer
-        reasons: list[str] = []
-        L, S = inputs.L, inputs.S
+    def materialized_masks(self, inputs: AttentionInputs) -> list[str]:
+        """Mask parts SDPA would build as a dense (L, S) tensor."""
         parts = inputs.mask_parts
+        if not parts:
+            return []
+        out: list[str] = []
+        L, S = inputs.L, inputs.S
         for p in parts:
             if isinstance(p, _masks.CausalMask):
                 if not p.symbolic_causal(L, S):
-                    reasons.append(
-                        "bottom-right causal with L != S would be a dense mask (chunked skips "
-                        "its blocks)"
-                    )
+                    out.append("a shifted (bottom-right, L != S, or offset) causal mask")
                 elif len(parts) > 1 and not _unpadded_parts(inputs):
-                    reasons.append(
-                        "causal combined with another mask would be a dense mask (chunked "
-                        "skips its blocks)"
-                    )
+                    out.append("a causal mask combined with another mask")
             elif isinstance(p, _masks.WindowMask):
-                reasons.append("window mask would be dense (chunked skips blocks outside it)")
-        return reasons
+                out.append("a window mask")
+        return out
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
         if (inputs.return_lse or inputs.return_weights) and inputs.dtype != inputs.compute_dtype:
