@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["device_semantics", "readable"]
+__all__ = ["device_semantics", "readable", "strict"]
 
 
 class _State(threading.local):
@@ -30,6 +30,11 @@ _STATE = _State()
 def readable(t: torch.Tensor) -> bool:
     """True when ``t``'s values may be read on the host without a device sync."""
     return t.device.type == "cpu" and not _STATE.strict and not torch.compiler.is_compiling()
+
+
+def strict() -> bool:
+    """True inside :func:`device_semantics` (in this thread)."""
+    return _STATE.strict
 
 
 @contextmanager

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import attnkit
-from attnkit import masks
+from attnkit import _host, masks
 from attnkit._inputs import AttentionInputs, validate_inputs
 from attnkit.backends import dispatch
 from attnkit.backends.base import AttentionResult, Backend
@@ -53,15 +53,18 @@ MASKS = {
 
 @pytest.mark.parametrize("name", sorted(MASKS))
 def test_cuda_never_prefers_a_python_tiled_backend_over_a_fused_one(name: str) -> None:
-    """On CUDA without the triton backend, every dot-product mask goes to sdpa (a fused
-    kernel with a dense mask beats Python loops over tiles there)."""
+    """On CUDA every dot-product mask goes to a fused kernel: sdpa for what it runs without a
+    dense mask, else triton when it is installed (it skips the blocks), else sdpa with a dense
+    mask (which beats Python loops over tiles there), never chunked."""
     inputs = _OnDevice(_call(MASKS[name], L=64, S=64 if name != "causal_br" else 80), "cuda")
     ranking = dispatch.backends_for("cuda")
     assert ranking.index("sdpa") < ranking.index("chunked") < ranking.index("reference")
-    fused = [n for n in ranking if dispatch._REGISTRY[n].fused]
-    chosen = _choose(inputs)
+    with _host.device_semantics():  # the tensors are read as a GPU's would be: never
+        chosen = _choose(inputs)
     assert dispatch._REGISTRY[chosen].fused, (name, chosen)
-    assert chosen == fused[0] or chosen == "sdpa"
+    triton_ok = not dispatch._REGISTRY["triton"].is_available()
+    dense_for_sdpa = name not in ("none", "causal")
+    assert chosen == ("triton" if dense_for_sdpa and triton_ok else "sdpa"), (name, chosen)
 
 
 def test_cpu_passes_over_sdpa_for_band_masks_only() -> None:

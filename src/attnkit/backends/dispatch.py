@@ -4,8 +4,8 @@ explain(), and use_backend().
 Ranking lives here and only here; no backend imports or instantiates another.
 
 - **Priority per device type** (:data:`PRIORITY`): on the CPU ``sdpa``, ``chunked``,
-  ``reference``; on CUDA ``triton`` (when registered and available), ``sdpa``,
-  ``chunked``, ``reference``. A backend registers for the device types it declares
+  ``reference``; on CUDA ``sdpa``, ``triton`` (when triton is installed), ``chunked``,
+  ``reference``. A backend registers for the device types it declares
   (``Backend.device_types``); a device type without a list of its own uses the
   registration order.
 - **Availability**: a backend whose ``is_available()`` gives a reason (a missing
@@ -34,11 +34,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import _host
 from .._inputs import AttentionInputs
 from .base import Backend
 from .chunked import ChunkedBackend
 from .reference import ReferenceBackend
 from .sdpa import SDPABackend
+from .triton import TritonBackend
 
 __all__ = [
     "PRIORITY",
@@ -59,9 +61,15 @@ _ORDER: list[str] = []  # registration order, the fallback ranking
 
 PRIORITY: dict[str, list[str]] = {
     "cpu": ["sdpa", "chunked", "reference"],
-    "cuda": ["triton", "sdpa", "chunked", "reference"],
+    "cuda": ["sdpa", "triton", "chunked", "reference"],
 }
-"""Ranking per device type; names not registered are skipped."""
+"""Ranking per device type; names not registered are skipped.
+
+On CUDA, torch's SDPA (FlashAttention-2 / memory-efficient kernels) comes first for
+what it runs without a dense mask; the preference rule hands calls it would have to
+give a dense (L, S) mask (windows, shifted causal, padding it cannot unpad) to the
+fused ``triton`` kernels, which skip those blocks; Additive scores, exact weights and
+other calls SDPA cannot run go to ``triton`` as the next candidate."""
 
 
 @dataclass(frozen=True)
@@ -280,7 +288,7 @@ def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
     forced = backend if backend is not None else _forced_backends()
     key: tuple[object, ...] | None = None
     if not torch.compiler.is_compiling():  # (a traced dict lookup would guard on the dict)
-        key = (forced, inputs.signature())
+        key = (forced, _host.strict(), inputs.signature())
         hit = _CHOICES.get(key)
         if hit is not None:
             return hit
@@ -334,3 +342,4 @@ def use_backend(*names: str | Sequence[str]) -> Iterator[None]:
 register_backend(SDPABackend())
 register_backend(ChunkedBackend())
 register_backend(ReferenceBackend())
+register_backend(TritonBackend())  # CUDA (and the CPU under TRITON_INTERPRET=1, for tests)

@@ -273,6 +273,9 @@ class SDPABackend(Backend):
                     out.append("a causal mask combined with another mask")
             elif isinstance(p, _masks.WindowMask):
                 out.append("a window mask")
+        padded = any(p.kind in ("valid_lens", "key_padding") for p in parts)
+        if padded and inputs.device.type != "cpu" and not _unpadded_parts(inputs):
+            out.append("padding (unpadding would read lengths on the host)")
         return out
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:

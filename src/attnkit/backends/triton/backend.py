@@ -1,0 +1,147 @@
+"""The Triton backend class: capabilities, reasons, and a call turned into kernel operands."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from ... import masks as _masks
+from ..._inputs import AttentionInputs
+from ...scores import Additive, Dot
+from .._dotform import dot_form_in_compute_dtype
+from ..base import AttentionResult, Backend
+from .autograd import TritonAttentionFunction
+from .launch import KernelCall
+from .runtime import interpreting, missing_reason
+
+__all__ = ["MAX_HEAD_DIM", "TritonBackend"]
+
+MAX_HEAD_DIM = 256
+"""Largest query/key and value feature size of the dot-form kernels (registers per tile)."""
+
+
+def _device_types() -> frozenset[str]:
+    return frozenset({"cuda", "cpu"}) if interpreting() else frozenset({"cuda"})
+
+
+class TritonBackend(Backend):
+    """Fused FlashAttention-2-style Triton kernels, forward and backward.
+
+    Dot-reducible scores run as ``q'·k' + key_bias`` (plus the per-query constant in
+    lse), the Additive score as ``w_v · tanh(qa + ka)`` over the hidden dim in
+    registers; every mask kind stays symbolic (see :mod:`.maskargs`). Runs on CUDA,
+    and on the CPU when ``TRITON_INTERPRET=1`` (Triton's interpreter, for tests).
+    """
+
+    name: ClassVar[str] = "triton"
+    dtypes: ClassVar[frozenset[torch.dtype]] = frozenset(
+        {torch.float16, torch.bfloat16, torch.float32}
+    )
+    device_types: ClassVar[frozenset[str]] = _device_types()
+    fused: ClassVar[bool] = True
+    supports_dropout: ClassVar[bool] = False
+    averages_heads: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        # The interpreter may be switched on after this module was imported (tests):
+        # each instance reads it when it is made.
+        setattr(self, "device_types", _device_types())  # noqa: B010
+
+    def is_available(self) -> str | None:
+        return missing_reason()
+
+    def not_supported_reasons(self, inputs: AttentionInputs) -> list[str]:
+        reasons = super().not_supported_reasons(inputs)
+        score = inputs.score
+        if not score.dot_reducible and not isinstance(score, Additive):
+            reasons.append(
+                f"score {score.name!r} has no kernel form (dot-reducible scores and Additive)"
+            )
+        if score.dot_reducible and max(_dot_dims(inputs)) > MAX_HEAD_DIM:
+            reasons.append(
+                f"feature sizes {_dot_dims(inputs)} exceed {MAX_HEAD_DIM} (registers per tile)"
+            )
+        if inputs.device.type == "cpu" and not interpreting():
+            reasons.append("the CPU runs Triton kernels only under TRITON_INTERPRET=1")
+        if torch.compiler.is_compiling():
+            reasons.append("under torch.compile: the kernels' host code is not traced")
+        if torch.is_grad_enabled() and any(
+            isinstance(p, _masks.BiasMask) and p.tensor.requires_grad for p in inputs.mask_parts
+        ):
+            reasons.append("a bias mask that requires grad (its gradient is L×S)")
+        return reasons
+
+    def describe(self, inputs: AttentionInputs) -> str:
+        where = "Triton interpreter (CPU)" if inputs.device.type == "cpu" else "Triton on CUDA"
+        if isinstance(inputs.score, Additive):
+            return f"{where}: fused Additive tiles, tanh over the hidden dim in registers"
+        return f"{where}: fused dot-form tiles, online softmax, backward from lse"
+
+    def forward(self, inputs: AttentionInputs) -> AttentionResult:
+        qa, ka, kb, w, row_const = _operands(inputs)
+        mean_only = inputs.weights_mean and not inputs.needs_grad
+        config: dict[str, Any] = {
+            "scale": inputs.scale,
+            "mask": inputs.mask,
+            "batch_shape": inputs.batch_shape,
+            "groups": inputs.groups,
+            "want_weights": inputs.return_weights and not mean_only,
+            "out_dtype": inputs.dtype,
+        }
+        out, lse, weights = TritonAttentionFunction.apply(config, qa, ka, inputs.value, kb, w)
+        if weights is not None and inputs.weights_mean:
+            weights = weights.mean(dim=-3)  # (*batch[:-1], L, S)
+        elif mean_only:
+            call = KernelCall.build(
+                qa.detach(),
+                ka.detach(),
+                inputs.value.detach(),
+                kb.detach() if kb is not None else None,
+                w.detach() if w is not None else None,
+                scale=inputs.scale,
+                mask=inputs.mask,
+                batch_shape=inputs.batch_shape,
+                groups=inputs.groups,
+            )
+            B, H = call.BH
+            mean = call.weights(lse.detach().reshape(B, H, inputs.L), mean=True)  # (B, L, S)
+            weights = mean.reshape(*inputs.batch_shape[:-1], inputs.L, inputs.S)  # (..., L, S)
+        lse_out: torch.Tensor | None = None
+        if inputs.return_lse:
+            lse_out = lse
+            if row_const is not None:
+                rc = (row_const.float() * inputs.scale).expand(*inputs.batch_shape, inputs.L)
+                lse_out = lse + rc  # (*batch, L); -inf rows stay -inf
+        return AttentionResult(output=out, weights=weights, lse=lse_out)
+
+
+def _dot_dims(inputs: AttentionInputs) -> tuple[int, int]:
+    """(query/key feature size of the score's dot form, value feature size): Bilinear's
+    products have the key's size, every other dot form the query's."""
+    key_dim = inputs.score.key_dim()
+    return (key_dim if key_dim is not None else inputs.E), inputs.Ev
+
+
+def _operands(
+    inputs: AttentionInputs,
+) -> tuple[
+    torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None
+]:
+    """(qa, ka, kb, w, row_constant) for the kernels.
+
+    Dot and scaled dot use the inputs as they are (no copy). Other dot-reducible
+    scores are reduced in the compute dtype (differentiably), their products cast
+    back to the input dtype for the kernel's matrix units, the key bias kept in
+    float32 and pre-scaled. The Additive score projects q and k with W_q and W_k
+    here, under autograd, so those weights get their gradients from d(qa), d(ka).
+    """
+    score, dtype = inputs.score, inputs.dtype
+    if isinstance(score, Additive):
+        qa, ka = score.project(inputs.query, inputs.key)  # (..., L, hidden), (..., S, hidden)
+        return qa, ka, None, score.w_v.weight.reshape(-1), None  # w_v: (hidden,)
+    if type(score).dot_form is Dot.dot_form and type(score).row_constant is Dot.row_constant:
+        return inputs.query, inputs.key, None, None, None
+    qd, kd, kb, row_const = dot_form_in_compute_dtype(inputs, row_constant=inputs.return_lse)
+    kb_scaled = kb * inputs.scale if kb is not None else None  # (..., 1, S)
+    return qd.to(dtype), kd.to(dtype), kb_scaled, None, row_const

@@ -1,0 +1,271 @@
+"""The triton backend under Triton's interpreter (TRITON_INTERPRET=1, CPU tensors).
+
+Every score × mask kind at one small odd shape against the float64 oracle
+(output, weights, lse) and the float64 reference backend (gradients of q, k, v
+and the score's parameters); then odd shapes and batch ranks, half precision,
+head-averaged weights, fully masked rows and the backend's reasons.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+_ENV_BEFORE = os.environ.get("TRITON_INTERPRET")
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: its own library is built too
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+triton_language = pytest.importorskip("triton.language")
+if type(triton_language.zeros).__name__ != "InterpretedFunction":
+    pytest.skip(
+        "triton was imported in this process before TRITON_INTERPRET=1 was set; run with "
+        "TRITON_INTERPRET=1 in the environment (or this file on its own)",
+        allow_module_level=True,
+    )
+
+import attnkit  # noqa: E402
+from attnkit import BackendNotSupportedError, masks, scores  # noqa: E402
+from attnkit.backends import dispatch  # noqa: E402
+from attnkit.backends.triton import TritonBackend  # noqa: E402
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # tests/ for the shared oracle
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cases import Case, make_case, np_of, plain_math  # noqa: E402
+from reference import oracle  # noqa: E402
+
+SCORES = ("scaled_dot", "bilinear", "gaussian", "additive")  # "dot": see the shapes test
+MASKS = (
+    "none",
+    "keep",
+    "keep_heads",
+    "bias",
+    "tf_padding",
+    "valid_lens",
+    "valid_lens_2d",
+    "valid_lens_queries",
+    "key_padding",
+    "causal",
+    "causal_bottom_right",
+    "window",
+    "window_bottom_right",
+    "causal_and_padding",
+    "bias_and_window",
+)
+SHAPE = (2, 2, 1, 3, 17, 12, 8)  # (B, H, Hk, L, S, E, Ev): GQA, L < S, E padded, 2 key blocks
+
+
+@pytest.fixture(scope="module", autouse=True)
+def triton_registered() -> Iterator[None]:
+    """Register the backend (under the interpreter) for this module only; the environment
+    and the dispatch tables are restored after. Kernels built here stay interpreted for
+    the rest of the process."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    saved = (
+        dict(dispatch._REGISTRY),
+        list(dispatch._ORDER),
+        {k: list(v) for k, v in dispatch.PRIORITY.items()},
+    )
+    dispatch.register_backend(TritonBackend())
+    yield
+    dispatch._REGISTRY.clear()
+    dispatch._REGISTRY.update(saved[0])
+    dispatch._ORDER[:] = saved[1]
+    dispatch.PRIORITY.clear()
+    dispatch.PRIORITY.update(saved[2])
+    dispatch._NAME_CACHE.clear()
+    dispatch._CHOICES.clear()
+    if _ENV_BEFORE is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _ENV_BEFORE
+
+
+def _assert_close(got: np.ndarray, ref: np.ndarray, plain: np.ndarray, what: str) -> None:
+    """Error at most 2x that of plain same-dtype math, with a 1e-5 relative backstop;
+    the same -inf pattern; no NaN."""
+    assert not np.isnan(got).any(), f"{what}: NaN in result"
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(ref), err_msg=f"{what}: -inf pattern")
+    fin = ~np.isinf(ref)
+    if not fin.any():
+        return
+    err = np.abs(got[fin] - ref[fin]).max()
+    plain_err = np.abs(plain[fin] - ref[fin]).max()
+    allowed = max(2 * plain_err, 1e-5 * max(np.abs(ref[fin]).max(), 1.0))
+    assert err <= allowed, f"{what}: error {err:.3g} > allowed {allowed:.3g}"
+
+
+def _run(case: Case, backend: str, dtype: torch.dtype) -> list[torch.Tensor]:
+    """[output, weights, lse, then the gradients of q, k, v and the score's parameters] of
+    one call, the gradients of a fixed random loss on the output, the weights and the
+    lse (its finite entries)."""
+    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (case.q, case.k, case.v))
+    score = copy.deepcopy(case.score).to(dtype)
+    mask = case.mask.to(dtype) if isinstance(case.mask, torch.Tensor) else case.mask
+    out, w, lse = attnkit.attention(
+        q, k, v, score=score, mask=mask, return_weights=True, return_lse=True, backend=backend
+    )
+    finite_lse = torch.where(torch.isfinite(lse), lse, torch.zeros((), dtype=lse.dtype))
+    gen = torch.Generator().manual_seed(5)
+    loss = sum(
+        (t * torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.dtype)).sum()
+        for t in (out, w, finite_lse)
+    )
+    grads = torch.autograd.grad(loss, [q, k, v, *score.parameters()])
+    return [out.detach(), w.detach(), lse.detach(), *grads]
+
+
+@pytest.mark.parametrize("mask_name", MASKS)
+@pytest.mark.parametrize("score_name", SCORES)
+def test_matches_oracle_with_gradients(score_name: str, mask_name: str) -> None:
+    case = make_case(score_name, mask_name, SHAPE, seed=17)
+    out, w, lse, *grads = _run(case, "triton", torch.float32)
+    ref_out, ref_w, ref_lse = oracle(
+        np_of(case.q), np_of(case.k), np_of(case.v), score=case.score_spec, mask=case.mask_spec
+    )
+    p_out, p_w, p_lse = plain_math(case)
+    assert out.dtype == case.q.dtype and lse.dtype == torch.float32
+    _assert_close(np_of(out), ref_out, np_of(p_out), "output")
+    _assert_close(np_of(w), ref_w, np_of(p_w), "weights")
+    _assert_close(np_of(lse), ref_lse, np_of(p_lse), "lse")
+    ref_grads = _run(case, "reference", torch.float64)[3:]
+    assert len(grads) == len(ref_grads) == 3 + len(list(case.score.parameters()))
+    for n, (g, r) in enumerate(zip(grads, ref_grads, strict=True)):
+        assert torch.isfinite(g).all(), f"gradient {n}: not finite"
+        scale = max(float(r.abs().max()), 1.0)
+        err = float((g.double() - r).abs().max())
+        assert err <= 2e-5 * scale, f"gradient {n}: error {err:.3g} (scale {scale:.3g})"
+
+
+@pytest.mark.parametrize(
+    ("q_shape", "kv_shape", "mask"),
+    [
+        ((2, 1, 1, 8), (2, 1, 1, 8), None),  # L = S = 1
+        ((3, 3, 8), (3, 17, 8), masks.causal("bottom_right")),  # one batch dim, L < S
+        ((2, 2, 33, 16), (2, 2, 3, 16), masks.causal()),  # L > S, top-left
+        ((2, 3, 4, 5, 12), (1, 1, 2, 7, 12), masks.window(1, 2)),  # rank-3 batch, GQA + broadcast
+        ((2, 2, 17, 12), (1, 33, 12), masks.valid_lens(torch.tensor([0, 20]))),  # an empty row
+    ],
+)
+def test_shapes_and_batch_ranks(
+    q_shape: tuple[int, ...], kv_shape: tuple[int, ...], mask: masks.Mask | None
+) -> None:
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(q_shape, generator=gen, requires_grad=True)
+    k = torch.randn(kv_shape, generator=gen, requires_grad=True)
+    v = torch.randn(*kv_shape[:-1], 5, generator=gen, requires_grad=True)
+    out, lse = attnkit.attention(q, k, v, score="dot", mask=mask, return_lse=True, backend="triton")
+    ref_out, ref_lse = attnkit.attention(
+        *(t.double() for t in (q, k, v)),
+        score="dot",
+        mask=mask,
+        return_lse=True,
+        backend="reference",
+    )
+    assert out.shape == ref_out.shape
+    torch.testing.assert_close(out.double(), ref_out, atol=2e-6, rtol=0)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=2e-6, rtol=0)
+    got = torch.autograd.grad(out.sum(), [q, k, v])
+    ref = torch.autograd.grad(ref_out.sum(), [q, k, v])  # float64 sums, cast back
+    for g, r in zip(got, ref, strict=True):
+        assert g.shape == r.shape
+        torch.testing.assert_close(g.double(), r.double(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("score_name", ["scaled_dot", "gaussian"])
+def test_half_precision_within_twice_plain_math(score_name: str, dtype: torch.dtype) -> None:
+    case = make_case(score_name, "causal_and_padding", SHAPE, seed=23)
+    half = make_case(score_name, "causal_and_padding", SHAPE, seed=23, dtype=dtype)
+    q, k, v = (t.detach().requires_grad_() for t in (half.q, half.k, half.v))
+    out, lse = attnkit.attention(
+        q, k, v, score=half.score, mask=half.mask, return_lse=True, backend="triton"
+    )
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    ref_out, _, ref_lse = oracle(
+        np_of(half.q), np_of(half.k), np_of(half.v), score=case.score_spec, mask=case.mask_spec
+    )
+    p_out, _, p_lse = plain_math(half)
+    _assert_close(np_of(out), ref_out, np_of(p_out), f"{dtype} output")
+    _assert_close(np_of(lse), ref_lse, np_of(p_lse.float()), f"{dtype} lse")
+    grads = torch.autograd.grad(out.float().sum(), [q, k, v])
+    assert all(g.dtype == dtype and torch.isfinite(g).all() for g in grads)
+
+
+def test_head_mean_weights_match_the_per_head_average() -> None:
+    case = make_case("gaussian", "causal_and_padding", (2, 4, 2, 17, 19, 8, 8), seed=29)
+    args = (case.q, case.k, case.v)
+    _, mean = attnkit.attention(
+        *args, score=case.score, mask=case.mask, return_weights="mean", backend="triton"
+    )
+    _, ref = attnkit.attention(
+        *(t.double() for t in args),
+        score=case.score,
+        mask=case.mask,
+        return_weights="mean",
+        backend="reference",
+    )
+    assert mean.shape == (2, 17, 19)
+    torch.testing.assert_close(mean.double(), ref, atol=1e-6, rtol=0)
+    q = case.q.detach().requires_grad_()  # with grad: per-head weights, averaged by torch
+    _, mean_grad = attnkit.attention(
+        q, case.k, case.v, score=case.score, mask=case.mask, return_weights="mean", backend="triton"
+    )
+    torch.testing.assert_close(mean_grad.double(), ref, atol=1e-6, rtol=0)
+    (g,) = torch.autograd.grad(mean_grad.square().sum(), [q])
+    assert g.abs().sum() > 0 and torch.isfinite(g).all()
+
+
+def test_fully_masked_rows_give_zero_output_and_gradients() -> None:
+    gen = torch.Generator().manual_seed(31)
+    q = torch.randn(2, 2, 17, 12, generator=gen, requires_grad=True)
+    k = torch.randn(2, 2, 33, 12, generator=gen, requires_grad=True)
+    v = torch.randn(2, 2, 33, 8, generator=gen, requires_grad=True)
+    mask = masks.valid_lens(torch.tensor([0, 9]), queries=True) & masks.window(2, 0)
+    out, w, lse = attnkit.attention(
+        q, k, v, mask=mask, return_weights=True, return_lse=True, backend="triton"
+    )
+    assert not out[0].any() and not w[0].any() and torch.isneginf(lse[0]).all()
+    assert not out[1, :, 9:].any() and torch.isneginf(lse[1, :, 9:]).all()
+    assert torch.isfinite(lse[1, :, :9]).all()
+    gq, gk, gv = torch.autograd.grad(out.sum(), [q, k, v])
+    assert not gq[0].any() and not gk[0].any() and not gv[0].any()
+    assert not gq[1, :, 9:].any() and gq[1, :, :9].abs().sum() > 0
+    assert all(torch.isfinite(g).all() for g in (gq, gk, gv))
+
+
+def test_reasons_it_cannot_run() -> None:
+    q = torch.randn(2, 2, 5, 8)
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    backend = TritonBackend()
+    assert backend.is_available() is None
+    assert "cpu" in backend.device_types
+    ex = attnkit.explain(q, q, q, dropout_p=0.1, backend="triton")
+    assert ex.chosen is None and any("dropout" in r for r in ex.reasons["triton"])
+    ex = attnkit.explain(q.double(), q.double(), q.double(), backend="triton")
+    assert any("float64" in r for r in ex.reasons["triton"])
+    wide = torch.randn(1, 2, 300)
+    ex = attnkit.explain(wide, wide, wide, backend="triton")
+    assert any("exceed" in r for r in ex.reasons["triton"])
+    with pytest.raises(BackendNotSupportedError, match="triton"):
+        attnkit.attention(q, q, q, dropout_p=0.1, backend="triton")
+    additive = scores.Additive(8, 8, 5)
+    ex = attnkit.explain(q, q, q, score=additive, backend="triton")
+    assert ex.chosen == "triton" and "Additive" in ex.note
+
+
+def test_cpu_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    backend = TritonBackend()
+    assert backend.device_types == frozenset({"cuda"})
+    from attnkit._inputs import validate_inputs
+
+    q = torch.randn(1, 3, 4)
+    reasons = backend.not_supported_reasons(validate_inputs(q, q, q))
+    assert any("TRITON_INTERPRET" in r for r in reasons)
