@@ -6,6 +6,7 @@ NumPy spec the oracle in reference.py understands, built from the same arrays.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,7 +158,9 @@ def make_case(
     shape: tuple[int, ...],
     seed: int,
     dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
 ) -> Case:
+    """A random case built on the CPU (fixed seed) and moved to ``device``."""
     B, H, Hk, L, S, E, Ev = shape
     gen = torch.Generator().manual_seed(seed)
     Ek = E + 2 if score_name in ("bilinear", "additive") else E
@@ -166,7 +169,27 @@ def make_case(
     v = torch.randn(B, Hk, S, Ev, generator=gen, dtype=dtype)
     score, score_spec = make_score(score_name, E, Ek, gen, dtype)
     mask, mask_spec = make_mask(mask_name, B, H, L, S, gen, dtype)
+    if device != "cpu":
+        q, k, v = q.to(device), k.to(device), v.to(device)
+        score = score.to(device)
+        mask = mask_to(mask, device)
     return Case(q, k, v, score, score_spec, mask, mask_spec, None)
+
+
+def mask_to(mask: Any, device: str) -> Any:
+    """A copy of an attnkit mask (or tensor) whose tensors live on ``device``."""
+    if mask is None:
+        return None
+    if isinstance(mask, torch.Tensor):
+        return mask.to(device)
+    if isinstance(mask, masks.AndMask):
+        return masks.AndMask([mask_to(p, device) for p in mask.parts()])
+    moved = copy.copy(mask)
+    for name in ("tensor", "lens", "query_lens", "padding"):
+        t = getattr(moved, name, None)
+        if isinstance(t, torch.Tensor):
+            setattr(moved, name, t.to(device))
+    return moved
 
 
 def plain_math(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -194,13 +217,14 @@ def plain_math(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
     keep, bias = oracle_mask(case.mask_spec, L, S, q.ndim - 2)
     if bias is not None:
-        logits = logits + torch.from_numpy(bias).to(q.dtype)
+        logits = logits + torch.from_numpy(bias).to(q.device, q.dtype)
     if keep is not None:
-        logits = logits.masked_fill(~torch.from_numpy(np.ascontiguousarray(keep)), float("-inf"))
+        keep_t = torch.from_numpy(np.ascontiguousarray(keep)).to(q.device)
+        logits = logits.masked_fill(~keep_t, float("-inf"))
     lse = torch.logsumexp(logits, dim=-1)
     w = torch.softmax(logits, dim=-1).nan_to_num(0.0)
     return w @ v, w, lse
 
 
 def np_of(t: torch.Tensor) -> np.ndarray:
-    return t.detach().double().numpy()
+    return t.detach().double().cpu().numpy()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _run(name: str, capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], str]:

@@ -11,7 +11,7 @@ from attnkit import masks
 
 from cases import MASKS, SCORES, make_case
 
-BACKENDS = attnkit.available_backends()
+BACKENDS = attnkit.backends.dispatch.backends_for("cpu")
 
 
 def _runs(case, backend: str) -> bool:  # type: ignore[no-untyped-def]
@@ -19,11 +19,12 @@ def _runs(case, backend: str) -> bool:  # type: ignore[no-untyped-def]
     return not ex.reasons[backend]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mask_name", MASKS)
 @pytest.mark.parametrize("score_name", SCORES)
-def test_gradcheck(score_name: str, mask_name: str, backend: str) -> None:
-    case = make_case(score_name, mask_name, (2, 2, 1, 3, 4, 3, 2), seed=21, dtype=torch.float64)
+def test_gradcheck(score_name: str, mask_name: str, device: str, backend: str) -> None:
+    case = make_case(
+        score_name, mask_name, (2, 2, 1, 3, 4, 3, 2), seed=21, dtype=torch.float64, device=device
+    )
     if not _runs(case, backend):
         pytest.skip(f"{backend} does not run {score_name} (checked in the oracle tests)")
     params = [p for p in case.score.parameters()]
@@ -37,10 +38,13 @@ def test_gradcheck(score_name: str, mask_name: str, backend: str) -> None:
     assert torch.autograd.gradcheck(fn, (*leaves, *params), eps=1e-6, atol=1e-5, fast_mode=True)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("score_name", ["gaussian", "bilinear", "additive"])
-def test_learnable_score_parameters_get_gradients(score_name: str, backend: str) -> None:
-    case = make_case(score_name, "causal", (2, 2, 2, 5, 5, 4, 3), seed=4, dtype=torch.float64)
+def test_learnable_score_parameters_get_gradients(
+    score_name: str, device: str, backend: str
+) -> None:
+    case = make_case(
+        score_name, "causal", (2, 2, 2, 5, 5, 4, 3), seed=4, dtype=torch.float64, device=device
+    )
     if score_name == "gaussian":
         case.score = attnkit.scores.Gaussian(1.3, learnable=True).double()
     if not _runs(case, backend):
@@ -60,7 +64,6 @@ def test_learnable_score_parameters_get_gradients(score_name: str, backend: str)
         torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-10)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("score_name", SCORES)
 def test_fully_masked_rows_have_zero_output_and_gradients(score_name: str, backend: str) -> None:
     case = make_case(score_name, "none", (2, 2, 2, 4, 6, 3, 5), seed=9, dtype=torch.float32)
