@@ -139,8 +139,16 @@ def test_bert_layer_weights_match_reference_and_output_is_unchanged() -> None:
         _, w = attnkit.attention(
             q, k, v, mask=masks.key_padding(pad), return_weights=True, backend="reference"
         )
+        _, w64 = attnkit.attention(
+            q.double(), k.double(), v.double(), mask=masks.key_padding(pad), return_weights=True
+        )
         assert r.heads == (0, 5, H - 1)
-        torch.testing.assert_close(r.weights, w[:, [0, 5, H - 1]], atol=1e-6, rtol=0)
+        heads = [0, 5, H - 1]
+        # the suite's rule: at most 2x the error of plain float32 math against float64,
+        # with a float32 floor of 1e-5 (kernels round differently on different CPUs)
+        err = (r.weights.double() - w64[:, heads]).abs().max().item()
+        plain = (w[:, heads].double() - w64[:, heads]).abs().max().item()
+        assert err <= max(2 * plain, 1e-5), (err, plain)
     assert cap.stack(batch_index=0).shape == (2, 3, L, L)
     assert cap.weights(5).shape == (2, 3, L, L)
     assert cap.weights("encoder.layer.1.attention.self") is cap[0].weights

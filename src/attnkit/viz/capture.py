@@ -17,7 +17,6 @@ in the order the modules first call it during the capture.
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -30,7 +29,8 @@ from torch import nn
 from .. import _recording
 from .._inputs import AttentionInputs
 from ..backends.base import AttentionResult, Backend
-from ..backends.dispatch import available_backends, select_backend
+from ..backends.dispatch import available_backends
+from ..functional import attention
 
 __all__ = ["AttentionRecord", "Capture", "capture"]
 
@@ -225,20 +225,34 @@ class _Recorder:
 def _exact_weights(
     inputs: AttentionInputs, result: AttentionResult, backend: Backend
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Weights (*batch, L, S) and lse (*batch, L) of the call, without dropout, detached."""
-    if result.weights is not None and inputs.dropout_p == 0.0:
+    """Weights (*batch, L, S) and lse (*batch, L) of the call, without dropout, detached.
+
+    When the call did not return per-head weights itself, the same call is made again
+    through :func:`attnkit.attention` with ``return_weights=True`` and no dropout, on the
+    backend that ran it when that backend can return weights, else on the next one
+    that can. Recording is off meanwhile, so the call is not recorded twice.
+    """
+    if result.weights is not None and not inputs.weights_mean and inputs.dropout_p == 0.0:
         lse = result.lse.detach() if result.lse is not None else None
         return result.weights.detach(), lse
-    request = dataclasses.replace(inputs, return_weights=True, return_lse=True, dropout_p=0.0)
-    with torch.no_grad():
-        runner = (
-            backend
-            if not backend.not_supported_reasons(request)
-            else select_backend(request, available_backends())
-        )
-        again = runner.forward(request)
-    assert again.weights is not None
-    return again.weights.detach(), (again.lse.detach() if again.lse is not None else None)
+    order = [backend.name, *(n for n in available_backends() if n != backend.name)]
+    token = _recording.ACTIVE.set(None)
+    try:
+        with torch.no_grad():
+            _, weights, lse = attention(
+                inputs.query,
+                inputs.key,
+                inputs.value,
+                score=inputs.score,
+                mask=inputs.mask,
+                scale=inputs.scale,
+                return_weights=True,
+                return_lse=True,
+                backend=order,
+            )
+    finally:
+        _recording.ACTIVE.reset(token)
+    return weights.detach(), lse.detach()
 
 
 @contextmanager
