@@ -8,7 +8,7 @@ import torch
 
 import attnkit
 from attnkit import masks, scores
-from attnkit.backends import sdpa
+from attnkit.backends import varlen
 
 
 def _qkv(
@@ -81,11 +81,11 @@ def test_unpadded_path_matches_reference(name: str, score_name: str) -> None:
 def test_grouping_minimizes_padded_work_plus_call_cost() -> None:
     q_len = [1000, 1000, 1000, 1000]
     k_len = [10, 11, 500, 900]
-    groups = sdpa._group_lengths([0, 1, 2, 3], q_len, k_len, head_work=512)
+    groups = varlen.group_lengths([0, 1, 2, 3], q_len, k_len, head_work=512)
     assert sorted(b for g in groups for b in g) == [0, 1, 2, 3]
     assert [0, 1] in groups  # near-equal lengths share a call
     assert [3] in groups  # a long one does not pad the short ones
-    assert sdpa._group_lengths([], [], [], 64) == []
+    assert varlen.group_lengths([], [], [], 64) == []
 
 
 def test_three_dim_inputs_and_weights_from_lse() -> None:

@@ -1,0 +1,262 @@
+"""The SDPA backend class: what it runs, and a call mapped onto SDPA calls (dense or unpadded)."""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+
+from ... import masks as _masks
+from ..._inputs import AttentionInputs
+from .. import varlen
+from .._common import dense_mask, expand_kv
+from .._dotform import dot_form_in_compute_dtype
+from ..base import AttentionResult, Backend
+from .lse import has_lse_kernel, weights_of_call
+from .run import HAS_GQA, call
+
+__all__ = ["SDPABackend"]
+
+
+class SDPABackend(Backend):
+    """torch's fused scaled-dot-product attention for dot-reducible scores."""
+
+    name: ClassVar[str] = "sdpa"
+    device_types: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda"})
+    any_score: ClassVar[bool] = False
+
+    def not_supported_reasons(self, inputs: AttentionInputs) -> list[str]:
+        reasons = super().not_supported_reasons(inputs)
+        if (inputs.return_lse or inputs.return_weights) and not has_lse_kernel(inputs.device):
+            reasons.append("no kernel returning the log-sum-exp on this device (weights/lse)")
+        if inputs.return_lse and inputs.needs_grad:
+            reasons.append("the fused kernel's lse is not differentiable (return_lse with grad)")
+        return reasons
+
+    def materialized_masks(self, inputs: AttentionInputs) -> list[str]:
+        """Mask parts SDPA would build as a dense (L, S) tensor."""
+        parts = inputs.mask_parts
+        if not parts:
+            return []
+        out: list[str] = []
+        L, S = inputs.L, inputs.S
+        for p in parts:
+            if isinstance(p, _masks.CausalMask):
+                if not p.symbolic_causal(L, S):
+                    out.append("a shifted (bottom-right, L != S, or offset) causal mask")
+                elif len(parts) > 1 and not varlen.can_unpad(inputs):
+                    out.append("a causal mask combined with another mask")
+            elif isinstance(p, _masks.WindowMask):
+                out.append("a window mask")
+        padded = any(p.kind in ("valid_lens", "key_padding") for p in parts)
+        if padded and inputs.device.type != "cpu" and not varlen.can_unpad(inputs):
+            out.append("padding (unpadding would read lengths on the host)")
+        return out
+
+    def forward(self, inputs: AttentionInputs) -> AttentionResult:
+        if (inputs.return_lse or inputs.return_weights) and inputs.dtype != inputs.compute_dtype:
+            # weights and lse are float32 for half inputs: computed from float32 logits
+            q, k, key_bias, rc = dot_form_in_compute_dtype(inputs, row_constant=inputs.return_lse)
+        else:
+            q, k, key_bias = inputs.score.dot_form(inputs.query, inputs.key)
+            rc = inputs.score.row_constant(inputs.query, inputs.key) if inputs.return_lse else None
+        if key_bias is not None and inputs.mask is not None:
+            # q'·k' + b == [q', 1]·[k', b]: one more feature instead of an (L, S) bias mask
+            kb = key_bias.transpose(-2, -1)  # (..., S, 1)
+            lead = torch.broadcast_shapes(k.shape[:-1], kb.shape[:-1])
+            k = torch.cat(
+                [k.expand(*lead, k.shape[-1]), kb.expand(*lead, 1)], dim=-1
+            )  # (..., S, E'+1)
+            q = torch.cat([q, q.new_ones(*q.shape[:-1], 1)], dim=-1)  # (..., L, E'+1)
+            key_bias = None
+        if varlen.can_unpad(inputs):
+            out, weights, lse = self._forward_unpadded(inputs, q, k)  # key bias folded above
+        else:
+            out, weights, lse = self._forward_dense(inputs, q, k, key_bias)
+        if lse is not None and inputs.return_lse:
+            lse = lse.to(inputs.compute_dtype)
+            if rc is not None:
+                lse = lse + (rc.to(inputs.compute_dtype) * inputs.scale).expand_as(lse)
+        return AttentionResult(
+            output=out.to(inputs.dtype),
+            weights=weights if inputs.return_weights else None,
+            lse=lse if inputs.return_lse else None,
+        )
+
+    # ------------------------------------------------------------------ dense
+
+    def _forward_dense(
+        self,
+        inputs: AttentionInputs,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        key_bias: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        v = inputs.value.to(q.dtype)
+        batch, L, S = inputs.batch_shape, inputs.L, inputs.S
+        want_lse = inputs.return_lse or inputs.return_weights
+
+        attn_mask: torch.Tensor | None = None
+        is_causal = False
+        alive: torch.Tensor | None = None  # (*batch, L, 1) rows with at least one key
+        mask = inputs.mask
+        if key_bias is None and mask is not None and len(mask.parts()) == 1:
+            is_causal = mask.symbolic_causal(L, S)
+        if key_bias is not None and mask is None:
+            # one row per key, (..., 1, S): the fused kernel broadcasts it over the queries
+            if inputs.groups > 1 and key_bias.ndim >= 3 and key_bias.shape[-3] != 1:
+                key_bias = expand_kv(key_bias, inputs.groups)  # (..., Hq, 1, S)
+            attn_mask = key_bias * inputs.scale  # (..., 1, S)
+        elif (mask is not None and not is_causal) or key_bias is not None:
+            dm = dense_mask(inputs)
+            if dm.bias is None and key_bias is None:
+                keep = dm.keep
+                assert keep is not None
+                if keep.ndim < 2:  # a (S,) row: SDPA and the lse op need (..., L or 1, S)
+                    keep = keep.unsqueeze(-2)  # (1, S)
+                alive = keep.any(dim=-1, keepdim=True)  # (..., L or 1, 1)
+                attn_mask = keep | ~alive  # dead rows attend everywhere, zeroed below
+            else:
+                bias = torch.zeros((), dtype=q.dtype, device=q.device)
+                if key_bias is not None:
+                    bias = bias + key_bias * inputs.scale  # (..., 1, S)
+                if dm.bias is not None:
+                    bias = bias + dm.bias.to(q.dtype)
+                if dm.keep is not None:
+                    bias = bias.masked_fill(~dm.keep, float("-inf"))
+                bias = bias.expand(*bias.shape[:-2], L, S) if bias.ndim >= 2 else bias.expand(L, S)
+                alive = (bias > float("-inf")).any(dim=-1, keepdim=True)  # (..., L, 1)
+                attn_mask = bias.masked_fill(~alive, 0.0)  # dead rows: zeroed below
+
+        gqa = inputs.groups > 1 and HAS_GQA
+        if inputs.groups > 1 and not HAS_GQA:
+            k = expand_kv(k, inputs.groups)  # (..., Hq, S, E)
+            v = expand_kv(v, inputs.groups)  # (..., Hq, S, Ev)
+        # SDPA's fused kernels need equal leading dims: broadcast views, no copies.
+        q = q.expand(*batch, L, q.shape[-1])  # (*batch, L, E')
+        kv_batch = (*batch[:-1], k.shape[-3]) if batch and gqa else batch
+        k = k.expand(*kv_batch, S, k.shape[-1])  # (*kv_batch, S, E')
+        v = v.expand(*kv_batch, S, v.shape[-1])  # (*kv_batch, S, Ev)
+        out, lse = call(
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+            dropout_p=inputs.dropout_p,
+            scale=inputs.scale,
+            gqa=gqa,
+            want_lse=want_lse,
+        )  # (*batch, L, Ev), (*batch, L)
+        zero = torch.zeros((), dtype=out.dtype, device=out.device)
+        if alive is not None:  # no host sync: stays torch.compile friendly
+            out = torch.where(alive, out, zero)
+            if lse is not None:
+                lse = torch.where(alive.squeeze(-1), lse, float("-inf"))
+        weights = None
+        if inputs.return_weights:
+            assert lse is not None
+            weights = weights_of_call(
+                inputs, q, k, lse, attn_mask=attn_mask, is_causal=is_causal, gqa=gqa, alive=alive
+            )  # (*batch, L, S)
+        return out, weights, lse
+
+    # ------------------------------------------------------------------ unpadded
+
+    def _forward_unpadded(
+        self, inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """SDPA on each batch element's kept queries and keys, similar lengths grouped.
+
+        This path always has a mask, so a score's key bias already rides in q and k
+        as one extra feature (see :meth:`forward`).
+
+        Batch elements are sorted by length and grouped (see :func:`attnkit.backends.varlen.group_lengths`)
+        so a few SDPA calls cover the batch with little padding left inside a group.
+        """
+        batch, L, S = inputs.batch_shape, inputs.L, inputs.S
+        B = batch[0]
+        cd = inputs.compute_dtype
+        dev = q.device
+        want_lse = inputs.return_lse or inputs.return_weights
+        # With one leading dim, the batch dim that is sliced per element is the head dim
+        # itself: each query head needs its key head materialized at its own index.
+        gqa = inputs.groups > 1 and HAS_GQA and len(batch) > 1
+        v = inputs.value.to(q.dtype)
+        if inputs.groups > 1 and not gqa:
+            k, v = expand_kv(k, inputs.groups), expand_kv(v, inputs.groups)  # (..., Hq, S, D)
+        kv_batch = (*batch[:-1], k.shape[-3]) if gqa else batch
+        q = q.expand(*batch, L, q.shape[-1])  # (B, ..., L, E')
+        k = k.expand(*kv_batch, S, k.shape[-1])  # (B, ..., S, E')
+        v = v.expand(*kv_batch, S, v.shape[-1])  # (B, ..., S, Ev)
+        lens = varlen.lengths(inputs, dev)
+        q_len, k_len, key_idx, causal = lens.q_len, lens.k_len, lens.key_idx, lens.causal
+        out_full = torch.zeros(*batch, L, v.shape[-1], dtype=inputs.dtype, device=dev)
+        lse_full = (
+            torch.full((*batch, L), float("-inf"), dtype=cd, device=dev) if want_lse else None
+        )
+        w_full = torch.zeros(*batch, L, S, dtype=cd, device=dev) if inputs.return_weights else None
+        live = [b for b in range(B) if q_len[b] > 0 and k_len[b] > 0]
+        head_work = inputs.E * max(1, math.prod(batch[1:]))
+        for members in varlen.group_lengths(live, q_len, k_len, head_work):
+            qm = max(q_len[b] for b in members)
+            km = max(k_len[b] for b in members)
+            q_g = torch.stack([q[b, ..., :qm, :] for b in members])  # (G, ..., qm, E')
+            k_g = torch.stack(
+                [varlen.take_keys(k[b], key_idx[b], km) for b in members]
+            )  # (G, ..., km, E')
+            v_g = torch.stack(
+                [varlen.take_keys(v[b], key_idx[b], km) for b in members]
+            )  # (G, ..., km, Ev)
+            lens_g = torch.tensor([k_len[b] for b in members], device=dev)  # (G,)
+            keep: torch.Tensor | None = None
+            if any(k_len[b] < km for b in members):
+                keep = torch.arange(km, device=dev) < lens_g[:, None]  # (G, km)
+                keep = keep.view(len(members), *([1] * (q_g.ndim - 2)), km)  # (G, 1.., 1, km)
+            if causal and keep is not None:
+                tri = torch.ones(qm, km, dtype=torch.bool, device=dev).tril()  # (qm, km)
+                keep = tri if keep is None else keep & tri
+            attn_mask: torch.Tensor | None = keep
+            out_g, lse_g = call(
+                q_g,
+                k_g,
+                v_g,
+                attn_mask=attn_mask,
+                is_causal=causal and attn_mask is None,
+                dropout_p=inputs.dropout_p,
+                scale=inputs.scale,
+                gqa=gqa,
+                want_lse=want_lse,
+            )  # (G, ..., qm, Ev), (G, ..., qm)
+            w_g: torch.Tensor | None = None
+            if w_full is not None and lse_g is not None:
+                w_g = weights_of_call(
+                    inputs,
+                    q_g,
+                    k_g,
+                    lse_g,
+                    attn_mask=attn_mask,
+                    is_causal=causal and attn_mask is None,
+                    gqa=gqa,
+                )  # (G, ..., qm, km)
+            for n, b in enumerate(members):
+                ql, kl, idx = q_len[b], k_len[b], key_idx[b]
+                out_full[b, ..., :ql, :] = out_g[n, ..., :ql, :].to(inputs.dtype)
+                if lse_full is not None and lse_g is not None:
+                    lse_full[b, ..., :ql] = lse_g[n, ..., :ql].to(cd)
+                if w_full is not None and w_g is not None:
+                    wb = w_g[n, ..., :ql, :kl]  # (..., ql, kl)
+                    if idx is None:
+                        w_full[b, ..., :ql, :kl] = wb
+                    else:
+                        rows = torch.zeros_like(w_full[b, ..., :ql, :])  # (..., ql, S)
+                        w_full[b, ..., :ql, :] = rows.index_copy(-1, idx, wb)
+        if not live and torch.is_grad_enabled():
+            # Every element is fully masked: keep the graph connected so backward gives
+            # zero gradients (the policy for masked rows), not "does not require grad".
+            link = (q.sum() + k.sum() + v.sum()) * 0  # a 0-d zero
+            out_full = out_full + link.to(out_full.dtype)
+            if w_full is not None:
+                w_full = w_full + link.to(w_full.dtype)
+        return out_full, w_full, lse_full
