@@ -56,7 +56,8 @@ def test_cuda_never_prefers_a_python_tiled_backend_over_a_fused_one(name: str) -
     """On CUDA every dot-product mask goes to a fused kernel: sdpa for what it runs without a
     dense mask, else triton when it is installed (it skips the blocks), else sdpa with a dense
     mask (which beats Python loops over tiles there), never chunked."""
-    inputs = _OnDevice(_call(MASKS[name], L=64, S=64 if name != "causal_br" else 80), "cuda")
+    L, S = (128, 160) if name == "causal_br" else (64, 64)  # past the decoding rows
+    inputs = _OnDevice(_call(MASKS[name], L=L, S=S), "cuda")
     ranking = dispatch.backends_for("cuda")
     assert ranking.index("sdpa") < ranking.index("chunked") < ranking.index("reference")
     with _host.device_semantics():  # the tensors are read as a GPU's would be: never
@@ -75,6 +76,14 @@ def test_cpu_passes_over_sdpa_for_band_masks_only() -> None:
                          torch.randn(1, 2, 64, 8), mask=masks.window(8, 0))  # fmt: skip
     assert ex.chosen == "chunked"
     assert any("chunked keeps it symbolic" in r for r in ex.reasons["sdpa"])
+
+
+def test_decoding_against_a_kv_cache_stays_on_sdpa() -> None:
+    """One new token (or a few) against a long cache: a fused kernel, no block skipping."""
+    mask = masks.causal("bottom_right")
+    assert _choose(_call(mask, L=1, S=256)) == "sdpa"
+    assert _choose(_call(mask, L=4, S=256)) == "sdpa"
+    assert _choose(_call(mask, L=200, S=256)) == "chunked"
 
 
 def test_preference_rules_do_not_apply_to_a_forced_backend() -> None:

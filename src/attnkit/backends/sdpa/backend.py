@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 
 from ... import masks as _masks
 from ..._inputs import AttentionInputs
+from ...scores import Dot, ScaledDot
 from .. import varlen
 from .._common import dense_mask, expand_kv
 from .._dotform import dot_form_in_compute_dtype
@@ -43,7 +45,8 @@ class SDPABackend(Backend):
         L, S = inputs.L, inputs.S
         for p in parts:
             if isinstance(p, _masks.CausalMask):
-                if not p.symbolic_causal(L, S):
+                decoding = L <= DECODE_ROWS and L < S
+                if not p.symbolic_causal(L, S) and not decoding and not _sees_all(p, L, S):
                     out.append("a shifted (bottom-right, L != S, or offset) causal mask")
                 elif len(parts) > 1 and not varlen.can_unpad(inputs):
                     out.append("a causal mask combined with another mask")
@@ -55,6 +58,8 @@ class SDPABackend(Backend):
         return out
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
+        if _is_direct(inputs):
+            return AttentionResult(output=_direct(inputs))
         if (inputs.return_lse or inputs.return_weights) and inputs.dtype != inputs.compute_dtype:
             # weights and lse are float32 for half inputs: computed from float32 logits
             q, k, key_bias, rc = dot_form_in_compute_dtype(inputs, row_constant=inputs.return_lse)
@@ -260,3 +265,56 @@ class SDPABackend(Backend):
             if w_full is not None:
                 w_full = w_full + link.to(w_full.dtype)
         return out_full, w_full, lse_full
+
+
+DECODE_ROWS = 64
+"""A shifted causal mask over fewer queries than keys (bottom-right: new tokens against
+a KV cache) with at most this many query rows is cheap as a dense (L, S) mask: SDPA
+keeps it (decoding, chunked prefill)."""
+
+
+def _sees_all(mask: _masks.CausalMask, L: int, S: int) -> bool:
+    """True when every query of this causal mask sees every key (e.g. one new token
+    against its whole KV cache): the mask is then no mask at all."""
+    return mask.offset(L, S) >= S - 1
+
+
+def _is_direct(inputs: AttentionInputs) -> bool:
+    """True for the plain call torch's SDPA takes as it is: a dot or scaled-dot score,
+    4-D inputs with equal leading dims (or grouped K/V heads where torch has
+    enable_gqa), one head size, no weights or lse, and no mask, a top-left causal mask,
+    or a causal mask under which every query sees every key (decoding)."""
+    if inputs.return_weights or inputs.return_lse or type(inputs.score) not in _DIRECT_SCORES:
+        return False
+    q, k = inputs.query, inputs.key
+    if q.ndim != 4 or inputs.E != inputs.Ev:
+        return False
+    if q.shape[:-2] != k.shape[:-2] and not (
+        HAS_GQA and inputs.groups > 1 and q.shape[0] == k.shape[0]
+    ):
+        return False
+    mask = inputs.mask
+    if mask is None:
+        return True
+    return isinstance(mask, _masks.CausalMask) and (
+        mask.symbolic_causal(inputs.L, inputs.S) or _sees_all(mask, inputs.L, inputs.S)
+    )
+
+
+def _direct(inputs: AttentionInputs) -> torch.Tensor:
+    """The call handed to torch's SDPA unchanged: out (B, H, L, Ev)."""
+    mask = inputs.mask
+    causal = isinstance(mask, _masks.CausalMask) and not _sees_all(mask, inputs.L, inputs.S)
+    kwargs: dict[str, Any] = {"enable_gqa": True} if inputs.groups > 1 else {}
+    return F.scaled_dot_product_attention(
+        inputs.query,
+        inputs.key,
+        inputs.value,
+        dropout_p=inputs.dropout_p,
+        is_causal=causal,
+        scale=inputs.scale,
+        **kwargs,
+    )
+
+
+_DIRECT_SCORES = (Dot, ScaledDot)
