@@ -14,6 +14,7 @@ from ...scores import Dot, ScaledDot
 from .. import varlen
 from .._common import dense_mask, expand_kv
 from .._dotform import dot_form_in_compute_dtype
+from .._materialized import has_nonfinite, materialized_attention
 from ..base import AttentionResult, Backend
 from .lse import has_lse_kernel, weights_of_call
 from .run import HAS_GQA, call
@@ -58,10 +59,17 @@ class SDPABackend(Backend):
         return out
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
+        if has_nonfinite(inputs):
+            # torch's kernels let a NaN query give zeros and a masked-out NaN value reach
+            # every row; the materialized form follows attnkit's policy (rare inputs)
+            return materialized_attention(inputs)
         if _is_direct(inputs):
             return AttentionResult(output=_direct(inputs))
-        if (inputs.return_lse or inputs.return_weights) and inputs.dtype != inputs.compute_dtype:
-            # weights and lse are float32 for half inputs: computed from float32 logits
+        if inputs.dtype != inputs.compute_dtype and _half_needs_float32(inputs):
+            # half inputs in float32: a score's dot form (Gaussian's key term, Bilinear's
+            # qW) and additive biases (-1e9) are not rounded to half, so the error stays
+            # that of plain same-dtype math; (scaled) dot scores keep the half kernel,
+            # with or without weights (its lse is float32 either way)
             q, k, key_bias, rc = dot_form_in_compute_dtype(inputs, row_constant=inputs.return_lse)
         else:
             q, k, key_bias = inputs.score.dot_form(inputs.query, inputs.key)
@@ -277,6 +285,14 @@ def _sees_all(mask: _masks.CausalMask, L: int, S: int) -> bool:
     """True when every query of this causal mask sees every key (e.g. one new token
     against its whole KV cache): the mask is then no mask at all."""
     return mask.offset(L, S) >= S - 1
+
+
+def _half_needs_float32(inputs: AttentionInputs) -> bool:
+    """Half inputs whose dot form or bias would lose range or precision in half: a score
+    other than (scaled) dot, or an additive bias mask."""
+    return type(inputs.score) not in _DIRECT_SCORES or any(
+        p.kind == "bias" for p in inputs.mask_parts
+    )
 
 
 def _is_direct(inputs: AttentionInputs) -> bool:
