@@ -1,25 +1,37 @@
-"""attnkit's native CPU kernels: one small C file, built on first use, loaded with ctypes.
+"""attnkit's native CPU kernels: one C file, built on first use, loaded with ctypes.
 
-It holds the fused additive-score loop (:mod:`attnkit.kernels.additive`) and a
-vectorized ``exp`` of logits rows (:mod:`attnkit.kernels.softmax`). It is built
-with the system C compiler (the one ``torch.utils.cpp_extension`` would use:
-``$CC``, else ``cc``/``gcc``/``clang``) into torch's extension build root,
-cached by a hash of its source and flags (a rebuild happens only when either
-changes; concurrent builders agree through an atomic rename), and loaded with
-``ctypes``. It includes no torch headers, so a build takes about a second
-instead of the minutes a full torch extension needs on a small machine, and
-nothing prebuilt ships with the package. On x86-64 with AVX2+FMA the inner loops
-are vectorized by hand; elsewhere portable scalar loops are compiled. When no
-compiler is found or the build fails, :func:`status` says why and callers use
-their pure-torch fallbacks.
+The source is the package file ``native.c``: the fused additive-score loop
+(:mod:`attnkit.kernels.additive`) and a vectorized ``exp`` of logits rows
+(:mod:`attnkit.kernels.softmax`). It includes no torch headers, so a build takes
+about a second with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``).
+On x86-64 with AVX2+FMA the inner loops are vectorized by hand; elsewhere portable
+scalar loops are compiled. Nothing prebuilt ships with the package.
 
-Math: ``exp(x) = 2^n · e^r`` with ``|r| <= ln2/2`` and e^r by its degree-7
-Taylor polynomial (relative error about 1e-7, float32 rounding); ``exp`` of
--inf (or anything below -87) is exactly 0. ``tanh(x) = 1 - 2/(exp(2x) + 1)``
-with x clamped to [-9, 9], where tanh is ±1 to float32 precision (absolute
-error below 2e-7).
+When it is built: at the first call that needs it (:func:`library`), or explicitly
+(:func:`build`); never by :func:`status`, which only reports.
 
-Set ``ATTNKIT_NO_COMPILE=1`` to disable the build (for tests of the fallbacks).
+Where, and what is loaded (a library is native code run in this process):
+
+- builds go to a per-user private folder, ``$ATTNKIT_CACHE_DIR`` or
+  ``$XDG_CACHE_HOME/attnkit/kernels`` or ``~/.cache/attnkit/kernels``, created with
+  mode 0700; never a shared folder under a world-writable temp dir;
+- a library is loaded only when the folder and the file belong to the current user
+  and neither is writable by group or others, and only when it answers with
+  attnkit's tag (``ak_abi_tag``); anything else is refused, with the reason in
+  :func:`status`, and callers use their pure-torch fallbacks;
+- a build writes a temporary file and renames it into place atomically (concurrent
+  builders agree); temporary files older than an hour (a killed build) are removed;
+- the compiler's total wait is bounded (``ATTNKIT_BUILD_TIMEOUT`` seconds, default
+  60), after which the fallbacks are used.
+
+The file name holds a hash of the source, the flags, the compiler and the CPU, so a
+change of any of them builds anew. ``ATTNKIT_NO_COMPILE=1`` disables the build (for
+tests of the fallbacks).
+
+Math: ``exp(x) = 2^n · e^r`` with ``|r| <= ln2/2`` and e^r by its degree-7 Taylor
+polynomial (relative error about 1e-7, float32 rounding); ``exp`` of -inf (or
+anything below -87) is exactly 0. ``tanh(x) = 1 - 2/(exp(2x) + 1)`` with x clamped
+to [-9, 9], where tanh is ±1 to float32 precision (absolute error below 2e-7).
 """
 
 from __future__ import annotations
@@ -29,202 +41,47 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
+import time
+from importlib import resources
 from pathlib import Path
 
 import torch
 
-__all__ = ["available", "library", "status"]
+__all__ = [
+    "ABI_TAG",
+    "available",
+    "build",
+    "cache_dir",
+    "library",
+    "planned_paths",
+    "status",
+]
 
-_SOURCE = r"""
-#include <stdint.h>
-#include <string.h>
-#include <math.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define AK_AVX2 1
-#endif
-
-/* Scalar tanh, same formula as the vector one. */
-static inline float ak_tanh1(float x) {
-    x = x < -9.0f ? -9.0f : (x > 9.0f ? 9.0f : x);
-    return 1.0f - 2.0f / (expf(2.0f * x) + 1.0f);
-}
-
-#ifdef AK_AVX2
-/* exp(y) = 2^n * e^r with |r| <= ln2/2; e^r by its degree-7 Taylor polynomial.
-   y is assumed in [-87, 88]; see ak_exp8 for the clamped version. */
-static inline __m256 ak_exp8_inner(__m256 y) {
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(y, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), y);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i bits = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-
-/* exp(x) for any x: 0 below -87 (and for -inf), clamped at 88 above, NaN for NaN.
-   min/max return their second operand when either is NaN, so x goes second. */
-static inline __m256 ak_exp8(__m256 x) {
-    __m256 dead = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
-    __m256 y = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x));
-    return _mm256_andnot_ps(dead, ak_exp8_inner(y));
-}
-
-static inline __m256 ak_tanh8(__m256 x) {
-    const __m256 lim = _mm256_set1_ps(9.0f);
-    x = _mm256_min_ps(lim, _mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), lim), x));
-    __m256 e = ak_exp8_inner(_mm256_add_ps(x, x));
-    __m256 one = _mm256_set1_ps(1.0f);
-    return _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
-}
-
-static inline float ak_hsum8(__m256 v) {
-    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    lo = _mm_hadd_ps(lo, lo);
-    lo = _mm_hadd_ps(lo, lo);
-    return _mm_cvtss_f32(lo);
-}
-#endif
-
-/* s[r, c] = exp(s[r, c] - shift[r]) in place for R rows of C; exp(-inf) = 0. With rowsum
-   != NULL also rowsum[r] = sum_c of the new s[r, c]. */
-void ak_exp_rows(float* s, const float* shift, float* rowsum, int64_t R, int64_t C,
-                 int nthreads) {
-    #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t r = 0; r < R; ++r) {
-        float* row = s + r * C;
-        const float sh = shift[r];
-        float acc = 0.0f;
-        int64_t c = 0;
-#ifdef AK_AVX2
-        __m256 acc8 = _mm256_setzero_ps();
-        const __m256 sh8 = _mm256_set1_ps(sh);
-        for (; c + 8 <= C; c += 8) {
-            __m256 e = ak_exp8(_mm256_sub_ps(_mm256_loadu_ps(row + c), sh8));
-            _mm256_storeu_ps(row + c, e);
-            acc8 = _mm256_add_ps(acc8, e);
-        }
-        acc = ak_hsum8(acc8);
-#endif
-        for (; c < C; ++c) {
-            float x = row[c] - sh;
-            float e = x < -87.0f ? 0.0f : expf(x);
-            row[c] = e;
-            acc += e;
-        }
-        if (rowsum) rowsum[r] = acc;
-    }
-}
-
-int ak_has_avx2(void) {
-#ifdef AK_AVX2
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-/* out[r, i, j] = sum_h w[h] * tanh(qh[r, i, h] + kh[r, j, h]); all row-major, contiguous. */
-void ak_additive_logits(const float* qh, const float* kh, const float* w, float* out,
-                        int64_t R, int64_t M, int64_t N, int64_t H, int nthreads) {
-    #pragma omp parallel for collapse(2) num_threads(nthreads) schedule(static)
-    for (int64_t r = 0; r < R; ++r)
-        for (int64_t i = 0; i < M; ++i) {
-            const float* a = qh + (r * M + i) * H;
-            float* o = out + (r * M + i) * N;
-            for (int64_t j = 0; j < N; ++j) {
-                const float* b = kh + (r * N + j) * H;
-                float acc = 0.0f;
-                int64_t h = 0;
-#ifdef AK_AVX2
-                __m256 acc8 = _mm256_setzero_ps();
-                for (; h + 8 <= H; h += 8) {
-                    __m256 t = ak_tanh8(_mm256_add_ps(_mm256_loadu_ps(a + h),
-                                                      _mm256_loadu_ps(b + h)));
-                    acc8 = _mm256_fmadd_ps(_mm256_loadu_ps(w + h), t, acc8);
-                }
-                acc = ak_hsum8(acc8);
-#endif
-                for (; h < H; ++h) acc += w[h] * ak_tanh1(a[h] + b[h]);
-                o[j] = acc;
-            }
-        }
-}
-
-/* Gradients of the logits above given g[r, i, j] = dLoss/dout[r, i, j]:
-     dqh[r, i, :] = sum_j g * w * (1 - t^2),   dkh_t[thread, r, j, :] += g * w * (1 - t^2),
-     dw_t[thread, :] += g * t,                  t = tanh(qh[r, i, :] + kh[r, j, :]).
-   dqh is written; dkh_t (nthreads, R, N, H) and dw_t (nthreads, H) must be zeroed and are
-   summed over threads by the caller. Pairs with g == 0 (masked, skipped) cost nothing. */
-void ak_additive_grads(const float* qh, const float* kh, const float* w, const float* g,
-                       float* dqh, float* dkh_t, float* dw_t,
-                       int64_t R, int64_t M, int64_t N, int64_t H, int nthreads) {
-    #pragma omp parallel num_threads(nthreads)
-    {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
-        float* dk_mine = dkh_t + (int64_t)tid * R * N * H;
-        float* dw_mine = dw_t + (int64_t)tid * H;
-        #pragma omp for collapse(2) schedule(static)
-        for (int64_t r = 0; r < R; ++r)
-            for (int64_t i = 0; i < M; ++i) {
-                const float* a = qh + (r * M + i) * H;
-                const float* gr = g + (r * M + i) * N;
-                float* dq = dqh + (r * M + i) * H;
-                for (int64_t h = 0; h < H; ++h) dq[h] = 0.0f;
-                for (int64_t j = 0; j < N; ++j) {
-                    float gij = gr[j];
-                    if (gij == 0.0f) continue;
-                    const float* b = kh + (r * N + j) * H;
-                    float* dk = dk_mine + (r * N + j) * H;
-                    int64_t h = 0;
-#ifdef AK_AVX2
-                    __m256 g8 = _mm256_set1_ps(gij);
-                    __m256 one = _mm256_set1_ps(1.0f);
-                    for (; h + 8 <= H; h += 8) {
-                        __m256 t = ak_tanh8(_mm256_add_ps(_mm256_loadu_ps(a + h),
-                                                          _mm256_loadu_ps(b + h)));
-                        __m256 gw = _mm256_mul_ps(g8, _mm256_loadu_ps(w + h));
-                        __m256 d = _mm256_mul_ps(gw, _mm256_fnmadd_ps(t, t, one));
-                        _mm256_storeu_ps(dq + h, _mm256_add_ps(_mm256_loadu_ps(dq + h), d));
-                        _mm256_storeu_ps(dk + h, _mm256_add_ps(_mm256_loadu_ps(dk + h), d));
-                        _mm256_storeu_ps(dw_mine + h,
-                                         _mm256_fmadd_ps(g8, t, _mm256_loadu_ps(dw_mine + h)));
-                    }
-#endif
-                    for (; h < H; ++h) {
-                        float t = ak_tanh1(a[h] + b[h]);
-                        float d = gij * w[h] * (1.0f - t * t);
-                        dq[h] += d;
-                        dk[h] += d;
-                        dw_mine[h] += gij * t;
-                    }
-                }
-            }
-    }
-}
-"""
+ABI_TAG = 20261122
+"""What ``ak_abi_tag()`` of attnkit's library returns."""
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _status: str | None = None
+_STALE_SECONDS = 3600
+
+
+def source() -> str:
+    """The C source shipped with the package."""
+    return resources.files("attnkit.kernels").joinpath("native.c").read_text(encoding="utf-8")
+
+
+def cache_dir() -> Path:
+    """The per-user folder builds go to (not created here)."""
+    explicit = os.environ.get("ATTNKIT_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "attnkit" / "kernels"
 
 
 def _compiler() -> str | None:
@@ -232,15 +89,6 @@ def _compiler() -> str | None:
         if cand and shutil.which(cand):
             return shutil.which(cand)
     return None
-
-
-def _build_root() -> Path:
-    try:
-        from torch.utils.cpp_extension import get_default_build_root
-
-        return Path(get_default_build_root())
-    except Exception:  # pragma: no cover - torch without cpp_extension
-        return Path(tempfile.gettempdir()) / "torch_extensions"
 
 
 def _cpu_identity() -> str:
@@ -273,55 +121,153 @@ def _flag_sets() -> list[list[str]]:
     return sets
 
 
+def _timeout() -> float:
+    try:
+        return max(1.0, float(os.environ.get("ATTNKIT_BUILD_TIMEOUT", "60")))
+    except ValueError:
+        return 60.0
+
+
+def _private_dir(path: Path) -> str | None:
+    """Create ``path`` (mode 0700) if needed; the reason it is unsafe to use, or None."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = path.stat()
+    except OSError as exc:
+        return f"cannot create the kernel cache {path} ({exc.strerror or exc})"
+    if not stat.S_ISDIR(st.st_mode) or path.is_symlink():
+        return f"the kernel cache {path} is not a real folder"
+    if st.st_uid != os.getuid():
+        return f"the kernel cache {path} belongs to another user"
+    if st.st_mode & 0o022:
+        return f"the kernel cache {path} is writable by group or others"
+    return None
+
+
+def _safe_file(path: Path) -> str | None:
+    """The reason not to load ``path``, or None when it is ours and private."""
+    try:
+        st = path.lstat()
+    except OSError as exc:
+        return f"cannot read {path} ({exc.strerror or exc})"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path} is not a regular file"
+    if st.st_uid != os.getuid():
+        return f"{path} belongs to another user"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by group or others"
+    return None
+
+
+def _remove_stale(folder: Path) -> None:
+    """Delete temporary files a killed build left behind (older than an hour)."""
+    now = time.time()
+    for p in folder.glob("*.tmp*"):
+        try:
+            if now - p.lstat().st_mtime > _STALE_SECONDS and p.lstat().st_uid == os.getuid():
+                p.unlink()
+        except OSError:
+            continue
+
+
+def _load(path: Path) -> tuple[ctypes.CDLL | None, str]:
+    """Load ``path`` if it is safe and is attnkit's library."""
+    unsafe = _safe_file(path)
+    if unsafe is not None:
+        return None, f"pure torch: refused to load the kernel ({unsafe})"
+    try:
+        lib = ctypes.CDLL(str(path))
+        tag = lib.ak_abi_tag
+    except (OSError, AttributeError) as exc:
+        return None, f"pure torch: {path} is not attnkit's kernel library ({exc})"
+    tag.restype = ctypes.c_int
+    if tag() != ABI_TAG:
+        return None, f"pure torch: {path} is another version of the kernel library"
+    _declare(lib)
+    return lib, ""
+
+
 def _try_build() -> tuple[ctypes.CDLL | None, str]:
     if os.environ.get("ATTNKIT_NO_COMPILE"):
         return None, "pure torch: compilation disabled by ATTNKIT_NO_COMPILE"
     cc = _compiler()
     if cc is None:
         return None, "pure torch: no C compiler found ($CC, cc, gcc, clang)"
-    errors = []
+    folder = cache_dir()
+    unsafe = _private_dir(folder)
+    if unsafe is not None:
+        return None, f"pure torch: {unsafe}"
+    _remove_stale(folder)
+    code = source()
+    deadline = time.monotonic() + _timeout()
+    errors: list[str] = []
     for flags in _flag_sets():
-        # The CPU is part of the key: -march=native code must not be reused on another CPU
-        # sharing this build root.
-        key = _SOURCE + " ".join(flags) + cc + _cpu_identity()
-        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-        out_dir = _build_root() / f"attnkit_kernels_{digest}"
-        lib_path = out_dir / "attnkit_kernels.so"
-        try:
-            if not lib_path.exists():
-                out_dir.mkdir(parents=True, exist_ok=True)
-                # Source and library both go to files of this builder's own: a concurrent
-                # builder never truncates the source under the compiler reading it.
-                with tempfile.NamedTemporaryFile(
-                    "w", dir=out_dir, suffix=".c", delete=False, encoding="utf-8"
-                ) as src_file:
-                    src_file.write(_SOURCE)
-                src = Path(src_file.name)
-                with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".so", delete=False) as tmp:
-                    tmp_path = Path(tmp.name)
-                try:
-                    proc = subprocess.run(
-                        [cc, *flags, str(src), "-o", str(tmp_path), "-lm"],
-                        capture_output=True,
-                        text=True,
-                        timeout=120,
-                    )
-                finally:
-                    src.unlink(missing_ok=True)
-                if proc.returncode != 0:
-                    tmp_path.unlink(missing_ok=True)
-                    errors.append(proc.stderr.strip().splitlines()[-1:] or ["failed"])
-                    continue
-                os.replace(tmp_path, lib_path)  # atomic: concurrent builders agree
-            lib = ctypes.CDLL(str(lib_path))
-        except (OSError, subprocess.SubprocessError) as exc:
-            errors.append([str(exc)])
-            continue
-        _declare(lib)
+        lib_path = _lib_path(folder, cc, flags, code)
+        if not lib_path.exists():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                errors.append(f"the compiler took longer than {_timeout():.0f} s in all")
+                break
+            err = _compile(cc, flags, code, folder, lib_path, left)
+            if err is not None:
+                errors.append(err)
+                continue
+        lib, why = _load(lib_path)
+        if lib is None:
+            return None, why
         simd = "AVX2+FMA" if lib.ak_has_avx2() else "scalar"
         return lib, f"compiled C kernel ({simd}, {' '.join(flags[4:]) or 'no extra flags'})"
-    last = errors[-1][0] if errors and errors[-1] else "unknown error"
+    last = errors[-1] if errors else "unknown error"
     return None, f"pure torch: building the C kernel failed ({last})"
+
+
+def _lib_path(folder: Path, cc: str, flags: list[str], code: str) -> Path:
+    """Where the library built from ``code`` with ``cc`` and ``flags`` lives. The CPU is
+    part of the key: -march=native code must not be reused on another CPU."""
+    key = code + " ".join(flags) + cc + _cpu_identity()
+    return folder / f"attnkit_kernels_{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+
+
+def planned_paths() -> list[Path]:
+    """The library paths a build would try, in order (nothing is built or loaded)."""
+    cc = _compiler()
+    if cc is None:
+        return []
+    code = source()
+    return [_lib_path(cache_dir(), cc, flags, code) for flags in _flag_sets()]
+
+
+def _compile(
+    cc: str, flags: list[str], code: str, folder: Path, lib_path: Path, timeout: float
+) -> str | None:
+    """Build ``lib_path`` through temporary files renamed into place; the error, or None."""
+    with tempfile.NamedTemporaryFile(
+        "w", dir=folder, suffix=".tmp.c", delete=False, encoding="utf-8"
+    ) as src_file:
+        src_file.write(code)
+    src = Path(src_file.name)
+    fd, tmp_name = tempfile.mkstemp(dir=folder, suffix=".tmp.so")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        proc = subprocess.run(
+            [cc, *flags, str(src), "-o", str(tmp), "-lm"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if proc.returncode != 0:
+            return (proc.stderr.strip().splitlines() or ["failed"])[-1]
+        os.chmod(tmp, 0o700)
+        os.replace(tmp, lib_path)  # atomic: concurrent builders agree
+        return None
+    except subprocess.TimeoutExpired:
+        return f"the compiler took longer than {timeout:.0f} s"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    finally:
+        src.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -335,6 +281,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ak_has_avx2.restype = c_int
 
 
+def build() -> str:
+    """Build (or load) the kernel library now; returns :func:`status`."""
+    library()
+    assert _status is not None
+    return _status
+
+
 def library() -> ctypes.CDLL | None:
     """The loaded kernel library, building it on first use; None when unavailable."""
     global _lib, _status
@@ -346,12 +299,23 @@ def library() -> ctypes.CDLL | None:
 
 
 def status() -> str:
-    """How the fused loop runs here: the compiled kernel, or why the pure-torch fallback."""
-    library()
-    assert _status is not None
+    """How the native loops run here, without building anything: the compiled kernel,
+    why the pure-torch fallback is used, or that the build happens on first use."""
+    if _status is None:
+        if os.environ.get("ATTNKIT_NO_COMPILE"):
+            return "pure torch: compilation disabled by ATTNKIT_NO_COMPILE"
+        return "compiled C kernel, built on first use"
     return _status
 
 
 def available(dtype: torch.dtype, device: torch.device) -> bool:
-    """True when the compiled kernel can run tensors of this dtype on this device."""
+    """True when the compiled kernel can run tensors of this dtype on this device
+    (builds it on first use)."""
     return dtype == torch.float32 and device.type == "cpu" and library() is not None
+
+
+def _reset_for_tests() -> None:
+    """Forget the loaded library and its status (tests of the build and load rules)."""
+    global _lib, _status
+    with _lock:
+        _lib, _status = None, None

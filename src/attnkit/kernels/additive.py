@@ -19,8 +19,18 @@ from typing import Any
 import torch
 
 from . import _native
+from ._ops import custom_op, register_fake
 
-__all__ = ["grads", "grads_torch", "logits", "logits_torch", "status"]
+__all__ = [
+    "available",
+    "grads",
+    "grads_op",
+    "grads_torch",
+    "logits",
+    "logits_op",
+    "logits_torch",
+    "status",
+]
 
 # Hidden features handled per step of the pure-torch fallback: keeps its
 # (rows, bi, bj, chunk) temporaries near cache size.
@@ -98,6 +108,12 @@ def _native_lib(qh: torch.Tensor, kh: torch.Tensor, *rest: torch.Tensor) -> Any:
 
 def logits(qh: torch.Tensor, kh: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Fused additive logits (R, M, N) of qh (R, M, H), kh (R, N, H), w (H,); no autograd."""
+    return logits_op(qh, kh, w)
+
+
+@custom_op("attnkit::additive_logits")
+def logits_op(qh: torch.Tensor, kh: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The op behind :func:`logits`: the compiled loop, or the chunked torch version."""
     lib = _native_lib(qh, kh, w)
     if lib is None:
         return logits_torch(qh, kh, w)
@@ -116,6 +132,14 @@ def grads(
     qh: torch.Tensor, kh: torch.Tensor, w: torch.Tensor, g: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fused gradients of :func:`logits`: dqh (R, M, H), dkh (R, N, H), dw (H,)."""
+    return grads_op(qh, kh, w, g)
+
+
+@custom_op("attnkit::additive_grads")
+def grads_op(
+    qh: torch.Tensor, kh: torch.Tensor, w: torch.Tensor, g: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The op behind :func:`grads`: the compiled loop, or the chunked torch version."""
     lib = _native_lib(qh, kh, w, g)
     if lib is None:
         return grads_torch(qh, kh, w, g)
@@ -132,3 +156,15 @@ def grads(
         R, M, N, H, nt,
     )  # fmt: skip
     return dqh, dkh_t.sum(0), dw_t.sum(0)
+
+
+@register_fake(logits_op)
+def _logits_fake(qh: torch.Tensor, kh: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return qh.new_empty(qh.shape[0], qh.shape[1], kh.shape[1])  # (R, M, N)
+
+
+@register_fake(grads_op)
+def _grads_fake(
+    qh: torch.Tensor, kh: torch.Tensor, w: torch.Tensor, g: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.empty_like(qh), torch.empty_like(kh), torch.empty_like(w)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 
 from . import _native
+from ._ops import custom_op, register_fake
 
-__all__ = ["exp_rows_"]
+__all__ = ["exp_rows_", "exp_rows_op"]
 
 
 def exp_rows_(s: torch.Tensor, shift: torch.Tensor, *, want_sum: bool) -> torch.Tensor | None:
@@ -19,16 +20,27 @@ def exp_rows_(s: torch.Tensor, shift: torch.Tensor, *, want_sum: bool) -> torch.
         shift: (...), finite (the row max, or the lse of a finished row).
         want_sum: also return ``s.sum(-1)`` of the result.
     """
+    sums = exp_rows_op(s, shift.to(s.dtype).expand(s.shape[:-1]))
+    return sums if want_sum else None
+
+
+@custom_op("attnkit::exp_rows_", mutates_args=("s",))
+def exp_rows_op(s: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """The op: s (..., C) becomes ``exp(s - shift[..., None])``; returns its row sums (...)."""
     lib = _native.library() if _native.available(s.dtype, s.device) else None
     if lib is None or not s.is_contiguous() or s.numel() == 0:
         s.sub_(shift.unsqueeze(-1)).exp_()
-        return s.sum(dim=-1) if want_sum else None
+        return s.sum(dim=-1)
     # The kernel reads one shift per row: a broadcast shift is expanded first, never over-read.
     sh = shift.to(s.dtype).expand(s.shape[:-1]).contiguous()  # (...)
-    sums = torch.empty(sh.shape, dtype=s.dtype, device=s.device) if want_sum else None
+    sums = torch.empty(sh.shape, dtype=s.dtype, device=s.device)
     rows = s.numel() // s.shape[-1]
     lib.ak_exp_rows(
-        s.data_ptr(), sh.data_ptr(), 0 if sums is None else sums.data_ptr(),
-        rows, s.shape[-1], torch.get_num_threads(),
-    )  # fmt: skip
+        s.data_ptr(), sh.data_ptr(), sums.data_ptr(), rows, s.shape[-1], torch.get_num_threads()
+    )
     return sums
+
+
+@register_fake(exp_rows_op)
+def _exp_rows_fake(s: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    return s.new_empty(s.shape[:-1])  # (...)

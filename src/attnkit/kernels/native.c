@@ -1,0 +1,189 @@
+/* attnkit's native CPU kernels: a vectorized exp over logits rows, and the additive
+   score's fused add-tanh-dot loop with its gradients. Built on first use by
+   attnkit/kernels/_native.py with the system C compiler; includes no torch headers.
+   AVX2+FMA paths where the compiler targets them, portable scalar loops elsewhere. */
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define AK_AVX2 1
+#endif
+
+/* Scalar tanh, same formula as the vector one. */
+static inline float ak_tanh1(float x) {
+    x = x < -9.0f ? -9.0f : (x > 9.0f ? 9.0f : x);
+    return 1.0f - 2.0f / (expf(2.0f * x) + 1.0f);
+}
+
+#ifdef AK_AVX2
+/* exp(y) = 2^n * e^r with |r| <= ln2/2; e^r by its degree-7 Taylor polynomial.
+   y is assumed in [-87, 88]; see ak_exp8 for the clamped version. */
+static inline __m256 ak_exp8_inner(__m256 y) {
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(y, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), y);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i bits = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+/* exp(x) for any x: 0 below -87 (and for -inf), clamped at 88 above, NaN for NaN.
+   min/max return their second operand when either is NaN, so x goes second. */
+static inline __m256 ak_exp8(__m256 x) {
+    __m256 dead = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    __m256 y = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x));
+    return _mm256_andnot_ps(dead, ak_exp8_inner(y));
+}
+
+static inline __m256 ak_tanh8(__m256 x) {
+    const __m256 lim = _mm256_set1_ps(9.0f);
+    x = _mm256_min_ps(lim, _mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), lim), x));
+    __m256 e = ak_exp8_inner(_mm256_add_ps(x, x));
+    __m256 one = _mm256_set1_ps(1.0f);
+    return _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+}
+
+static inline float ak_hsum8(__m256 v) {
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    lo = _mm_hadd_ps(lo, lo);
+    lo = _mm_hadd_ps(lo, lo);
+    return _mm_cvtss_f32(lo);
+}
+#endif
+
+/* s[r, c] = exp(s[r, c] - shift[r]) in place for R rows of C; exp(-inf) = 0. With rowsum
+   != NULL also rowsum[r] = sum_c of the new s[r, c]. */
+void ak_exp_rows(float* s, const float* shift, float* rowsum, int64_t R, int64_t C,
+                 int nthreads) {
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+        float* row = s + r * C;
+        const float sh = shift[r];
+        float acc = 0.0f;
+        int64_t c = 0;
+#ifdef AK_AVX2
+        __m256 acc8 = _mm256_setzero_ps();
+        const __m256 sh8 = _mm256_set1_ps(sh);
+        for (; c + 8 <= C; c += 8) {
+            __m256 e = ak_exp8(_mm256_sub_ps(_mm256_loadu_ps(row + c), sh8));
+            _mm256_storeu_ps(row + c, e);
+            acc8 = _mm256_add_ps(acc8, e);
+        }
+        acc = ak_hsum8(acc8);
+#endif
+        for (; c < C; ++c) {
+            float x = row[c] - sh;
+            float e = x < -87.0f ? 0.0f : expf(x);
+            row[c] = e;
+            acc += e;
+        }
+        if (rowsum) rowsum[r] = acc;
+    }
+}
+
+/* Identifies this library to its loader: a file at the cache path that does not answer
+   with the expected tag is not loaded as attnkit's. */
+int ak_abi_tag(void) { return 20261122; }
+
+int ak_has_avx2(void) {
+#ifdef AK_AVX2
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* out[r, i, j] = sum_h w[h] * tanh(qh[r, i, h] + kh[r, j, h]); all row-major, contiguous. */
+void ak_additive_logits(const float* qh, const float* kh, const float* w, float* out,
+                        int64_t R, int64_t M, int64_t N, int64_t H, int nthreads) {
+    #pragma omp parallel for collapse(2) num_threads(nthreads) schedule(static)
+    for (int64_t r = 0; r < R; ++r)
+        for (int64_t i = 0; i < M; ++i) {
+            const float* a = qh + (r * M + i) * H;
+            float* o = out + (r * M + i) * N;
+            for (int64_t j = 0; j < N; ++j) {
+                const float* b = kh + (r * N + j) * H;
+                float acc = 0.0f;
+                int64_t h = 0;
+#ifdef AK_AVX2
+                __m256 acc8 = _mm256_setzero_ps();
+                for (; h + 8 <= H; h += 8) {
+                    __m256 t = ak_tanh8(_mm256_add_ps(_mm256_loadu_ps(a + h),
+                                                      _mm256_loadu_ps(b + h)));
+                    acc8 = _mm256_fmadd_ps(_mm256_loadu_ps(w + h), t, acc8);
+                }
+                acc = ak_hsum8(acc8);
+#endif
+                for (; h < H; ++h) acc += w[h] * ak_tanh1(a[h] + b[h]);
+                o[j] = acc;
+            }
+        }
+}
+
+/* Gradients of the logits above given g[r, i, j] = dLoss/dout[r, i, j]:
+     dqh[r, i, :] = sum_j g * w * (1 - t^2),   dkh_t[thread, r, j, :] += g * w * (1 - t^2),
+     dw_t[thread, :] += g * t,                  t = tanh(qh[r, i, :] + kh[r, j, :]).
+   dqh is written; dkh_t (nthreads, R, N, H) and dw_t (nthreads, H) must be zeroed and are
+   summed over threads by the caller. Pairs with g == 0 (masked, skipped) cost nothing. */
+void ak_additive_grads(const float* qh, const float* kh, const float* w, const float* g,
+                       float* dqh, float* dkh_t, float* dw_t,
+                       int64_t R, int64_t M, int64_t N, int64_t H, int nthreads) {
+    #pragma omp parallel num_threads(nthreads)
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float* dk_mine = dkh_t + (int64_t)tid * R * N * H;
+        float* dw_mine = dw_t + (int64_t)tid * H;
+        #pragma omp for collapse(2) schedule(static)
+        for (int64_t r = 0; r < R; ++r)
+            for (int64_t i = 0; i < M; ++i) {
+                const float* a = qh + (r * M + i) * H;
+                const float* gr = g + (r * M + i) * N;
+                float* dq = dqh + (r * M + i) * H;
+                for (int64_t h = 0; h < H; ++h) dq[h] = 0.0f;
+                for (int64_t j = 0; j < N; ++j) {
+                    float gij = gr[j];
+                    if (gij == 0.0f) continue;
+                    const float* b = kh + (r * N + j) * H;
+                    float* dk = dk_mine + (r * N + j) * H;
+                    int64_t h = 0;
+#ifdef AK_AVX2
+                    __m256 g8 = _mm256_set1_ps(gij);
+                    __m256 one = _mm256_set1_ps(1.0f);
+                    for (; h + 8 <= H; h += 8) {
+                        __m256 t = ak_tanh8(_mm256_add_ps(_mm256_loadu_ps(a + h),
+                                                          _mm256_loadu_ps(b + h)));
+                        __m256 gw = _mm256_mul_ps(g8, _mm256_loadu_ps(w + h));
+                        __m256 d = _mm256_mul_ps(gw, _mm256_fnmadd_ps(t, t, one));
+                        _mm256_storeu_ps(dq + h, _mm256_add_ps(_mm256_loadu_ps(dq + h), d));
+                        _mm256_storeu_ps(dk + h, _mm256_add_ps(_mm256_loadu_ps(dk + h), d));
+                        _mm256_storeu_ps(dw_mine + h,
+                                         _mm256_fmadd_ps(g8, t, _mm256_loadu_ps(dw_mine + h)));
+                    }
+#endif
+                    for (; h < H; ++h) {
+                        float t = ak_tanh1(a[h] + b[h]);
+                        float d = gij * w[h] * (1.0f - t * t);
+                        dq[h] += d;
+                        dk[h] += d;
+                        dw_mine[h] += gij * t;
+                    }
+                }
+            }
+    }
+}
