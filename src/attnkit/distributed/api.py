@@ -1,0 +1,188 @@
+"""The public entry points: context-parallel attention, its explanation, and helpers.
+
+Every rank holds its shard of the sequence (:func:`attnkit.distributed.shard`) and
+passes the same score and the same mask, both defined on the **full** sequence:
+dense mask tensors are full-size (or broadcast), ``valid_lens`` and
+``key_padding`` count full positions, causal and window masks are placed at
+global positions. The call is a collective: every rank of ``group`` makes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import masks as _masks
+from ..scores import Score
+from .all_to_all import all_to_all_attention
+from .layout import Layout, check_layout, segments
+from .plan import STRATEGIES, choose_strategy, plan_blocks, prepare
+from .ring import ring_attention
+
+__all__ = [
+    "ContextParallelExplanation",
+    "all_reduce_grads",
+    "context_parallel_attention",
+    "explain_context_parallel",
+]
+
+
+def context_parallel_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    score: str | Score = "scaled_dot",
+    mask: _masks.Mask | torch.Tensor | None = None,
+    scale: float | None = None,
+    layout: Layout = "zigzag",
+    strategy: str | None = None,
+    return_lse: bool = False,
+    backend: str | Sequence[str] | None = None,
+) -> Any:
+    """Exact attention over a sequence sharded across the ranks of ``group``.
+
+    Args:
+        query: (..., L_r, E), this rank's shard of the queries (positions as
+            :func:`attnkit.distributed.shard` cuts them for ``layout``).
+        key: (..., S_r, Ek), this rank's shard of the keys.
+        value: (..., S_r, Ev), this rank's shard of the values.
+        group: the process group (None = the default group); at least 2 ranks.
+        score: as for :func:`attnkit.attention`; the same on every rank.
+        mask: a mask of the FULL (L, S) problem (see the module docstring), the same
+            on every rank; a float tensor is an additive bias of full size.
+        scale: as for :func:`attnkit.attention`.
+        layout: ``"zigzag"`` (balances causal work) or ``"contiguous"``.
+        strategy: ``"ring"``, ``"all_to_all"`` (heads must divide by the world size)
+            or None to choose (:func:`explain_context_parallel` says which and why).
+        return_lse: also return the log-sum-exp (..., L_r) of this rank's rows.
+        backend: passed to every :func:`attnkit.attention` call.
+
+    Returns:
+        output (..., L_r, Ev) for this rank's queries; with ``return_lse`` the tuple
+        ``(output, lse)``. Rows with no key to attend give 0 and lse -inf.
+        Differentiable in query, key, value and the score's parameters; a score
+        parameter's gradient on each rank is that rank's part: sum it across the
+        group (:func:`all_reduce_grads`).
+
+    Raises:
+        ValueError / TypeError on every rank (never a hang) when any rank's arguments
+        are bad, when shard shapes differ across ranks, for a group of one rank, or
+        for a strategy that cannot apply.
+    """
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: expected True or False, got {return_lse!r}")
+    plan = prepare(
+        query, key, value, group=group, score=score, mask=mask, scale=scale,
+        layout=layout, strategy=strategy, backend=backend,
+    )  # fmt: skip
+    run = all_to_all_attention if plan.strategy == "all_to_all" else ring_attention
+    out, lse = run(plan, query, key, value)
+    return (out, lse) if return_lse else out
+
+
+@dataclass(frozen=True)
+class ContextParallelExplanation:
+    """Which strategy a context-parallel call runs, why, and what the ring would do.
+
+    Attributes:
+        chosen: "ring" or "all_to_all".
+        why: one line on the choice.
+        reasons: for each strategy, why it cannot run (empty = it can).
+        world_size, layout, seq_len_q, seq_len_kv: the call's sizes.
+        ring_blocks: per rank, how many (query segment, key segment) blocks the ring
+            computes (blocks the mask empties are skipped).
+        ring_blocks_total: blocks without skipping (the same on every rank).
+        ring_hops: per rank, how many ranks its K/V shard travels to (P-1 at most).
+    """
+
+    chosen: str
+    why: str
+    reasons: dict[str, list[str]]
+    world_size: int
+    layout: str
+    seq_len_q: int
+    seq_len_kv: int
+    ring_blocks: list[int] = field(default_factory=list)
+    ring_blocks_total: int = 0
+    ring_hops: list[int] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"context parallel over {self.world_size} ranks ({self.layout}): {self.why}"]
+        for name in STRATEGIES:
+            why_not = self.reasons.get(name, [])
+            lines.append(f"  {name}: " + ("can run" if not why_not else "; ".join(why_not)))
+        lines.append(
+            f"  ring blocks per rank: {self.ring_blocks} of {self.ring_blocks_total}; "
+            f"K/V hops per rank: {self.ring_hops}"
+        )
+        return "\n".join(lines)
+
+
+def explain_context_parallel(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    world_size: int,
+    seq_len: int | None = None,
+    kv_seq_len: int | None = None,
+    mask: _masks.Mask | None = None,
+    layout: Layout = "zigzag",
+    strategy: str | None = None,
+) -> ContextParallelExplanation:
+    """What :func:`context_parallel_attention` would do, on any process (no collective).
+
+    Args:
+        query, key, value: tensors with a rank's shard shapes (only their shapes are read).
+        world_size: the number of ranks.
+        seq_len, kv_seq_len: full query / key lengths (default: the shard length
+            times ``world_size``).
+        mask: the full-sequence mask; layout, strategy: as for the call.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
+        raise ValueError(f"world_size: expected an int >= 2, got {world_size!r}")
+    lay = check_layout(layout)
+    if strategy is not None and strategy not in STRATEGIES:
+        raise ValueError(f"strategy: expected 'ring', 'all_to_all' or None, got {strategy!r}")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.ndim < 2:
+            raise TypeError(f"{name}: expected a tensor of shape (..., L, E), got {t!r:.60}")
+    n_q = seq_len if seq_len is not None else query.shape[-2] * world_size
+    n_kv = kv_seq_len if kv_seq_len is not None else key.shape[-2] * world_size
+    chosen, why, reasons = choose_strategy(strategy, query.shape, key.shape, world_size)
+    q_segs, kv_segs = segments(n_q, world_size, lay), segments(n_kv, world_size, lay)
+    blocks, last_hop = plan_blocks(mask, q_segs, kv_segs, n_q, n_kv)
+    return ContextParallelExplanation(
+        chosen=chosen,
+        why=why,
+        reasons=reasons,
+        world_size=world_size,
+        layout=lay,
+        seq_len_q=n_q,
+        seq_len_kv=n_kv,
+        ring_blocks=[sum(len(b) for b in row) for row in blocks],
+        ring_blocks_total=sum(len(q_segs[0]) * len(s) for s in kv_segs),
+        ring_hops=last_hop,
+    )
+
+
+def all_reduce_grads(module: nn.Module, group: dist.ProcessGroup | None = None) -> None:
+    """Sum every parameter gradient of ``module`` across ``group`` (a collective).
+
+    After a context-parallel backward each rank holds its local part of a score's
+    (or a layer's) parameter gradients; this makes them the full gradient on every
+    rank. Skip it when DDP/FSDP already reduces over the context-parallel ranks.
+    """
+    for p in module.parameters():
+        if not p.requires_grad:
+            continue
+        if p.grad is None:  # a rank that computed no block still takes part
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)

@@ -1,0 +1,165 @@
+"""Run an :mod:`attnkit.nn` attention layer on sequence shards, context-parallel.
+
+:class:`ContextParallel` wraps a ``SelfAttention`` or ``MultiheadAttention``: each
+rank calls the wrapper with its shard of the sequence (as
+:func:`attnkit.distributed.shard` cuts it, along the layer's sequence dim) and a
+mask of the full sequence; the projections run on the rank's own tokens and the
+attention itself runs through :func:`context_parallel_attention` over ``group``.
+Parameter gradients are each rank's local part: sum them across the group
+(:func:`attnkit.distributed.all_reduce_grads`, or DDP over the ranks).
+
+The layers have no hook for their attention call yet, so the wrapper routes the
+layers' shared ``attend`` function: a thin stand-in that calls the original unless a
+``ContextParallel`` forward is running in the current context (a ContextVar), so
+every other use of the layers is unchanged.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import masks as _masks
+from ..nn import multihead as _multihead
+from ..nn import self_attention as _self_attention
+from .api import context_parallel_attention
+from .layout import Layout, check_layout
+
+__all__ = ["ContextParallel"]
+
+
+@dataclass(frozen=True)
+class _Route:
+    group: dist.ProcessGroup | None
+    layout: Layout
+    strategy: str | None
+    backend: str | None
+
+
+_ACTIVE: contextvars.ContextVar[_Route | None] = contextvars.ContextVar(
+    "attnkit_context_parallel_route", default=None
+)
+_ROUTED_MODULES: tuple[ModuleType, ...] = (_self_attention, _multihead)
+_INSTALL_LOCK = threading.Lock()
+
+
+def _routed(original: Callable[..., Any]) -> Callable[..., Any]:
+    def attend(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        mask: _masks.Mask | None,
+        dropout_p: float,
+        need_weights: bool,
+        scale: float | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        route = _ACTIVE.get()
+        if route is None:
+            return original(
+                q, k, v, mask=mask, dropout_p=dropout_p, need_weights=need_weights, scale=scale
+            )
+        if need_weights:
+            raise ValueError(
+                "ContextParallel: attention weights span the full sequence and are not "
+                "returned; call the layer with need_weights=False / return_weights=False"
+            )
+        if dropout_p > 0:
+            raise ValueError(
+                f"ContextParallel: attention dropout is not supported (dropout_p={dropout_p}); "
+                "build the layer with dropout=0.0 or call it in eval() mode"
+            )
+        out = context_parallel_attention(
+            q, k, v, group=route.group, mask=mask, scale=scale, layout=route.layout,
+            strategy=route.strategy, backend=route.backend,
+        )  # fmt: skip
+        return out, None
+
+    attend.__wrapped__ = original  # type: ignore[attr-defined]
+    return attend
+
+
+def _install() -> None:
+    with _INSTALL_LOCK:
+        for module in _ROUTED_MODULES:
+            current = module.attend
+            if not hasattr(current, "__wrapped__"):
+                module.attend = _routed(current)  # type: ignore[attr-defined]
+
+
+class ContextParallel(nn.Module):
+    """A ``SelfAttention`` or ``MultiheadAttention`` run context-parallel over ``group``.
+
+    Args:
+        layer: an :class:`attnkit.nn.SelfAttention` or :class:`attnkit.nn.MultiheadAttention`
+            (without ``add_bias_kv``/``add_zero_attn`` and with attention dropout off).
+        group: the process group (None = the default group).
+        layout: how the sequence is cut (``"zigzag"`` or ``"contiguous"``).
+        strategy: ``"ring"``, ``"all_to_all"`` or None (chosen per call).
+        backend: passed to every :func:`attnkit.attention` call.
+
+    Call it as the layer, with this rank's shard of the sequence, and masks as
+    :mod:`attnkit.masks` objects on the full sequence: ``SelfAttention``'s ``mask``,
+    ``MultiheadAttention``'s ``attn_mask`` or ``is_causal=True`` (tensors of the local
+    shape, such as ``key_padding_mask``, would describe the shard only and are
+    refused). ``MultiheadAttention`` needs ``need_weights=False``.
+    """
+
+    def __init__(
+        self,
+        layer: nn.Module,
+        *,
+        group: dist.ProcessGroup | None = None,
+        layout: Layout = "zigzag",
+        strategy: str | None = None,
+        backend: str | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(layer, (_self_attention.SelfAttention, _multihead.MultiheadAttention)):
+            raise TypeError(
+                "ContextParallel: layer must be an attnkit.nn.SelfAttention or "
+                f"attnkit.nn.MultiheadAttention, got {type(layer).__name__}"
+            )
+        if getattr(layer, "bias_k", None) is not None or getattr(layer, "add_zero_attn", False):
+            raise ValueError(
+                "ContextParallel: add_bias_kv / add_zero_attn add keys outside the sequence, "
+                "which have no place in a sharded sequence; build the layer without them"
+            )
+        if strategy is not None and strategy not in ("ring", "all_to_all"):
+            raise ValueError(f"strategy: expected 'ring', 'all_to_all' or None, got {strategy!r}")
+        self.layer = layer
+        self._route = _Route(group, check_layout(layout), strategy, backend)
+        _install()
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The layer's forward on this rank's shard (see the class docstring)."""
+        local_only = [k for k in ("key_padding_mask",) if kwargs.get(k) is not None]
+        mask = kwargs.get(
+            "mask",
+            args[1]
+            if len(args) > 1 and isinstance(self.layer, _self_attention.SelfAttention)
+            else None,
+        )
+        if isinstance(mask, torch.Tensor):
+            local_only.append("mask (a tensor)")
+        if isinstance(kwargs.get("attn_mask"), torch.Tensor):
+            local_only.append("attn_mask (a tensor)")
+        if local_only:
+            raise ValueError(
+                f"ContextParallel: {', '.join(local_only)} would describe this rank's shard "
+                "only; pass an attnkit mask of the full sequence instead (masks.key_padding, "
+                "masks.keep, masks.bias, masks.causal, ...)"
+            )
+        token = _ACTIVE.set(self._route)
+        try:
+            return self.layer(*args, **kwargs)
+        finally:
+            _ACTIVE.reset(token)

@@ -1,0 +1,197 @@
+"""Sequence layouts of context parallelism: which global positions each rank holds.
+
+A sequence of ``n`` positions is cut into contiguous chunks; a rank holds one or
+two of them (its **segments**, each ``(start, length)`` in global positions):
+
+- ``"contiguous"``: ``P`` chunks, rank ``r`` holds chunk ``r``;
+- ``"zigzag"``: ``2P`` chunks, rank ``r`` holds chunks ``r`` and ``2P - 1 - r``, so
+  under a causal mask every rank has as many early (cheap) rows as late (costly)
+  ones and the work is balanced.
+
+Lengths that do not divide: chunk ``c`` of ``m`` has ``n // m + 1`` positions when
+``c < n % m``, else ``n // m`` (shards are uneven, by at most one position per
+chunk; nothing is padded). :func:`shard` cuts a full tensor for one rank and
+:func:`assemble` puts every rank's shard back in global order;
+:func:`unshard` does the same across a process group (a collective).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "LAYOUTS",
+    "Layout",
+    "Segment",
+    "assemble",
+    "check_layout",
+    "rank_segments",
+    "segments",
+    "shard",
+    "shard_lengths",
+    "unshard",
+]
+
+Layout = Literal["zigzag", "contiguous"]
+LAYOUTS: tuple[str, ...] = ("zigzag", "contiguous")
+
+Segment = tuple[int, int]
+"""(global start, length) of a contiguous run of positions held by one rank."""
+
+
+def check_layout(layout: object) -> Layout:
+    """Return ``layout`` if it names a layout, else raise ValueError."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected 'zigzag' or 'contiguous', got {layout!r}")
+    return layout  # type: ignore[return-value]
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _chunks(n: int, m: int) -> list[Segment]:
+    """``m`` contiguous chunks of ``n`` positions, the first ``n % m`` one longer."""
+    base, extra = divmod(n, m)
+    out, start = [], 0
+    for c in range(m):
+        size = base + (1 if c < extra else 0)
+        out.append((start, size))
+        start += size
+    return out
+
+
+def segments(n: int, world_size: int, layout: Layout = "zigzag") -> list[list[Segment]]:
+    """Every rank's segments: ``segments(n, P, layout)[r]`` is rank r's list of
+    ``(global start, length)``, in the order the rank stores them."""
+    _check_int("n", n, 0)
+    _check_int("world_size", world_size, 1)
+    check_layout(layout)
+    if layout == "contiguous":
+        return [[c] for c in _chunks(n, world_size)]
+    chunks = _chunks(n, 2 * world_size)
+    return [[chunks[r], chunks[2 * world_size - 1 - r]] for r in range(world_size)]
+
+
+def rank_segments(n: int, world_size: int, rank: int, layout: Layout = "zigzag") -> list[Segment]:
+    """Rank ``rank``'s segments (see :func:`segments`)."""
+    _check_int("rank", rank, 0)
+    if rank >= world_size:
+        raise ValueError(f"rank: expected an int in [0, {world_size}), got {rank}")
+    return segments(n, world_size, layout)[rank]
+
+
+def shard_lengths(n: int, world_size: int, layout: Layout = "zigzag") -> list[int]:
+    """How many positions each rank holds."""
+    return [sum(length for _, length in segs) for segs in segments(n, world_size, layout)]
+
+
+def _rank_and_size(
+    group: dist.ProcessGroup | None, rank: int | None, world_size: int | None
+) -> tuple[int, int]:
+    if rank is not None or world_size is not None:
+        if rank is None or world_size is None:
+            raise ValueError("rank, world_size: give both, or a process group instead")
+        _check_int("world_size", world_size, 1)
+        return _check_int("rank", rank, 0), world_size
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError(
+            "group: torch.distributed is not initialized; pass rank= and world_size= or "
+            "call torch.distributed.init_process_group first"
+        )
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def shard(
+    x: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    layout: Layout = "zigzag",
+    dim: int = -2,
+) -> torch.Tensor:
+    """This rank's shard of the full tensor ``x`` along ``dim`` (the sequence dim).
+
+    Args:
+        x: the full tensor, e.g. (B, H, N, E) with the sequence at ``dim``.
+        group: the process group (its rank and size are used), or give ``rank``
+            and ``world_size`` explicitly (no process group needed).
+        layout: ``"zigzag"`` or ``"contiguous"``.
+        dim: the sequence dim.
+
+    Returns:
+        The positions of this rank's segments, concatenated in order: shape of ``x``
+        with ``dim`` of size ``shard_lengths(N, P, layout)[rank]``. Differentiable.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    r, p = _rank_and_size(group, rank, world_size)
+    if r >= p:
+        raise ValueError(f"rank: expected an int in [0, {p}), got {r}")
+    n = x.shape[dim]
+    parts = [x.narrow(dim, start, length) for start, length in segments(n, p, layout)[r]]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+
+
+def assemble(
+    shards: Sequence[torch.Tensor], *, layout: Layout = "zigzag", dim: int = -2
+) -> torch.Tensor:
+    """The full tensor from every rank's shard (``shards[r]`` from rank r), in global
+    order along ``dim``. Differentiable; the inverse of :func:`shard`."""
+    if not shards:
+        raise ValueError("shards: expected one tensor per rank, got none")
+    p = len(shards)
+    n = sum(int(s.shape[dim]) for s in shards)
+    segs = segments(n, p, layout)
+    pieces: list[tuple[int, torch.Tensor]] = []
+    for r, (s, rank_segs) in enumerate(zip(shards, segs, strict=True)):
+        held = sum(length for _, length in rank_segs)
+        if s.shape[dim] != held:
+            raise ValueError(
+                f"shards: rank {r}'s shard has {s.shape[dim]} positions along dim {dim}, "
+                f"expected {held} for a {layout} layout of {n} positions over {p} ranks"
+            )
+        offset = 0
+        for start, length in rank_segs:
+            pieces.append((start, s.narrow(dim, offset, length)))
+            offset += length
+    pieces.sort(key=lambda item: item[0])
+    return torch.cat([t for _, t in pieces], dim=dim)
+
+
+def unshard(
+    x: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    layout: Layout = "zigzag",
+    dim: int = -2,
+) -> torch.Tensor:
+    """The full tensor on every rank, from each rank's shard ``x`` (a collective: every
+    rank of ``group`` calls it). Shards may differ in length along ``dim`` as the
+    layout cuts them; every other dim must match. Not differentiable."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    p = dist.get_world_size(group)
+    d = dim % x.ndim
+    lens = torch.tensor([x.shape[d]], dtype=torch.long, device=x.device)
+    all_lens = [torch.zeros_like(lens) for _ in range(p)]
+    dist.all_gather(all_lens, lens, group=group)
+    sizes = [int(t.item()) for t in all_lens]
+    longest = max(sizes)
+    pad_shape = list(x.shape)
+    pad_shape[d] = longest - x.shape[d]
+    padded = torch.cat([x.detach(), x.new_zeros(pad_shape)], dim=d).contiguous()
+    gathered = [torch.empty_like(padded) for _ in range(p)]
+    dist.all_gather(gathered, padded, group=group)
+    return assemble(
+        [g.narrow(d, 0, size) for g, size in zip(gathered, sizes, strict=True)],
+        layout=layout,
+        dim=d,
+    )

@@ -1,0 +1,112 @@
+"""Context-parallel layouts, block skipping and strategy choice, on one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit import distributed as cp
+from attnkit import masks
+from attnkit.distributed.blocks import block_is_empty, slice_mask_heads
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+@pytest.mark.parametrize(("n", "world"), [(16, 4), (13, 4), (7, 2), (3, 4), (0, 2)])
+def test_shard_then_assemble_is_the_identity(layout: str, n: int, world: int) -> None:
+    x = torch.arange(2 * n, dtype=torch.float64).reshape(2, n, 1)  # (B, N, 1)
+    shards = [cp.shard(x, rank=r, world_size=world, layout=layout, dim=1) for r in range(world)]  # type: ignore[arg-type]
+    assert [s.shape[1] for s in shards] == cp.shard_lengths(n, world, layout)  # type: ignore[arg-type]
+    assert max(cp.shard_lengths(n, world, layout)) - min(cp.shard_lengths(n, world, layout)) <= 2  # type: ignore[arg-type]
+    torch.testing.assert_close(cp.assemble(shards, layout=layout, dim=1), x)  # type: ignore[arg-type]
+
+
+def test_zigzag_holds_chunk_r_and_its_mirror() -> None:
+    assert cp.segments(16, 4, "zigzag") == [
+        [(0, 2), (14, 2)],
+        [(2, 2), (12, 2)],
+        [(4, 2), (10, 2)],
+        [(6, 2), (8, 2)],
+    ]
+    assert cp.segments(10, 3, "contiguous") == [[(0, 4)], [(4, 3)], [(7, 3)]]
+
+
+def test_assemble_refuses_shards_off_the_layout() -> None:
+    with pytest.raises(ValueError, match="rank 0's shard has 3 positions"):
+        cp.assemble([torch.zeros(3, 1), torch.zeros(5, 1)], layout="contiguous")
+    with pytest.raises(ValueError, match="layout: expected 'zigzag' or 'contiguous'"):
+        cp.segments(8, 2, "striped")  # type: ignore[arg-type]
+
+
+def test_causal_blocks_are_skipped_and_kv_stops_travelling() -> None:
+    q = torch.zeros(1, 4, 4, 8)  # a shard: (B, H, N/P, E)
+    contiguous = cp.explain_context_parallel(
+        q, q, q, world_size=4, mask=masks.causal(), layout="contiguous", strategy="ring"
+    )
+    assert contiguous.ring_blocks == [1, 2, 3, 4]  # rank r sees keys of ranks 0..r
+    assert contiguous.ring_hops == [3, 2, 1, 0]  # the last rank's K/V never leaves it
+    zigzag = cp.explain_context_parallel(
+        q, q, q, world_size=4, mask=masks.causal(), layout="zigzag", strategy="ring"
+    )
+    assert zigzag.ring_blocks_total == 16
+    assert len(set(zigzag.ring_blocks)) == 1  # balanced: every rank computes as many blocks
+    no_mask = cp.explain_context_parallel(q, q, q, world_size=4, strategy="ring")
+    assert no_mask.ring_blocks == [16] * 4 and no_mask.ring_hops == [3] * 4
+
+
+def test_block_emptiness_reads_bands_and_cpu_lengths() -> None:
+    # keys [8, 12) for queries [0, 4) under causal: empty; the reverse: full
+    assert block_is_empty(masks.causal(), 0, 8, 4, 4, 16, 16)
+    assert not block_is_empty(masks.causal(), 8, 0, 4, 4, 16, 16)
+    # bottom_right with S > L shifts the diagonal right by S - L
+    assert not block_is_empty(masks.causal("bottom_right"), 0, 8, 4, 4, 8, 16)
+    assert block_is_empty(masks.window(1, 1), 0, 6, 4, 4, 16, 16)
+    lens = masks.valid_lens(torch.tensor([5, 7]))
+    assert block_is_empty(lens, 0, 8, 4, 4, 16, 16)
+    assert not block_is_empty(lens, 0, 4, 4, 4, 16, 16)
+    rows = masks.valid_lens(torch.tensor([3, 2]), queries=True)
+    assert block_is_empty(rows, 4, 0, 4, 4, 16, 16)  # every query row past its length
+    pad = torch.zeros(2, 16, dtype=torch.bool)
+    pad[:, 12:] = True
+    assert block_is_empty(masks.key_padding(pad), 0, 12, 4, 4, 16, 16)
+    assert block_is_empty(masks.causal() & masks.key_padding(pad), 0, 4, 4, 4, 16, 16)
+    assert not block_is_empty(masks.keep(torch.zeros(16, 16, dtype=torch.bool)), 0, 0, 4, 4, 16, 16)
+
+
+def test_strategy_choice_and_its_reasons() -> None:
+    four = torch.zeros(2, 4, 8, 16)  # (B, H, L_r, E)
+    chosen = cp.explain_context_parallel(four, four, four, world_size=2)
+    assert chosen.chosen == "all_to_all" and "divide" in chosen.why
+    three = torch.zeros(2, 3, 8, 16)
+    fallback = cp.explain_context_parallel(three, three, three, world_size=2)
+    assert fallback.chosen == "ring"
+    assert fallback.reasons["all_to_all"] == [
+        "3 query heads do not divide by 2 ranks",
+        "3 key/value heads do not divide by 2 ranks",
+    ]
+    assert "all_to_all" in str(fallback)
+    with pytest.raises(cp.ContextParallelError, match="'all_to_all' cannot run"):
+        cp.explain_context_parallel(three, three, three, world_size=2, strategy="all_to_all")
+    with pytest.raises(ValueError, match="world_size: expected an int >= 2, got 1"):
+        cp.explain_context_parallel(four, four, four, world_size=1)
+
+
+def test_mask_heads_are_sliced_for_the_head_exchange() -> None:
+    bias = torch.randn(2, 4, 5, 5)
+    keep = torch.rand(1, 5, 5) > 0.5  # broadcast over heads: unchanged
+    sliced = slice_mask_heads(masks.bias(bias) & masks.keep(keep), (2, 4), 2, 2)
+    assert sliced is not None
+    parts = sliced.parts()
+    torch.testing.assert_close(parts[0].tensor, bias[:, 2:4])  # type: ignore[attr-defined]
+    assert parts[1].tensor is keep  # type: ignore[attr-defined]
+    lens = slice_mask_heads(masks.valid_lens(torch.tensor([1, 2, 3, 4])), (4,), 2, 2)
+    assert lens is not None and lens.lens.tolist() == [3, 4]  # type: ignore[attr-defined]
+
+
+def test_calls_outside_a_process_group_are_refused() -> None:
+    x = torch.zeros(1, 2, 4, 3)
+    with pytest.raises(ValueError, match=r"torch\.distributed is not initialized"):
+        cp.context_parallel_attention(x, x, x)
+    with pytest.raises(ValueError, match="pass rank= and world_size="):
+        cp.shard(x)
+    with pytest.raises(TypeError, match=r"layer must be an attnkit\.nn\.SelfAttention"):
+        cp.ContextParallel(torch.nn.Linear(2, 2))
