@@ -22,7 +22,8 @@ Where, and what is loaded (a library is native code run in this process):
 - a build writes a temporary file and renames it into place atomically (concurrent
   builders agree); temporary files older than an hour (a killed build) are removed;
 - the compiler's total wait is bounded (``ATTNKIT_BUILD_TIMEOUT`` seconds, default
-  60), after which the fallbacks are used.
+  60), after which the compiler and everything it started are stopped and the
+  fallbacks are used.
 
 The file name holds a hash of the source, the flags, the compiler and the CPU, so a
 change of any of them builds anew. ``ATTNKIT_NO_COMPILE=1`` disables the build (for
@@ -30,7 +31,8 @@ tests of the fallbacks).
 
 Math: ``exp(x) = 2^n · e^r`` with ``|r| <= ln2/2`` and e^r by its degree-7 Taylor
 polynomial (relative error about 1e-7, float32 rounding); ``exp`` of -inf (or
-anything below -87) is exactly 0. ``tanh(x) = 1 - 2/(exp(2x) + 1)`` with x clamped
+anything below -87) is exactly 0, of +inf (or anything above ln(FLT_MAX)) +inf, and of
+NaN NaN, as in torch. ``tanh(x) = 1 - 2/(exp(2x) + 1)`` with x clamped
 to [-9, 9], where tanh is ±1 to float32 precision (absolute error below 2e-7).
 """
 
@@ -38,9 +40,11 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import platform
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -61,7 +65,7 @@ __all__ = [
     "status",
 ]
 
-ABI_TAG = 20261122
+ABI_TAG = 20261123
 """What ``ak_abi_tag()`` of attnkit's library returns."""
 
 _lock = threading.Lock()
@@ -76,11 +80,24 @@ def source() -> str:
 
 
 def cache_dir() -> Path:
-    """The per-user folder builds go to (not created here)."""
+    """The per-user folder builds go to (not created here): ``$ATTNKIT_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/attnkit/kernels``, else ``~/.cache/attnkit/kernels``.
+
+    Raises:
+        RuntimeError: none of them can be resolved (no home folder). There is no shared
+            fallback: a predictable folder under the temp dir could be planted by others.
+    """
     explicit = os.environ.get("ATTNKIT_CACHE_DIR")
     if explicit:
         return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".cache")
+        except (RuntimeError, KeyError) as exc:
+            raise RuntimeError(
+                f"no per-user cache folder ({exc}); set ATTNKIT_CACHE_DIR or XDG_CACHE_HOME"
+            ) from None
     return Path(base) / "attnkit" / "kernels"
 
 
@@ -122,10 +139,12 @@ def _flag_sets() -> list[list[str]]:
 
 
 def _timeout() -> float:
+    """Seconds the compiler may take in all: ``$ATTNKIT_BUILD_TIMEOUT`` (at least 1), else 60."""
     try:
-        return max(1.0, float(os.environ.get("ATTNKIT_BUILD_TIMEOUT", "60")))
+        seconds = float(os.environ.get("ATTNKIT_BUILD_TIMEOUT", "60"))
     except ValueError:
         return 60.0
+    return max(1.0, seconds) if math.isfinite(seconds) else 60.0
 
 
 def _private_dir(path: Path) -> str | None:
@@ -183,7 +202,10 @@ def _load(path: Path) -> tuple[ctypes.CDLL | None, str]:
     tag.restype = ctypes.c_int
     if tag() != ABI_TAG:
         return None, f"pure torch: {path} is another version of the kernel library"
-    _declare(lib)
+    try:
+        _declare(lib)
+    except AttributeError as exc:
+        return None, f"pure torch: {path} lacks an entry point of the kernel library ({exc})"
     return lib, ""
 
 
@@ -193,7 +215,10 @@ def _try_build() -> tuple[ctypes.CDLL | None, str]:
     cc = _compiler()
     if cc is None:
         return None, "pure torch: no C compiler found ($CC, cc, gcc, clang)"
-    folder = cache_dir()
+    try:
+        folder = cache_dir()
+    except RuntimeError as exc:
+        return None, f"pure torch: {exc}"
     unsafe = _private_dir(folder)
     if unsafe is not None:
         return None, f"pure torch: {unsafe}"
@@ -233,8 +258,12 @@ def planned_paths() -> list[Path]:
     cc = _compiler()
     if cc is None:
         return []
+    try:
+        folder = cache_dir()
+    except RuntimeError:
+        return []
     code = source()
-    return [_lib_path(cache_dir(), cc, flags, code) for flags in _flag_sets()]
+    return [_lib_path(folder, cc, flags, code) for flags in _flag_sets()]
 
 
 def _compile(
@@ -250,24 +279,46 @@ def _compile(
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        proc = subprocess.run(
-            [cc, *flags, str(src), "-o", str(tmp), "-lm"],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if proc.returncode != 0:
-            return (proc.stderr.strip().splitlines() or ["failed"])[-1]
+        returncode, stderr = _run_bounded([cc, *flags, str(src), "-o", str(tmp), "-lm"], timeout)
+        if returncode is None:
+            return f"the compiler took longer than {timeout:.0f} s"
+        if returncode != 0:
+            return (stderr.strip().splitlines() or ["failed"])[-1]
         os.chmod(tmp, 0o700)
         os.replace(tmp, lib_path)  # atomic: concurrent builders agree
         return None
-    except subprocess.TimeoutExpired:
-        return f"the compiler took longer than {timeout:.0f} s"
     except (OSError, subprocess.SubprocessError) as exc:
         return str(exc)
     finally:
         src.unlink(missing_ok=True)
         tmp.unlink(missing_ok=True)
+
+
+def _run_bounded(command: list[str], timeout: float) -> tuple[int | None, str]:
+    """Run ``command`` for at most ``timeout`` seconds: (exit status, stderr), or (None, "")
+    when it took longer. The compiler runs in its own process group, so on timeout its
+    helpers (preprocessor, assembler, linker) are stopped with it, not left running."""
+    proc = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+        return proc.returncode, stderr
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the group this call created, nothing else
+        except ProcessLookupError:
+            pass
+        proc.kill()
+        proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+        return None, ""
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -278,6 +329,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ak_additive_grads.restype = None
     lib.ak_exp_rows.argtypes = [p, p, p, i64, i64, c_int]
     lib.ak_exp_rows.restype = None
+    lib.ak_has_avx2.argtypes = []
     lib.ak_has_avx2.restype = c_int
 
 
@@ -304,7 +356,9 @@ def status() -> str:
     if _status is None:
         if os.environ.get("ATTNKIT_NO_COMPILE"):
             return "pure torch: compilation disabled by ATTNKIT_NO_COMPILE"
-        return "compiled C kernel, built on first use"
+        if _compiler() is None:
+            return "pure torch: no C compiler found ($CC, cc, gcc, clang)"
+        return "compiled C kernel, not built yet: builds on first use"
     return _status
 
 

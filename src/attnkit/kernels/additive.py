@@ -70,15 +70,21 @@ def grads_torch(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pure-torch gradients of :func:`logits_torch` for upstream gradient ``g`` (R, M, N).
 
+    Pairs with ``g == 0`` (masked out) contribute nothing, whatever ``qh`` and ``kh``
+    hold there (a NaN in a masked key stays out of the other gradients), as in the
+    compiled loop.
+
     Returns dqh (R, M, H), dkh (R, N, H), dw (H,).
     """
     H = qh.shape[-1]
     dqh = torch.zeros_like(qh)
     dkh = torch.zeros_like(kh)
     dw = torch.zeros_like(w)
+    unused = (g == 0).unsqueeze(-1)  # (R, M, N, 1)
     for h0 in range(0, H, TORCH_HIDDEN_CHUNK):
         h1 = min(h0 + TORCH_HIDDEN_CHUNK, H)
         t = torch.tanh(qh[:, :, None, h0:h1] + kh[:, None, :, h0:h1])  # (R, M, N, h)
+        t.masked_fill_(unused, 0.0)
         dw[h0:h1] = torch.einsum("rmn,rmnh->h", g, t)
         d = (1 - t * t) * w[h0:h1]  # (R, M, N, h)
         d *= g[..., None]

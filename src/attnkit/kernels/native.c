@@ -21,7 +21,8 @@ static inline float ak_tanh1(float x) {
 
 #ifdef AK_AVX2
 /* exp(y) = 2^n * e^r with |r| <= ln2/2; e^r by its degree-7 Taylor polynomial.
-   y is assumed in [-87, 88]; see ak_exp8 for the clamped version. */
+   y is assumed in [-87, 89]. 2^n is applied as two factors 2^(n/2) * 2^(n - n/2), so
+   n up to 129 overflows to +inf exactly where expf does instead of wrapping the exponent. */
 static inline __m256 ak_exp8_inner(__m256 y) {
     __m256 n = _mm256_round_ps(_mm256_mul_ps(y, _mm256_set1_ps(1.44269504088896341f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -35,16 +36,20 @@ static inline __m256 ak_exp8_inner(__m256 y) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i bits = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256i half = _mm256_srai_epi32(ni, 1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    __m256 two_a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
+    __m256 two_b = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, two_a), two_b);
 }
 
-/* exp(x) for any x: 0 below -87 (and for -inf), clamped at 88 above, NaN for NaN.
-   min/max return their second operand when either is NaN, so x goes second. */
+/* exp(x) for any x: 0 below -87 (and for -inf), +inf above ln(FLT_MAX) (and for +inf),
+   NaN for NaN. min/max return their second operand when either is NaN, so x goes second. */
 static inline __m256 ak_exp8(__m256 x) {
     __m256 dead = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
-    __m256 y = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x));
+    __m256 y = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x));
     return _mm256_andnot_ps(dead, ak_exp8_inner(y));
 }
 
@@ -96,7 +101,7 @@ void ak_exp_rows(float* s, const float* shift, float* rowsum, int64_t R, int64_t
 
 /* Identifies this library to its loader: a file at the cache path that does not answer
    with the expected tag is not loaded as attnkit's. */
-int ak_abi_tag(void) { return 20261122; }
+int ak_abi_tag(void) { return 20261123; }
 
 int ak_has_avx2(void) {
 #ifdef AK_AVX2
