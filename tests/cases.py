@@ -11,9 +11,43 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
-from attnkit import masks, scores
+import attnkit
+from attnkit import BackendNotSupportedError, masks, scores
+
+from reference import oracle, oracle_mask
+
+DEVICES: tuple[str, ...] = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+"""Devices the suite runs on: the CPU always, CUDA when torch sees a GPU."""
+
+# Backends the matrix leaves to their own test files on a device: triton on the CPU runs
+# in Triton's interpreter, far too slow for the full matrix (tests/backends/test_triton.py
+# covers it at small shapes).
+_SLOW_ON = {("cpu", "triton")}
+
+
+def matrix_backends(device: str) -> tuple[str, ...]:
+    """The backends the conformance matrix runs on ``device``: every registered backend
+    that runs there and is available on this install, by dispatch priority."""
+    from attnkit.backends import dispatch
+
+    per_device = getattr(dispatch, "backends_for", None)
+    if per_device is not None:
+        names = per_device(device)
+    else:  # older dispatch: every backend, filtered by the devices it declares
+        names = tuple(
+            n
+            for n in attnkit.available_backends()
+            if device in getattr(dispatch._REGISTRY[n], "device_types", {"cpu"})
+        )
+    return tuple(
+        name
+        for name in names
+        if (device, name) not in _SLOW_ON and dispatch._REGISTRY[name].is_available() is None
+    )
+
 
 SCORES = ("dot", "scaled_dot", "bilinear", "additive", "gaussian")
 MASKS = (
@@ -42,6 +76,15 @@ SHAPES = (
     (1, 2, 1, 113, 17, 3, 2),
     (2, 1, 1, 1, 1, 1, 1),
 )
+
+# Large shapes run only where a device makes them cheap: several kernel tiles per row
+# and per column, odd sizes, GQA, head dims of real models.
+LARGE_SHAPES = ((2, 4, 2, 257, 300, 64, 32),)
+
+
+def shapes_for(device: str) -> tuple[tuple[int, ...], ...]:
+    """The oracle shapes for ``device``: today's CPU sizes, plus large ones off the CPU."""
+    return SHAPES if device == "cpu" else SHAPES + LARGE_SHAPES
 
 
 @dataclass
@@ -113,10 +156,10 @@ def make_mask(
         return t, ("bias", t.double().numpy())  # a float tensor is an additive bias
     if name == "tf_padding":
         t = (rand_bool(B, 1, 1, S, p=0.3)).to(dtype)  # 1 = masked, TF tutorial layout
-        return masks.tf(t), ("tf", t.numpy())
+        return masks.tf(t), ("tf", t.double().numpy())
     if name == "tf_lookahead":
         t = torch.triu(torch.ones(L, S), diagonal=1)  # 1 = masked
-        return masks.tf(t), ("tf", t.numpy())
+        return masks.tf(t), ("tf", t.double().numpy())
     if name == "valid_lens":
         lens = torch.randint(0, S + 1, (B,), generator=gen)
         return masks.valid_lens(lens), ("valid_lens", lens.numpy(), False)
@@ -213,8 +256,6 @@ def plain_math(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     scale = q.shape[-1] ** -0.5 if spec[0] == "scaled_dot" else 1.0
     logits = logits * scale
     L, S = q.shape[-2], k.shape[-2]
-    from reference import oracle_mask
-
     keep, bias = oracle_mask(case.mask_spec, L, S, q.ndim - 2)
     if bias is not None:
         logits = logits + torch.from_numpy(bias).to(q.device, q.dtype)
@@ -228,3 +269,67 @@ def plain_math(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def np_of(t: torch.Tensor) -> np.ndarray:
     return t.detach().double().cpu().numpy()
+
+
+def assert_within_tolerance(got: np.ndarray, ref: np.ndarray, plain: np.ndarray, what: str) -> None:
+    """The suite's tolerance rule: error against the float64 oracle at most 2x the error of
+    plain same-dtype math, never held tighter than 1e-5 relative to the largest reference
+    value (the float32 floor); -inf exactly where the oracle has -inf, never NaN."""
+    assert not np.isnan(got).any(), f"{what}: NaN in result"
+    inf_ref = np.isinf(ref)
+    np.testing.assert_array_equal(np.isinf(got), inf_ref, err_msg=f"{what}: -inf pattern")
+    fin = ~inf_ref
+    if not fin.any():
+        return
+    err = np.abs(got[fin] - ref[fin]).max()
+    plain_err = np.abs(plain[fin] - ref[fin]).max()
+    assert np.isfinite(plain_err), f"{what}: plain same-dtype math is not finite here"
+    backstop = 1e-5 * max(np.abs(ref[fin]).max(), 1.0)
+    allowed = max(2 * plain_err, backstop)
+    assert err <= allowed, (
+        f"{what}: error {err:.3g} > allowed {allowed:.3g} (plain {plain_err:.3g})"
+    )
+
+
+def capabilities(case: Case, backend: str) -> tuple[bool, bool, bool]:
+    """(can run at all, can return weights, can return lse) for this backend and case."""
+    kw = {"score": case.score, "mask": case.mask, "backend": backend}
+    runs = not attnkit.explain(case.q, case.k, case.v, **kw).reasons[backend]
+    w = not attnkit.explain(case.q, case.k, case.v, return_weights=True, **kw).reasons[backend]
+    lse = not attnkit.explain(case.q, case.k, case.v, return_lse=True, **kw).reasons[backend]
+    return runs, w, lse
+
+
+def check_case(case: Case, backend: str) -> None:
+    """Run ``case`` on ``backend`` (with weights and lse where it can) and hold every result
+    to the oracle; a backend that declines the case must raise BackendNotSupportedError."""
+    runs, want_w, want_lse = capabilities(case, backend)
+    if not runs:
+        with pytest.raises(BackendNotSupportedError, match=backend):
+            attnkit.attention(
+                case.q, case.k, case.v, score=case.score, mask=case.mask, backend=backend
+            )
+        return
+    res = attnkit.attention(
+        case.q,
+        case.k,
+        case.v,
+        score=case.score,
+        mask=case.mask,
+        return_weights=want_w,
+        return_lse=want_lse,
+        backend=backend,
+    )
+    res = res if isinstance(res, tuple) else (res,)
+    ref_out, ref_w, ref_lse = oracle(
+        np_of(case.q), np_of(case.k), np_of(case.v), score=case.score_spec, mask=case.mask_spec
+    )
+    p_out, p_w, p_lse = plain_math(case)
+    assert res[0].shape == ref_out.shape and res[0].dtype == case.q.dtype
+    assert_within_tolerance(np_of(res[0]), ref_out, np_of(p_out), f"{backend} output")
+    i = 1
+    if want_w:
+        assert_within_tolerance(np_of(res[i]), ref_w, np_of(p_w), f"{backend} weights")
+        i += 1
+    if want_lse:
+        assert_within_tolerance(np_of(res[i]), ref_lse, np_of(p_lse), f"{backend} lse")

@@ -4,16 +4,22 @@
   float64 NumPy oracle) and ``import cases``.
 - Without a CUDA device, Triton kernels run on CPU tensors through Triton's
   interpreter: ``TRITON_INTERPRET=1`` is set here, before anything imports triton.
-- A test that takes a ``backend`` argument runs once per registered backend that
-  runs on each available device; with a ``device`` argument too, it gets the
-  device. So a new backend or a new device is tested by registering it: on a
-  machine with CUDA the conformance suite runs there as well.
+- A test that takes ``device`` and ``backend`` runs once per (device, backend) pair:
+  every registered backend that runs on each available device ("cpu", plus "cuda"
+  when torch sees a GPU; see ``cases.matrix_backends``). A test that takes only
+  ``backend`` runs on the CPU backends; one that takes only ``device`` runs on every
+  device. So a new backend or a new device is tested by registering it: on a machine
+  with CUDA the conformance suite runs there as well.
+- ``ATTNKIT_TEST_BUDGET_S``: when set, a run whose tests take longer than that many
+  seconds of wall time fails (a hard check that the suite stays fast; unset, nothing
+  is timed).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,47 +31,71 @@ import torch
 if not torch.cuda.is_available() and "triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from attnkit.backends import dispatch
-
-DEVICES: tuple[str, ...] = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
-"""Devices the suite runs on: the CPU always, CUDA when torch sees a GPU."""
-
-# Backends the CPU matrix leaves to their own test files: triton on the CPU runs in
-# Triton's interpreter, far too slow for the full matrix (tests/backends/test_triton.py
-# covers it at small shapes).
-_SLOW_ON = {("cpu", "triton")}
+from cases import DEVICES, matrix_backends
 
 
 def device_backends() -> list[tuple[str, str]]:
     """(device, backend) pairs: every backend registered for every available device."""
-    pairs = []
-    for device in DEVICES:
-        for name in dispatch.backends_for(device):
-            if (device, name) in _SLOW_ON:
-                continue
-            backend = dispatch._REGISTRY[name]
-            if backend.is_available() is None:
-                pairs.append((device, name))
-    return pairs
+    return [(device, name) for device in DEVICES for name in matrix_backends(device)]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "backend" not in metafunc.fixturenames:
+    """Parametrize ``backend`` (with ``device``) over the matrix, ``device`` alone over
+    the devices, unless the test names them itself."""
+    names = metafunc.fixturenames
+    if "backend" not in names and "device" not in names:
         return
     if any(
-        m.name == "parametrize" and "backend" in m.args[0]
+        m.name == "parametrize" and ("backend" in m.args[0] or "device" in m.args[0])
         for m in metafunc.definition.iter_markers()
     ):
-        return  # the test names its backends itself
+        return  # the test names its backends or devices itself
     pairs = device_backends()
-    if "device" in metafunc.fixturenames:
+    if "backend" not in names:
+        metafunc.parametrize("device", DEVICES)
+    elif "device" in names:
         metafunc.parametrize(("device", "backend"), pairs, ids=[f"{d}-{b}" for d, b in pairs])
     else:
-        names = [b for d, b in pairs if d == "cpu"]
-        metafunc.parametrize("backend", names)
+        metafunc.parametrize("backend", [b for d, b in pairs if d == "cpu"])
+
+
+_BUDGET_ENV = "ATTNKIT_TEST_BUDGET_S"
+_budget: dict[str, float] = {}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    raw = os.environ.get(_BUDGET_ENV)
+    if not raw:
+        return
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0:  # also refuses nan
+        raise pytest.UsageError(
+            f"{_BUDGET_ENV}: expected a positive number of seconds, got {raw!r}"
+        )
+    _budget.update(seconds=seconds, start=time.perf_counter())
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not _budget:
+        return
+    _budget["elapsed"] = time.perf_counter() - _budget["start"]
+    if _budget["elapsed"] > _budget["seconds"] and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if "elapsed" not in _budget:
+        return
+    elapsed, seconds = _budget["elapsed"], _budget["seconds"]
+    line = f"test time {elapsed:.1f} s, budget {seconds:g} s ({_BUDGET_ENV})"
+    over = elapsed > seconds
+    terminalreporter.write_line(f"FAILED: {line}: over budget" if over else line, red=over)
 
 
 @pytest.fixture
 def device() -> str:
-    """The CPU, for tests that take a device but no backend (parametrized otherwise)."""
+    """The CPU, for a test that names its own backends but takes a device too."""
     return "cpu"

@@ -274,7 +274,9 @@ def _check_scale(name: str, value: object) -> None:
 _NAMED = {"dot": Dot, "scaled_dot": ScaledDot, "gaussian": Gaussian}
 
 
-_SHARED: dict[str, Score] = {}
+_SHARED: dict[str, Score] = {name: cls() for name, cls in _NAMED.items()}
+"""The parameter-free named scores, built once at import: a dict that never changes
+after import gives torch.compile no reason to recompile on a later call."""
 
 
 def is_shared_score(score: Score) -> bool:
@@ -287,15 +289,12 @@ def resolve_score(score: str | Score) -> Score:
     if isinstance(score, Score):
         return score
     if isinstance(score, str):
-        cls = _NAMED.get(score)
-        if cls is None:
+        shared = _SHARED.get(score)
+        if shared is None:
             raise ValueError(
                 f"score: unknown score {score!r}; expected one of {sorted(_NAMED)} or a "
                 "Score object (scores.Bilinear, scores.Additive, ...)"
             )
-        shared = _SHARED.get(score)
-        if shared is None:  # parameter-free named scores are immutable: build each once
-            shared = _SHARED[score] = cls()
         return shared
     raise TypeError(
         f"score: expected a string ({', '.join(sorted(_NAMED))}) or an attnkit.scores.Score, "

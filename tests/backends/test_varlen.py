@@ -1,10 +1,12 @@
-"""The shared variable-length unpadding: kept lengths, key indices, groups."""
+"""The shared variable-length unpadding: kept lengths, key indices, groups, and the
+padded layout given to torch's variable-length kernel on CUDA."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import attnkit
 from attnkit import _host, masks
 from attnkit._inputs import validate_inputs
 from attnkit.backends import varlen
@@ -60,3 +62,65 @@ def test_take_keys_pads_the_kept_rows() -> None:
     out = varlen.take_keys(t, torch.tensor([1, 4]), 3)
     assert out.tolist() == [[[2.0, 3.0], [8.0, 9.0], [0.0, 0.0]]]
     assert varlen.take_keys(t, None, 2).tolist() == [[[0.0, 1.0], [2.0, 3.0]]]
+
+
+def test_padded_sequences_layout() -> None:
+    cu_q, cu_k = varlen.padded_sequences(torch.tensor([2, 0, 5]), L=4, S=5, queries=True)
+    assert cu_q.tolist() == [0, 2, 4, 4, 8, 12, 12]
+    assert cu_k.tolist() == [0, 2, 5, 5, 10, 15, 15]
+    cu_q, _ = varlen.padded_sequences(torch.tensor([2, 0]), L=3, S=5, queries=False)
+    assert cu_q.tolist() == [0, 3, 3, 6, 6]
+
+
+def _packed_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    *,
+    scale: float,
+    window_size: tuple[int, int],
+    enable_gqa: bool,
+) -> torch.Tensor:
+    """Packed-sequence attention written out, sequence by sequence (torch's semantics)."""
+    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype)
+    for n in range(cu_q.numel() - 1):
+        q0, q1, k0, k1 = int(cu_q[n]), int(cu_q[n + 1]), int(cu_k[n]), int(cu_k[n + 1])
+        assert q1 - q0 <= max_q and k1 - k0 <= max_k
+        if q1 == q0 or k1 == k0:
+            continue
+        qs, ks, vs = q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1), v[k0:k1].transpose(0, 1)
+        if enable_gqa:
+            ks = ks.repeat_interleave(qs.shape[0] // ks.shape[0], 0)
+            vs = vs.repeat_interleave(qs.shape[0] // vs.shape[0], 0)
+        logits = qs @ ks.transpose(-2, -1) * scale
+        if window_size == (-1, 0):
+            logits = logits.masked_fill(
+                ~torch.ones(q1 - q0, k1 - k0, dtype=torch.bool).tril(k1 - k0 - (q1 - q0)), -1e30
+            )
+        out[q0:q1] = (logits.softmax(-1) @ vs).transpose(0, 1)
+    return out
+
+
+@pytest.mark.parametrize("queries,causal", [(False, False), (True, False), (True, True)])
+def test_torch_varlen_layout_matches_reference(
+    queries: bool, causal: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(varlen, "VARLEN_ATTN", _packed_attention)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(3, 4, 6, 8, generator=g)
+    k, v = (torch.randn(3, 2, 6, 8, generator=g) for _ in range(2))
+    lens = torch.tensor([6, 0, 3])
+    got = varlen.torch_varlen_attention(q, k, v, lens, queries=queries, causal=causal, scale=0.3)
+    mask = masks.valid_lens(lens, queries=queries)
+    mask = mask & masks.causal() if causal else mask
+    want = attnkit.attention(q, k, v, mask=mask, scale=0.3, backend="reference")
+    torch.testing.assert_close(got, want)
+
+
+def test_torch_varlen_route_needs_cuda() -> None:
+    inputs = _inputs(masks.valid_lens(torch.tensor([2, 3, 4])))
+    assert not varlen.torch_varlen_route(inputs)  # a CPU call keeps the unpadded path

@@ -9,9 +9,9 @@ import torch
 import attnkit
 from attnkit import masks
 
-from cases import MASKS, SCORES, make_case
+from cases import MASKS, SCORES, make_case, matrix_backends
 
-BACKENDS = attnkit.backends.dispatch.backends_for("cpu")
+BACKENDS = matrix_backends("cpu")
 
 
 def _runs(case, backend: str) -> bool:  # type: ignore[no-untyped-def]

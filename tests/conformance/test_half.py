@@ -1,17 +1,142 @@
-"""Half precision: logits up to 1e4 and -inf biases give no NaN and no inf;
-softmax accumulates in float32, weights and lse come back in float32."""
+"""Half precision (float16 and bfloat16) on every backend and device.
+
+- Every score x every mask kind against the float64 oracle, held to the suite's rule:
+  error at most 2x that of plain same-dtype math (a user's softmax(QKᵀ)V written in the
+  half dtype), never tighter than the float32 floor; plus a bounded hypothesis fuzz.
+- Logits up to 1e4 and -inf biases give no NaN and no inf; softmax accumulates in
+  float32, weights and lse come back in float32.
+- Large inputs whose scores are small (Gaussian keys near queries far from 0) and
+  finite biases beyond the half range (-1e9 in float32) keep their meaning.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import attnkit
 from attnkit import masks
 
-from cases import np_of
+from cases import LARGE_SHAPES, MASKS, SCORES, check_case, make_case, matrix_backends, np_of
 from reference import oracle
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+HALF_IDS = ("float16", "bfloat16")
+CPU_BACKENDS = matrix_backends("cpu")
+# (B, H, Hk, L, S, E, Ev): GQA, L != S, E large enough for the half rounding of q·k to
+# matter; off the CPU the large shapes of the oracle tests as well.
+HALF_SHAPE_CPU = (2, 4, 2, 17, 19, 16, 8)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=HALF_IDS)
+@pytest.mark.parametrize("score_name", SCORES)
+def test_every_score_and_mask_in_half_matches_the_oracle(
+    score_name: str, dtype: torch.dtype, device: str, backend: str
+) -> None:
+    shapes = (HALF_SHAPE_CPU,) + (LARGE_SHAPES if device != "cpu" else ())
+    for n, shape in enumerate(shapes):
+        for mask_name in MASKS:
+            case = make_case(score_name, mask_name, shape, 500 + n, dtype, device=device)
+            check_case(case, backend)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=HALF_IDS)
+def test_gaussian_with_large_inputs_and_small_distances(
+    dtype: torch.dtype, device: str, backend: str
+) -> None:
+    """Inputs near 300 with E=64: ‖q‖², ‖k‖² overflow float16 but every distance is small,
+    so every key gets a weight; no key may be dropped and no row may come back 0."""
+    gen = torch.Generator().manual_seed(41)
+    B, H, L, S, E, Ev = 1, 2, 16, 16, 64, 4
+    q = (300 + 0.05 * torch.randn(B, H, L, E, generator=gen)).to(dtype)
+    k = (300 + 0.05 * torch.randn(B, H, S, E, generator=gen)).to(dtype)
+    v = torch.randn(B, H, S, Ev, generator=gen).to(dtype)
+    score = attnkit.scores.Gaussian(1.0)
+    out = attnkit.attention(q.to(device), k.to(device), v.to(device), score=score, backend=backend)
+    ref, _, _ = oracle(np_of(q), np_of(k), np_of(v), score=("gaussian", 1.0))
+    diff = (q.float().unsqueeze(-2) - k.float().unsqueeze(-3)).square().sum(-1) / 2
+    plain = torch.softmax(-diff.to(dtype), dim=-1) @ v  # (B, H, L, Ev) in the half dtype
+    plain_err = np.abs(np_of(plain) - ref).max()
+    assert np.isfinite(np_of(out)).all()
+    np.testing.assert_allclose(np_of(out), ref, rtol=0, atol=max(2 * plain_err, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=HALF_IDS)
+def test_finite_bias_beyond_the_half_range_keeps_its_meaning(
+    dtype: torch.dtype, device: str, backend: str
+) -> None:
+    """A float32 bias beyond the float16 range is finite, not -inf. The same bias of -1e5 on
+    every key of a row shifts the row's logits and leaves its softmax unchanged (the row is
+    not fully masked, so not 0); a bias of -1e9 on some keys drops those keys."""
+    gen = torch.Generator().manual_seed(42)
+    q = torch.randn(2, 5, 8, generator=gen).to(dtype)
+    k = torch.randn(2, 6, 8, generator=gen).to(dtype)
+    v = torch.randn(2, 6, 3, generator=gen).to(dtype)
+    bias = torch.zeros(5, 6)
+    bias[1] = -1e5  # every key: the same shift
+    bias[3, ::2] = -1e9  # half the keys: dropped
+    out = attnkit.attention(
+        q.to(device),
+        k.to(device),
+        v.to(device),
+        mask=attnkit.masks.bias(bias.to(device)),
+        backend=backend,
+    )
+    ref, _, _ = oracle(
+        np_of(q), np_of(k), np_of(v), score=("scaled_dot",), mask=("bias", bias.numpy())
+    )
+    # Plain math as a user writes it: half logits promoted to float32 by the float32 bias.
+    logits = (q @ k.transpose(-2, -1)) * 8**-0.5 + bias  # (2, 5, 6) float32
+    plain = torch.softmax(logits, dim=-1).to(dtype) @ v
+    plain_err = np.abs(np_of(plain) - ref).max()
+    assert np.abs(ref[:, 1]).max() > 0.1  # a zero row would fail the check below
+    np.testing.assert_allclose(np_of(out), ref, rtol=0, atol=max(2 * plain_err, 1e-5))
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    score_name=st.sampled_from(SCORES),
+    mask_name=st.sampled_from(MASKS),
+    backend=st.sampled_from(CPU_BACKENDS),
+    dtype=st.sampled_from(HALF_DTYPES),
+    B=st.integers(1, 3),
+    H=st.integers(1, 3),
+    gqa=st.booleans(),
+    L=st.integers(1, 24),
+    S=st.integers(1, 24),
+    E=st.integers(1, 24),
+    Ev=st.integers(1, 6),
+    magnitude=st.sampled_from([0.25, 1.0, 3.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_property_random_half_cases(
+    score_name: str,
+    mask_name: str,
+    backend: str,
+    dtype: torch.dtype,
+    B: int,
+    H: int,
+    gqa: bool,
+    L: int,
+    S: int,
+    E: int,
+    Ev: int,
+    magnitude: float,
+    seed: int,
+) -> None:
+    Hq = 2 * H if gqa else H
+    case = make_case(score_name, mask_name, (B, Hq, H, L, S, E, Ev), seed, dtype)
+    case.q = (case.q * magnitude).to(dtype)
+    case.k = (case.k * magnitude).to(dtype)
+    check_case(case, backend)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -16,74 +16,25 @@ from hypothesis import strategies as st
 import attnkit
 from attnkit import BackendNotSupportedError
 
-from cases import MASKS, SCORES, SHAPES, Case, make_case, np_of, plain_math
+from cases import (
+    MASKS,
+    SCORES,
+    capabilities,
+    check_case,
+    make_case,
+    matrix_backends,
+    np_of,
+    shapes_for,
+)
 from reference import oracle
 
-CPU_BACKENDS = attnkit.backends.dispatch.backends_for("cpu")
-
-
-def _assert_close(got: np.ndarray, ref: np.ndarray, plain: np.ndarray, what: str) -> None:
-    assert not np.isnan(got).any(), f"{what}: NaN in result"
-    inf_ref = np.isinf(ref)
-    np.testing.assert_array_equal(np.isinf(got), inf_ref, err_msg=f"{what}: -inf pattern")
-    fin = ~inf_ref
-    if not fin.any():
-        return
-    err = np.abs(got[fin] - ref[fin]).max()
-    plain_err = np.abs(plain[fin] - ref[fin]).max()
-    backstop = 1e-5 * max(np.abs(ref[fin]).max(), 1.0)
-    allowed = max(2 * plain_err, backstop)
-    assert err <= allowed, (
-        f"{what}: error {err:.3g} > allowed {allowed:.3g} (plain {plain_err:.3g})"
-    )
-
-
-def _capabilities(case: Case, backend: str) -> tuple[bool, bool, bool]:
-    """(can run at all, can return weights, can return lse) for this backend and case."""
-    kw = {"score": case.score, "mask": case.mask, "backend": backend}
-    runs = not attnkit.explain(case.q, case.k, case.v, **kw).reasons[backend]
-    w = not attnkit.explain(case.q, case.k, case.v, return_weights=True, **kw).reasons[backend]
-    lse = not attnkit.explain(case.q, case.k, case.v, return_lse=True, **kw).reasons[backend]
-    return runs, w, lse
-
-
-def check_case(case: Case, backend: str) -> None:
-    runs, want_w, want_lse = _capabilities(case, backend)
-    if not runs:
-        with pytest.raises(BackendNotSupportedError, match=backend):
-            attnkit.attention(
-                case.q, case.k, case.v, score=case.score, mask=case.mask, backend=backend
-            )
-        return
-    res = attnkit.attention(
-        case.q,
-        case.k,
-        case.v,
-        score=case.score,
-        mask=case.mask,
-        return_weights=want_w,
-        return_lse=want_lse,
-        backend=backend,
-    )
-    res = res if isinstance(res, tuple) else (res,)
-    ref_out, ref_w, ref_lse = oracle(
-        np_of(case.q), np_of(case.k), np_of(case.v), score=case.score_spec, mask=case.mask_spec
-    )
-    p_out, p_w, p_lse = plain_math(case)
-    assert res[0].shape == ref_out.shape and res[0].dtype == case.q.dtype
-    _assert_close(np_of(res[0]), ref_out, np_of(p_out), f"{backend} output")
-    i = 1
-    if want_w:
-        _assert_close(np_of(res[i]), ref_w, np_of(p_w), f"{backend} weights")
-        i += 1
-    if want_lse:
-        _assert_close(np_of(res[i]), ref_lse, np_of(p_lse), f"{backend} lse")
+CPU_BACKENDS = matrix_backends("cpu")
 
 
 @pytest.mark.parametrize("mask_name", MASKS)
 @pytest.mark.parametrize("score_name", SCORES)
 def test_matches_oracle(score_name: str, mask_name: str, device: str, backend: str) -> None:
-    for n, shape in enumerate(SHAPES):
+    for n, shape in enumerate(shapes_for(device)):
         case = make_case(score_name, mask_name, shape, seed=1000 * n + 7, device=device)
         check_case(case, backend)
 
@@ -93,7 +44,7 @@ def test_float64_matches_oracle_tightly(score_name: str, device: str, backend: s
     case = make_case(
         score_name, "causal_and_padding", (2, 4, 2, 9, 11, 6, 5), 3, torch.float64, device=device
     )
-    runs, _, _ = _capabilities(case, backend)
+    runs, _, _ = capabilities(case, backend)
     if not runs:
         with pytest.raises(BackendNotSupportedError, match=score_name):
             attnkit.attention(case.q, case.k, case.v, score=case.score, backend=backend)

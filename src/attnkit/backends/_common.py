@@ -12,7 +12,14 @@ from torch.func import functional_call
 from .._inputs import AttentionInputs
 from ..masks import DenseMask
 
-__all__ = ["dense_mask", "expand_kv", "masked_softmax", "score_logits"]
+__all__ = [
+    "clean_keys",
+    "dense_mask",
+    "expand_kv",
+    "masked_softmax",
+    "restore_nonfinite_keys",
+    "score_logits",
+]
 
 
 def expand_kv(t: torch.Tensor, groups: int) -> torch.Tensor:
@@ -21,6 +28,48 @@ def expand_kv(t: torch.Tensor, groups: int) -> torch.Tensor:
     if groups == 1:
         return t
     return t.repeat_interleave(groups, dim=-3)  # (..., Hq, S, D)
+
+
+def clean_keys(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Raw keys (..., S, E) with non-finite rows zeroed, before a score's dot form (which
+    may mix keys, e.g. centring on their mean), and two flags (..., S) bool: rows
+    holding an inf but no NaN, and rows holding a NaN. The caller puts the flagged
+    rows back into the dot form (NaN rows as NaN; inf rows of a score with a key bias,
+    the Gaussian, as an infinitely far key whose score is -inf)."""
+    nan_rows = torch.isnan(k).any(dim=-1)  # (..., S)
+    inf_rows = torch.isinf(k).any(dim=-1) & ~nan_rows  # (..., S)
+    bad = (nan_rows | inf_rows).unsqueeze(-1)  # (..., S, 1)
+    return torch.where(bad, torch.zeros((), dtype=k.dtype), k), inf_rows, nan_rows
+
+
+def restore_nonfinite_keys(
+    k: torch.Tensor,
+    key_bias: torch.Tensor | None,
+    far: torch.Tensor,
+    nan_keys: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Put the key rows :func:`clean_keys` zeroed back into a score's dot form.
+
+    Args:
+        k: (..., S, E') the dot form's keys, computed from the cleaned keys.
+        key_bias: None or (..., 1, S), the dot form's per-key bias.
+        far, nan_keys: (..., S) bool from :func:`clean_keys`.
+
+    Returns:
+        ``(k, key_bias, excluded)``: a NaN key row becomes a NaN row of k, so every
+        query that uses it scores NaN; under a score with a key bias (the Gaussian) an
+        inf key is infinitely far, its bias -inf whatever the query, and ``excluded``
+        (..., S) marks it (None otherwise: an inf key is then a non-finite input too).
+    """
+    excluded: torch.Tensor | None = None
+    if key_bias is not None:
+        key_bias = key_bias.masked_fill(far.unsqueeze(-2), float("-inf"))  # (..., 1, S)
+        excluded = far
+    else:
+        nan_keys = nan_keys | far
+    nan = torch.full((), float("nan"), dtype=k.dtype, device=k.device)
+    k = torch.where(nan_keys.unsqueeze(-1), nan, k)  # (..., S, E')
+    return k, key_bias, excluded
 
 
 def dense_mask(inputs: AttentionInputs) -> DenseMask:
@@ -48,15 +97,16 @@ def masked_softmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax over the last dim where ``-inf`` means blocked.
 
     Returns weights (..., L, S) and lse (..., L). A row with every entry ``-inf``
-    gets weights 0 and lse ``-inf``, with zero gradients.
+    gets weights 0 and lse ``-inf``, with zero gradients. A NaN logit makes its whole
+    row NaN, weights and lse (a used NaN propagates).
     """
     m = logits.amax(dim=-1, keepdim=True).detach()  # (..., L, 1)
-    m = torch.where(torch.isfinite(m), m, torch.zeros((), dtype=m.dtype, device=m.device))
+    m = torch.where(torch.isinf(m), torch.zeros((), dtype=m.dtype, device=m.device), m)
     e = torch.exp(logits - m)  # (..., L, S)
     denom = e.sum(dim=-1, keepdim=True)  # (..., L, 1)
-    alive = denom > 0
-    safe = torch.where(alive, denom, torch.ones((), dtype=denom.dtype, device=denom.device))
+    dead = denom == 0  # NaN rows are not dead: their NaN reaches weights and lse
+    safe = torch.where(dead, torch.ones((), dtype=denom.dtype, device=denom.device), denom)
     weights = e / safe
     neg_inf = torch.full((), float("-inf"), dtype=m.dtype, device=m.device)
-    lse = torch.where(alive, m + torch.log(safe), neg_inf).squeeze(-1)  # (..., L)
+    lse = torch.where(dead, neg_inf, m + torch.log(safe)).squeeze(-1)  # (..., L)
     return weights, lse

@@ -33,15 +33,16 @@ class _DotForm(nn.Module):
 
 
 def dot_form_in_compute_dtype(
-    inputs: AttentionInputs, *, row_constant: bool = True
+    inputs: AttentionInputs, *, row_constant: bool = True, key: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """``(q', k', key_bias, row_constant)`` of the call's score, in the compute dtype.
 
     Shapes: q' (..., L, E'), k' (..., S, E'), key_bias None or (..., 1, S),
-    row_constant None or (..., L). ``row_constant=False`` skips computing it.
+    row_constant None or (..., L). ``row_constant=False`` skips computing it;
+    ``key`` (..., S, E) replaces the call's keys (e.g. with non-finite rows cleaned).
     """
     score, cd = inputs.score, inputs.compute_dtype
-    q, k = inputs.query.to(cd), inputs.key.to(cd)
+    q, k = inputs.query.to(cd), (inputs.key if key is None else key).to(cd)
     params = dict(score.named_parameters())
     if params and any(p.dtype != cd for p in params.values()):
         cast = {f"score.{n}": p.to(cd) for n, p in params.items()}

@@ -1,7 +1,6 @@
 """Attention written out over the materialized (L, S) logits: the readable definition.
 
-The reference backend is this module; other backends fall back to it for inputs it
-defines best (non-finite values, see :func:`has_nonfinite`):
+The reference backend is this module:
 
     logits  = scale * score(q, k) + bias, with blocked pairs set to -inf   # (..., L, S)
     weights = softmax(logits) over keys (fully masked rows: all 0)          # (..., L, S)
@@ -17,17 +16,14 @@ Half-precision inputs are computed in float32 and the output cast back.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
-from .._host import readable
 from .._inputs import AttentionInputs
 from ._common import dense_mask, expand_kv, masked_softmax, score_logits
 from .base import AttentionResult
 
-__all__ = ["has_nonfinite", "materialized_attention", "materialized_logits"]
+__all__ = ["materialized_attention", "materialized_logits"]
 
 
 def materialized_logits(inputs: AttentionInputs) -> torch.Tensor:
@@ -62,13 +58,3 @@ def materialized_attention(inputs: AttentionInputs) -> AttentionResult:
         weights=weights if inputs.return_weights else None,
         lse=lse if inputs.return_lse else None,
     )
-
-
-def has_nonfinite(inputs: AttentionInputs) -> bool:
-    """True when a query, key or value holds NaN or inf, looked for only where reading is
-    free (CPU tensors, outside torch.compile); False elsewhere."""
-    q, k, v = inputs.query, inputs.key, inputs.value
-    if not (readable(q) and readable(k) and readable(v)):
-        return False
-    # NaN/inf anywhere (or an overflow, which then takes the exact path too) shows in a sum
-    return not math.isfinite(q.sum().item() + k.sum().item() + v.sum().item())

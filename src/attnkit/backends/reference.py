@@ -7,9 +7,14 @@ This is the readable definition every other backend is held to:
     output  = dropout(weights) @ v                                          # (..., L, Ev)
     lse     = logsumexp(logits) over keys (fully masked rows: -inf)         # (..., L)
 
+Non-finite inputs (the policy every backend follows): a NaN or inf in a position
+that is used propagates to the rows that use it (a NaN query row gives a NaN output
+row and lse; a NaN key gives NaN in every row that keeps it; a non-finite value row
+makes the output rows that keep it non-finite); a position masked out never
+contributes, whatever it holds. Fully masked rows give output 0 and lse -inf.
+
 Half-precision inputs are computed in float32 and the output cast back. The math
-lives in :mod:`attnkit.backends._materialized`, which also defines the policy for
-non-finite inputs that every backend follows.
+lives in :mod:`attnkit.backends._materialized`.
 """
 
 from __future__ import annotations

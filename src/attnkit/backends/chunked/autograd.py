@@ -24,7 +24,7 @@ __all__ = ["ChunkedAttentionFunction"]
 class ChunkedAttentionFunction(torch.autograd.Function):
     """(plan, kind, scale, want_weights, qa, ka, w, v, kb, flags) -> (out, lse, weights or None).
 
-    ``flags`` carries the non-finite markers of :class:`Operands` (``bad_v``, ``nonfinite_k``).
+    ``flags`` carries the non-finite markers of :class:`Operands` (``bad_v``, ``nonfinite_qk``).
 
     Shapes (rows flattened to N): qa (N, L, Eq), ka (N, S, Eq), w (hidden,) or None,
     v (N, S, Ev), kb (N, 1, S) or None; out (N, L, Ev), lse (N, L), weights (N, L, S).

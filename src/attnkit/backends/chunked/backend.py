@@ -13,7 +13,7 @@ from ..._inputs import AttentionInputs
 from ...blockplan import BlockPlan, build_plan
 from ...kernels import additive as _additive
 from ...scores import Additive
-from .._common import expand_kv
+from .._common import clean_keys, expand_kv, restore_nonfinite_keys
 from .._dotform import dot_form_in_compute_dtype
 from ..base import AttentionResult, Backend
 from .autograd import ChunkedAttentionFunction
@@ -75,7 +75,7 @@ class ChunkedBackend(Backend):
         plan = _plan(inputs)
         mean_only = inputs.weights_mean and not inputs.needs_grad
         want_weights = inputs.return_weights and not mean_only
-        flags = {"bad_v": ops.bad_v, "nonfinite_k": ops.nonfinite_k}
+        flags = {"bad_v": ops.bad_v, "nonfinite_qk": ops.nonfinite_qk}
         out, lse, weights = ChunkedAttentionFunction.apply(
             plan, ops.kind, ops.scale, want_weights, ops.qa, ops.ka, ops.w, ops.v, ops.kb, flags
         )
@@ -83,8 +83,9 @@ class ChunkedBackend(Backend):
         lse_out: torch.Tensor | None = None
         if inputs.return_lse:
             lse_out = lse.reshape(*batch, L)  # (*batch, L)
-            if row_const is not None:
-                lse_out = lse_out + (row_const.to(lse.dtype) * inputs.scale).expand(*batch, L)
+            if row_const is not None:  # an empty row stays -inf whatever its query holds
+                shifted = lse_out + (row_const.to(lse.dtype) * inputs.scale).expand(*batch, L)
+                lse_out = torch.where(torch.isneginf(lse_out), lse_out, shifted)
         if weights is not None:
             weights = weights.reshape(*batch, L, S)  # (*batch, L, S)
             if inputs.weights_mean:
@@ -154,7 +155,16 @@ def _operands(inputs: AttentionInputs) -> tuple[Operands, torch.Tensor | None]:
     kb: torch.Tensor | None = None
     if score.dot_reducible:
         kind = "dot"
-        qa, ka, kb, row_const = dot_form_in_compute_dtype(inputs, row_constant=inputs.return_lse)
+        key, far, nan_keys = None, None, None
+        if readable(inputs.key) and not bool(torch.isfinite(inputs.key).all()):
+            # a score's dot form may mix keys (the Gaussian centres on their mean): it
+            # gets finite keys, and the non-finite ones are put back after it
+            key, far, nan_keys = clean_keys(inputs.key)
+        qa, ka, kb, row_const = dot_form_in_compute_dtype(
+            inputs, row_constant=inputs.return_lse, key=key
+        )
+        if far is not None and nan_keys is not None:
+            ka, kb, _ = restore_nonfinite_keys(ka, kb, far, nan_keys)
     else:
         assert isinstance(score, Additive)
         kind = "additive"
@@ -172,13 +182,13 @@ def _operands(inputs: AttentionInputs) -> tuple[Operands, torch.Tensor | None]:
     if kb is not None:
         kb = (kb.to(cd) * inputs.scale).expand(*batch, 1, S).reshape(N, 1, S)  # (N, 1, S)
     bad_v: torch.Tensor | None = None
-    nonfinite_k = False
+    nonfinite_qk = False
     if readable(v):  # free on the CPU; elsewhere non-finite inputs are not looked for
         finite_v = torch.isfinite(v).all(dim=-1)  # (N, S)
         if not bool(finite_v.all()):
             bad_v = (~finite_v).to(cd)  # (N, S)
             v = torch.where(finite_v.unsqueeze(-1), v, torch.zeros((), dtype=cd))
-        nonfinite_k = not bool(torch.isfinite(ka).all())
+        nonfinite_qk = not (bool(torch.isfinite(qa).all()) and bool(torch.isfinite(ka).all()))
     ops = Operands(
         kind=kind,
         qa=qa.contiguous(),
@@ -188,6 +198,6 @@ def _operands(inputs: AttentionInputs) -> tuple[Operands, torch.Tensor | None]:
         kb=kb.contiguous() if kb is not None else None,
         scale=inputs.scale,
         bad_v=bad_v,
-        nonfinite_k=nonfinite_k,
+        nonfinite_qk=nonfinite_qk,
     )
     return ops, row_const

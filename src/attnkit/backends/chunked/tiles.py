@@ -30,8 +30,8 @@ class Operands:
     Non-finite inputs (found on the host, where reading is free): ``bad_v`` (N, S)
     marks value rows holding NaN/inf, which ``v`` holds as zeros so that a masked-out
     key contributes nothing, and a row that uses such a key becomes NaN;
-    ``nonfinite_k`` makes every additive ``-inf`` of a tile a hard mask, so a NaN
-    key's logit cannot turn a blocked pair into NaN.
+    ``nonfinite_qk`` (a query or key holds NaN/inf) makes every ``-inf`` of the
+    mask's bias a hard mask, so a NaN logit cannot turn a blocked pair into NaN.
     """
 
     kind: str
@@ -42,12 +42,12 @@ class Operands:
     kb: torch.Tensor | None  # (N, 1, S)
     scale: float
     bad_v: torch.Tensor | None = None  # (N, S) 1.0 where the value row is not finite
-    nonfinite_k: bool = False
+    nonfinite_qk: bool = False
 
     @property
     def clean(self) -> bool:
         """True when every key and value is finite (the fast paths apply)."""
-        return self.bad_v is None and not self.nonfinite_k
+        return self.bad_v is None and not self.nonfinite_qk
 
 
 def _nan_rows(ops: Operands, rows: slice, s: torch.Tensor, j0: int, j1: int) -> torch.Tensor | None:
@@ -72,7 +72,8 @@ def _tile_logits(
     """Masked logits of one tile: (rows, i1-i0, j1-j0), -inf where blocked."""
     qt = ops.qa[rows, i0:i1]  # (R, bi, Eq)
     kt = ops.ka[rows, j0:j1]  # (R, bj, Eq)
-    keep, bias = plan.tile_mask(b, i0, i1, j0, j1, qt.device)
+    keep, mask_bias = plan.tile_mask(b, i0, i1, j0, j1, qt.device)
+    bias = mask_bias
     if ops.kind == "dot":
         if ops.kb is not None:
             kb = ops.kb[rows, :, j0:j1]  # (R, 1, bj)
@@ -87,8 +88,8 @@ def _tile_logits(
         s = _additive.logits(qt, kt, ops.w).mul_(ops.scale)  # (R, bi, bj)
         if bias is not None:
             s = s.add_(bias)
-    if ops.nonfinite_k and bias is not None:
-        s = s.masked_fill_(bias == float("-inf"), float("-inf"))  # NaN + -inf stays blocked
+    if ops.nonfinite_qk and mask_bias is not None:  # NaN + -inf stays blocked
+        s = s.masked_fill_(mask_bias == float("-inf"), float("-inf"))
     if keep is not None:
         s = s.masked_fill_(~keep, float("-inf"))
     return s

@@ -7,7 +7,7 @@ bilinear, Gaussian), in one of two ways:
   element, with or without ``queries=True``), ``key_padding`` and/or a
   top-left ``causal()`` (not with ``key_padding``), each batch element keeps
   only its own queries and keys, and elements of similar lengths are grouped
-  into one call (see :func:`_group_lengths`), so SDPA sees (almost) no padding
+  into one call (see :func:`attnkit.backends.varlen.group_lengths`), so SDPA sees (almost) no padding
   and the padded rows and columns cost nothing;
 - **dense**: otherwise. A top-left causal mask alone stays symbolic
   (``is_causal=True``, which lets the kernel skip the upper triangle); other
@@ -21,28 +21,38 @@ Gaussian's ``-‖k‖²/2σ²``) is a (..., 1, S) row the kernel broadcasts, or,
 under a mask, one extra feature (``[q', 1]·[k', b]``); never an (L, S) bias.
 Otherwise torch falls back to plain math.
 
-In automatic dispatch it passes over what it would compute densely and
-wastefully (window masks, bottom-right causal with L != S, causal combined
-with other masks) when the chunked backend, which skips those blocks, can run
-the call; forced by name it still runs them, densely.
+It reports the mask parts it would build densely (window masks, shifted causal
+masks over many queries, causal combined with other masks; :mod:`.plan`) and
+dispatch decides; forced by name it still runs them, densely. Decoding against a
+KV cache (bottom-right causal, at most ``plan.DECODE_ROWS`` queries) stays on the
+fused kernel: one query needs no mask, a few take a small (L, S) mask on the CPU
+and torch's lower-right causal bias on CUDA. Grouped K/V heads use ``enable_gqa``.
 
-Weights and lse: the log-sum-exp comes from torch's CPU flash kernel
-(``aten._scaled_dot_product_flash_attention_for_cpu``, a private op, used
-only when present), and weights are then recomputed exactly in a second pass
-as ``exp(scale * q k^T + bias - lse)``; no softmax is materialized in the
-forward. Returned weights are differentiable (their backward is the softmax
-backward, computed from the weights themselves); the lse is not, so a call
+Non-finite inputs follow attnkit's policy, with tensor operations only (no host
+read): a NaN in a used position propagates to the rows that use it; a masked-out
+position never contributes, whatever it holds (:mod:`.poison`). Calls that need a
+gradient can be differentiated twice (:mod:`.grad`).
+
+Weights and lse: the log-sum-exp comes from torch's flash kernels (private ops,
+feature-detected: the CPU flash op; on CUDA the flash or efficient op), and
+weights are then recomputed exactly in a second pass as
+``exp(scale * q k^T + bias - lse)``; no softmax is materialized in the forward.
+Returned weights are differentiable (their backward is the softmax backward,
+differentiable again); the lse is not, so a call
 that needs both the lse and gradients goes to another backend.
 
-Files: ``backend.py`` (the Backend: reasons, masks it would materialize, the dense
-and unpadded paths), ``run.py`` (one SDPA call: 4-D views, head sizes, the lse op),
-``lse.py`` (the lse kernel and exact weights recomputed from it); unpadding of
-variable lengths is shared with other backends in :mod:`attnkit.backends.varlen`.
+Files: ``backend.py`` (the Backend: reasons, the dense and unpadded paths),
+``plan.py`` (how a call maps onto SDPA calls, masks it would materialize),
+``run.py`` (one SDPA call: 4-D views, head sizes), ``lse.py`` (lse kernels and
+exact weights recomputed from the lse), ``poison.py`` (non-finite inputs),
+``grad.py`` (double backward); unpadding of variable lengths, and torch's
+variable-length kernel on CUDA, are shared in :mod:`attnkit.backends.varlen`.
 """
 
 from __future__ import annotations
 
+from . import plan
 from .backend import SDPABackend
 from .lse import has_lse_kernel
 
-__all__ = ["SDPABackend", "has_lse_kernel"]
+__all__ = ["SDPABackend", "has_lse_kernel", "plan"]

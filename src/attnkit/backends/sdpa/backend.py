@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 
 from ... import masks as _masks
 from ..._inputs import AttentionInputs
-from ...scores import Dot, ScaledDot
 from .. import varlen
-from .._common import dense_mask, expand_kv
+from .._common import clean_keys, dense_mask, expand_kv, restore_nonfinite_keys
 from .._dotform import dot_form_in_compute_dtype
-from .._materialized import has_nonfinite, materialized_attention
 from ..base import AttentionResult, Backend
+from . import plan
 from .lse import has_lse_kernel, weights_of_call
 from .run import HAS_GQA, call
 
@@ -27,6 +25,7 @@ class SDPABackend(Backend):
 
     name: ClassVar[str] = "sdpa"
     device_types: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda"})
+    fused: ClassVar[bool] = True
     any_score: ClassVar[bool] = False
 
     def not_supported_reasons(self, inputs: AttentionInputs) -> list[str]:
@@ -38,42 +37,33 @@ class SDPABackend(Backend):
         return reasons
 
     def materialized_masks(self, inputs: AttentionInputs) -> list[str]:
-        """Mask parts SDPA would build as a dense (L, S) tensor."""
-        parts = inputs.mask_parts
-        if not parts:
-            return []
-        out: list[str] = []
-        L, S = inputs.L, inputs.S
-        for p in parts:
-            if isinstance(p, _masks.CausalMask):
-                decoding = L <= DECODE_ROWS and L < S
-                if not p.symbolic_causal(L, S) and not decoding and not _sees_all(p, L, S):
-                    out.append("a shifted (bottom-right, L != S, or offset) causal mask")
-                elif len(parts) > 1 and not varlen.can_unpad(inputs):
-                    out.append("a causal mask combined with another mask")
-            elif isinstance(p, _masks.WindowMask):
-                out.append("a window mask")
-        padded = any(p.kind in ("valid_lens", "key_padding") for p in parts)
-        if padded and inputs.device.type != "cpu" and not varlen.can_unpad(inputs):
-            out.append("padding (unpadding would read lengths on the host)")
-        return out
+        """Mask parts SDPA would build as a dense (L, S) tensor (see :mod:`.plan`)."""
+        return plan.materialized_masks(inputs)
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
-        if has_nonfinite(inputs):
-            # torch's kernels let a NaN query give zeros and a masked-out NaN value reach
-            # every row; the materialized form follows attnkit's policy (rare inputs)
-            return materialized_attention(inputs)
-        if _is_direct(inputs):
+        if plan.is_direct(inputs):
             return AttentionResult(output=_direct(inputs))
-        if inputs.dtype != inputs.compute_dtype and _half_needs_float32(inputs):
+        if varlen.torch_varlen_route(inputs):
+            return AttentionResult(output=_torch_varlen(inputs))
+        key, far, nan_keys = inputs.key, None, None
+        if type(inputs.score) not in plan.DIRECT_SCORES:
+            # a score's dot form may mix keys (the Gaussian centres on their mean): it
+            # gets finite keys, and the non-finite ones are put back as flags below
+            key, far, nan_keys = clean_keys(inputs.key)
+        if inputs.dtype != inputs.compute_dtype and plan.half_needs_float32(inputs):
             # half inputs in float32: a score's dot form (Gaussian's key term, Bilinear's
             # qW) and additive biases (-1e9) are not rounded to half, so the error stays
             # that of plain same-dtype math; (scaled) dot scores keep the half kernel,
             # with or without weights (its lse is float32 either way)
-            q, k, key_bias, rc = dot_form_in_compute_dtype(inputs, row_constant=inputs.return_lse)
+            q, k, key_bias, rc = dot_form_in_compute_dtype(
+                inputs, row_constant=inputs.return_lse, key=key
+            )
         else:
-            q, k, key_bias = inputs.score.dot_form(inputs.query, inputs.key)
-            rc = inputs.score.row_constant(inputs.query, inputs.key) if inputs.return_lse else None
+            q, k, key_bias = inputs.score.dot_form(inputs.query, key)
+            rc = inputs.score.row_constant(inputs.query, key) if inputs.return_lse else None
+        excluded: torch.Tensor | None = None
+        if far is not None and nan_keys is not None:
+            k, key_bias, excluded = restore_nonfinite_keys(k, key_bias, far, nan_keys)
         if key_bias is not None and inputs.mask is not None:
             # q'·k' + b == [q', 1]·[k', b]: one more feature instead of an (L, S) bias mask
             kb = key_bias.transpose(-2, -1)  # (..., S, 1)
@@ -84,13 +74,14 @@ class SDPABackend(Backend):
             q = torch.cat([q, q.new_ones(*q.shape[:-1], 1)], dim=-1)  # (..., L, E'+1)
             key_bias = None
         if varlen.can_unpad(inputs):
-            out, weights, lse = self._forward_unpadded(inputs, q, k)  # key bias folded above
+            out, weights, lse = self._forward_unpadded(inputs, q, k, excluded)  # bias in k
         else:
-            out, weights, lse = self._forward_dense(inputs, q, k, key_bias)
+            out, weights, lse = self._forward_dense(inputs, q, k, key_bias, excluded)
         if lse is not None and inputs.return_lse:
             lse = lse.to(inputs.compute_dtype)
-            if rc is not None:
-                lse = lse + (rc.to(inputs.compute_dtype) * inputs.scale).expand_as(lse)
+            if rc is not None:  # an empty row stays -inf whatever its query holds
+                shifted = lse + (rc.to(inputs.compute_dtype) * inputs.scale).expand_as(lse)
+                lse = torch.where(torch.isneginf(lse), lse, shifted)
         return AttentionResult(
             output=out.to(inputs.dtype),
             weights=weights if inputs.return_weights else None,
@@ -105,17 +96,21 @@ class SDPABackend(Backend):
         q: torch.Tensor,
         k: torch.Tensor,
         key_bias: torch.Tensor | None,
+        excluded: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         v = inputs.value.to(q.dtype)
         batch, L, S = inputs.batch_shape, inputs.L, inputs.S
         want_lse = inputs.return_lse or inputs.return_weights
 
         attn_mask: torch.Tensor | None = None
-        is_causal = False
+        is_causal = lower_right = False
         alive: torch.Tensor | None = None  # (*batch, L, 1) rows with at least one key
         mask = inputs.mask
-        if key_bias is None and mask is not None and len(mask.parts()) == 1:
-            is_causal = mask.symbolic_causal(L, S)
+        if key_bias is None and isinstance(mask, _masks.CausalMask):
+            route = plan.causal_route(inputs, mask)
+            is_causal, lower_right = route == "symbolic", route == "lower_right"
+            if route in ("none", "lower_right"):
+                mask = None  # every query sees every key, or the kernel takes the bias
         if key_bias is not None and mask is None:
             # one row per key, (..., 1, S): the fused kernel broadcasts it over the queries
             if inputs.groups > 1 and key_bias.ndim >= 3 and key_bias.shape[-3] != 1:
@@ -161,6 +156,8 @@ class SDPABackend(Backend):
             scale=inputs.scale,
             gqa=gqa,
             want_lse=want_lse,
+            excluded=excluded,
+            lower_right=lower_right,
         )  # (*batch, L, Ev), (*batch, L)
         zero = torch.zeros((), dtype=out.dtype, device=out.device)
         if alive is not None:  # no host sync: stays torch.compile friendly
@@ -178,7 +175,11 @@ class SDPABackend(Backend):
     # ------------------------------------------------------------------ unpadded
 
     def _forward_unpadded(
-        self, inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor
+        self,
+        inputs: AttentionInputs,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        excluded: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """SDPA on each batch element's kept queries and keys, similar lengths grouped.
 
@@ -203,6 +204,9 @@ class SDPABackend(Backend):
         q = q.expand(*batch, L, q.shape[-1])  # (B, ..., L, E')
         k = k.expand(*kv_batch, S, k.shape[-1])  # (B, ..., S, E')
         v = v.expand(*kv_batch, S, v.shape[-1])  # (B, ..., S, Ev)
+        far = None
+        if excluded is not None:
+            far = excluded.unsqueeze(-1).expand(*kv_batch, S, 1)  # (B, ..., S, 1)
         lens = varlen.lengths(inputs, dev)
         q_len, k_len, key_idx, causal = lens.q_len, lens.k_len, lens.key_idx, lens.causal
         out_full = torch.zeros(*batch, L, v.shape[-1], dtype=inputs.dtype, device=dev)
@@ -222,6 +226,11 @@ class SDPABackend(Backend):
             v_g = torch.stack(
                 [varlen.take_keys(v[b], key_idx[b], km) for b in members]
             )  # (G, ..., km, Ev)
+            far_g = None
+            if far is not None:
+                far_g = torch.stack(
+                    [varlen.take_keys(far[b], key_idx[b], km) for b in members]
+                ).squeeze(-1)  # (G, ..., km)
             lens_g = torch.tensor([k_len[b] for b in members], device=dev)  # (G,)
             keep: torch.Tensor | None = None
             if any(k_len[b] < km for b in members):
@@ -241,6 +250,7 @@ class SDPABackend(Backend):
                 scale=inputs.scale,
                 gqa=gqa,
                 want_lse=want_lse,
+                excluded=far_g,
             )  # (G, ..., qm, Ev), (G, ..., qm)
             w_g: torch.Tensor | None = None
             if w_full is not None and lse_g is not None:
@@ -275,62 +285,35 @@ class SDPABackend(Backend):
         return out_full, w_full, lse_full
 
 
-DECODE_ROWS = 64
-"""A shifted causal mask over fewer queries than keys (bottom-right: new tokens against
-a KV cache) with at most this many query rows is cheap as a dense (L, S) mask: SDPA
-keeps it (decoding, chunked prefill)."""
-
-
-def _sees_all(mask: _masks.CausalMask, L: int, S: int) -> bool:
-    """True when every query of this causal mask sees every key (e.g. one new token
-    against its whole KV cache): the mask is then no mask at all."""
-    return mask.offset(L, S) >= S - 1
-
-
-def _half_needs_float32(inputs: AttentionInputs) -> bool:
-    """Half inputs whose dot form or bias would lose range or precision in half: a score
-    other than (scaled) dot, or an additive bias mask."""
-    return type(inputs.score) not in _DIRECT_SCORES or any(
-        p.kind == "bias" for p in inputs.mask_parts
-    )
-
-
-def _is_direct(inputs: AttentionInputs) -> bool:
-    """True for the plain call torch's SDPA takes as it is: a dot or scaled-dot score,
-    4-D inputs with equal leading dims (or grouped K/V heads where torch has
-    enable_gqa), one head size, no weights or lse, and no mask, a top-left causal mask,
-    or a causal mask under which every query sees every key (decoding)."""
-    if inputs.return_weights or inputs.return_lse or type(inputs.score) not in _DIRECT_SCORES:
-        return False
-    q, k = inputs.query, inputs.key
-    if q.ndim != 4 or inputs.E != inputs.Ev:
-        return False
-    if q.shape[:-2] != k.shape[:-2] and not (
-        HAS_GQA and inputs.groups > 1 and q.shape[0] == k.shape[0]
-    ):
-        return False
-    mask = inputs.mask
-    if mask is None:
-        return True
-    return isinstance(mask, _masks.CausalMask) and (
-        mask.symbolic_causal(inputs.L, inputs.S) or _sees_all(mask, inputs.L, inputs.S)
-    )
-
-
 def _direct(inputs: AttentionInputs) -> torch.Tensor:
-    """The call handed to torch's SDPA unchanged: out (B, H, L, Ev)."""
+    """The call handed to torch's SDPA unchanged (see :func:`.plan.is_direct`):
+    out (B, H, L, Ev)."""
     mask = inputs.mask
-    causal = isinstance(mask, _masks.CausalMask) and not _sees_all(mask, inputs.L, inputs.S)
-    kwargs: dict[str, Any] = {"enable_gqa": True} if inputs.groups > 1 else {}
-    return F.scaled_dot_product_attention(
+    route = plan.causal_route(inputs, mask) if isinstance(mask, _masks.CausalMask) else "none"
+    out, _ = call(
         inputs.query,
         inputs.key,
         inputs.value,
+        attn_mask=None,
+        is_causal=route == "symbolic",
+        lower_right=route == "lower_right",
         dropout_p=inputs.dropout_p,
-        is_causal=causal,
         scale=inputs.scale,
-        **kwargs,
+        gqa=inputs.groups > 1,
+        want_lse=False,
     )
+    return out
 
 
-_DIRECT_SCORES = (Dot, ScaledDot)
+def _torch_varlen(inputs: AttentionInputs) -> torch.Tensor:
+    """A ragged call on torch's variable-length kernel (see :func:`varlen.torch_varlen_route`)."""
+    lens_part = next(p for p in inputs.mask_parts if isinstance(p, _masks.ValidLensMask))
+    return varlen.torch_varlen_attention(
+        inputs.query,
+        inputs.key,
+        inputs.value,
+        lens_part.lens,
+        queries=lens_part.queries,
+        causal=any(isinstance(p, _masks.CausalMask) for p in inputs.mask_parts),
+        scale=inputs.scale,
+    )

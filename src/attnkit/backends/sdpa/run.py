@@ -4,21 +4,40 @@ torch's fused CPU kernels take 4-D inputs with one head size; anything else runs
 torch's plain math. So inputs are viewed as 4-D, unequal query and value head
 sizes are zero-padded to one size (zeros are free in the products), and the lse
 op gets contiguous tensors, as the public entry point would give it.
+
+Every call also follows attnkit's non-finite policy (:mod:`.poison`) and, when an
+input needs a gradient, is differentiable twice (:mod:`.grad`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from .._common import expand_kv
-from .lse import LSE_OP
+from . import poison
+from .grad import fused_twice_differentiable, math_attention
+from .lse import lse_call
 
-__all__ = ["HAS_GQA", "call", "to4d"]
+__all__ = ["HAS_GQA", "HAS_LOWER_RIGHT", "call", "to4d"]
 
 HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")  # torch >= 2.5
+
+
+def _causal_lower_right() -> Any:
+    try:  # torch >= 2.2
+        from torch.nn.attention.bias import causal_lower_right
+    except ImportError:  # pragma: no cover - older torch
+        return None
+    return causal_lower_right
+
+
+CAUSAL_LOWER_RIGHT = _causal_lower_right()
+HAS_LOWER_RIGHT = CAUSAL_LOWER_RIGHT is not None
 
 
 def to4d(t: torch.Tensor) -> torch.Tensor:
@@ -41,32 +60,123 @@ def call(
     scale: float,
     gqa: bool,
     want_lse: bool,
+    excluded: torch.Tensor | None = None,
+    lower_right: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """SDPA on equal leading dims: out (..., L, Ev) and, with ``want_lse``, lse (..., L)."""
+    """SDPA on equal leading dims: out (..., L, Ev) and, with ``want_lse``, lse (..., L).
+
+    q (..., L, E), k (..., S, E), v (..., S, Ev) (k and v with fewer heads when
+    ``gqa``); ``attn_mask`` None or (..., L or 1, S), bool (True keeps) or float;
+    ``excluded`` None or (..., S) bool: keys whose score is -inf by construction
+    (carried in k), which no row counts as kept; ``lower_right``: a causal mask
+    aligned to the bottom-right corner, given to the kernel as torch's lower-right
+    causal bias (needs :data:`HAS_LOWER_RIGHT`, no ``attn_mask`` and no lse).
+    Non-finite inputs follow the policy of :mod:`.poison`.
+    """
+    heads = q.shape[-3] if q.ndim >= 3 else 1
+    L, S = q.shape[-2], k.shape[-2]
+    offset = S - L if lower_right else 0
+    masked = attn_mask is not None or is_causal or excluded is not None or lower_right
+    if masked:
+        k, v, q_bad, k_bad, v_bad = poison.sanitize(q, k, v, excluded)
+    if lower_right:
+        out, lse = _lower_right(q, k, v, dropout_p=dropout_p, scale=scale, gqa=gqa), None
+    else:
+        out, lse = _kernel(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                           dropout_p=dropout_p, scale=scale, gqa=gqa, want_lse=want_lse)  # fmt: skip
+    if not masked:
+        return poison.apply(out, lse, poison.Poison(scores=poison.unmasked_addend(q, k)))
+    causal = is_causal or lower_right
+    if excluded is not None:
+        # rows whose every kept key is excluded (infinitely far) are empty rows
+        kept = poison.to_query_heads(~excluded, heads)  # (..., S)
+        alive = poison.rows_keeping(kept, attn_mask, causal, L, offset)  # (..., L or 1)
+        out = torch.where(alive.unsqueeze(-1), out, torch.zeros((), dtype=out.dtype))
+        if lse is not None:
+            lse = torch.where(alive, lse, float("-inf"))
+    flags = poison.flags_for_call(q, k_bad, v_bad, q_bad, attn_mask, causal, heads, offset)
+    return poison.apply(out, lse, flags)
+
+
+def _lower_right(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropout_p: float, scale: float, gqa: bool
+) -> torch.Tensor:
+    """SDPA with torch's lower-right causal bias: out (..., L, Ev). On CUDA the bias
+    reaches the efficient kernel without an (L, S) mask; elsewhere torch builds one."""
+    assert CAUSAL_LOWER_RIGHT is not None
+    if gqa:
+        g = q.shape[-3] // k.shape[-3]
+        k, v = expand_kv(k, g), expand_kv(v, g)  # (..., Hq, S, D): the bias takes no enable_gqa
+    lead = q.shape[:-2]
+    q4, k4, v4 = to4d(q), to4d(k), to4d(v)  # (B', H, N, D)
+    bias = CAUSAL_LOWER_RIGHT(q4.shape[-2], k4.shape[-2])
+    out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=bias, dropout_p=dropout_p,
+                                         scale=scale)  # fmt: skip
+    return out.reshape(*lead, *out.shape[-2:])  # (..., L, Ev)
+
+
+def _kernel(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+    scale: float,
+    gqa: bool,
+    want_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The fused call on equal head sizes, twice differentiable when a gradient is needed."""
     E, Ev = q.shape[-1], v.shape[-1]
     if E != Ev:  # the fused CPU kernels need one head size (else: plain math); zeros are free
         if E > Ev:
             v = F.pad(v, (0, E - Ev))  # (..., S, E)
         else:
             q, k = F.pad(q, (0, Ev - E)), F.pad(k, (0, Ev - E))  # (..., L or S, Ev)
-        out, lse = call(q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p,
-                         scale=scale, gqa=gqa, want_lse=want_lse)  # fmt: skip
+        out, lse = _kernel(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                           dropout_p=dropout_p, scale=scale, gqa=gqa, want_lse=want_lse)  # fmt: skip
         return out[..., :Ev], lse
+    run = functools.partial(_fused, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
+                            gqa=gqa, want_lse=want_lse)  # fmt: skip
+    tensors = (q, k, v) if attn_mask is None else (q, k, v, attn_mask)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    if needs_grad and dropout_p == 0 and not torch.compiler.is_compiling():
+        groups = q.shape[-3] // k.shape[-3] if gqa else 1
+        recompute = functools.partial(math_attention, is_causal=is_causal, scale=scale,
+                                      groups=groups)  # fmt: skip
+        return fused_twice_differentiable(run, recompute, q, k, v, attn_mask)
+    return run(q, k, v, attn_mask)
+
+
+def _fused(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    *,
+    is_causal: bool,
+    dropout_p: float,
+    scale: float,
+    gqa: bool,
+    want_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """torch's fused kernel (public SDPA, or the lse op when the lse is wanted)."""
     mask_grad = attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled()
     if want_lse and (mask_grad or dropout_p > 0):
         # The lse kernel takes no gradient for attn_mask (a Gaussian key bias has one) and
         # no dropout: the output through the public path, the lse (of the logits before
         # dropout, never differentiated) apart.
-        out, _ = call(q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p,
-                       scale=scale, gqa=gqa, want_lse=False)  # fmt: skip
+        out, _ = _fused(q, k, v, attn_mask, is_causal=is_causal, dropout_p=dropout_p,
+                        scale=scale, gqa=gqa, want_lse=False)  # fmt: skip
         with torch.no_grad():
-            _, lse = call(q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=0.0,
-                           scale=scale, gqa=gqa, want_lse=True)  # fmt: skip
+            _, lse = _fused(q, k, v, attn_mask, is_causal=is_causal, dropout_p=0.0,
+                            scale=scale, gqa=gqa, want_lse=True)  # fmt: skip
         return out, lse
     if want_lse and math.prod(q.shape[:-2]) == 0:
         # An empty batch: nothing to compute, and the lse op would divide by zero (SIGFPE).
-        out, _ = call(q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p,
-                       scale=scale, gqa=gqa, want_lse=False)  # fmt: skip
+        out, _ = _fused(q, k, v, attn_mask, is_causal=is_causal, dropout_p=dropout_p,
+                        scale=scale, gqa=gqa, want_lse=False)  # fmt: skip
         return out, q.new_zeros(q.shape[:-1])  # (..., L): no rows
     if want_lse:
         if gqa:
@@ -77,16 +187,8 @@ def call(
         if attn_mask is not None:
             full = attn_mask.expand(*lead, *attn_mask.shape[-2:])  # (..., L or 1, S)
             m4 = to4d(full)  # (B', H, L or 1, S)
-            if m4.dtype == torch.bool:
-                zero = torch.zeros((), dtype=q.dtype, device=q.device)
-                m4 = torch.where(m4, zero, float("-inf"))  # (B', H, L or 1, S)
-            else:
-                m4 = m4.to(q.dtype)
-        # The private op trusts its inputs' layout (permuted views give wrong results):
-        # hand it contiguous tensors, as the public entry point would.
-        q4, k4, v4 = (to4d(t).contiguous() for t in (q, k, v))  # (B', H, N, D)
-        m4 = m4.contiguous() if m4 is not None else None
-        out, lse = LSE_OP(q4, k4, v4, dropout_p, is_causal, attn_mask=m4, scale=scale)
+        q4, k4, v4 = (to4d(t) for t in (q, k, v))  # (B', H, N, D)
+        out, lse = lse_call(q4, k4, v4, m4, is_causal=is_causal, scale=scale)
         out = out.reshape(*lead, *out.shape[-2:])  # (..., L, Ev)
         return out, lse.reshape(*lead, lse.shape[-1])  # (..., L)
     kwargs = {"enable_gqa": True} if gqa else {}

@@ -1,0 +1,189 @@
+"""Non-finite inputs on the fused kernel, handled with tensor operations only.
+
+attnkit's policy (the same on every backend): a NaN or inf in a position that is used
+propagates to the rows that use it; a position masked out never contributes,
+whatever it holds. torch's kernels do not follow it by themselves: on the CPU a
+query row of NaN comes back as zeros, so does a row whose every key is NaN, and a
+masked-out NaN key or value reaches the row through ``NaN + (-inf)`` or ``0 * NaN``.
+
+So every SDPA call of this backend:
+
+1. under a mask, replaces non-finite key and value rows by zeros
+   (:func:`sanitize`), so a masked-out one cannot reach any row;
+2. runs the kernel;
+3. adds NaN (:func:`apply`) to the rows that use a non-finite position: a query
+   row holding a NaN, the rows whose mask keeps a non-finite key (their output and
+   lse) or a non-finite value (their output only: values do not enter the lse).
+
+Flags are carried as addends that are NaN where a row is poisoned and 0 elsewhere
+(``x * 0`` is NaN exactly where x is not finite, and a cumulative sum carries a NaN
+forward: the rows of a causal mask that see it), which costs a few float
+reductions instead of boolean ones. Without a mask every key is used by every row,
+so the kernel's own propagation is kept, and only what it drops is put back: NaN
+query rows, and a NaN in the first key (which every row uses), for the rows the
+kernel returns as zeros when every key is NaN (:func:`unmasked_addend`); this reads
+O(L·E) values, not the keys. Nothing here reads a value on the host or makes a
+shape depend on data, so the same code runs on accelerators and under
+torch.compile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "Poison",
+    "apply",
+    "flags_for_call",
+    "rows_keeping",
+    "rows_using",
+    "sanitize",
+    "to_query_heads",
+    "unmasked_addend",
+]
+
+
+@dataclass(frozen=True)
+class Poison:
+    """NaN-or-0 addends of one call's rows, broadcastable to (..., L): ``scores`` (the
+    row's scores hold a NaN: output and lse) and ``values`` (the row uses a non-finite
+    value: output only)."""
+
+    scores: torch.Tensor
+    values: torch.Tensor | None = None
+
+
+def _row_addend(t: torch.Tensor) -> torch.Tensor:
+    """(..., N, D) -> (..., N): NaN where the row holds a NaN or an inf, else 0."""
+    return (t * 0).sum(dim=-1)
+
+
+def _nan_addend(t: torch.Tensor) -> torch.Tensor:
+    """(..., N, D) -> (..., N): NaN where the row's sum is NaN or infinite (a NaN in it;
+    an inf in a query or key makes no promise), else 0. Cheaper than :func:`_row_addend`."""
+    return t.sum(dim=-1) * 0
+
+
+def to_query_heads(flags: torch.Tensor, heads: int) -> torch.Tensor:
+    """Key-head flags (..., Hk, S) for ``heads`` query heads (..., Hq, S), as enable_gqa."""
+    if flags.ndim < 2 or flags.shape[-2] == heads or flags.shape[-2] == 1:
+        return flags
+    return flags.repeat_interleave(heads // flags.shape[-2], dim=-2)  # (..., Hq, S)
+
+
+def sanitize(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    excluded: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Zero the non-finite entries of a masked call's keys and values.
+
+    Args:
+        q: (..., L, E) queries; k: (..., S, E) keys; v: (..., S, Ev) values.
+        excluded: None or (..., S) bool, keys whose score is ``-inf`` by construction
+            (a Gaussian key infinitely far away, carried as a ``-inf`` bias feature):
+            they keep their -inf and are not counted as non-finite.
+
+    Returns:
+        k and v cleaned, and three NaN-or-0 addends: query rows holding a NaN (..., L),
+        non-finite keys (..., S) and non-finite values (..., S).
+    """
+    q_add = _nan_addend(q)  # (..., L)
+    k_add = _row_addend(k)  # (..., S)
+    v_add = _row_addend(v)  # (..., S)
+    if excluded is None:
+        k = torch.nan_to_num(k, nan=0.0, posinf=0.0, neginf=0.0)  # (..., S, E)
+    else:  # an excluded key keeps its -inf
+        k_add = torch.where(excluded, 0.0, k_add)  # (..., S)
+        k = torch.where(torch.isnan(k_add).unsqueeze(-1), torch.zeros((), dtype=k.dtype), k)
+    v = torch.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0)  # (..., S, Ev)
+    return k, v, q_add, k_add, v_add
+
+
+def rows_using(
+    addend: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    L: int,
+    causal_offset: int = 0,
+) -> torch.Tensor:
+    """Per row (..., L or 1): NaN when the row's mask keeps a flagged key, else 0.
+
+    Args:
+        addend: (..., S) NaN-or-0 per key (already per query head).
+        attn_mask: None, or SDPA's mask (..., L or 1, S): bool (True keeps) or float
+            (``-inf`` removes).
+        is_causal: a causal mask: row i keeps keys 0 .. i + ``causal_offset`` (0: SDPA's
+            top-left ``is_causal``; S - L: torch's lower-right causal bias).
+        L: number of query rows.
+    """
+    S = addend.shape[-1]
+    if attn_mask is not None:
+        keep = attn_mask if attn_mask.dtype == torch.bool else attn_mask > float("-inf")
+        bad = torch.isnan(addend).to(torch.float32).unsqueeze(-1)  # (..., S, 1)
+        hits = torch.matmul(keep.to(torch.float32), bad).squeeze(-1)  # (..., L or 1)
+        return torch.where(hits > 0, float("nan"), 0.0)
+    if is_causal:
+        seen = torch.cumsum(addend, dim=-1)  # (..., S): NaN from the first flagged key on
+        seen = torch.cat([seen.new_zeros(*seen.shape[:-1], 1), seen], dim=-1)  # (..., 1 + S)
+        last = torch.arange(L, device=addend.device) + causal_offset  # (L,) last key row i sees
+        return seen.index_select(-1, (last + 1).clamp(0, S))  # (..., L)
+    return addend.sum(dim=-1, keepdim=True)  # (..., 1): every row keeps every key
+
+
+def rows_keeping(
+    kept: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool, L: int, offset: int
+) -> torch.Tensor:
+    """Rows (..., L or 1) bool whose mask keeps at least one of the ``kept`` keys (..., S)."""
+    marks = torch.where(kept, float("nan"), 0.0)  # (..., S)
+    return torch.isnan(rows_using(marks, attn_mask, is_causal, L, offset))
+
+
+def unmasked_addend(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """NaN-or-0 per row (..., L) of an unmasked call: what the kernel may drop.
+
+    q (..., L, E), k (..., S, E) as given to the kernel (k with fewer heads under
+    GQA). Every row uses every key, so a NaN in the first key poisons every row (the
+    kernel returns zeros when every key is NaN); NaN in other keys propagates through
+    the kernel itself. Reads O(L·E) values.
+    """
+    q_add = _nan_addend(q)  # (..., L)
+    if k.shape[-2] == 0:
+        return q_add
+    heads = q.shape[-3] if q.ndim >= 3 else 1
+    first = to_query_heads(_nan_addend(k[..., :1, :]), heads)  # (..., H, 1)
+    return q_add + first
+
+
+def apply(
+    out: torch.Tensor, lse: torch.Tensor | None, poison: Poison
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Add the NaN-or-0 addends to out (..., L, Ev) and lse (..., L)."""
+    rows = poison.scores if poison.values is None else poison.scores + poison.values
+    out = out + rows.unsqueeze(-1).to(out.dtype)  # (..., L, Ev)
+    if lse is not None:
+        lse = lse + poison.scores.to(lse.dtype)  # (..., L)
+    return out, lse
+
+
+def flags_for_call(
+    q: torch.Tensor,
+    k_add: torch.Tensor,
+    v_add: torch.Tensor,
+    q_add: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    heads: int,
+    causal_offset: int = 0,
+) -> Poison:
+    """The :class:`Poison` addends of a masked call from :func:`sanitize`'s addends."""
+    L = q.shape[-2]
+    kv = torch.stack(
+        [to_query_heads(k_add, heads), to_query_heads(v_add, heads)], dim=0
+    )  # (2, ..., S)
+    mask = attn_mask.unsqueeze(0) if attn_mask is not None else None  # (1, ..., L or 1, S)
+    used = rows_using(kv, mask, is_causal, L, causal_offset)  # (2, ..., L or 1)
+    return Poison(scores=q_add + used[0], values=used[1])

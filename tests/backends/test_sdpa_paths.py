@@ -1,0 +1,154 @@
+"""The sdpa backend's paths: double backward, decoding routes, non-finite inputs without
+host syncs and the CUDA lse op choice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import attnkit
+from attnkit import _host, masks, scores
+from attnkit._inputs import validate_inputs
+from attnkit.backends.sdpa import SDPABackend, plan
+from attnkit.backends.sdpa.lse import cuda_lse_op
+from attnkit.backends.sdpa.run import HAS_LOWER_RIGHT, call
+
+
+def _qkv(*shape_l_s: int, E: int = 4, seed: int = 0, dtype: torch.dtype = torch.float64):
+    B, H, L, S = shape_l_s
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, H, n, E, generator=g, dtype=dtype) for n in (L, S, S))
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        None,
+        masks.causal(),
+        masks.causal("bottom_right"),
+        masks.valid_lens(torch.tensor([2, 4])),
+        masks.keep(torch.rand(3, 4, generator=torch.Generator().manual_seed(1)) < 0.7),
+        masks.key_padding(torch.tensor([[False, False, True, False], [False] * 4])),
+    ],
+    ids=["none", "causal", "causal_br", "valid_lens", "keep", "key_padding"],
+)
+@pytest.mark.parametrize("want", ["output", "weights", "gaussian"])
+def test_double_backward_on_every_path(mask: masks.Mask | None, want: str) -> None:
+    q, k, v = (t.requires_grad_(True) for t in _qkv(2, 2, 3, 4))
+    score = scores.Gaussian(1.3) if want == "gaussian" else "scaled_dot"
+    kw: dict[str, Any] = {"mask": mask, "backend": "sdpa", "score": score}
+
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any:
+        return attnkit.attention(q, k, v, return_weights=want == "weights", **kw)
+
+    assert torch.autograd.gradgradcheck(f, (q, k, v))
+
+
+def test_double_backward_with_grouped_heads() -> None:
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 4, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, 2, 5, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    k.requires_grad_(True)
+    v.requires_grad_(True)
+
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attnkit.attention(q, k, v, mask=masks.causal(), backend="sdpa")
+
+    assert torch.autograd.gradgradcheck(f, (q, k, v))
+
+
+def _inputs(L: int, S: int, mask: masks.Mask | None, **kw: Any) -> Any:
+    q, k, v = _qkv(1, 2, L, S, E=8, dtype=torch.float32)
+    return validate_inputs(q, k, v, mask=mask, **kw)
+
+
+def test_decoding_routes() -> None:
+    br = masks.causal("bottom_right")
+    one = _inputs(1, 40, br)
+    assert plan.causal_route(one, br) == "none"  # one new token sees its whole cache
+    assert plan.is_direct(one)
+    few = _inputs(4, 40, br)
+    assert plan.causal_route(few, br) == "dense"  # CPU: torch would build the mask too
+    assert SDPABackend().materialized_masks(few) == []
+    many = _inputs(plan.DECODE_ROWS + 1, 200, br)
+    assert SDPABackend().materialized_masks(many)
+    assert SDPABackend().materialized_masks(_inputs(5, 5, masks.window(1, 0)))
+
+
+@pytest.mark.parametrize("L", [1, 3, 7])
+def test_decoding_matches_reference(L: int) -> None:
+    q, k, v = _qkv(2, 2, L, 9, dtype=torch.float32)
+    br = masks.causal("bottom_right")
+    got = attnkit.attention(q, k, v, mask=br, backend="sdpa")
+    want = attnkit.attention(q, k, v, mask=br, backend="reference")
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.skipif(not HAS_LOWER_RIGHT, reason="torch has no lower-right causal bias")
+def test_lower_right_bias_call_matches_reference_and_keeps_the_policy() -> None:
+    q, k, v = _qkv(1, 2, 3, 6, dtype=torch.float32)
+    v[0, 0, 5] = float("nan")  # the last key: seen by the last query only
+    out, _ = call(q, k, v, attn_mask=None, is_causal=False, lower_right=True, dropout_p=0.0,
+                  scale=0.5, gqa=False, want_lse=False)  # fmt: skip
+    v_clean = v.clone()
+    v_clean[0, 0, 5] = 0.0
+    want = attnkit.attention(q, k, v_clean, mask=masks.causal("bottom_right"), scale=0.5,
+                             backend="reference")  # fmt: skip
+    torch.testing.assert_close(out[0, :, :2], want[0, :, :2])
+    torch.testing.assert_close(out[0, 1], want[0, 1])
+    assert out[0, 0, 2].isnan().all()
+
+
+class _NoSync(TorchDispatchMode):
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default):
+            raise AssertionError(f"host sync on the call path: {func}")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("score", ["scaled_dot", scores.Gaussian(1.5)], ids=["dot", "gaussian"])
+@pytest.mark.parametrize(
+    "mask",
+    [None, masks.causal(), masks.valid_lens(torch.tensor([3, 5]))],
+    ids=["none", "causal", "valid_lens"],
+)
+def test_nonfinite_policy_without_host_reads(
+    mask: masks.Mask | None, score: scores.Score | str
+) -> None:
+    q, k, v = _qkv(2, 2, 5, 5, dtype=torch.float32)
+    q[:, :, 1, 0] = float("nan")  # a used query row
+    v[:, :, 4] = float("nan")  # the last value: masked out for all but the last row under causal
+    with _host.device_semantics(), _NoSync():
+        got = attnkit.attention(q, k, v, mask=mask, score=score, backend="sdpa")
+    v_clean = v.clone()
+    v_clean[:, :, 4] = 0.0
+    q_clean = q.clone()
+    q_clean[:, :, 1, 0] = 0.0
+    want = attnkit.attention(q_clean, k, v_clean, mask=mask, score=score, backend="reference")
+    assert got[:, :, 1].isnan().all()
+    rows = [0, 2, 3] if isinstance(mask, masks.CausalMask) else []
+    if isinstance(mask, masks.ValidLensMask):  # batch 0 keeps keys 0..2: the NaN value is padding
+        torch.testing.assert_close(got[0, :, [0, 2, 3, 4]], want[0, :, [0, 2, 3, 4]])
+    for r in rows:
+        torch.testing.assert_close(got[:, :, r], want[:, :, r])
+    if mask is None:
+        assert got.isnan().all()  # every row uses the NaN value
+
+
+def test_a_row_whose_every_key_is_nan_is_nan() -> None:
+    q, k, v = _qkv(1, 1, 3, 2, dtype=torch.float32)
+    k[..., 0] = float("nan")
+    got = attnkit.attention(q, k, v, backend="sdpa")
+    assert got.isnan().all()
+
+
+def test_cuda_lse_op_choice() -> None:
+    assert cuda_lse_op(torch.float16, 64, has_mask=False) == "flash"
+    assert cuda_lse_op(torch.bfloat16, 60, has_mask=False) == "flash"  # padded to 64
+    assert cuda_lse_op(torch.float16, 64, has_mask=True) == "efficient"
+    assert cuda_lse_op(torch.float32, 64, has_mask=False) == "efficient"
+    assert cuda_lse_op(torch.float16, 320, has_mask=False) == "efficient"
+    assert cuda_lse_op(torch.float64, 64, has_mask=False) is None
