@@ -254,3 +254,87 @@ def test_nadaraya_watson_bad_inputs() -> None:
         nw(torch.rand(3, 2), torch.rand(4, 3), torch.rand(4))
     with pytest.raises(ValueError, match="same number m of rows"):
         nw(torch.rand(3), torch.rand(4), torch.rand(5))
+
+
+# --------------------------------------------------------------------------- d2l's two forms
+
+
+def _d2l_lazy_additive(num_hiddens: int) -> torch.nn.ModuleDict:
+    """d2l's current AdditiveAttention modules: three bias-free LazyLinear layers."""
+    return torch.nn.ModuleDict(
+        {
+            "W_k": torch.nn.LazyLinear(num_hiddens, bias=False),
+            "W_q": torch.nn.LazyLinear(num_hiddens, bias=False),
+            "w_v": torch.nn.LazyLinear(1, bias=False),
+        }
+    )
+
+
+@pytest.mark.parametrize("per_query", [False, True])
+def test_additive_lazy_form_matches_d2l(per_query: bool) -> None:
+    torch.manual_seed(30)
+    layer = AdditiveAttention(7, 0.1).eval()  # d2l: AdditiveAttention(num_hiddens, dropout)
+    q, k, v = torch.randn(3, 4, 5), torch.randn(3, 6, 2), torch.randn(3, 6, 4)
+    lens = torch.randint(1, 7, (3, 4) if per_query else (3,))
+    out = layer(q, k, v, lens)
+    assert (layer.W_q.in_features, layer.W_k.in_features) == (5, 2)
+    assert set(layer.state_dict()) == {"W_q.weight", "W_k.weight", "w_v.weight"}
+    w = _d2l_masked_softmax(_d2l_additive(layer, q, k), lens)
+    assert layer.attention_weights is not None
+    assert (layer.attention_weights - w).abs().max() <= TOL
+    assert (out - w @ v).abs().max() <= TOL
+    # Later calls keep the sizes fixed by the first one.
+    with pytest.raises(ValueError, match="expected query_size=5"):
+        layer(torch.randn(3, 4, 3), k, v)
+
+
+def test_additive_lazy_form_loads_d2l_state_dict() -> None:
+    torch.manual_seed(31)
+    d2l = _d2l_lazy_additive(8)
+    q, k = torch.randn(2, 3, 20), torch.randn(2, 10, 2)
+    v = torch.randn(2, 10, 4)
+    feats = torch.tanh(d2l["W_q"](q)[:, :, None, :] + d2l["W_k"](k)[:, None, :, :])
+    scores = d2l["w_v"](feats)[..., 0]  # (B, L, S), the lazy layers now materialized
+    lens = torch.tensor([2, 6])
+    want = _d2l_masked_softmax(scores, lens) @ v
+    for layer in (AdditiveAttention(8, 0.0), AdditiveAttention(num_hiddens=8, dropout=0.0)):
+        layer.load_state_dict(d2l.state_dict())
+        assert (layer(q, k, v, lens) - want).abs().max() <= TOL
+
+
+def test_additive_both_signatures() -> None:
+    sized = [
+        AdditiveAttention(2, 20, 8, 0.1),
+        AdditiveAttention(2, 20, 8),
+        AdditiveAttention(key_size=2, query_size=20, num_hiddens=8, dropout=0.1),
+        AdditiveAttention(2, 20, num_hiddens=8),
+    ]
+    for layer in sized:
+        assert (layer.W_k.in_features, layer.W_q.in_features, layer.W_q.out_features) == (2, 20, 8)
+        assert not isinstance(layer.W_q, torch.nn.LazyLinear)
+    lazy = [AdditiveAttention(8, 0.1), AdditiveAttention(8), AdditiveAttention(8, dropout=0.0)]
+    lazy.append(AdditiveAttention(num_hiddens=8, dropout=0.2))
+    for layer in lazy:
+        assert isinstance(layer.W_q, torch.nn.LazyLinear) and layer.W_q.out_features == 8
+    assert sized[0].dropout.p == 0.1 and lazy[0].dropout.p == 0.1 and lazy[3].dropout.p == 0.2
+    with pytest.raises(TypeError, match=r"AdditiveAttention\(num_hiddens, dropout=0\.0\)"):
+        AdditiveAttention()  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"got \(2, 20\)"):
+        AdditiveAttention(2, 20)  # two sizes and no num_hiddens
+    with pytest.raises(TypeError, match=r"got \(1, 2, 3, 0\.1, 5\)"):
+        AdditiveAttention(1, 2, 3, 0.1, 5)
+    with pytest.raises(TypeError, match="key_size=3"):
+        AdditiveAttention(8, key_size=3)  # a key size without a query size
+    with pytest.raises(ValueError, match="dropout"):
+        AdditiveAttention(8, 1.5)
+
+
+def test_additive_mixed_parameter_dtypes_are_named() -> None:
+    layer = AdditiveAttention(3, 2, 4, 0.0).double()
+    layer.W_k.weight.data = layer.W_k.weight.data.float()
+    q = torch.randn(2, 1, 2, dtype=torch.float64)
+    k, v = torch.randn(2, 3, 3, dtype=torch.float64), torch.randn(2, 3, 2, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"parameter W_k\.weight is torch\.float32"):
+        layer(q, k, v)
+    with pytest.raises(TypeError, match=r"queries is torch\.float32 .* torch\.float64"):
+        AdditiveAttention(3, 2, 4, 0.0).double()(q.float(), k, v)

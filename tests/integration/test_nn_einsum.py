@@ -221,3 +221,108 @@ def test_bad_inputs() -> None:
     unbuilt = keras.layers.MultiHeadAttention(num_heads=1, key_dim=2)
     with pytest.raises(ValueError, match="not built"):
         EinsumMultiHeadAttention.from_keras(unbuilt)
+
+
+# ---------------------------------------------------------------- gated attention, sliding window
+
+
+def _randomize(layer: object, gen: np.random.Generator) -> None:
+    """Random kernels and biases (Keras starts biases at 0, which would hide a missing one)."""
+    weights = layer.get_weights()  # type: ignore[attr-defined]
+    layer.set_weights(  # type: ignore[attr-defined]
+        [gen.standard_normal(w.shape).astype(np.float32) * 0.5 for w in weights]
+    )
+
+
+@pytest.mark.parametrize("use_gate", [False, True])
+def test_gate_and_sliding_window_parity(use_gate: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnkit import masks
+
+    windows: list[tuple[object, ...]] = []
+    real_window = masks.window
+
+    def spy(*args: object, **kwargs: object) -> object:
+        windows.append(args)
+        return real_window(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(masks, "window", spy)
+    gen = np.random.default_rng(40 + use_gate)
+    rng = random.Random(41 + use_gate)
+    for i in range(8):
+        window = [None, 1, 2, 3, 6][i % 5]
+        causal = i % 2 == 1
+        T, S = rng.choice([(5, 5), (4, 7), (6, 3)])
+        keras.utils.set_random_seed(i)
+        layer = keras.layers.MultiHeadAttention(
+            num_heads=rng.choice([1, 2, 3]),
+            key_dim=rng.choice([2, 4]),
+            value_dim=rng.choice([None, 3]),
+            use_bias=rng.random() < 0.7,
+            output_shape=rng.choice([None, 4]),
+            use_gate=use_gate,
+            sliding_window=window,
+        )
+        q = gen.standard_normal((2, T, 5)).astype(np.float32)
+        v = gen.standard_normal((2, S, 6)).astype(np.float32)
+        mask = gen.random((2, T, S)) < 0.8
+        mask[:, :, 0] = True
+        layer(q, v)  # build
+        _randomize(layer, gen)
+        ref, ref_scores = layer(
+            q, v, attention_mask=mask, use_causal_mask=causal, return_attention_scores=True
+        )
+        ours = EinsumMultiHeadAttention.from_keras(layer)
+        assert ours.use_gate is use_gate and ours.sliding_window == window
+        assert (ours.gate_kernel is not None) is use_gate
+        out, scores = ours(
+            torch.from_numpy(q),
+            torch.from_numpy(v),
+            attention_mask=torch.from_numpy(mask),
+            use_causal_mask=causal,
+            return_attention_scores=True,
+        )
+        # Keras averages every value in a row it masks entirely; attnkit gives 0 there.
+        live = _np(ref_scores).sum(-1) > 0.5  # (B, H, T): rows with a key left
+        assert (scores.detach().numpy().sum(-1) > 0.5).tolist() == live.tolist()
+        assert np.abs(scores.detach().numpy() - _np(ref_scores))[live].max() <= TOL
+        rows = live.all(1)  # (B, T): every head has a key left
+        assert rows.any()
+        assert np.abs(out.detach().numpy() - _np(ref))[rows].max() <= TOL
+    assert windows and all(w[0] == w[1] and w[2] == "top_left" for w in windows)
+
+
+def test_sliding_window_keeps_a_symmetric_band() -> None:
+    torch.manual_seed(42)
+    layer = EinsumMultiHeadAttention(1, 2, query_features=3, sliding_window=2)
+    x = torch.randn(1, 5, 3)
+    _, scores = layer(x, x, return_attention_scores=True)
+    band = (torch.arange(5)[:, None] - torch.arange(5)[None, :]).abs() < 2  # |i - j| < w
+    assert torch.equal(scores[0, 0] > 0, band)
+    _, scores = layer(x, x, use_causal_mask=True, return_attention_scores=True)
+    assert torch.equal(scores[0, 0] > 0, band & torch.ones(5, 5, dtype=torch.bool).tril())
+
+
+def test_gate_state_dict_and_bad_options() -> None:
+    layer = EinsumMultiHeadAttention(2, 3, value_dim=4, query_features=5, use_gate=True)
+    names = set(layer.state_dict())
+    assert {"gate_kernel", "gate_bias"} <= names
+    assert layer.gate_kernel is not None and layer.gate_kernel.shape == (5, 2, 4)
+    no_bias = EinsumMultiHeadAttention(2, 3, query_features=5, use_gate=True, use_bias=False)
+    assert "gate_bias" not in set(no_bias.state_dict())
+    with pytest.raises(ValueError, match="sliding_window must be a positive int, got 0"):
+        EinsumMultiHeadAttention(2, 3, query_features=5, sliding_window=0)
+    with pytest.raises(TypeError, match="sliding_window"):
+        EinsumMultiHeadAttention(2, 3, query_features=5, sliding_window=2.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="use_gate must be True or False"):
+        EinsumMultiHeadAttention(2, 3, query_features=5, use_gate="yes")  # type: ignore[arg-type]
+
+
+def test_dtype_checks() -> None:
+    with pytest.raises(TypeError, match=r"dtype must be a floating-point torch\.dtype .*int64"):
+        EinsumMultiHeadAttention(2, 3, query_features=5, dtype=torch.int64)
+    layer = EinsumMultiHeadAttention(2, 3, query_features=5, use_gate=True, dtype=torch.float64)
+    assert layer.gate_bias is not None
+    layer.gate_bias.data = layer.gate_bias.data.half()
+    x = torch.randn(2, 4, 5, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"parameter gate_bias is torch\.float16"):
+        layer(x, x)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 import warnings
 
@@ -334,3 +335,183 @@ def test_bad_forward_inputs() -> None:
         TypeError, match=r"query is torch\.float64 .* parameters are torch\.float32"
     ):
         layer(q.double(), k.double(), v.double())
+
+
+# ---------------------------------------------------------------- torch's modules around it
+
+
+def _encoder_pair(
+    seed: int, heads: int, norm_first: bool
+) -> tuple[torch.nn.TransformerEncoderLayer, torch.nn.TransformerEncoderLayer]:
+    """torch's encoder layer with random weights, and a copy whose self_attn is ours."""
+    torch.manual_seed(seed)
+    theirs = torch.nn.TransformerEncoderLayer(
+        d_model=8, nhead=heads, dim_feedforward=16, batch_first=True, norm_first=norm_first
+    )
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+    ours = copy.deepcopy(theirs)
+    attn = MultiheadAttention(8, heads, dropout=theirs.self_attn.dropout, batch_first=True)
+    attn.load_state_dict(theirs.self_attn.state_dict())
+    ours.self_attn = attn  # type: ignore[assignment]
+    return theirs.eval(), ours.eval()
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_inside_transformer_encoder_layer_fast_path(norm_first: bool) -> None:
+    theirs, ours = _encoder_pair(20, heads=2, norm_first=norm_first)
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(3, 5, 8, generator=g)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] * 4 + [True]])
+    causal = torch.ones(5, 5, dtype=torch.bool).triu(1)  # (5, 5), True = masked
+    calls = [
+        {},
+        {"src_key_padding_mask": pad},
+        {"src_mask": causal},
+        {"src_mask": causal, "src_key_padding_mask": pad},
+        {"src_mask": causal, "is_causal": True},
+    ]
+    with torch.no_grad():  # eval + no_grad + even heads: torch's fast path reads self_attn
+        for kwargs in calls:
+            want = theirs(x, **kwargs)
+            got = ours(x, **kwargs)
+            ok = torch.isfinite(want)
+            assert torch.equal(ok, torch.isfinite(got))
+            assert (got[ok] - want[ok]).abs().max() <= TOL
+    # The regular path (gradients on) runs our forward: the same numbers where finite.
+    for kwargs in calls[:4]:
+        want, got = theirs(x, **kwargs), ours(x, **kwargs)
+        ok = torch.isfinite(want).all(-1)
+        assert (got[ok] - want[ok]).abs().max() <= TOL
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+def test_inside_transformer_encoder_with_nested_fast_path() -> None:
+    theirs_layer, ours_layer = _encoder_pair(22, heads=4, norm_first=False)
+    theirs = torch.nn.TransformerEncoder(theirs_layer, num_layers=2, enable_nested_tensor=True)
+    ours = torch.nn.TransformerEncoder(ours_layer, num_layers=2, enable_nested_tensor=True)
+    x = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(23))
+    pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
+    with torch.no_grad():
+        want = theirs.eval()(x, src_key_padding_mask=pad)
+        got = ours.eval()(x, src_key_padding_mask=pad)
+    assert torch.allclose(got, want, atol=TOL)
+
+
+def test_merge_masks_matches_torch() -> None:
+    theirs, ours = _pair(24, embed_dim=8, num_heads=2, batch_first=True)
+    g = torch.Generator().manual_seed(25)
+    N, L = 3, 4
+    q = torch.randn(N, L, 8, generator=g)
+    pad_b = torch.rand(N, L, generator=g) < 0.3
+    pad_f = torch.randn(N, L, generator=g)
+    am2_b = torch.rand(L, L, generator=g) < 0.3
+    am2_f = torch.randn(L, L, generator=g)
+    am3_f = torch.randn(N * 2, L, L, generator=g)
+    for attn_mask, kpm in [
+        (None, None),
+        (None, pad_b),
+        (None, pad_f),
+        (am2_b, None),
+        (am2_f, None),
+        (am3_f, None),
+        (am2_b, pad_b),
+        (am2_f, pad_f),
+        (am3_f, pad_f),
+    ]:
+        want, want_type = theirs.merge_masks(attn_mask, kpm, q)
+        got, got_type = ours.merge_masks(attn_mask, kpm, q)
+        assert got_type == want_type
+        if want is None:
+            assert got is None
+        else:
+            assert got is not None and got.shape == want.shape and torch.equal(got, want)
+
+
+def test_fast_path_attributes_and_reset() -> None:
+    theirs = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    ours = MultiheadAttention(8, 2, batch_first=True)
+    for name in (
+        "_qkv_same_embed_dim",
+        "batch_first",
+        "embed_dim",
+        "num_heads",
+        "head_dim",
+        "kdim",
+        "vdim",
+        "dropout",
+        "add_zero_attn",
+        "bias_k",
+        "bias_v",
+        "q_proj_weight",
+        "k_proj_weight",
+        "v_proj_weight",
+    ):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert type(ours.out_proj) is type(theirs.out_proj)
+    assert ours.in_proj_weight is not None and ours.in_proj_bias is not None
+    with torch.no_grad():
+        ours.in_proj_bias.fill_(1.0)
+    ours._reset_parameters()
+    assert torch.equal(ours.in_proj_bias, torch.zeros(24))
+    split = MultiheadAttention(8, 2, kdim=3)
+    assert split._qkv_same_embed_dim is False and split.in_proj_weight is None
+    assert split.k_proj_weight is not None and split.k_proj_weight.shape == (8, 3)
+
+
+def test_nested_tensor_input_is_refused_clearly() -> None:
+    layer = MultiheadAttention(4, 2, batch_first=True)
+    nt = torch.nested.nested_tensor([torch.randn(3, 4), torch.randn(5, 4)], layout=torch.jagged)
+    dense = torch.randn(2, 5, 4)
+    with pytest.raises(TypeError, match=r"query is a nested tensor.*key_padding_mask"):
+        layer(nt, nt, nt)
+    with pytest.raises(TypeError, match="value is a nested tensor"):
+        layer(dense, dense, nt)
+    layer.eval()
+    with torch.no_grad(), pytest.raises(TypeError, match="query is a nested tensor"):
+        layer(nt, nt, nt, need_weights=False)  # torch's inference fast path case too
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, "float32"])
+def test_non_float_dtype_is_refused(dtype: object) -> None:
+    with pytest.raises(TypeError, match=r"dtype must be a floating-point torch\.dtype"):
+        MultiheadAttention(4, 2, dtype=dtype)  # type: ignore[arg-type]
+
+
+def test_mixed_parameter_dtypes_are_named() -> None:
+    layer = MultiheadAttention(4, 2, dtype=torch.float64)
+    assert layer.in_proj_bias is not None
+    layer.in_proj_bias.data = layer.in_proj_bias.data.half()
+    x = torch.randn(3, 2, 4, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"parameter in_proj_bias is torch\.float16"):
+        layer(x, x, x)
+    layer = MultiheadAttention(4, 2, dtype=torch.float64)
+    layer.out_proj.bias.data = layer.out_proj.bias.data.float()
+    with pytest.raises(TypeError, match=r"parameter out_proj\.bias is torch\.float32"):
+        layer(x, x, x)
+
+
+def test_average_weights_are_asked_of_attention(monkeypatch: pytest.MonkeyPatch) -> None:
+    """need_weights with average_attn_weights asks attnkit.attention for head-averaged weights."""
+    import attnkit.nn._common as common
+
+    seen: list[object] = []
+    real = common.attention
+
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.append(kwargs.get("return_weights", False))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(common, "attention", spy)
+    theirs, ours = _pair(26, embed_dim=6, num_heads=3)
+    x = torch.randn(4, 2, 6, generator=torch.Generator().manual_seed(27))
+    for average in (True, False):
+        want = theirs(x, x, x, average_attn_weights=average)
+        got = ours(x, x, x, average_attn_weights=average)
+        assert got[1] is not None and want[1] is not None
+        assert got[1].shape == want[1].shape
+        assert (got[0] - want[0]).abs().max() <= TOL
+        assert (got[1] - want[1]).abs().max() <= TOL
+    ours(x, x, x, need_weights=False)
+    assert seen == ["mean", True, False]

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnkit import masks
-from attnkit.nn import SelfAttention
+from attnkit import _host, masks
+from attnkit.nn import KVCache, SelfAttention
 
 TOL = 1e-5
 
@@ -140,3 +142,230 @@ def test_bad_inputs() -> None:
         layer(torch.randn(2, 3, 6, dtype=torch.float64))
     with pytest.raises(TypeError, match="x must be a floating-point tensor"):
         layer(torch.ones(2, 3, 6, dtype=torch.int64))
+
+
+# ---------------------------------------------------------------- decoder: causal, GQA, KV cache
+
+
+def _written_out_gqa(layer: SelfAttention, x: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Grouped-query attention written out: each K/V head repeated for its query heads."""
+    H, Hkv, D = layer.num_heads, layer.num_kv_heads, layer.head_dim
+    if layer.proj is not None:
+        q, k, v = layer.proj(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
+    else:
+        assert layer.q is not None and layer.k is not None and layer.v is not None
+        q, k, v = layer.q(x), layer.k(x), layer.v(x)
+    B, S, _ = x.shape
+    q = q.reshape(B, S, H, D).permute(0, 2, 1, 3)
+    k, v = (t.reshape(B, S, Hkv, D).permute(0, 2, 1, 3) for t in (k, v))
+    k, v = (t.repeat_interleave(H // Hkv, dim=1) for t in (k, v))  # query head h uses h // g
+    logits = q @ k.transpose(-1, -2) / math.sqrt(D)
+    if causal:
+        logits = logits.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf"))
+    out = (torch.softmax(logits, dim=-1) @ v).permute(0, 2, 1, 3).reshape(B, S, H * D)
+    return layer.output_proj(out) if layer.output_proj is not None else out
+
+
+@pytest.mark.parametrize(
+    ("kv_heads", "fused", "causal"),
+    list(itertools.product([1, 2, 4], [True, False], [True, False])),
+)
+def test_causal_and_grouped_query_match_written_out(
+    kv_heads: int, fused: bool, causal: bool
+) -> None:
+    torch.manual_seed(10 + kv_heads)
+    layer = SelfAttention(8, 4, fused_qkv=fused, causal=causal, num_kv_heads=kv_heads)
+    x = torch.randn(2, 6, 8)
+    assert (layer(x) - _written_out_gqa(layer, x, causal)).abs().max() <= TOL
+    kv = 2 * kv_heads
+    shapes = {name: tuple(p.shape) for name, p in layer.named_parameters()}
+    if fused:
+        assert shapes["proj.weight"] == (8 + 2 * kv, 8)
+    else:
+        assert shapes["k.weight"] == shapes["v.weight"] == (kv, 8)
+        assert shapes["q.weight"] == (8, 8)
+
+
+def test_grouped_query_keys_are_not_repeated(monkeypatch: pytest.MonkeyPatch) -> None:
+    import attnkit.nn._common as common
+
+    shapes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    real = common.attention
+
+    def spy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: object) -> object:
+        shapes.append((tuple(q.shape), tuple(k.shape)))
+        return real(q, k, v, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(common, "attention", spy)
+    layer = SelfAttention(12, 6, causal=True, num_kv_heads=2)
+    layer(torch.randn(3, 5, 12))
+    assert shapes == [((3, 6, 5, 2), (3, 2, 5, 2))]
+
+
+def _decoder(seed: int, fused: bool = True) -> tuple[SelfAttention, torch.Tensor]:
+    torch.manual_seed(seed)
+    layer = SelfAttention(16, 4, fused_qkv=fused, causal=True, num_kv_heads=2)
+    return layer.double().eval(), torch.randn(3, 11, 16, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_step_by_step_decoding_equals_full_causal_forward(fused: bool) -> None:
+    layer, x = _decoder(20, fused)
+    full = layer(x)
+    cache = layer.new_cache(3, 16)
+    with torch.no_grad():
+        steps = [layer(x[:, i : i + 1], cache=cache) for i in range(11)]
+    assert cache.length == 11
+    assert (torch.cat(steps, dim=1) - full).abs().max() <= 1e-12
+
+
+def test_prefill_then_steps_equal_a_single_forward() -> None:
+    layer, x = _decoder(21)
+    full, full_w = layer(x, return_weights=True)
+    cache = layer.new_cache(3, 11)
+    outs, weights = [], []
+    with torch.no_grad():
+        for a, b in ((0, 5), (5, 6), (6, 9), (9, 10), (10, 11)):  # prompt, then 1 or more tokens
+            out, w = layer(x[:, a:b], return_weights=True, cache=cache)
+            assert w.shape == (3, 4, b - a, b)  # (B, H, new tokens, filled length)
+            outs.append(out)
+            weights.append(w)
+    assert (torch.cat(outs, dim=1) - full).abs().max() <= 1e-12
+    for (a, b), w in zip(((0, 5), (5, 6), (6, 9), (9, 10), (10, 11)), weights, strict=True):
+        assert (w - full_w[:, :, a:b, :b]).abs().max() <= 1e-12
+    # A reset cache decodes a new batch from the start.
+    cache.reset()
+    with torch.no_grad():
+        again = layer(x[:, :4].flip(0), cache=cache)
+    assert (again - layer(x[:, :4].flip(0))).abs().max() <= 1e-12
+
+
+def test_unbatched_decoding_and_unfilled_cache_contents_do_not_matter() -> None:
+    layer, x = _decoder(22)
+    cache = layer.new_cache(1, 12)
+    cache.keys.fill_(float("nan"))  # never-written positions must not be read
+    cache.values.fill_(float("nan"))
+    with torch.no_grad():
+        head = layer(x[0, :3], cache=cache)  # (S, hidden) unbatched
+        tail = layer(x[0, 3:5], cache=cache)
+    assert head.shape == (3, 16) and tail.shape == (2, 16)
+    assert (torch.cat([head, tail]) - layer(x[0, :5])).abs().max() <= 1e-12
+
+
+_SYNCING = frozenset(
+    {
+        torch.ops.aten._local_scalar_dense.default,
+        torch.ops.aten.nonzero.default,
+        torch.ops.aten.masked_select.default,
+    }
+)
+
+
+class _NoSync(TorchDispatchMode):
+    """Fails on operations that wait for the device (.item(), bool(t), data-dependent shapes)."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in _SYNCING:
+            raise AssertionError(f"host sync on the decode path: {func}")
+        return func(*args, **(kwargs or {}))
+
+
+def test_decode_steps_make_no_host_sync() -> None:
+    layer, x = _decoder(23)
+    ref = layer(x)
+    cache = layer.new_cache(3, 11)
+    with torch.no_grad():
+        prompt = layer(x[:, :6], cache=cache)
+        with _host.device_semantics(), _NoSync():  # every tensor counts as a device's
+            steps = [layer(x[:, i : i + 1], cache=cache) for i in range(6, 11)]
+    assert (torch.cat([prompt, *steps], dim=1) - ref).abs().max() <= 1e-12
+
+
+def test_decode_step_compiles_without_recompiling_each_step() -> None:
+    layer, x = _decoder(24)
+    layer.float()
+    xf = x.float()
+    ref = layer(xf)
+    cache = layer.new_cache(3, 11)
+
+    def step(t: torch.Tensor, c: KVCache) -> torch.Tensor:
+        return layer(t, cache=c)  # type: ignore[return-value]
+
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        outs = [compiled(xf[:, :4], cache), compiled(xf[:, 4:5], cache)]
+        graphs = counters["stats"]["unique_graphs"]  # the prompt's and a step's
+        outs += [compiled(xf[:, i : i + 1], cache) for i in range(5, 11)]
+    assert counters["stats"]["unique_graphs"] == graphs <= 2
+    assert not counters["graph_break"]
+    assert (torch.cat(outs, dim=1) - ref).abs().max() <= 1e-5
+
+
+def test_decoder_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="num_kv_heads=3 must divide num_heads=4"):
+        SelfAttention(8, 4, num_kv_heads=3)
+    with pytest.raises(ValueError, match="num_kv_heads must be a positive int, got 0"):
+        SelfAttention(8, 4, num_kv_heads=0)
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        SelfAttention(8, 4, causal=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"dtype must be a floating-point torch\.dtype"):
+        SelfAttention(8, 4, dtype=torch.int64)
+    x = torch.randn(2, 3, 8)
+    encoder = SelfAttention(8, 4)
+    with pytest.raises(ValueError, match="needs causal=True"):
+        encoder(x, cache=encoder.new_cache(2, 8))
+    layer = SelfAttention(8, 4, causal=True, num_kv_heads=2)
+    with pytest.raises(ValueError, match="cache holds 1 sequences, x has batch size 2"):
+        layer(x, cache=layer.new_cache(1, 8))
+    with pytest.raises(ValueError, match="holds 0 of 2 positions and cannot take 3 more"):
+        layer(x, cache=layer.new_cache(2, 2))
+    with pytest.raises(TypeError, match="cache must be a KVCache"):
+        layer(x, cache={"k": 1})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="with a cache, mask must be None or an attnkit mask"):
+        layer(x, torch.ones(2, 3, dtype=torch.bool), cache=layer.new_cache(2, 8))
+    wrong_dtype = KVCache(2, 2, 8, 2, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"cache holds torch\.float64"):
+        layer(x, cache=wrong_dtype)
+    wrong_heads = KVCache(2, 4, 8, 2)
+    with pytest.raises(ValueError, match="do not fit the cache"):
+        layer(x, cache=wrong_heads)
+    with pytest.raises(ValueError, match="max_len must be a positive int"):
+        layer.new_cache(2, 0)
+    layer.proj.bias.data = layer.proj.bias.data.double()  # type: ignore[union-attr]
+    with pytest.raises(TypeError, match=r"parameter proj\.bias is torch\.float64"):
+        layer(x)
+
+
+def test_a_failed_step_leaves_the_cache_length_unchanged() -> None:
+    layer, x = _decoder(25)
+    cache = layer.new_cache(3, 11)
+    with torch.no_grad():
+        layer(x[:, :4], cache=cache)
+        bad = masks.keep(torch.ones(3, 1, 2, 9, dtype=torch.bool))  # (.., 2, 9): wrong key count
+        with pytest.raises(ValueError, match="mask"):
+            layer(x[:, 4:6], bad, cache=cache)
+        assert cache.length == 4
+        good = masks.keep(torch.ones(3, 1, 2, 6, dtype=torch.bool))  # (.., new 2, filled 6)
+        tail = layer(x[:, 4:6], good, cache=cache)
+    assert cache.length == 6
+    assert (tail - layer(x[:, :6])[:, 4:]).abs().max() <= 1e-12
+
+
+def test_kv_cache_on_its_own() -> None:
+    cache = KVCache(2, 3, 5, 4, value_dim=6, dtype=torch.float64)
+    k = torch.randn(2, 3, 2, 4, dtype=torch.float64)
+    v = torch.randn(2, 3, 2, 6, dtype=torch.float64)
+    keys, values = cache.append(k, v)
+    assert cache.length == 2 and keys.shape == (2, 3, 2, 4) and values.shape == (2, 3, 2, 6)
+    keys, values = cache.append(k.flip(2), v.flip(2))
+    assert torch.equal(keys, torch.cat([k, k.flip(2)], dim=2))
+    assert torch.equal(values, torch.cat([v, v.flip(2)], dim=2))
+    with pytest.raises(ValueError, match=r"KVCache: the cache holds 4 of 5 positions"):
+        cache.append(k, v)
+    cache.reset()
+    assert cache.length == 0 and cache.max_len == 5
+    with pytest.raises(TypeError, match="dtype must be a floating-point"):
+        KVCache(1, 1, 2, 2, dtype=torch.int32)

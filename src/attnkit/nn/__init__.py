@@ -4,7 +4,9 @@
 - :class:`EinsumMultiHeadAttention`: Keras ``MultiHeadAttention`` semantics
   (any number of batch dims, chosen attention axes).
 - :class:`SelfAttention`: the classic self-attention block (fused or separate
-  QKV, attention dropout, output projection).
+  QKV, attention dropout, output projection), and a decoder block with
+  ``causal=True``, grouped-query ``num_kv_heads`` and a static
+  :class:`KVCache` for incremental decoding.
 - :class:`AdditiveAttention`, :class:`DotProductAttention`: d2l's layers.
 - :class:`NadarayaWatson`: kernel regression as attention.
 
@@ -14,6 +16,7 @@ writes its own softmax or masking.
 
 from .classic import AdditiveAttention, DotProductAttention, KernelScore, NadarayaWatson
 from .einsum import EinsumMultiHeadAttention
+from .kv_cache import KVCache
 from .multihead import MultiheadAttention
 from .self_attention import SelfAttention
 
@@ -21,6 +24,7 @@ __all__ = [
     "AdditiveAttention",
     "DotProductAttention",
     "EinsumMultiHeadAttention",
+    "KVCache",
     "KernelScore",
     "MultiheadAttention",
     "NadarayaWatson",

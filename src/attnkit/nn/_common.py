@@ -7,6 +7,7 @@ and what was expected.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from torch import nn
@@ -17,7 +18,9 @@ from ..functional import attention
 __all__ = [
     "attend",
     "check_dropout",
+    "check_factory_dtype",
     "check_key_value",
+    "check_not_nested",
     "check_param_dtype",
     "check_positive_int",
     "check_tensor",
@@ -49,6 +52,35 @@ def check_dropout(owner: str, value: object) -> float:
     return float(value)
 
 
+def check_factory_dtype(owner: str, dtype: object) -> torch.dtype | None:
+    """Return ``dtype`` if it is None or a floating-point ``torch.dtype``, else raise.
+
+    Checked at construction, so an integer layer is refused with a message that
+    names ``dtype`` instead of failing inside a weight initializer.
+    """
+    if dtype is None:
+        return None
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(
+            f"{owner}: dtype must be a floating-point torch.dtype or None, got "
+            f"{type(dtype).__name__} {dtype!r}"
+        )
+    if not dtype.is_floating_point:
+        raise TypeError(
+            f"{owner}: dtype must be a floating-point torch.dtype (float16, bfloat16, float32, "
+            f"float64) or None, got {dtype}"
+        )
+    return dtype
+
+
+def check_not_nested(owner: str, name: str, value: object, hint: str) -> None:
+    """Raise TypeError if ``value`` is a nested tensor; ``hint`` says what to pass instead."""
+    if isinstance(value, torch.Tensor) and value.is_nested:
+        raise TypeError(
+            f"{owner}: {name} is a nested tensor, which this layer does not take; {hint}"
+        )
+
+
 def check_tensor(owner: str, name: str, value: object, layout: str) -> torch.Tensor:
     """Return ``value`` if it is a floating-point tensor, else raise naming the layout."""
     if not isinstance(value, torch.Tensor):
@@ -72,20 +104,43 @@ def check_key_value(owner: str, key: torch.Tensor, value: torch.Tensor) -> None:
         )
 
 
-def check_param_dtype(owner: str, module: nn.Module, **inputs: torch.Tensor) -> None:
-    """Raise TypeError unless every input has the dtype and device of ``module``'s parameters.
+def _parameter_tensors(module: nn.Module) -> list[torch.Tensor]:
+    """Every parameter of ``module`` and its submodules (cheaper than ``named_parameters``)."""
+    found: list[torch.Tensor] = []
+    pending = [module]
+    while pending:
+        m = pending.pop()
+        found.extend(p for p in m._parameters.values() if p is not None)
+        pending.extend(c for c in m._modules.values() if c is not None)
+    return found
 
-    Caught here, before any compute, instead of as a bare error from deep inside
-    ``F.linear`` or ``torch.einsum``.
+
+def check_param_dtype(owner: str, module: nn.Module, **inputs: torch.Tensor) -> None:
+    """Raise TypeError unless every parameter and every input share one dtype and device.
+
+    Every parameter is read, not only the first: a layer converted piecewise
+    (say a float16 ``in_proj_bias`` in a float64 layer) is named here, before
+    any compute, instead of failing inside ``F.linear`` or ``torch.einsum``.
     """
-    param = next(module.parameters(), None)
-    if param is None:
+    params = _parameter_tensors(module)
+    if not params:
         return
+    dtype, device = params[0].dtype, params[0].device
+    if any(p.dtype != dtype or p.device != device for p in params):
+        named = list(module.named_parameters())
+        first_name, first = named[0]
+        for name, param in named:
+            if param.dtype != first.dtype or param.device != first.device:
+                raise TypeError(
+                    f"{owner}: parameter {name} is {param.dtype} on {param.device}, but "
+                    f"parameter {first_name} is {first.dtype} on {first.device}; every parameter "
+                    f"of the layer must share one dtype and device (layer.to(dtype=..., device=...))"
+                )
     for name, t in inputs.items():
-        if t.dtype != param.dtype or t.device != param.device:
+        if t.dtype != dtype or t.device != device:
             raise TypeError(
                 f"{owner}: {name} is {t.dtype} on {t.device}, but the layer's parameters are "
-                f"{param.dtype} on {param.device}; convert the input or the layer "
+                f"{dtype} on {device}; convert the input or the layer "
                 f"(layer.to(dtype=..., device=...))"
             )
 
@@ -97,17 +152,19 @@ def attend(
     *,
     mask: masks.Mask | None,
     dropout_p: float,
-    need_weights: bool,
+    need_weights: bool | Literal["mean"],
     scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`attnkit.attention` of (..., L, E), (..., S, E), (..., S, Ev) heads.
+    """:func:`attnkit.attention` of (..., H, L, E), (..., Hkv, S, E), (..., Hkv, S, Ev) heads.
 
-    Returns ``(output (..., L, Ev), weights (..., L, S) or None)``; the weights
-    are computed only when ``need_weights``.
+    ``H`` may be a multiple of ``Hkv`` (grouped-query attention). Returns
+    ``(output (..., H, L, Ev), weights or None)``: weights (..., H, L, S) when
+    ``need_weights`` is True, averaged over the heads to (..., L, S) when it
+    is ``"mean"``, None when it is False.
     """
-    if need_weights:
-        out, weights = attention(
-            q, k, v, mask=mask, scale=scale, dropout_p=dropout_p, return_weights=True
-        )
-        return out, weights
-    return attention(q, k, v, mask=mask, scale=scale, dropout_p=dropout_p), None
+    if need_weights is False:
+        return attention(q, k, v, mask=mask, scale=scale, dropout_p=dropout_p), None
+    out, weights = attention(
+        q, k, v, mask=mask, scale=scale, dropout_p=dropout_p, return_weights=need_weights
+    )
+    return out, weights

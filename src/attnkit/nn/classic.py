@@ -21,9 +21,10 @@ import torch
 from torch import nn
 
 from .. import masks
+from .._host import readable
 from ..functional import attention
 from ..scores import Additive, Gaussian, Score
-from ._common import check_dropout, check_positive_int, shape_str
+from ._common import check_dropout, check_param_dtype, check_positive_int, shape_str
 
 __all__ = ["AdditiveAttention", "DotProductAttention", "KernelScore", "NadarayaWatson"]
 
@@ -77,7 +78,11 @@ def _check_qkv(
 def _valid_lens_mask(
     owner: str, valid_lens: object, B: int, L: int, S: int
 ) -> masks.ValidLensMask | None:
-    """d2l's ``valid_lens``: (B,) per sequence or (B, L) per query, each in [0, S]."""
+    """d2l's ``valid_lens``: (B,) per sequence or (B, L) per query, each in [0, S].
+
+    The values are checked only where reading them costs no device sync (a CPU
+    tensor outside ``torch.compile``); shapes and dtypes are always checked.
+    """
     if valid_lens is None:
         return None
     if not isinstance(valid_lens, torch.Tensor):
@@ -94,15 +99,16 @@ def _valid_lens_mask(
     lens = valid_lens
     if lens.dtype == torch.bool or lens.is_complex():
         raise TypeError(f"{owner}: valid_lens must hold integers, got dtype {lens.dtype}")
+    host = readable(lens)
     if lens.is_floating_point():
-        if not bool(torch.equal(lens, lens.round())):
+        if host and not bool(torch.equal(lens, lens.round())):
             raise ValueError(f"{owner}: valid_lens must hold whole numbers, got {lens.tolist()}")
         lens = lens.to(torch.long)
     if tuple(lens.shape) not in ((B,), (B, L)):
         raise ValueError(
             f"{owner}: valid_lens must have shape ({B},) or ({B}, {L}), got {shape_str(lens)}"
         )
-    if lens.numel():
+    if host and lens.numel():
         lo, hi = int(lens.min()), int(lens.max())
         if lo < 0 or hi > S:
             raise ValueError(
@@ -140,6 +146,7 @@ class _ValidLensAttention(nn.Module):
         """
         score, q_size, k_size = self._score_and_sizes()
         q, k, v = _check_qkv(self._owner, queries, keys, values, q_size, k_size)
+        check_param_dtype(self._owner, self, queries=q)
         mask = _valid_lens_mask(self._owner, valid_lens, q.shape[0], q.shape[1], k.shape[1])
         p = self.dropout.p if self.training else 0.0
         out, self.attention_weights = attention(
@@ -169,12 +176,59 @@ class DotProductAttention(_ValidLensAttention):
         return "scaled_dot", None, None
 
 
+_ADDITIVE_FORMS = (
+    "AdditiveAttention(num_hiddens, dropout=0.0) (input sizes inferred on the first call) or "
+    "AdditiveAttention(key_size, query_size, num_hiddens, dropout=0.0)"
+)
+
+
+def _bind_additive_args(args: tuple[object, ...], keywords: dict[str, object]) -> dict[str, object]:
+    """Bind the arguments of either :class:`AdditiveAttention` form to their names.
+
+    The lazy form ``(num_hiddens, dropout)`` is chosen when neither ``key_size``
+    nor ``query_size`` is given and the arguments fit it; otherwise the sized
+    form ``(key_size, query_size, num_hiddens, dropout)``.
+    """
+    given = {name: v for name, v in keywords.items() if v is not None}
+
+    def bind(names: tuple[str, ...]) -> dict[str, object] | None:
+        if len(args) > len(names):
+            return None
+        bound = dict(zip(names, args, strict=False))
+        for name, v in given.items():
+            if name in bound or name not in names:
+                return None
+            bound[name] = v
+        return bound
+
+    lazy = None
+    if "key_size" not in given and "query_size" not in given:
+        lazy = bind(("num_hiddens", "dropout"))
+        p = None if lazy is None else lazy.get("dropout")
+        if isinstance(p, int) and not isinstance(p, bool) and p >= 1:
+            lazy = None  # (2, 20): two sizes, not (num_hiddens, dropout)
+    bound = lazy if lazy is not None else bind(("key_size", "query_size", "num_hiddens", "dropout"))
+    required = ("num_hiddens",) if lazy is not None else ("key_size", "query_size", "num_hiddens")
+    if bound is None or any(name not in bound for name in required):
+        shown = ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in given.items()])
+        raise TypeError(f"AdditiveAttention: expected {_ADDITIVE_FORMS}, got ({shown})")
+    return bound
+
+
 class AdditiveAttention(_ValidLensAttention):
     """d2l's additive (Bahdanau) attention: softmax(w_vᵀ tanh(W_q q + W_k k)) v.
 
+    Two constructor forms, as in d2l's editions:
+
+    - ``AdditiveAttention(num_hiddens, dropout=0.0)``: ``W_q`` and ``W_k`` are
+      ``nn.LazyLinear`` layers whose input sizes are read from the first call
+      (d2l's current form);
+    - ``AdditiveAttention(key_size, query_size, num_hiddens, dropout=0.0)``:
+      sizes given up front (d2l's earlier form).
+
     Args:
-        key_size: Dk, the feature size of the keys.
-        query_size: Dq, the feature size of the queries.
+        key_size: Dk, the feature size of the keys (sized form only).
+        query_size: Dq, the feature size of the queries (sized form only).
         num_hiddens: the hidden size of W_q and W_k.
         dropout: dropout on the attention weights while training, in [0, 1).
 
@@ -187,17 +241,35 @@ class AdditiveAttention(_ValidLensAttention):
     _owner = "AdditiveAttention"
 
     def __init__(
-        self, key_size: int, query_size: int, num_hiddens: int, dropout: float = 0.0
+        self,
+        *args: float,
+        key_size: int | None = None,
+        query_size: int | None = None,
+        num_hiddens: int | None = None,
+        dropout: float | None = None,
     ) -> None:
-        check_positive_int(self._owner, "key_size", key_size)
-        check_positive_int(self._owner, "query_size", query_size)
-        check_positive_int(self._owner, "num_hiddens", num_hiddens)
-        super().__init__(dropout)
-        score = Additive(query_size, key_size, num_hiddens)
+        bound = _bind_additive_args(
+            args,
+            {
+                "key_size": key_size,
+                "query_size": query_size,
+                "num_hiddens": num_hiddens,
+                "dropout": dropout,
+            },
+        )
+        hidden = check_positive_int(self._owner, "num_hiddens", bound["num_hiddens"])
+        lazy = "key_size" not in bound
+        if not lazy:
+            k_size = check_positive_int(self._owner, "key_size", bound["key_size"])
+            q_size = check_positive_int(self._owner, "query_size", bound["query_size"])
+        super().__init__(bound.get("dropout", 0.0))  # type: ignore[arg-type]
         # The layer owns the score's Linear modules under d2l's names; the score
         # itself is kept outside the module tree so the state_dict has d2l's keys.
-        self.W_k = score.W_k
-        self.W_q = score.W_q
+        # The lazy form builds its score with placeholder input sizes: the score
+        # property hands it the layer's own (lazy) modules.
+        score = Additive(1, 1, hidden) if lazy else Additive(q_size, k_size, hidden)
+        self.W_k: nn.Linear = nn.LazyLinear(hidden, bias=False) if lazy else score.W_k
+        self.W_q: nn.Linear = nn.LazyLinear(hidden, bias=False) if lazy else score.W_q
         self.w_v = score.w_v
         object.__setattr__(self, "_score", score)
 
@@ -209,8 +281,47 @@ class AdditiveAttention(_ValidLensAttention):
         score.W_q, score.W_k, score.w_v = self.W_q, self.W_k, self.w_v
         return score
 
+    def forward(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        valid_lens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """queries (B, L, Dq), keys (B, S, Dk), values (B, S, Dv), valid_lens (B,) or (B, L).
+
+        Returns (B, L, Dv); the weights (B, L, S) are kept in ``.attention_weights``.
+        The lazy form fixes Dq and Dk on its first call.
+        """
+        if _is_lazy(self.W_q) or _is_lazy(self.W_k):
+            self._infer_sizes(queries, keys, values)
+        return super().forward(queries, keys, values, valid_lens)
+
+    def _infer_sizes(self, queries: object, keys: object, values: object) -> None:
+        """Fix the input sizes of the lazy ``W_q``/``W_k`` from the first call.
+
+        A lazy Linear whose weight was loaded from a state_dict keeps that
+        weight's size (a mismatching input is then reported by the size check).
+        """
+        q_size = queries.shape[-1] if isinstance(queries, torch.Tensor) else None
+        k_size = keys.shape[-1] if isinstance(keys, torch.Tensor) else None
+        q, k, _ = _check_qkv(self._owner, queries, keys, values, q_size, k_size)
+        with torch.no_grad():
+            for linear, x in ((self.W_q, q), (self.W_k, k)):
+                if not _is_lazy(linear):
+                    continue
+                if linear.has_uninitialized_params():  # type: ignore[operator]
+                    linear(x[:, :0])  # (B, 0, hidden): reads the feature size, computes nothing
+                # A LazyLinear loaded from a state_dict leaves in_features at 0.
+                linear.in_features = int(linear.weight.shape[1])
+
     def _score_and_sizes(self) -> tuple[str | Score, int | None, int | None]:
         return self.score, self.W_q.in_features, self.W_k.in_features
+
+
+def _is_lazy(module: nn.Module) -> bool:
+    """True until a LazyLinear's first call turns it into a plain Linear."""
+    return isinstance(module, nn.modules.lazy.LazyModuleMixin)
 
 
 # --------------------------------------------------------------------------- Nadaraya–Watson

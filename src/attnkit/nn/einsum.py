@@ -10,11 +10,14 @@ einsum kernels of Keras's shapes, so weights copy over one to one
     key   (B, *S, Fk)  . key_kernel   (Fk, H, Dk)  -> (B, *S, H, Dk)
     value (B, *S, Fv)  . value_kernel (Fv, H, Dv)  -> (B, *S, H, Dv)
     softmax(q·k / sqrt(Dk)) over the attention axes, per head
+    with use_gate: heads *= sigmoid(query . gate_kernel (Fq, H, Dv) + gate_bias)
     heads (B, *T, H, Dv) . output_kernel (H, Dv, *O) -> (B, *T, *O)
 
 The attention axes are flattened into one sequence (row-major) before
 :func:`attnkit.attention` runs, so a causal mask over several attention axes
-is causal in that raster order. Where Keras and attnkit differ: a query row
+is causal in that raster order, and a ``sliding_window`` band is measured in
+that order too (Keras defines both on the first attention axis; the two agree
+whenever there is one attention axis). Where Keras and attnkit differ: a query row
 that ``attention_mask`` masks entirely gives 0 here (Keras adds -1e9 to the
 masked logits and so returns a uniform average of every value there).
 """
@@ -33,6 +36,7 @@ from .. import masks
 from ._common import (
     attend,
     check_dropout,
+    check_factory_dtype,
     check_key_value,
     check_param_dtype,
     check_positive_int,
@@ -62,11 +66,20 @@ class EinsumMultiHeadAttention(nn.Module):
         query_features: Fq, the last dim of ``query`` (required).
         value_features: Fv, the last dim of ``value`` (default ``query_features``).
         key_features: Fk, the last dim of ``key`` (default ``value_features``).
+        sliding_window: None, or w > 0: query position i attends only to key
+            positions j with |i - j| < w (a symmetric band, positions counted
+            from the start of both sequences); with ``use_causal_mask`` the
+            band's causal half. Applied with :func:`attnkit.masks.window`.
+        use_gate: gate every head's output elementwise by a sigmoid of a
+            projection of the query, before the output projection (Keras's
+            gated attention): ``gate_kernel`` (Fq, H, Dv), ``gate_bias`` (H, Dv).
+        device, dtype: where and in which floating-point dtype the parameters live.
 
     Parameters: ``query_kernel`` (Fq, H, Dk), ``query_bias`` (H, Dk),
     ``key_kernel`` (Fk, H, Dk), ``key_bias`` (H, Dk), ``value_kernel``
     (Fv, H, Dv), ``value_bias`` (H, Dv), ``output_kernel`` (H, Dv, *O),
-    ``output_bias`` (*O).
+    ``output_bias`` (*O); with ``use_gate`` also ``gate_kernel`` (Fq, H, Dv)
+    and ``gate_bias`` (H, Dv).
     """
 
     def __init__(
@@ -82,10 +95,13 @@ class EinsumMultiHeadAttention(nn.Module):
         query_features: int,
         value_features: int | None = None,
         key_features: int | None = None,
+        sliding_window: int | None = None,
+        use_gate: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        check_factory_dtype(_OWNER, dtype)
         self.num_heads = check_positive_int(_OWNER, "num_heads", num_heads)
         self.key_dim = check_positive_int(_OWNER, "key_dim", key_dim)
         self.value_dim = (
@@ -130,12 +146,27 @@ class EinsumMultiHeadAttention(nn.Module):
                 f"{attention_axes!r}"
             )
 
+        self.sliding_window = (
+            None
+            if sliding_window is None
+            else check_positive_int(_OWNER, "sliding_window", sliding_window)
+        )
+        if not isinstance(use_gate, bool):
+            raise TypeError(f"{_OWNER}: use_gate must be True or False, got {use_gate!r}")
+        self.use_gate = use_gate
+
         H, Dk, Dv = self.num_heads, self.key_dim, self.value_dim
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.query_kernel = nn.Parameter(torch.empty(self.query_features, H, Dk, **factory))
         self.key_kernel = nn.Parameter(torch.empty(self.key_features, H, Dk, **factory))
         self.value_kernel = nn.Parameter(torch.empty(self.value_features, H, Dv, **factory))
         self.output_kernel = nn.Parameter(torch.empty(H, Dv, *out, **factory))
+        self.gate_kernel: nn.Parameter | None = None
+        self.gate_bias: nn.Parameter | None = None
+        if self.use_gate:
+            self.gate_kernel = nn.Parameter(torch.empty(self.query_features, H, Dv, **factory))
+            if self.use_bias:
+                self.gate_bias = nn.Parameter(torch.zeros(H, Dv, **factory))
         self.query_bias: nn.Parameter | None
         self.key_bias: nn.Parameter | None
         self.value_bias: nn.Parameter | None
@@ -152,17 +183,26 @@ class EinsumMultiHeadAttention(nn.Module):
 
     def reset_parameters(self) -> None:
         """Glorot-uniform kernels (fan-in: contracted dims, fan-out: produced dims), zero biases."""
-        for kernel, n_in in (
+        kernels = [
             (self.query_kernel, 1),
             (self.key_kernel, 1),
             (self.value_kernel, 1),
             (self.output_kernel, 2),
-        ):
+        ]
+        if self.gate_kernel is not None:
+            kernels.append((self.gate_kernel, 1))
+        for kernel, n_in in kernels:
             fan_in = math.prod(kernel.shape[:n_in])
             fan_out = math.prod(kernel.shape[n_in:])
             bound = math.sqrt(6.0 / (fan_in + fan_out))
             nn.init.uniform_(kernel, -bound, bound)
-        for b in (self.query_bias, self.key_bias, self.value_bias, self.output_bias):
+        for b in (
+            self.query_bias,
+            self.key_bias,
+            self.value_bias,
+            self.output_bias,
+            self.gate_bias,
+        ):
             if b is not None:
                 nn.init.zeros_(b)
 
@@ -172,7 +212,8 @@ class EinsumMultiHeadAttention(nn.Module):
             f"query_features={self.query_features}, key_features={self.key_features}, "
             f"value_features={self.value_features}, output_shape={self.output_shape}, "
             f"attention_axes={self.attention_axes}, dropout={self.dropout}, "
-            f"use_bias={self.use_bias}"
+            f"use_bias={self.use_bias}, sliding_window={self.sliding_window}, "
+            f"use_gate={self.use_gate}"
         )
 
     # ------------------------------------------------------------------ forward
@@ -202,6 +243,7 @@ class EinsumMultiHeadAttention(nn.Module):
                 (batch axes..., H, *T_attn, *S_attn) like Keras's.
             use_causal_mask: query position i attends to key positions j <= i
                 (top-left; positions of several attention axes in row-major order).
+                Combines with the layer's ``sliding_window``.
 
         Returns:
             output (B, *T, *O); with ``return_attention_scores`` the tuple
@@ -254,6 +296,9 @@ class EinsumMultiHeadAttention(nn.Module):
         for i, p in enumerate(perm):
             inverse[p] = i
         out = out.permute(inverse)  # (B, *T, H, Dv) in the query's axis order
+        if self.gate_kernel is not None:
+            gate = self._project(query, self.gate_kernel, self.gate_bias)  # (B, *T, H, Dv)
+            out = out * torch.sigmoid(gate)  # (B, *T, H, Dv)
         y = torch.einsum("...hd,hdo->...o", out, self.output_kernel.flatten(2))  # (B, *T, prod O)
         y = y.reshape(*y.shape[:-1], *self.output_shape)  # (B, *T, *O)
         if self.output_bias is not None:
@@ -365,9 +410,15 @@ class EinsumMultiHeadAttention(nn.Module):
             parts.append(masks.keep(m))
         if causal:
             parts.append(masks.causal())
+        if self.sliding_window is not None:
+            reach = self.sliding_window - 1  # |i - j| < w: up to w - 1 on either side
+            parts.append(masks.window(reach, reach, "top_left"))
         if not parts:
             return None
-        return parts[0] if len(parts) == 1 else parts[0] & parts[1]
+        combined = parts[0]
+        for part in parts[1:]:
+            combined = combined & part
+        return combined
 
     # ------------------------------------------------------------------ keras
 
@@ -376,7 +427,8 @@ class EinsumMultiHeadAttention(nn.Module):
         """Build a layer equal to a built ``keras.layers.MultiHeadAttention``, weights copied.
 
         The Keras layer must be built (called once, or ``build(query_shape,
-        value_shape)``); gated attention and sliding windows are not supported.
+        value_shape)``). Its ``use_gate`` (with the ``gate`` kernel and bias) and
+        ``sliding_window`` options carry over.
         """
         qd = getattr(layer, "_query_dense", None)
         if qd is None or not getattr(layer, "built", False):
@@ -384,10 +436,8 @@ class EinsumMultiHeadAttention(nn.Module):
                 f"{_OWNER}.from_keras: the Keras layer is not built; call it once or "
                 "build(query_shape, value_shape) first"
             )
-        if getattr(layer, "_use_gate", False):
-            raise ValueError(f"{_OWNER}.from_keras: use_gate=True is not supported")
-        if getattr(layer, "_sliding_window", None) is not None:
-            raise ValueError(f"{_OWNER}.from_keras: sliding_window is not supported")
+        use_gate = bool(getattr(layer, "_use_gate", False))
+        window = getattr(layer, "_sliding_window", None)
 
         def arr(var: Any) -> torch.Tensor:
             return torch.from_numpy(np.array(var.numpy(), dtype=np.float32))
@@ -405,18 +455,20 @@ class EinsumMultiHeadAttention(nn.Module):
             query_features=int(qk.shape[0]),
             value_features=int(vk.shape[0]),
             key_features=int(kk.shape[0]),
+            sliding_window=None if window is None else int(window),
+            use_gate=use_gate,
         )
+        dense_layers = [
+            ("query", qd),
+            ("key", layer._key_dense),
+            ("value", layer._value_dense),
+            ("output", layer._output_dense),
+        ]
+        if use_gate:
+            dense_layers.append(("gate", layer._gate_dense))
         with torch.no_grad():
-            new.query_kernel.copy_(qk)
-            new.key_kernel.copy_(kk)
-            new.value_kernel.copy_(vk)
-            new.output_kernel.copy_(ok)
-            if new.use_bias:
-                for name, dense in (
-                    ("query_bias", qd),
-                    ("key_bias", layer._key_dense),
-                    ("value_bias", layer._value_dense),
-                    ("output_bias", layer._output_dense),
-                ):
-                    getattr(new, name).copy_(arr(dense.bias))
+            for prefix, dense in dense_layers:
+                getattr(new, f"{prefix}_kernel").copy_(arr(dense.kernel))
+                if new.use_bias:
+                    getattr(new, f"{prefix}_bias").copy_(arr(dense.bias))
         return new

@@ -11,23 +11,36 @@ objects are accepted as well. Differences, all deliberate fixes:
   ``attn_mask`` both apply;
 - ``attn_mask`` may be (L, S), (N·H, L, S), (N, L, S) or (N, H, L, S);
 - ``need_weights=True`` asks :func:`attnkit.attention` for the exact weights
-  of the same computation, per head or averaged; the weights returned are the
-  softmax *before* dropout (torch returns them after dropout).
+  of the same computation, per head or averaged over the heads (computed
+  head-averaged by the backend, never holding every head's weights where it
+  can); the weights returned are the softmax *before* dropout (torch returns
+  them after dropout);
+- nested tensors are refused with a TypeError: pad them and pass
+  ``key_padding_mask`` (torch takes them only on its inference fast path).
+
+The attributes and methods torch's own modules read from a
+``self_attn`` (``_qkv_same_embed_dim``, ``batch_first``, ``in_proj_weight``,
+``in_proj_bias``, ``out_proj``, ``merge_masks``, ...) are all present, so the
+layer can replace torch's inside ``nn.TransformerEncoderLayer`` and
+``nn.TransformerDecoderLayer``, fast path included.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from .. import masks
 from ._common import (
     attend,
     check_dropout,
+    check_factory_dtype,
     check_key_value,
+    check_not_nested,
     check_param_dtype,
     check_positive_int,
     shape_str,
@@ -36,6 +49,10 @@ from ._common import (
 __all__ = ["MultiheadAttention"]
 
 _OWNER = "MultiheadAttention"
+_NESTED_HINT = (
+    "pad it to a dense tensor (torch.nested.to_padded_tensor(t, 0.0)) and mark the padded "
+    "keys with key_padding_mask"
+)
 
 
 class MultiheadAttention(nn.Module):
@@ -54,6 +71,7 @@ class MultiheadAttention(nn.Module):
             either differs, the projections are ``q_proj_weight``,
             ``k_proj_weight``, ``v_proj_weight`` instead of ``in_proj_weight``.
         batch_first: inputs and output are (N, L, E) instead of (L, N, E).
+        device, dtype: where and in which floating-point dtype the parameters live.
 
     Parameters (torch's names): ``in_proj_weight`` (3E, E) or ``q_proj_weight``
     (E, E), ``k_proj_weight`` (E, kdim), ``v_proj_weight`` (E, vdim);
@@ -87,6 +105,7 @@ class MultiheadAttention(nn.Module):
             check_positive_int(_OWNER, "kdim", kdim)
         if vdim is not None:
             check_positive_int(_OWNER, "vdim", vdim)
+        check_factory_dtype(_OWNER, dtype)
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.embed_dim = embed_dim
         self.kdim = kdim if kdim is not None else embed_dim
@@ -117,7 +136,8 @@ class MultiheadAttention(nn.Module):
             self.in_proj_bias = nn.Parameter(torch.empty(3 * embed_dim, **factory))
         else:
             self.register_parameter("in_proj_bias", None)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        # torch's class for this Linear: dynamic quantization leaves it alone, as in torch.
+        self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias, **factory)
         self.bias_k: nn.Parameter | None
         self.bias_v: nn.Parameter | None
         if add_bias_kv:
@@ -211,7 +231,10 @@ class MultiheadAttention(nn.Module):
             v = torch.cat([v, v.new_zeros(N, H, 1, D)], dim=2)  # (N, H, S'+1, D)
 
         dropout_p = self.dropout if self.training else 0.0
-        out, weights = attend(q, k, v, mask=mask, dropout_p=dropout_p, need_weights=need_weights)
+        want: bool | Literal["mean"] = (
+            "mean" if need_weights and average_attn_weights else bool(need_weights)
+        )
+        out, weights = attend(q, k, v, mask=mask, dropout_p=dropout_p, need_weights=want)
         out = out.transpose(1, 2).reshape(N, L, self.embed_dim)  # (N, L, E)
         out = self.out_proj(out)  # (N, L, E)
 
@@ -220,12 +243,53 @@ class MultiheadAttention(nn.Module):
         elif not batched:
             out = out.squeeze(0)  # (L, E)
         if weights is not None:
-            weights = weights.to(out.dtype)  # (N, H, L, S')
-            if average_attn_weights:
-                weights = weights.mean(dim=1)  # (N, L, S')
+            weights = weights.to(out.dtype)  # (N, L, S') averaged or (N, H, L, S')
             if not batched:
                 weights = weights.squeeze(0)  # (L, S') or (H, L, S')
         return out, weights
+
+    def merge_masks(
+        self,
+        attn_mask: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+        query: torch.Tensor,
+    ) -> tuple[torch.Tensor | None, int | None]:
+        """Combine the two masks of a self-attention call as torch's fused kernels take them.
+
+        The same contract as ``torch.nn.MultiheadAttention.merge_masks`` (torch's
+        encoder layer calls it on its inference fast path):
+
+        - only ``key_padding_mask`` (N, S): returned as is, mask type 1;
+        - ``attn_mask`` (L, L) or (N·H, L, L): returned as (N, H, L, L)
+          (broadcast or viewed), mask type 2; with a ``key_padding_mask`` as
+          well, the two are added (a logical or for bool masks), mask type 2;
+        - neither: ``(None, None)``.
+
+        Args:
+            attn_mask: (L, L) or (N·H, L, L), bool (True = masked) or float.
+            key_padding_mask: (N, L), bool (True = padding) or float.
+            query: (N, L, E), batch first.
+
+        Returns:
+            ``(merged_mask, mask_type)``.
+        """
+        if attn_mask is None:
+            if key_padding_mask is None:
+                return None, None
+            return key_padding_mask, 1
+        if query.ndim != 3:
+            raise ValueError(
+                f"{_OWNER}.merge_masks: query must be (N, L, E) batch first, got {shape_str(query)}"
+            )
+        N, L, H = query.shape[0], query.shape[1], self.num_heads
+        if attn_mask.ndim == 3:
+            merged = attn_mask.view(N, -1, L, L)  # (N, H, L, L)
+        else:
+            merged = attn_mask.view(1, 1, L, L).expand(N, H, L, L)  # (N, H, L, L)
+        if key_padding_mask is not None:
+            padding = key_padding_mask.view(N, 1, 1, L).expand(N, H, 1, L)  # (N, H, 1, L)
+            merged = merged + padding  # (N, H, L, L)
+        return merged, 2
 
     # ------------------------------------------------------------------ pieces
 
@@ -256,6 +320,7 @@ class MultiheadAttention(nn.Module):
         for name, t in (("query", query), ("key", key), ("value", value)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{_OWNER}: {name} must be a torch.Tensor, got {type(t).__name__}")
+            check_not_nested(_OWNER, name, t, _NESTED_HINT)
             if not t.is_floating_point():
                 raise TypeError(
                     f"{_OWNER}: {name} must be a floating-point tensor, got dtype {t.dtype}"

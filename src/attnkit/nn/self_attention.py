@@ -5,6 +5,18 @@ projections or one fused ``proj`` producing all three, dropout on the
 attention weights, an optional output projection ``output_proj``, one or
 several heads. The submodule names are those hand-written blocks commonly use,
 so their weights load unchanged. The logits are scaled by 1/sqrt(head size).
+
+The same layer is a decoder block: ``causal=True`` lets each position attend
+to itself and the positions before it, ``num_kv_heads`` shares each key/value
+head among a group of query heads (grouped-query attention; the key and value
+heads go to :func:`attnkit.attention` as they are, never repeated), and a
+:class:`~attnkit.nn.KVCache` from :meth:`SelfAttention.new_cache` turns it
+into an incremental decoder: prefill with the prompt, then step one or
+several tokens at a time, each call attending over the filled cache with
+``masks.causal("bottom_right")``. These are options of this class rather than
+a separate ``CausalSelfAttention``: a decoder block is the same block (same
+projections, same submodule names, same state_dict keys), and one class keeps
+one code path for encoders and decoders.
 """
 
 from __future__ import annotations
@@ -15,14 +27,17 @@ import torch
 from torch import nn
 
 from .. import masks
+from .._host import readable
 from ._common import (
     attend,
     check_dropout,
+    check_factory_dtype,
     check_param_dtype,
     check_positive_int,
     check_tensor,
     shape_str,
 )
+from .kv_cache import KVCache
 
 __all__ = ["SelfAttention"]
 
@@ -34,11 +49,17 @@ class SelfAttention(nn.Module):
 
     Args:
         hidden_dim: the feature size of the input and of the output.
-        num_heads: heads; must divide ``hidden_dim`` (head size d = hidden_dim / num_heads).
-        fused_qkv: one ``proj`` Linear (hidden, 3·hidden) instead of ``q``, ``k``, ``v``.
+        num_heads: H, query heads; must divide ``hidden_dim`` (head size
+            d = hidden_dim / num_heads).
+        fused_qkv: one ``proj`` Linear (hidden, hidden + 2·Hkv·d) instead of
+            ``q`` (hidden, hidden), ``k`` and ``v`` (hidden, Hkv·d).
         dropout: dropout on the attention weights while training, in [0, 1).
         out_proj: apply ``output_proj`` Linear (hidden, hidden) to the result.
         bias: biases in the projections.
+        causal: position i attends only to positions j <= i (a decoder).
+        num_kv_heads: Hkv, key/value heads (default H); must divide H. Query
+            heads g·j .. g·j + g - 1 (g = H / Hkv) share key/value head j.
+        device, dtype: where and in which floating-point dtype the parameters live.
     """
 
     def __init__(
@@ -50,6 +71,8 @@ class SelfAttention(nn.Module):
         out_proj: bool = True,
         bias: bool = True,
         *,
+        causal: bool = False,
+        num_kv_heads: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -58,7 +81,19 @@ class SelfAttention(nn.Module):
         self.num_heads = check_positive_int(_OWNER, "num_heads", num_heads)
         if hidden_dim % num_heads != 0:
             raise ValueError(f"{_OWNER}: num_heads={num_heads} must divide hidden_dim={hidden_dim}")
+        kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        self.num_kv_heads = check_positive_int(_OWNER, "num_kv_heads", kv_heads)
+        if num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"{_OWNER}: num_kv_heads={self.num_kv_heads} must divide num_heads={num_heads} "
+                f"(each key/value head serves num_heads / num_kv_heads query heads)"
+            )
+        if not isinstance(causal, bool):
+            raise TypeError(f"{_OWNER}: causal must be True or False, got {causal!r}")
+        self.causal = causal
+        check_factory_dtype(_OWNER, dtype)
         self.head_dim = hidden_dim // num_heads
+        self.kv_dim = self.num_kv_heads * self.head_dim
         self.dropout = check_dropout(_OWNER, dropout)
         self.fused_qkv = bool(fused_qkv)
         factory: dict[str, Any] = {"device": device, "dtype": dtype, "bias": bias}
@@ -67,31 +102,58 @@ class SelfAttention(nn.Module):
         self.k: nn.Linear | None = None
         self.v: nn.Linear | None = None
         if self.fused_qkv:
-            self.proj = nn.Linear(hidden_dim, 3 * hidden_dim, **factory)
+            self.proj = nn.Linear(hidden_dim, hidden_dim + 2 * self.kv_dim, **factory)
         else:
             self.q = nn.Linear(hidden_dim, hidden_dim, **factory)
-            self.k = nn.Linear(hidden_dim, hidden_dim, **factory)
-            self.v = nn.Linear(hidden_dim, hidden_dim, **factory)
+            self.k = nn.Linear(hidden_dim, self.kv_dim, **factory)
+            self.v = nn.Linear(hidden_dim, self.kv_dim, **factory)
         self.output_proj = nn.Linear(hidden_dim, hidden_dim, **factory) if out_proj else None
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, dropout={self.dropout}"
+        extra = f", num_kv_heads={self.num_kv_heads}" if self.num_kv_heads != self.num_heads else ""
+        return f"num_heads={self.num_heads}{extra}, causal={self.causal}, dropout={self.dropout}"
+
+    def new_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """An empty :class:`KVCache` for this layer: B sequences of up to ``max_len`` positions.
+
+        The buffers take the dtype and device of the layer's parameters.
+        """
+        weight = self.proj.weight if self.proj is not None else self.k.weight  # type: ignore[union-attr]
+        return KVCache(
+            batch_size,
+            self.num_kv_heads,
+            max_len,
+            self.head_dim,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
 
     def forward(
         self,
         x: torch.Tensor,
         mask: masks.Mask | torch.Tensor | None = None,
         return_weights: bool = False,
+        *,
+        cache: KVCache | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Attend from every position of ``x`` to every position of ``x``.
+        """Attend from every position of ``x`` to every position of ``x`` (or the cache).
 
         Args:
             x: (B, S, hidden) or (S, hidden).
             mask: an :mod:`attnkit.masks` object over (B, H, S, S), or a keep
                 tensor (B, S) or (B, S, S): bool or 0/1 numbers, nonzero = may
                 attend (the ``masked_fill(mask == 0, -inf)`` convention). A query
-                with no key left gives 0, not NaN.
-            return_weights: also return the weights (B, H, S, S) (before dropout).
+                with no key left gives 0, not NaN. Combined with the causal mask
+                when the layer is ``causal``. With a ``cache``, an attnkit mask
+                over (B, H, S, length) only.
+            return_weights: also return the weights (B, H, S, S) (before dropout);
+                (B, H, S, length) with a cache.
+            cache: a :class:`KVCache` from :meth:`new_cache` (causal layers
+                only). The S positions of ``x`` follow the ``cache.length``
+                positions already in it: their keys and values are written
+                there, ``cache.length`` grows by S, and the queries attend over
+                the filled part with ``masks.causal("bottom_right")``. Prefill
+                with the prompt, then step one or several tokens at a time.
 
         Returns:
             (B, S, hidden) (or (S, hidden)); with ``return_weights`` the tuple
@@ -107,19 +169,34 @@ class SelfAttention(nn.Module):
         batched = x.ndim == 3
         xb = x if batched else x.unsqueeze(0)  # (B, S, hidden)
         B, S = xb.shape[0], xb.shape[1]
-        m = self._mask(mask, B, S, batched)
+        if cache is not None:
+            self._check_cache(cache, mask, B)
+            m = mask if isinstance(mask, masks.Mask) else None
+        else:
+            m = self._mask(mask, B, S, batched)
+        if self.causal:
+            # With a cache the S queries are the last S of the filled part.
+            causal = masks.causal("bottom_right" if cache is not None else "top_left")
+            m = causal if m is None else m & causal
 
         if self.proj is not None:
-            q, k, v = self.proj(xb).chunk(3, dim=-1)  # 3 x (B, S, hidden)
+            q, k, v = self.proj(xb).split(
+                [self.hidden_dim, self.kv_dim, self.kv_dim], dim=-1
+            )  # (B, S, hidden), 2 x (B, S, Hkv·d)
         else:
             assert self.q is not None and self.k is not None and self.v is not None
-            q, k, v = self.q(xb), self.k(xb), self.v(xb)  # 3 x (B, S, hidden)
-        H, D = self.num_heads, self.head_dim
+            q, k, v = self.q(xb), self.k(xb), self.v(xb)  # (B, S, hidden), 2 x (B, S, Hkv·d)
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         q = q.view(B, S, H, D).transpose(1, 2)  # (B, H, S, D)
-        k = k.view(B, S, H, D).transpose(1, 2)  # (B, H, S, D)
-        v = v.view(B, S, H, D).transpose(1, 2)  # (B, H, S, D)
+        k = k.view(B, S, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
+        v = v.view(B, S, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
+        if cache is not None:
+            # Written first, counted as filled only once the attention succeeded.
+            k, v = cache.write(k, v, owner=_OWNER)  # (B, Hkv, length + S, D) each
         dropout_p = self.dropout if self.training else 0.0
         out, weights = attend(q, k, v, mask=m, dropout_p=dropout_p, need_weights=return_weights)
+        if cache is not None:
+            cache.advance(S)
         out = out.transpose(1, 2).reshape(B, S, self.hidden_dim)  # (B, S, hidden)
         if self.output_proj is not None:
             out = self.output_proj(out)  # (B, S, hidden)
@@ -128,6 +205,28 @@ class SelfAttention(nn.Module):
         if weights is None:
             return out
         return out, (weights if batched else weights.squeeze(0))  # (B, H, S, S) or (H, S, S)
+
+    def _check_cache(self, cache: object, mask: object, B: int) -> None:
+        """Raise unless ``cache`` is a :class:`KVCache` this causal layer can use for B sequences."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(
+                f"{_OWNER}: cache must be a KVCache (layer.new_cache(batch_size, max_len)), got "
+                f"{type(cache).__name__}"
+            )
+        if not self.causal:
+            raise ValueError(
+                f"{_OWNER}: cache is for incremental decoding, which needs causal=True; this "
+                f"layer was built with causal=False"
+            )
+        if cache.batch_size != B:
+            raise ValueError(
+                f"{_OWNER}: the cache holds {cache.batch_size} sequences, x has batch size {B}"
+            )
+        if mask is not None and not isinstance(mask, masks.Mask):
+            raise TypeError(
+                f"{_OWNER}: with a cache, mask must be None or an attnkit mask over (B, H, S, "
+                f"cache length), got {type(mask).__name__}"
+            )
 
     def _mask(self, mask: object, B: int, S: int, batched: bool) -> masks.Mask | None:
         """The ``mask`` argument as an attnkit mask over (B, H, S, S), or None."""
@@ -138,7 +237,7 @@ class SelfAttention(nn.Module):
                 f"{_OWNER}: mask must be an attnkit mask or a keep tensor (B, S) / (B, S, S), "
                 f"got {type(mask).__name__}"
             )
-        if mask.is_floating_point():
+        if mask.is_floating_point() and readable(mask):  # values read only without a sync
             bad = (mask != 0) & (mask != 1)
             if bool(bad.any()):
                 raise ValueError(
