@@ -8,6 +8,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,7 @@ def test_end_to_end_on_the_default_checkpoint(tmp_path: Path) -> None:
     data = json.loads(
         re.search(r'id="attention-data">(.*?)</script>', html, re.S).group(1)  # type: ignore[union-attr]
     )
+    (data,) = data["sets"]
     assert data["shape"] == [6, 12, 13, 13] and data["tokens"][2] == "cat"
     m = re.search(r"\(6 layers × 12 heads, (\d+)×(\d+) px\)", out)
     assert m is not None
@@ -121,7 +123,7 @@ def test_pair_selection_and_long_text_truncated_with_a_warning(
         "positions; truncated to 512"
     )
     assert "512 tokens" in out and "  layer 5: head " in out
-    assert "(1 layers × 2 heads," in out
+    assert "(1 layer × 2 heads," in out
     code, out, err = _show(
         capsys, SAMPLE, "--pair", "It slept.", "--max-length", "8", "--no-png",
         "--out", str(tmp_path / "b.html"),
@@ -219,5 +221,119 @@ def test_layers_given_out_of_order_are_labelled_in_run_order(
     data = json.loads(
         re.search(r'id="attention-data">(.*?)</script>', page.read_text(), re.S).group(1)  # type: ignore[union-attr]
     )
-    assert data["layers"] == ["layer 1", "layer 3"]
+    assert data["sets"][0]["layers"] == ["layer 1", "layer 3"]
     assert out.index("  layer 1: head ") < out.index("  layer 3: head ")
+
+
+def _page_data(path: Path) -> dict:
+    m = re.search(r'id="attention-data">(.*?)</script>', path.read_text(encoding="utf-8"), re.S)
+    assert m is not None
+    return json.loads(m.group(1))
+
+
+def test_truncation_and_the_pair_are_stated_on_the_page(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    page = tmp_path / "p.html"
+    code, _, err = _show(
+        capsys, SAMPLE, "--pair", "It slept all day long.", "--max-length", "12",
+        "--layers", "0", "--no-png", "--out", str(page),
+    )  # fmt: skip
+    assert code == 0, err
+    data = _page_data(page)
+    (note,) = data["notes"]
+    assert "more than --max-length: it was truncated to 12 tokens" in note
+    (s,) = data["sets"]
+    # [CLS] first [SEP] | second [SEP]: the second sentence starts after the first [SEP].
+    assert s["tokens"][s["pairStart"] - 1] == "[SEP]" and s["pairStart"] == s["pairKeyStart"]
+
+
+@pytest.mark.parametrize(
+    ("args", "pattern"),
+    [
+        (["--layers", "0-100000000000"], r"--layers: 0-100000000000 out of range; the model has 6 layers \(0 to 5\)"),
+        (["--layers="], r"--layers: expected 'all' or numbers and ranges like 0,2,4-5, got an empty value"),
+        (["--heads", "0,,1"], r"--heads: cannot read ''"),
+        (["--png", "a.svgz"], r"--png: expected a file name ending in \.png \(or \.svg"),
+        (["--png", "picture"], r"--png: expected a file name ending in \.png"),
+    ],
+)  # fmt: skip
+def test_limits_exit_2_at_once(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str], pattern: str
+) -> None:
+    start = time.perf_counter()
+    code, out, err = _show(capsys, SAMPLE, "--out", str(tmp_path / "a.html"), *args)
+    _assert_usage_error(code, err, pattern)
+    assert out == "" and not (tmp_path / "a.html").exists()
+    assert time.perf_counter() - start < 10  # refused before any model is built
+
+
+def test_a_config_that_disagrees_with_its_weights_is_refused_before_building(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    model_dir = tmp_path / "liar"
+    shutil.copytree(bert.default_checkpoint(), model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["num_hidden_layers"] = 1_000_000_000
+    (model_dir / "config.json").write_text(json.dumps(config))
+    code, _, err = _show(
+        capsys, SAMPLE, "--model", str(model_dir), "--no-png", "--out", str(tmp_path / "a.html")
+    )
+    _assert_usage_error(
+        code, err, r"num_hidden_layers is 1000000000 but model\.safetensors holds 6 layers"
+    )
+    config["num_hidden_layers"] = 6
+    config["vocab_size"] = 10**9
+    (model_dir / "config.json").write_text(json.dumps(config))
+    code, _, err = _show(
+        capsys, SAMPLE, "--model", str(model_dir), "--no-png", "--out", str(tmp_path / "a.html")
+    )
+    _assert_usage_error(
+        code,
+        err,
+        r"vocab_size 1000000000, hidden_size 384 imply .* but model\.safetensors holds \(30522, 384\)",
+    )
+    config["num_hidden_layers"] = 1e9
+    (model_dir / "config.json").write_text(json.dumps(config))
+    code, _, err = _show(
+        capsys, SAMPLE, "--model", str(model_dir), "--no-png", "--out", str(tmp_path / "a.html")
+    )
+    _assert_usage_error(
+        code, err, r"num_hidden_layers must be a positive integer, got 1000000000\.0"
+    )
+
+
+def test_text_from_a_file_or_stdin_svg_picture_and_open(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+    import webbrowser
+
+    opened: list[str] = []
+    monkeypatch.setattr(webbrowser, "open", lambda url, *a, **k: opened.append(url) or True)
+    text_file = tmp_path / "in.txt"
+    text_file.write_text("A dog barks.\n", encoding="utf-8")
+    page, picture = tmp_path / "f.html", tmp_path / "f.svg"
+    code, out, err = _show(
+        capsys, "--text-file", str(text_file), "--layers", "0", "--heads", "1",
+        "--out", str(page), "--png", str(picture), "--open", "--scale", "log",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "tokens: [CLS] a dog bark ##s . [SEP]" in out
+    assert "(1 layer × 1 head, SVG)" in out
+    assert picture.read_text(encoding="utf-8").lstrip().startswith("<?xml")
+    assert "<svg" in picture.read_text(encoding="utf-8")
+    assert opened == [page.resolve().as_uri()]
+    assert _page_data(page)["scale"] == "log"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Birds fly."))
+    code, out, err = _show(capsys, "-", "--no-png", "--layers", "-1", "--out", str(page))
+    assert code == 0, err
+    assert "tokens: [CLS] birds fly . [SEP]" in out and "6 layers × 12 heads, 5 tokens" in out
+    code, _, err = _show(capsys, SAMPLE, "--text-file", str(text_file))
+    _assert_usage_error(code, err, r"TEXT and --text-file: give one of them, not both")
+    code, _, err = _show(capsys, "--text-file", str(tmp_path / "none.txt"))
+    _assert_usage_error(code, err, r"--text-file: cannot read .*none\.txt")
+    code, _, err = _show(capsys)
+    _assert_usage_error(
+        code, err, r"TEXT is missing; give the text, '-' for stdin, or --text-file PATH"
+    )

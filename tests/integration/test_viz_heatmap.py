@@ -86,3 +86,36 @@ def test_attention_grid_stays_within_max_width_for_long_inputs() -> None:
 def test_attention_grid_rejects_a_width_with_no_room() -> None:
     with pytest.raises(ValueError, match="max_width"):
         viz.attention_grid(np.eye(3), ["a", "b", "c"], max_width=0.5)
+
+
+@pytest.mark.parametrize("scale", ["linear", "power", "log"])
+def test_attention_grid_colour_scale_and_colorbar(scale: str) -> None:
+    from matplotlib.colors import LogNorm, Normalize, PowerNorm
+
+    w = torch.softmax(torch.randn(1, 2, 4, 4, generator=torch.Generator().manual_seed(1)), -1)
+    fig = viz.attention_grid(w, ["a", "b", "c", "d"], scale=scale)
+    grid_ax, bar_ax = fig.axes  # the panels and one colorbar
+    norm = grid_ax.images[0].norm
+    assert type(norm) is {"linear": Normalize, "power": PowerNorm, "log": LogNorm}[scale]
+    assert norm.vmax == 1.0 and norm.vmin == (1e-3 if scale == "log" else 0.0)
+    assert scale in bar_ax.get_ylabel()
+    # The colorbar sits right of the panels.
+    assert bar_ax.get_position().x0 > grid_ax.get_position().x1
+    assert len(viz.attention_grid(w, colorbar=False).axes) == 1
+    with pytest.raises(ValueError, match="scale: expected one of linear, power, log"):
+        viz.attention_grid(w, scale="cubic")
+
+
+def test_grid_helper_reads_per_layer_lists_like_hugging_face_attentions() -> None:
+    from attnkit.viz.grid import as_grid, max_pool, tile
+
+    layers = tuple(torch.rand(1, 3, 5, 5) for _ in range(2))  # each (1, heads, L, L)
+    grid = as_grid(layers)
+    assert grid.shape == (2, 3, 5, 5)
+    np.testing.assert_array_equal(grid[1, 2], layers[1][0, 2].numpy())
+    pooled = max_pool(grid, 2)
+    assert pooled.shape == (2, 3, 3, 3) and pooled[0, 0, 0, 0] == grid[0, 0, :2, :2].max()
+    image = tile(grid, gap=1)
+    assert image.shape == (2 * 5 + 1, 3 * 5 + 2) and np.isnan(image[5]).all()
+    with pytest.raises(ValueError, match="one shape"):
+        as_grid([torch.rand(3, 5, 5), torch.rand(3, 4, 4)])

@@ -5,9 +5,10 @@ made while ``model`` (or one of its submodules) runs is reported to a recorder.
 The forward itself is untouched: it runs on whichever backend it would have
 used (SDPA, chunked, ...) and its output is bit-for-bit the same. For each
 selected layer the recorder then asks a backend that returns exact weights for
-the weights and log-sum-exp of the same call, without dropout: the backend
-that ran the forward when it can (kernels that recompute the weights from
-their saved log-sum-exp), else the reference backend. Only selected layers pay
+the weights and log-sum-exp of the same call, without dropout, through
+:func:`attnkit.attention` itself: on the backend that ran the forward when it
+can return weights (kernels that recompute them from their saved
+log-sum-exp), else on the next available one. Only selected layers pay
 for this; outside a capture, ``attention()`` does one ContextVar lookup.
 
 A *layer* is a module that calls ``attention()`` itself, named by its
@@ -21,16 +22,17 @@ import fnmatch
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from .. import _recording
-from .._inputs import AttentionInputs
-from ..backends.base import AttentionResult, Backend
-from ..backends.dispatch import available_backends
 from ..functional import attention
+
+if TYPE_CHECKING:
+    from .._inputs import AttentionInputs
+    from ..backends.base import AttentionResult, Backend
 
 __all__ = ["AttentionRecord", "Capture", "capture"]
 
@@ -235,6 +237,8 @@ def _exact_weights(
     if result.weights is not None and not inputs.weights_mean and inputs.dropout_p == 0.0:
         lse = result.lse.detach() if result.lse is not None else None
         return result.weights.detach(), lse
+    from .. import available_backends  # the package's public name, bound after viz is imported
+
     order = [backend.name, *(n for n in available_backends() if n != backend.name)]
     token = _recording.ACTIVE.set(None)
     try:

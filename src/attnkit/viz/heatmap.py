@@ -1,4 +1,5 @@
-"""heatmaps(): a grid of attention matrices as a matplotlib Figure."""
+"""Attention matrices as matplotlib figures: :func:`heatmaps` (d2l-style) and
+:func:`attention_grid` (one image, fast for many panels, what ``attnkit show`` saves)."""
 
 from __future__ import annotations
 
@@ -7,33 +8,31 @@ from typing import Any
 
 import matplotlib
 import numpy as np
-import torch
 from matplotlib.figure import Figure
 
-__all__ = ["as_grid", "attention_grid", "heatmaps"]
+from .grid import as_grid, max_pool, tile
+
+__all__ = ["SCALES", "as_grid", "attention_grid", "color_norm", "heatmaps"]
+
+SCALES = ("linear", "power", "log")
+# The lowest weight the log scale shows: the page's one-byte weights resolve about 1/255.
+LOG_FLOOR = 1e-3
 
 
-def as_grid(matrices: Any) -> np.ndarray:
-    """Any array-like of matrices as a float numpy array (rows, cols, Q, K).
+def color_norm(scale: str, vmin: float = 0.0, vmax: float = 1.0) -> Any:
+    """A matplotlib norm for a colour scale: "linear", "power" (square root) or "log".
 
-    A 2-D input is one matrix (1, 1, Q, K); a 3-D input one row (1, n, Q, K).
+    The log scale starts at ``max(vmin, LOG_FLOOR * vmax)``; smaller weights take its lowest colour.
     """
-    if isinstance(matrices, torch.Tensor):
-        arr = matrices.detach().to("cpu", torch.float32).numpy()
-    else:
-        arr = np.asarray(matrices, dtype=np.float32)
-    if arr.ndim == 2:
-        arr = arr[None, None]  # (1, 1, Q, K)
-    elif arr.ndim == 3:
-        arr = arr[None]  # (1, n, Q, K)
-    if arr.ndim != 4:
-        raise ValueError(
-            f"matrices: expected shape (rows, cols, Q, K) (or (Q, K), (cols, Q, K)), got "
-            f"{tuple(arr.shape)}"
-        )
-    if 0 in arr.shape:
-        raise ValueError(f"matrices: expected no empty dim, got shape {tuple(arr.shape)}")
-    return arr
+    from matplotlib.colors import LogNorm, Normalize, PowerNorm
+
+    if scale == "linear":
+        return Normalize(vmin=vmin, vmax=vmax, clip=True)
+    if scale == "power":
+        return PowerNorm(gamma=0.5, vmin=vmin, vmax=vmax, clip=True)
+    if scale == "log":
+        return LogNorm(vmin=max(vmin, LOG_FLOOR * vmax), vmax=vmax, clip=True)
+    raise ValueError(f"scale: expected one of {', '.join(SCALES)}, got {scale!r}")
 
 
 def _check_labels(name: str, labels: Sequence[str] | None, n: int, dim: str) -> list[str] | None:
@@ -84,7 +83,7 @@ def heatmaps(
         a ``matplotlib.figure.Figure`` (not registered with pyplot): save it
         with ``fig.savefig(path)``.
     """
-    grid = as_grid(matrices)  # (rows, cols, Q, K)
+    grid = as_grid(matrices, name="matrices")  # (rows, cols, Q, K)
     rows, cols, Q, K = grid.shape
     col_titles = _check_labels("titles", titles, cols, "cols")
     xt = _check_labels("xticklabels", xticklabels, K, "K")
@@ -138,6 +137,8 @@ def attention_grid(
     title: str | None = None,
     cmap: str = "Reds",
     max_width: float = 30.0,
+    scale: str = "linear",
+    colorbar: bool = True,
 ) -> Figure:
     """A (rows, cols) grid of attention matrices drawn as one image: fast for many panels.
 
@@ -147,7 +148,8 @@ def attention_grid(
     panel, so panels compare directly. This is what ``attnkit show`` saves.
 
     Args:
-        matrices: (rows, cols, Q, K) weights, e.g. (layers, heads, L, L).
+        matrices: (rows, cols, Q, K) weights, e.g. (layers, heads, L, L), or a
+            list of per-row weights (see :func:`attnkit.viz.grid.as_grid`).
         tokens: Q query labels (also the key labels when ``key_tokens`` is None).
         key_tokens: K key labels when keys differ from queries.
         row_labels: one label per row (e.g. ``"layer 0"``).
@@ -157,12 +159,16 @@ def attention_grid(
         max_width: the figure's largest width in inches; panels shrink (and
             token labels thin out) to fit. Below a pixel per token at dpi 100,
             blocks of tokens are max-pooled into one cell.
+        scale: the colour scale from 0 to 1: "linear", "power" (square root:
+            small weights show) or "log" (from 1e-3).
+        colorbar: add a colorbar right of the grid.
 
     Returns:
         a ``matplotlib.figure.Figure`` whose size in pixels is
         ``fig.get_size_inches() * dpi`` when saved (no tight bounding box).
     """
-    grid = as_grid(matrices)  # (rows, cols, Q, K)
+    norm = color_norm(scale)
+    grid = as_grid(matrices, name="matrices")  # (rows, cols, Q, K)
     rows, cols, Q, K = grid.shape
     yt = _check_labels("tokens", tokens, Q, "Q")
     xt = _check_labels("key_tokens", key_tokens, K, "K") if key_tokens is not None else None
@@ -173,31 +179,24 @@ def attention_grid(
 
     longest = max((len(t) for t in [*(yt or []), *(xt or [])]), default=0)
     label_in = 0.07 * min(longest, 16) + 0.2 if (xt or yt) else 0.3
+    bar_in = 0.9 if colorbar else 0.0
     # Inches per token: 0.16 when it fits, less for long inputs or many panels.
     gap_tokens = max(1, round(0.15 * max(Q, K)))
-    room = max_width - label_in - 1.0  # inches left for the panels
+    room = max_width - label_in - 1.0 - bar_in  # inches left for the panels
     if not room > 0:
         raise ValueError(
             f"max_width: {max_width} inches leaves no room for the panels next to the labels; "
-            f"expected more than {label_in + 1.0:.2f}"
+            f"expected more than {label_in + 1.0 + bar_in:.2f}"
         )
     unit = min(0.16, room / (cols * K + (cols - 1) * gap_tokens))
     # Below one pixel (at dpi 100) per token, max-pool f x f tokens into one cell:
     # the picture keeps its sharp patterns and drawing stays fast.
     f = max(1, int(np.ceil(0.01 / unit)))
-    Qc, Kc = -(-Q // f), -(-K // f)  # cells per panel
-    if f > 1:
-        padded = np.zeros((rows, cols, Qc * f, Kc * f), dtype=np.float32)
-        padded[:, :, :Q, :K] = grid
-        grid = padded.reshape(rows, cols, Qc, f, Kc, f).max(axis=(3, 5))  # (rows, cols, Qc, Kc)
+    grid = max_pool(grid, f)  # (rows, cols, Qc, Kc)
+    Qc, Kc = grid.shape[2], grid.shape[3]
     gap = max(1, round(0.15 * max(Qc, Kc)))  # cells of white between panels
-    H = rows * Qc + (rows - 1) * gap
-    W = cols * Kc + (cols - 1) * gap
-    tile = np.full((H, W), np.nan, dtype=np.float32)  # (rows*Qc + gaps, cols*Kc + gaps)
-    for i in range(rows):
-        for j in range(cols):
-            y0, x0 = i * (Qc + gap), j * (Kc + gap)
-            tile[y0 : y0 + Qc, x0 : x0 + Kc] = grid[i, j]
+    image = tile(grid, gap)  # (rows * Qc + gaps, cols * Kc + gaps)
+    H, W = image.shape
     cell = unit * f  # inches per cell
     step = max(1, int(np.ceil(0.11 / unit)))  # thin token labels closer than 0.11 in
     fontsize = max(4.0, min(8.0, unit * step * 50))
@@ -207,14 +206,15 @@ def attention_grid(
         return (t + 0.5) / f - 0.5
 
     left, bottom = label_in + 0.15, label_in + 0.35
-    right, top = 0.9 if rl else 0.2, (0.45 if cl else 0.2) + (0.35 if title else 0.0)
+    right = (0.9 if rl else 0.2) + bar_in
+    top = (0.45 if cl else 0.2) + (0.35 if title else 0.0)
     # Whole hundredths of an inch: a whole number of pixels at dpi 100.
     fig_w = round(left + W * cell + right, 2)
     fig_h = round(bottom + H * cell + top, 2)
     fig = Figure(figsize=(fig_w, fig_h))
     ax = fig.add_axes((left / fig_w, bottom / fig_h, W * cell / fig_w, H * cell / fig_h))
     colormap = matplotlib.colormaps[cmap].with_extremes(bad="white")
-    ax.imshow(tile, cmap=colormap, vmin=0.0, vmax=1.0, interpolation="nearest", aspect="auto")
+    shown = ax.imshow(image, cmap=colormap, norm=norm, interpolation="nearest", aspect="auto")
     for side in ax.spines.values():
         side.set_visible(False)
     ax.set_xticks([])
@@ -268,6 +268,14 @@ def attention_grid(
                 va="center",
                 fontsize=fontsize + 1,
             )
+    if colorbar:
+        bar_h = min(H * cell, 3.0)
+        bar_x = fig_w - bar_in + 0.1
+        bar_y = bottom + H * cell - bar_h
+        cax = fig.add_axes((bar_x / fig_w, bar_y / fig_h, 0.14 / fig_w, bar_h / fig_h))
+        bar = fig.colorbar(shown, cax=cax)
+        bar.ax.tick_params(labelsize=7, length=2)
+        bar.set_label(f"weight ({scale})", fontsize=7)
     if title:
         fig.text(0.12 / fig_w, 1 - 0.1 / fig_h, title, ha="left", va="top", fontsize=10)
     return fig
