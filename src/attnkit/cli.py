@@ -57,7 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[name][0])
     parser = _ArgumentParser(prog=f"attnkit {name}", description=COMMANDS[name][1])
     module.add_arguments(parser)
-    ns = parser.parse_args(args[1:])
+    try:
+        ns = parser.parse_args(args[1:])
+    except SystemExit as exc:  # --help (0) or a bad argument (2, one line already printed)
+        return exc.code if isinstance(exc.code, int) else 2
     return int(module.run(ns))
 
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from attnkit.cli import main
 
@@ -49,3 +50,57 @@ def test_python_dash_m_runs_the_command() -> None:
     )
     assert res.returncode == 0, res.stderr
     assert "prediction 45.5000" in res.stdout
+
+
+def test_explain_huge_sizes_allocate_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    # 2e14 elements per input, and (E, E) score weights of 4e10 elements: any real
+    # allocation of these would fail.
+    argv = ["explain", "--batch", "100000", "-L", "250000", "-E", "200000"]
+    assert main([*argv, "--score", "additive", "--mask", "valid_lens", "--dtype", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert "query (100000, 8, 250000, 200000)" in out
+    assert "chosen: chunked" in out  # sdpa cannot run the additive score
+    assert main([*argv, "--score", "bilinear", "--mask", "key_padding", "--grad"]) == 0
+    assert "chosen: none" not in capsys.readouterr().out
+
+
+def test_explain_describes_the_call_with_meta_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnkit.commands import explain as command
+
+    devices: list[str] = []
+    real = command.explain
+
+    def recording(q: torch.Tensor, *args: object, **kwargs: object) -> object:
+        devices.append(q.device.type)
+        return real(q, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(command, "explain", recording)
+    assert main(["explain", "-L", "4096", "--mask", "window"]) == 0
+    assert devices[0] == "meta"
+    assert set(devices) <= {"meta", "cpu"}
+
+
+def test_explain_refuses_sizes_beyond_int64_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["explain", "--batch", "100000", "--heads", "64000", "-L", "10000000000"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "sizes too large" in err and "2**62" in err
+
+
+@pytest.mark.parametrize("seed", ["99999999999999999999999", "-1", "1.5"])
+def test_demo_refuses_a_seed_out_of_range(seed: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--seed", seed]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--seed: expected an integer in [0, 18446744073709551615]" in err
+
+
+def test_demo_accepts_the_largest_seed(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--seed", str(2**64 - 1)]) == 0
+    assert "prediction 45.5000" in capsys.readouterr().out
+
+
+def test_command_help_returns_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--help"]) == 0
+    assert "--seed" in capsys.readouterr().out

@@ -9,21 +9,21 @@ from __future__ import annotations
 import json
 import sys
 
-from .cases import CASES
 from .runner import peak_since, reset_peak
+from .suites import cpu_case
 
 
 def main(argv: list[str]) -> int:
-    by_name = {c.name: c for c in CASES}
     quick = "--quick" in argv
     names = [a for a in argv if not a.startswith("--")]
-    if len(names) != 2 or names[0] not in by_name or names[1] not in ("attnkit", "baseline"):
+    case = cpu_case(names[0]) if names else None
+    if len(names) != 2 or case is None or names[1] not in ("attnkit", "baseline"):
         print(
             "usage: python -m attnkit.bench._child CASE {attnkit,baseline} [--quick]",
             file=sys.stderr,
         )
         return 2
-    case, side = by_name[names[0]], names[1]
+    side = names[1]
     warm = getattr(case.build(True), side)  # thread pools, lazily built kernels, caches
     if warm is not None:
         warm()

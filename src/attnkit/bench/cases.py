@@ -3,6 +3,8 @@
 Every case has full shapes (the figures in BENCHMARKS.md) and quick shapes
 (seconds, for a smoke run). ``speedup`` means baseline time / attnkit time, so
 higher is better for attnkit; ``goal`` is the minimum speedup of the target.
+This module holds the CPU throughput cases (``attnkit bench``, suite ``all``) and
+the two records every suite shares (:class:`Sides`, :class:`BenchCase`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch.nn.functional as F
 import attnkit
 from attnkit import masks, scores
 
-__all__ = ["CASES", "SUITES", "BenchCase", "Sides"]
+__all__ = ["CASES", "BenchCase", "Sides"]
 
 
 @dataclass
@@ -26,6 +28,11 @@ class Sides:
 
     ``check`` returns the largest absolute difference between the two results on
     the region they are compared on (None when they compute different things).
+    ``repeat``: calls per timed sample (many for microsecond calls, so one sample is
+    long enough to time); times are reported per call. ``counts`` returns figures
+    measured once after timing (graph breaks, recompiles); ``backend`` names the
+    attnkit backend that ran (from :func:`attnkit.explain`); ``sync`` ends each timed
+    sample (a device synchronization for accelerator calls).
     """
 
     attnkit: Callable[[], Any]
@@ -33,6 +40,10 @@ class Sides:
     baseline_name: str
     shape: str
     check: Callable[[], float] | None = None
+    repeat: int = 1
+    counts: Callable[[], dict[str, int]] | None = None
+    backend: Callable[[], str | None] | None = None
+    sync: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,11 @@ class BenchCase:
     ``build(quick)`` returns the sides. ``mem_goal`` is the largest allowed
     attnkit/baseline peak extra memory ratio; ``mem_limit_mib`` an absolute cap
     on attnkit's peak extra memory; ``timed=False`` cases only measure memory.
+    ``max_extra_s``: a target on the difference of per-call times instead of their
+    ratio (attnkit may take at most this much longer than the baseline);
+    ``count_limits``: the largest allowed value of each of the side's ``counts``;
+    ``max_pairs``: interleaved pairs at most (more for noisy microsecond calls);
+    ``memory=False``: no peak-memory children (nothing to learn at tiny shapes).
     """
 
     name: str
@@ -52,6 +68,10 @@ class BenchCase:
     mem_goal: float | None = None
     mem_limit_mib: float | None = None
     timed: bool = True
+    max_extra_s: float | None = None
+    count_limits: tuple[tuple[str, int], ...] = ()
+    max_pairs: int = 15
+    memory: bool = True
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -323,8 +343,3 @@ CASES: tuple[BenchCase, ...] = (
     BenchCase("additive_train", "training", "≥ 5×", 5.0, _additive_train),
     BenchCase("weights", "weights", "≥ 1/1.5× (no weights)", 1 / 1.5, _weights),
 )
-
-SUITES: dict[str, tuple[str, ...]] = {"all": tuple(c.name for c in CASES)}
-for _c in CASES:
-    SUITES.setdefault(_c.suite, ())
-    SUITES[_c.suite] = (*SUITES[_c.suite], _c.name)

@@ -3,7 +3,8 @@
 Timing: both sides run in this process, interleaved (A B, then B A, ...), after
 one warm-up call each; every pair gives a ratio baseline/attnkit and the case
 reports the median of those ratios, which cancels slow drifts in machine load
-(the cores may be shared).
+(the cores may be shared). A sample is ``Sides.repeat`` calls in a row (many for
+microsecond calls), reported per call.
 
 Peak memory: each side runs once in a fresh child process
 (``python -m attnkit.bench._child CASE SIDE``). The child first warms torch up
@@ -33,7 +34,15 @@ import torch
 
 from .cases import BenchCase
 
-__all__ = ["CaseResult", "machine_info", "measure_memory", "peak_since", "reset_peak", "run_case"]
+__all__ = [
+    "CaseResult",
+    "judge",
+    "machine_info",
+    "measure_memory",
+    "peak_since",
+    "reset_peak",
+    "run_case",
+]
 
 
 @dataclass
@@ -57,16 +66,39 @@ class CaseResult:
     mem_met: bool | None = None
     max_abs_diff: float | None = None
     backend: str | None = None
+    extra_s: float | None = None
+    """Median per-pair difference attnkit - baseline of per-call times (seconds)."""
+    counts: dict[str, int] = field(default_factory=dict)
+    figures: dict[str, float] = field(default_factory=dict)
+    """Further measured figures: TFLOP/s of each side, the weights' copy floor, ..."""
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _timed(fn: Callable[[], Any]) -> float:
+def _timed(fn: Callable[[], Any], repeat: int = 1, sync: Callable[[], None] | None = None) -> float:
+    """Seconds per call of ``repeat`` calls in a row (then ``sync``, inside the timing)."""
     t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+    for _ in range(repeat):
+        fn()
+    if sync is not None:
+        sync()
+    return (time.perf_counter() - t0) / repeat
+
+
+def judge(case: BenchCase, res: CaseResult) -> bool | None:
+    """Whether the timing target (ratio, extra time per call) and count limits are met;
+    None when the case has no such target or was not timed."""
+    verdicts: list[bool] = []
+    if case.goal is not None and res.speedup is not None:
+        verdicts.append(res.speedup >= case.goal)
+    if case.max_extra_s is not None and res.extra_s is not None:
+        verdicts.append(res.extra_s <= case.max_extra_s)
+    for name, limit in case.count_limits:
+        if name in res.counts:
+            verdicts.append(res.counts[name] <= limit)
+    return all(verdicts) if verdicts else None
 
 
 def run_case(
@@ -76,30 +108,32 @@ def run_case(
     memory: bool,
     budget_s: float | None = None,
     min_pairs: int = 3,
-    max_pairs: int = 15,
+    max_pairs: int | None = None,
 ) -> CaseResult:
-    """Time (and optionally measure memory of) one case; never raises for a failing side."""
-    sides = case.build(quick)
+    """Time (and optionally measure memory of) one case; never raises for a failing side.
+
+    ``max_pairs``: interleaved pairs at most (default: the case's ``max_pairs``).
+    """
     res = CaseResult(
-        name=case.name,
-        target=case.target,
-        shape=sides.shape,
-        baseline_name=sides.baseline_name,
-        goal=case.goal,
+        name=case.name, target=case.target, shape="-", baseline_name="-", goal=case.goal
     )
     budget = budget_s if budget_s is not None else (0.2 if quick else 8.0)
+    most = max_pairs if max_pairs is not None else case.max_pairs
     try:
+        sides = case.build(quick)
+        res.shape, res.baseline_name = sides.shape, sides.baseline_name
         if case.timed and sides.baseline is not None:
             ta_all, tb_all, ratios = [], [], []
             sides.attnkit()  # warm-up
             sides.baseline()
+            ours, theirs, rep, sync = sides.attnkit, sides.baseline, sides.repeat, sides.sync
             start = time.perf_counter()
             n = 0
-            while n < max_pairs and (n < min_pairs or time.perf_counter() - start < budget):
+            while n < most and (n < min_pairs or time.perf_counter() - start < budget):
                 if n % 2 == 0:
-                    ta, tb = _timed(sides.attnkit), _timed(sides.baseline)
+                    ta, tb = _timed(ours, rep, sync), _timed(theirs, rep, sync)
                 else:
-                    tb, ta = _timed(sides.baseline), _timed(sides.attnkit)
+                    tb, ta = _timed(theirs, rep, sync), _timed(ours, rep, sync)
                 ta_all.append(ta)
                 tb_all.append(tb)
                 ratios.append(tb / ta)
@@ -107,15 +141,20 @@ def run_case(
             res.attnkit_s = statistics.median(ta_all)
             res.baseline_s = statistics.median(tb_all)
             res.speedup = statistics.median(ratios)
+            res.extra_s = statistics.median(a - b for a, b in zip(ta_all, tb_all, strict=True))
             res.ratios = [round(r, 4) for r in ratios]
             res.pairs = n
-            if case.goal is not None and not quick:  # targets speak of the full shapes only
-                res.met = res.speedup >= case.goal
         elif case.timed:
-            res.attnkit_s = _timed(sides.attnkit)
+            res.attnkit_s = _timed(sides.attnkit, sides.repeat, sides.sync)
+        if sides.counts is not None:
+            res.counts = dict(sides.counts())
+        if sides.backend is not None:
+            res.backend = sides.backend()
+        if not quick:  # targets speak of the full shapes only
+            res.met = judge(case, res)
         if sides.check is not None:
             res.max_abs_diff = sides.check()
-        if memory:
+        if memory and case.memory:
             res.attnkit_mib = measure_memory(case.name, "attnkit", quick=quick)
             if sides.baseline is not None:
                 res.baseline_mib = measure_memory(case.name, "baseline", quick=quick)

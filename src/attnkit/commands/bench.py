@@ -1,112 +1,219 @@
-"""``attnkit bench``: the benchmark suite side by side, as a table and JSON."""
+"""``attnkit bench``: the benchmark suites side by side, as a table and JSON.
+
+Every argument is checked before any case runs (bad ones exit 2 with one line):
+the JSON file's folder must exist and be writable, the budget must be a finite
+number of seconds >= 0, the suite must exist on the device, and ``--device cuda``
+needs a CUDA device.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from pathlib import Path
 from typing import Any
 
 DESCRIPTION = "benchmarks side by side with torch SDPA and plain math"
 
+QUICK_NOTE = (
+    "quick mode: tiny shapes that only check every case runs; at these sizes fixed "
+    "per-call costs dominate, so speedups are not judged against the targets "
+    "(run without --quick for the figures)"
+)
+
+
+def budget_seconds(text: str) -> float:
+    """``--budget``: a finite number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds >= 0, got {text!r}"
+        ) from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text}")
+    return value
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..bench import SUITES
+    from ..bench import all_suite_names
 
     parser.add_argument(
         "--suite",
         default="all",
-        choices=sorted(SUITES),
-        help="which cases to run (default: all)",
+        choices=all_suite_names(),
+        help="which cases to run (default: all; 'overhead' is its own suite)",
     )
     parser.add_argument(
-        "--quick", action="store_true", help="tiny shapes: checks the command works, in seconds"
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="cpu (default) or cuda: the GPU cases, or the overhead suite on the GPU",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny shapes, no memory runs: checks every case works, in seconds",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
-    parser.add_argument(
+    memory = parser.add_mutually_exclusive_group()
+    memory.add_argument(
         "--no-memory",
         action="store_true",
         help="skip the peak-memory runs (each side once in a child process)",
     )
+    memory.add_argument(
+        "--memory", action="store_true", help="run the peak-memory children with --quick too"
+    )
     parser.add_argument(
         "--budget",
-        type=float,
+        type=budget_seconds,
         default=None,
         metavar="SECONDS",
         help="timing budget per case (default 8, 0.2 with --quick); at least 3 pairs run",
     )
 
 
+def json_path_problem(path: str) -> str | None:
+    """Why ``--json FILE`` cannot be written (checked before anything runs), or None.
+
+    The file is opened for appending (an existing one is left as it is) or created
+    and removed again, so what the OS would refuse at the end is refused now.
+    """
+    target = Path(path)
+    parent = target.parent
+    if not parent.is_dir():
+        return f"--json: the folder {str(parent)!r} does not exist; expected an existing folder"
+    if target.is_dir():
+        return f"--json: {path!r} is a folder; expected a file name"
+    existed = target.exists()
+    try:
+        with open(target, "a", encoding="utf-8"):
+            pass
+        if not existed:
+            target.unlink()
+    except OSError as exc:
+        return f"--json: cannot write {path!r}: {exc.strerror or exc}"
+    return None
+
+
 def _fmt(x: float | None, spec: str, unit: str = "") -> str:
     return "-" if x is None else f"{x:{spec}}{unit}"
 
 
+def _time(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def _notes(r: Any) -> str:
+    parts = []
+    if r.extra_s is not None and r.attnkit_s is not None and r.attnkit_s < 1e-3:
+        parts.append(f"{r.extra_s * 1e6:+.1f} µs/call")
+    parts += [f"{name.replace('_', ' ')} {value}" for name, value in r.counts.items()]
+    if "attnkit_tflops" in r.figures:
+        parts.append(
+            f"TFLOP/s {r.figures['attnkit_tflops']:.1f} vs {r.figures['baseline_tflops']:.1f}"
+        )
+    if "floor_ms" in r.figures:
+        parts.append(f"copy floor {r.figures['floor_ms']:.2f} ms")
+    if r.backend:
+        parts.append(f"backend {r.backend}")
+    if r.error:
+        parts.append(r.error)
+    return "; ".join(parts)
+
+
 def _row(r: Any) -> list[str]:
     met = {True: "yes", False: "NO", None: "-"}
-    mem = "-"
-    if r.attnkit_mib is not None:
-        mem = f"{r.attnkit_mib:.1f}"
-    base_mem = _fmt(r.baseline_mib, ".1f")
-    ok = met[r.met] if r.met is not None else met[r.mem_met]
-    if r.met is not None and r.mem_met is not None:
-        ok = "yes" if (r.met and r.mem_met) else "NO"
+    verdicts = [v for v in (r.met, r.mem_met) if v is not None]
+    ok = met[all(verdicts)] if verdicts else "-"
     return [
         r.name,
-        _fmt(None if r.attnkit_s is None else r.attnkit_s * 1e3, ".1f"),
-        _fmt(None if r.baseline_s is None else r.baseline_s * 1e3, ".1f"),
+        _time(r.attnkit_s),
+        _time(r.baseline_s),
         _fmt(r.speedup, ".2f", "×"),
         r.target,
         ok if r.error is None else "ERROR",
-        mem,
-        base_mem,
+        _fmt(r.attnkit_mib, ".1f"),
+        _fmt(r.baseline_mib, ".1f"),
+        _notes(r),
     ]
 
 
-def _table(rows: list[list[str]]) -> str:
-    head = [
-        "case",
-        "attnkit ms",
-        "baseline ms",
-        "speedup",
-        "target",
-        "met",
-        "attnkit MiB",
-        "base MiB",
-    ]
+def table(results: list[Any]) -> str:
+    """The results as a text table, the cases where attnkit wins most first."""
+    ordered = sorted(
+        results,
+        key=lambda r: (r.error is not None, r.speedup is None, -(r.speedup or 0.0)),
+    )
+    head = ["case", "attnkit", "baseline", "speedup", "target", "met", "attnkit MiB", "base MiB"]
+    head.append("notes")
+    rows = [_row(r) for r in ordered]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..bench import CASES, SUITES, machine_info, run_case
+def _fail(message: str) -> int:
+    print(f"attnkit bench: error: {message}", file=sys.stderr)
+    return 2
 
-    names = SUITES[args.suite]
-    cases = [c for c in CASES if c.name in names]
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench import machine_info, run_case, suite_cases
+    from ..bench.gpu_runner import cuda_missing, run_gpu_case
+
+    if args.json is not None and (problem := json_path_problem(args.json)) is not None:
+        return _fail(problem)
+    try:
+        cases = suite_cases(args.suite, args.device)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if args.device == "cuda" and (missing := cuda_missing()) is not None:
+        return _fail(f"--device cuda: {missing}")
+    gpu = args.device == "cuda" and args.suite != "overhead"
     info = machine_info()
+    if args.device == "cuda":
+        import torch
+
+        info["gpu"] = torch.cuda.get_device_name()
     mode = "quick" if args.quick else "full"
+    memory = not args.no_memory and (args.memory or not args.quick) and args.device == "cpu"
+    where = info.get("gpu") or f"{info['cpu']}, {info['cores']} cores"
     print(
-        f"attnkit bench --suite {args.suite} ({mode}): {info['cpu']}, {info['cores']} cores, "
+        f"attnkit bench --suite {args.suite} --device {args.device} ({mode}): {where}, "
         f"torch {info['torch']} ({info['threads']} threads), additive: {info['additive_kernel']}",
         file=sys.stderr,
     )
     results = []
     for i, case in enumerate(cases, 1):
         print(f"[{i}/{len(cases)}] {case.name} ...", end="", file=sys.stderr, flush=True)
-        r = run_case(case, quick=args.quick, memory=not args.no_memory, budget_s=args.budget)
+        if gpu:
+            r = run_gpu_case(_quick_gpu(case) if args.quick else case)  # type: ignore[arg-type]
+            if args.quick:  # targets speak of the full shapes only
+                r.met = r.mem_met = None
+        else:
+            r = run_case(case, quick=args.quick, memory=memory, budget_s=args.budget)  # type: ignore[arg-type]
         results.append(r)
         note = f" speedup {r.speedup:.2f}×" if r.speedup is not None else ""
         note += f" {r.error}" if r.error else ""
         print(f" done{note}", file=sys.stderr, flush=True)
-    print(_table([_row(r) for r in results]))
-    print("speedup = baseline time / attnkit time (median of interleaved pairs); MiB = peak extra")
     if args.quick:
-        print("quick mode: tiny shapes that only check the command; targets are not judged")
+        print(QUICK_NOTE)
+    print(table(results))
+    print("speedup = baseline time / attnkit time (median of interleaved pairs); MiB = peak extra")
     if args.json:
         payload = {
             "suite": args.suite,
+            "device": args.device,
             "mode": mode,
             "machine": info,
             "cases": [r.to_json() for r in results],
@@ -115,3 +222,9 @@ def run(args: argparse.Namespace) -> int:
             json.dump(payload, fh, indent=2)
         print(f"wrote {args.json}", file=sys.stderr)
     return 1 if any(r.error for r in results) else 0
+
+
+def _quick_gpu(case: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(case, shape=case.shape.small())

@@ -18,8 +18,30 @@ from ..functional import attention, explain
 DESCRIPTION = "walk through Nadaraya–Watson, valid_lens masks and backend dispatch"
 
 
+SEED_MAX = 2**64 - 1
+"""Largest seed torch.manual_seed accepts (seeds are unsigned 64-bit)."""
+
+
+def seed_value(text: str) -> int:
+    """``--seed``: an integer in [0, 2**64 - 1]."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer in [0, {SEED_MAX}], got {text!r}"
+        ) from None
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, {SEED_MAX}], got {value}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=0, help="random seed for the examples")
+    parser.add_argument(
+        "--seed",
+        type=seed_value,
+        default=0,
+        help=f"random seed for the examples, in [0, {SEED_MAX}] (default 0)",
+    )
 
 
 def _fmt(t: torch.Tensor) -> str:

@@ -1,13 +1,28 @@
-"""``attnkit explain``: which backend runs an attention call of given shapes, and why."""
+"""``attnkit explain``: which backend runs an attention call of given shapes, and why.
+
+Nothing the size of the call is ever allocated, so any sizes can be asked about:
+
+1. The call is described with meta tensors (shapes and dtypes, no storage) and
+   handed to :func:`attnkit.explain`, which validates it as :func:`attnkit.attention`
+   would; a call attention() would refuse is refused here with its message.
+2. Dispatch ranks backends per device type, and no backend runs on the meta
+   device. When the meta description gets no backend for that reason alone, the
+   CPU answer comes from shape-only CPU views: one element per tensor, expanded
+   to the full shape with zero strides (dispatch reads shapes, dtypes and flags,
+   never values or strides).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 import torch
+from torch import nn
 
 from .. import masks, scores
+from ..backends.dispatch import Explanation
 from ..functional import explain
 
 DESCRIPTION = "which backend runs a call of given shapes, and why"
@@ -18,6 +33,14 @@ _DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
 }
+
+MAX_ELEMENTS = 2**62
+"""Largest element count of any described tensor (torch indexes elements with int64)."""
+
+_META_REASON = "device type 'meta' is not supported"
+
+TensorFactory = Callable[..., torch.Tensor]
+"""(shape, dtype, requires_grad, fill=0) -> a tensor describing that shape."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,39 +63,114 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grad", action="store_true", help="inputs require gradients")
 
 
+def _fail(message: str) -> int:
+    print(f"attnkit explain: error: {message}", file=sys.stderr)
+    return 2
+
+
+def meta_tensor(
+    shape: tuple[int, ...], dtype: torch.dtype, grad: bool, fill: float = 0
+) -> torch.Tensor:
+    """A tensor with shape and dtype but no storage (``fill`` has nothing to fill)."""
+    return torch.empty(shape, dtype=dtype, device="meta", requires_grad=grad)
+
+
+def shape_only_cpu_tensor(
+    shape: tuple[int, ...], dtype: torch.dtype, grad: bool, fill: float = 0
+) -> torch.Tensor:
+    """A CPU tensor of ``shape`` whose every element is ``fill``, backed by one element
+    (zero strides): nothing is allocated for its size."""
+    one = torch.full((1,) * len(shape), fill, dtype=dtype, requires_grad=grad)  # (1, ..., 1)
+    return one.expand(shape)  # shape, all strides 0
+
+
+def _score(name: str, E: int, dtype: torch.dtype, make: TensorFactory) -> str | scores.Score:
+    if name not in ("bilinear", "additive"):
+        return name
+    built: scores.Score = (
+        scores.Bilinear(E, E, device="meta", dtype=dtype)
+        if name == "bilinear"
+        else scores.Additive(E, E, E, device="meta", dtype=dtype)
+    )
+    # Parameters as described tensors too: (E, E) weights would be allocated otherwise.
+    for module in built.modules():
+        for pname, param in list(module._parameters.items()):
+            if param is not None:
+                data = make(tuple(param.shape), dtype, False)
+                module._parameters[pname] = nn.Parameter(data, requires_grad=param.requires_grad)
+    return built
+
+
+def _mask(name: str, B: int, S: int, make: TensorFactory) -> masks.Mask | None:
+    if name == "none":
+        return None
+    if name == "causal":
+        return masks.causal()
+    if name == "window":
+        return masks.window(min(128, S), 0)
+    if name == "valid_lens":
+        return masks.valid_lens(make((B,), torch.long, False, S))  # (B,), every length S
+    return masks.key_padding(make((B, S), torch.bool, False))  # (B, S), no padding
+
+
+def _describe(args: argparse.Namespace, sizes: dict[str, int], make: TensorFactory) -> Explanation:
+    B, H, L, S, E = (sizes[k] for k in ("B", "H", "L", "S", "E"))
+    dtype = _DTYPES[args.dtype]
+    q = make((B, H, L, E), dtype, args.grad)  # (B, H, L, E)
+    k = make((B, H, S, E), dtype, args.grad)  # (B, H, S, E)
+    return explain(
+        q,
+        k,
+        k,
+        score=_score(args.score, E, dtype, make),
+        mask=_mask(args.mask, B, S, make),
+        return_weights=args.weights,
+        return_lse=args.lse,
+    )
+
+
+def _only_meta_missing(ex: Explanation) -> bool:
+    """True when the meta description got no backend only because no backend runs on meta."""
+    return ex.chosen is None and all(
+        any(_META_REASON in why for why in reasons) for reasons in ex.reasons.values()
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     for name in ("batch", "heads", "queries", "dim"):
         if getattr(args, name) < 1:
-            print(
-                f"attnkit explain: error: --{name} must be >= 1, got {getattr(args, name)}",
-                file=sys.stderr,
-            )
-            return 2
+            return _fail(f"--{name} must be >= 1, got {getattr(args, name)}")
     L = args.queries
     S = args.keys if args.keys is not None else L
     if S < 1:
-        print(f"attnkit explain: error: --keys must be >= 1, got {S}", file=sys.stderr)
-        return 2
-    B, H, E, dtype = args.batch, args.heads, args.dim, _DTYPES[args.dtype]
-    # Shapes only matter: explain() computes nothing, so empty storage is enough.
-    q = torch.empty(B, H, L, E, dtype=dtype, requires_grad=args.grad)  # (B, H, L, E)
-    k = torch.empty(B, H, S, E, dtype=dtype, requires_grad=args.grad)  # (B, H, S, E)
-    score: str | scores.Score = args.score
-    if args.score == "bilinear":
-        score = scores.Bilinear(E, E, dtype=dtype)
-    elif args.score == "additive":
-        score = scores.Additive(E, E, E, dtype=dtype)
-    mask: masks.Mask | None = {
-        "none": None,
-        "causal": masks.causal(),
-        "window": masks.window(min(128, S), 0),
-        "valid_lens": masks.valid_lens(torch.full((B,), S)),
-        "key_padding": masks.key_padding(torch.zeros(B, S, dtype=torch.bool)),
-    }[args.mask]
-    ex = explain(q, k, k, score=score, mask=mask, return_weights=args.weights, return_lse=args.lse)
+        return _fail(f"--keys must be >= 1, got {S}")
+    sizes = {"B": args.batch, "H": args.heads, "L": L, "S": S, "E": args.dim}
+    B, H, E = args.batch, args.heads, args.dim
+    largest = max(B * H * L * E, B * H * S * E, E * E)
+    if largest > MAX_ELEMENTS:
+        return _fail(
+            f"sizes too large: a tensor of this call would have {largest:.3e} elements; "
+            f"expected at most 2**62 ({MAX_ELEMENTS:.3e})"
+        )
+    try:
+        ex = _describe(args, sizes, meta_tensor)
+        described = "meta tensors"
+        if _only_meta_missing(ex):
+            ex = _describe(args, sizes, shape_only_cpu_tensor)
+            described = "the CPU (shape-only views)"
+    except (ValueError, TypeError) as exc:
+        return _fail(str(exc).splitlines()[0])
+    elements = B * H * (L + 2 * S) * E
+    itemsize = torch.empty((), dtype=_DTYPES[args.dtype]).element_size()
     print(
         f"attention(query {(B, H, L, E)}, key/value {(B, H, S, E)}, score={args.score}, "
-        f"mask={args.mask}, dtype={args.dtype})"
+        f"mask={args.mask}, dtype={args.dtype}): inputs {_gib(elements * itemsize)} GiB, "
+        f"answered for {described}"
     )
     print(ex)
     return 0
+
+
+def _gib(nbytes: int) -> str:
+    gib = nbytes / 2**30
+    return f"{gib:.3g}" if gib < 1e6 else f"{gib:.3e}"

@@ -1,0 +1,231 @@
+"""The overhead suite (``attnkit bench --suite overhead``): attnkit inside a real model.
+
+Four cases, each against torch's own equivalent on the same inputs:
+
+- ``call_overhead``: host cost of one ``attention()`` call at a tiny shape
+  (B=1 H=8 L=S=16 E=64 float32), where the arithmetic is negligible; target:
+  at most 10 µs more per call than ``F.scaled_dot_product_attention``.
+- ``layer_mha``: ``attnkit.nn.MultiheadAttention`` forward against
+  ``torch.nn.MultiheadAttention`` (same weights, eval, no grad, B=1 L=S=16 E=64);
+  target: at most 1.2× torch's time.
+- ``decode_step``: one query against a 4096-key cache (B=1 H=32 E=128) with
+  ``masks.causal("bottom_right")``, against SDPA on the same cache; target: at
+  most 1.1× SDPA's time.
+- ``compiled``: ``torch.compile(fullgraph=True)`` (default inductor) of
+  ``attention(mask=masks.causal())`` against compiled SDPA with ``is_causal=True``
+  at B=1 H=8 L=S=128 E=64; target: at most 1.05× its time, no graph break and no
+  recompile over the first 100 calls (torch._dynamo's counters).
+
+Microsecond calls are timed in samples of many calls (``Sides.repeat``), the two
+sides interleaved sample by sample; on CUDA each sample ends with one device sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import attnkit
+from attnkit import masks
+
+from .cases import BenchCase, Sides
+
+__all__ = ["OVERHEAD_CASES", "compile_counts", "overhead_cases"]
+
+
+def _qkv(
+    B: int, H: int, L: int, S: int, E: int, device: str, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, L, E, generator=g).to(device)  # (B, H, L, E)
+    k = torch.randn(B, H, S, E, generator=g).to(device)  # (B, H, S, E)
+    v = torch.randn(B, H, S, E, generator=g).to(device)  # (B, H, S, E)
+    return q, k, v
+
+
+def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
+
+
+def _chosen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: Any) -> Callable[[], Any]:
+    return lambda: attnkit.explain(q, k, v, **kw).chosen
+
+
+def _sync(device: str) -> Callable[[], None] | None:
+    return torch.cuda.synchronize if device.startswith("cuda") else None
+
+
+def _call_overhead(device: str) -> Callable[[bool], Sides]:
+    def build(quick: bool) -> Sides:
+        B, H, N, E = 1, 8, 16, 64
+        q, k, v = _qkv(B, H, N, N, E, device, 11)
+        return Sides(
+            attnkit=lambda: attnkit.attention(q, k, v),
+            baseline=lambda: F.scaled_dot_product_attention(q, k, v),
+            baseline_name="torch SDPA",
+            shape=f"B={B} H={H} L=S={N} E={E} float32, per call",
+            check=lambda: _maxdiff(
+                attnkit.attention(q, k, v), F.scaled_dot_product_attention(q, k, v)
+            ),
+            repeat=20 if quick else 200,
+            backend=_chosen(q, k, v),
+            sync=_sync(device),
+        )
+
+    return build
+
+
+def _layer(device: str) -> Callable[[bool], Sides]:
+    def build(quick: bool) -> Sides:
+        B, N, E, H = 1, 16, 64, 8
+        torch.manual_seed(12)
+        theirs = torch.nn.MultiheadAttention(E, H, batch_first=True).to(device).eval()
+        ours = attnkit.nn.MultiheadAttention(E, H, batch_first=True).to(device).eval()
+        ours.load_state_dict(theirs.state_dict())
+        x = torch.randn(B, N, E, generator=torch.Generator().manual_seed(12)).to(device)
+
+        def run_ours() -> torch.Tensor:
+            with torch.no_grad():
+                return ours(x, x, x, need_weights=False)[0]
+
+        def run_theirs() -> torch.Tensor:
+            with torch.no_grad():
+                return theirs(x, x, x, need_weights=False)[0]
+
+        return Sides(
+            attnkit=run_ours,
+            baseline=run_theirs,
+            baseline_name="torch.nn.MultiheadAttention",
+            shape=f"B={B} L=S={N} E={E} heads={H}, eval forward, per call",
+            check=lambda: _maxdiff(run_ours(), run_theirs()),
+            repeat=10 if quick else 100,
+            sync=_sync(device),
+        )
+
+    return build
+
+
+def _decode(device: str) -> Callable[[bool], Sides]:
+    def build(quick: bool) -> Sides:
+        B, H, S, E = (1, 4, 256, 32) if quick else (1, 32, 4096, 128)
+        q, k, v = _qkv(B, H, 1, S, E, device, 13)
+        mask = masks.causal("bottom_right")
+        return Sides(
+            attnkit=lambda: attnkit.attention(q, k, v, mask=mask),
+            baseline=lambda: F.scaled_dot_product_attention(q, k, v),
+            baseline_name="torch SDPA, same cache",
+            shape=f"B={B} H={H} L=1 S={S} E={E} causal('bottom_right'), per step",
+            check=lambda: _maxdiff(
+                attnkit.attention(q, k, v, mask=mask), F.scaled_dot_product_attention(q, k, v)
+            ),
+            repeat=5 if quick else 20,
+            backend=_chosen(q, k, v, mask=mask),
+            sync=_sync(device),
+        )
+
+    return build
+
+
+def compile_counts(fn: Callable[[], Any], calls: int) -> dict[str, int]:
+    """Run ``fn`` ``calls`` times; graph breaks and recompiles torch._dynamo counted meanwhile.
+
+    ``recompiles``: graphs compiled after the first call's (0 when the first compile
+    serves every later call at fixed shapes).
+    """
+    from torch._dynamo.utils import counters
+
+    def breaks() -> int:
+        return sum(counters["graph_break"].values())
+
+    def graphs() -> int:
+        return int(counters["stats"]["unique_graphs"])
+
+    breaks0 = breaks()
+    fn()
+    graphs1 = graphs()
+    for _ in range(calls - 1):
+        fn()
+    return {"graph_breaks": breaks() - breaks0, "recompiles": graphs() - graphs1}
+
+
+def _compiled(device: str) -> Callable[[bool], Sides]:
+    def build(quick: bool) -> Sides:
+        B, H, N, E = (1, 2, 32, 16) if quick else (1, 8, 128, 64)
+        q, k, v = _qkv(B, H, N, N, E, device, 14)
+        mask = masks.causal()
+
+        def ours_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return attnkit.attention(q, k, v, mask=mask)
+
+        def theirs_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        ours = torch.compile(ours_eager, fullgraph=True)
+        theirs = torch.compile(theirs_eager, fullgraph=True)
+        # the first 100 calls, compile included, happen here (outside the timed region)
+        counts = compile_counts(lambda: ours(q, k, v), 100)
+        theirs(q, k, v)
+        return Sides(
+            attnkit=lambda: ours(q, k, v),
+            baseline=lambda: theirs(q, k, v),
+            baseline_name="compiled torch SDPA",
+            shape=f"B={B} H={H} L=S={N} E={E} causal, torch.compile(fullgraph=True), per call",
+            check=lambda: _maxdiff(ours(q, k, v), theirs(q, k, v)),
+            repeat=10 if quick else 100,
+            counts=lambda: counts,
+            backend=_chosen(q, k, v, mask=mask),
+            sync=_sync(device),
+        )
+
+    return build
+
+
+def overhead_cases(device: str = "cpu") -> tuple[BenchCase, ...]:
+    """The four overhead cases with their inputs on ``device`` ("cpu" or "cuda")."""
+    zero = (("graph_breaks", 0), ("recompiles", 0))
+    return (
+        BenchCase(
+            "call_overhead",
+            "overhead",
+            "≤ SDPA + 10 µs",
+            None,
+            _call_overhead(device),
+            max_extra_s=10e-6,
+            max_pairs=41,
+            memory=False,
+        ),
+        BenchCase(
+            "layer_mha",
+            "overhead",
+            "≤ 1.2× torch",
+            1 / 1.2,
+            _layer(device),
+            max_pairs=41,
+            memory=False,
+        ),
+        BenchCase(
+            "decode_step",
+            "overhead",
+            "≤ 1.1× SDPA",
+            1 / 1.1,
+            _decode(device),
+            max_pairs=31,
+            memory=False,
+        ),
+        BenchCase(
+            "compiled",
+            "overhead",
+            "≤ 1.05× compiled SDPA, 0 breaks, 0 recompiles",
+            1 / 1.05,
+            _compiled(device),
+            count_limits=zero,
+            max_pairs=31,
+            memory=False,
+        ),
+    )
+
+
+OVERHEAD_CASES: tuple[BenchCase, ...] = overhead_cases("cpu")

@@ -1,0 +1,72 @@
+"""Which cases each ``attnkit bench --suite NAME`` runs, per device.
+
+On the CPU: ``all`` is every throughput case of :mod:`attnkit.bench.cases`, each
+of their groups (``dense``, ``ragged``, ...) is a suite of its own, and
+``overhead`` is the four cases of :mod:`attnkit.bench.overhead` (not part of
+``all``: it compiles with torch.compile). On CUDA (``--device cuda``): ``all`` is
+every case of :mod:`attnkit.bench.gpu_cases`, with their groups, and ``overhead``
+the overhead cases with their inputs on the GPU.
+"""
+
+from __future__ import annotations
+
+from .cases import CASES, BenchCase
+from .gpu_cases import GPU_CASES, GpuCase
+from .overhead import OVERHEAD_CASES, overhead_cases
+
+__all__ = ["DEVICES", "SUITES", "all_suite_names", "cpu_case", "suite_cases"]
+
+DEVICES = ("cpu", "cuda")
+
+Case = BenchCase | GpuCase
+
+
+def _grouped(cases: tuple[Case, ...]) -> dict[str, tuple[Case, ...]]:
+    out: dict[str, tuple[Case, ...]] = {"all": cases}
+    for case in cases:
+        out[case.suite] = (*out.get(case.suite, ()), case)
+    return out
+
+
+def _suites(device: str) -> dict[str, tuple[Case, ...]]:
+    if device == "cpu":
+        return {**_grouped(CASES), "overhead": OVERHEAD_CASES}
+    if device == "cuda":
+        return {**_grouped(GPU_CASES), "overhead": overhead_cases("cuda")}
+    raise ValueError(f"device: expected one of {DEVICES}, got {device!r}")
+
+
+def suite_cases(suite: str, device: str = "cpu") -> tuple[Case, ...]:
+    """The cases of ``suite`` on ``device``; ValueError naming the suites there when unknown."""
+    suites = _suites(device)
+    if suite not in suites:
+        raise ValueError(
+            f"--suite: no suite {suite!r} on device {device!r}; expected one of "
+            f"{', '.join(sorted(suites))}"
+        )
+    return suites[suite]
+
+
+def all_suite_names() -> list[str]:
+    """Every suite name on any device (the choices of ``--suite``)."""
+    names = {
+        *(c.suite for c in CASES),
+        *(c.suite for c in GPU_CASES),
+        "all",
+        "overhead",
+    }
+    return sorted(names)
+
+
+def cpu_case(name: str) -> BenchCase | None:
+    """The CPU case (throughput or overhead) called ``name``, or None."""
+    for case in (*CASES, *OVERHEAD_CASES):
+        if case.name == name:
+            return case
+    return None
+
+
+SUITES: dict[str, tuple[str, ...]] = {
+    name: tuple(c.name for c in cases) for name, cases in _suites("cpu").items()
+}
+"""CPU suite name -> case names."""

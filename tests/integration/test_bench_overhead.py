@@ -1,0 +1,60 @@
+"""`attnkit bench --suite overhead`: the four cases run, compare equal results, and count
+graph breaks and recompiles."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit.bench import OVERHEAD_CASES, run_case, suite_cases
+from attnkit.bench.overhead import compile_counts
+
+
+def test_overhead_suite_names_its_four_cases_and_targets() -> None:
+    cases = {c.name: c for c in suite_cases("overhead")}
+    assert list(cases) == ["call_overhead", "layer_mha", "decode_step", "compiled"]
+    assert cases["call_overhead"].max_extra_s == 10e-6 and cases["call_overhead"].goal is None
+    assert abs(cases["layer_mha"].goal - 1 / 1.2) < 1e-12  # type: ignore[operator]
+    assert abs(cases["decode_step"].goal - 1 / 1.1) < 1e-12  # type: ignore[operator]
+    assert abs(cases["compiled"].goal - 1 / 1.05) < 1e-12  # type: ignore[operator]
+    assert dict(cases["compiled"].count_limits) == {"graph_breaks": 0, "recompiles": 0}
+
+
+def test_overhead_cases_run_and_agree_with_torch() -> None:
+    results = {}
+    for case in OVERHEAD_CASES:
+        res = results[case.name] = run_case(case, quick=True, memory=False, budget_s=0)
+        assert res.error is None, res
+        assert res.pairs >= 3 and res.speedup is not None and res.speedup > 0
+        assert res.extra_s is not None
+        assert res.max_abs_diff is not None and res.max_abs_diff < 1e-4, res
+        assert res.met is None  # quick shapes are not judged
+    compiled = results["compiled"]
+    assert set(compiled.counts) == {"graph_breaks", "recompiles"}
+    assert compiled.backend is not None
+
+
+def test_compile_counts_sees_a_recompile() -> None:
+    fn = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+    inputs = [torch.ones(3), torch.ones(5)]
+    calls = iter(range(10))
+
+    def call() -> torch.Tensor:
+        # the second call changes the shape once; every later call reuses a graph
+        return fn(inputs[min(next(calls), 1)])
+
+    counts = compile_counts(call, 10)
+    assert counts["graph_breaks"] == 0
+    assert counts["recompiles"] >= 1
+    steady = compile_counts(lambda: fn(inputs[1]), 10)
+    assert steady == {"graph_breaks": 0, "recompiles": 0}
+
+
+def test_overhead_cases_start_no_memory_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_child(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an overhead case started a memory child")
+
+    monkeypatch.setattr("attnkit.bench.runner.measure_memory", no_child)
+    assert all(not case.memory for case in OVERHEAD_CASES)
+    res = run_case(OVERHEAD_CASES[0], quick=True, memory=True, budget_s=0)
+    assert res.error is None and res.attnkit_mib is None
