@@ -8,14 +8,18 @@ The dispatcher runs the first backend, in priority order, with no reasons.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeAlias
 
 import torch
 
 from .._inputs import AttentionInputs
 
-__all__ = ["AttentionResult", "Backend"]
+__all__ = ["AttentionResult", "Backend", "PlainRunner"]
+
+PlainRunner: TypeAlias = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""(query, key, value) -> output: a backend's shortcut for a repeated plain call."""
 
 ALL_MASK_KINDS = frozenset({"keep", "bias", "valid_lens", "key_padding", "causal", "window"})
 
@@ -107,6 +111,14 @@ class Backend:
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
         """Compute attention for validated inputs."""
         raise NotImplementedError
+
+    def plain_runner(self, inputs: AttentionInputs) -> PlainRunner | None:
+        """A shortcut for repeated plain calls like ``inputs`` (output only; see
+        :mod:`attnkit._plans`): a function of (query, key, value) returning what
+        ``forward(...).output`` would for any call with the same shapes, dtypes,
+        devices, grad flags, score, mask and flags. None (the default): every call
+        goes through :meth:`forward`."""
+        return None
 
     def __repr__(self) -> str:
         return f"<attnkit backend {self.name!r}>"

@@ -51,6 +51,8 @@ __all__ = [
     "available_backends",
     "backends_for",
     "explain_inputs",
+    "forced_backends",
+    "on_registry_change",
     "register_backend",
     "select_backend",
     "use_backend",
@@ -108,7 +110,7 @@ class _PerThread(threading.local):
 _LOCAL = _PerThread()
 
 
-def _forced_backends() -> tuple[str, ...] | None:
+def forced_backends() -> tuple[str, ...] | None:
     """The names forced by the innermost :func:`use_backend` of this thread, or None."""
     stack = _LOCAL.stack
     return stack[-1] if stack else None
@@ -174,6 +176,16 @@ def register_backend(
             ranking.append(backend.name)
     _NAME_CACHE.clear()
     _CHOICES.clear()
+    for clear in _ON_CHANGE:
+        clear()
+
+
+_ON_CHANGE: list[Callable[[], None]] = []
+
+
+def on_registry_change(clear: Callable[[], None]) -> None:
+    """Call ``clear`` whenever a backend is registered (caches of earlier choices)."""
+    _ON_CHANGE.append(clear)
 
 
 def available_backends() -> tuple[str, ...]:
@@ -254,7 +266,7 @@ def _preferred(name: str, later: Sequence[str], inputs: AttentionInputs) -> list
 
 def explain_inputs(inputs: AttentionInputs, backend: tuple[str, ...] | None = None) -> Explanation:
     """Every backend's reasons for this call and the one that would run."""
-    forced = backend if backend is not None else _forced_backends()
+    forced = backend if backend is not None else forced_backends()
     candidates = _candidates(inputs, forced)
     reasons: dict[str, list[str]] = {}
     for name in _ORDER:
@@ -285,7 +297,7 @@ def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
     automatic dispatch, that no preference rule passes over); the full explanation
     is built only for the error.
     """
-    forced = backend if backend is not None else _forced_backends()
+    forced = backend if backend is not None else forced_backends()
     key: tuple[object, ...] | None = None
     if not torch.compiler.is_compiling():  # (a traced dict lookup would guard on the dict)
         key = (forced, _host.strict(), inputs.signature())

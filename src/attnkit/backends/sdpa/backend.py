@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from ... import masks as _masks
+from ..._host import readable
 from ..._inputs import AttentionInputs
 from .. import varlen
 from .._common import clean_keys, dense_mask, expand_kv, restore_nonfinite_keys
 from .._dotform import dot_form_in_compute_dtype
-from ..base import AttentionResult, Backend
+from ..base import AttentionResult, Backend, PlainRunner
 from . import plan
 from .lse import has_lse_kernel, weights_of_call
-from .run import HAS_GQA, call
+from .run import HAS_GQA, call, direct, direct_runner
 
 __all__ = ["SDPABackend"]
 
@@ -39,6 +40,15 @@ class SDPABackend(Backend):
     def materialized_masks(self, inputs: AttentionInputs) -> list[str]:
         """Mask parts SDPA would build as a dense (L, S) tensor (see :mod:`.plan`)."""
         return plan.materialized_masks(inputs)
+
+    def plain_runner(self, inputs: AttentionInputs) -> PlainRunner | None:
+        """Direct calls (see :func:`.plan.is_direct`) repeat as one :func:`.run.direct`."""
+        if not plan.is_direct(inputs):
+            return None
+        readable_no_grad = readable(inputs.query) and not inputs.needs_grad
+        return direct_runner(
+            **_direct_options(inputs), head_dim=inputs.E, readable_no_grad=readable_no_grad
+        )
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
         if plan.is_direct(inputs):
@@ -288,21 +298,20 @@ class SDPABackend(Backend):
 def _direct(inputs: AttentionInputs) -> torch.Tensor:
     """The call handed to torch's SDPA unchanged (see :func:`.plan.is_direct`):
     out (B, H, L, Ev)."""
+    return direct(inputs.query, inputs.key, inputs.value, **_direct_options(inputs))
+
+
+def _direct_options(inputs: AttentionInputs) -> dict[str, Any]:
+    """The keyword arguments of :func:`.run.direct` for a direct call."""
     mask = inputs.mask
     route = plan.causal_route(inputs, mask) if isinstance(mask, _masks.CausalMask) else "none"
-    out, _ = call(
-        inputs.query,
-        inputs.key,
-        inputs.value,
-        attn_mask=None,
-        is_causal=route == "symbolic",
-        lower_right=route == "lower_right",
-        dropout_p=inputs.dropout_p,
-        scale=inputs.scale,
-        gqa=inputs.groups > 1,
-        want_lse=False,
-    )
-    return out
+    return {
+        "is_causal": route == "symbolic",
+        "lower_right": route == "lower_right",
+        "dropout_p": inputs.dropout_p,
+        "scale": inputs.scale,
+        "gqa": inputs.groups > 1,
+    }
 
 
 def _torch_varlen(inputs: AttentionInputs) -> torch.Tensor:

@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from ..._host import readable
 from .._common import expand_kv
 from . import poison
 from .grad import fused_twice_differentiable, math_attention
 from .lse import lse_call
 
-__all__ = ["HAS_GQA", "HAS_LOWER_RIGHT", "call", "to4d"]
+__all__ = ["HAS_GQA", "HAS_LOWER_RIGHT", "call", "direct", "direct_runner", "to4d"]
 
 HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")  # torch >= 2.5
 
@@ -76,6 +78,15 @@ def call(
     heads = q.shape[-3] if q.ndim >= 3 else 1
     L, S = q.shape[-2], k.shape[-2]
     offset = S - L if lower_right else 0
+    if (
+        excluded is None
+        and readable(q)
+        and poison.finite_on_host(q.detach(), k.detach(), v.detach())
+    ):
+        if lower_right:
+            return _lower_right(q, k, v, dropout_p=dropout_p, scale=scale, gqa=gqa), None
+        return _kernel(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                       dropout_p=dropout_p, scale=scale, gqa=gqa, want_lse=want_lse)  # fmt: skip
     masked = attn_mask is not None or is_causal or excluded is not None or lower_right
     if masked:
         k, v, q_bad, k_bad, v_bad = poison.sanitize(q, k, v, excluded)
@@ -96,6 +107,109 @@ def call(
             lse = torch.where(alive, lse, float("-inf"))
     flags = poison.flags_for_call(q, k_bad, v_bad, q_bad, attn_mask, causal, heads, offset)
     return poison.apply(out, lse, flags)
+
+
+def direct(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool,
+    lower_right: bool,
+    dropout_p: float,
+    scale: float,
+    gqa: bool,
+) -> torch.Tensor:
+    """A call torch's SDPA takes as it is: 4-D q (B, H, L, E), k and v (B, Hk, S, E),
+    no mask, ``is_causal`` or (``lower_right``) torch's lower-right causal bias.
+    Returns out (B, H, L, E).
+
+    Finite inputs that can be read on the host and need no gradient go straight to
+    the kernel (see :func:`_finite_for_kernel`); anything else goes through
+    :func:`call`, which applies the non-finite policy with tensor operations and the
+    twice-differentiable wrapper.
+    """
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if not (lower_right or needs_grad) and readable(q) and _finite_for_kernel(q, k, v, is_causal):
+        return _sdpa(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale, gqa=gqa)
+    out, _ = call(q, k, v, attn_mask=None, is_causal=is_causal, dropout_p=dropout_p,
+                  scale=scale, gqa=gqa, want_lse=False, lower_right=lower_right)  # fmt: skip
+    return out
+
+
+def direct_runner(
+    *,
+    is_causal: bool,
+    lower_right: bool,
+    dropout_p: float,
+    scale: float,
+    gqa: bool,
+    head_dim: int,
+    readable_no_grad: bool,
+) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """:func:`direct` for repeated calls of one plan with query head size ``head_dim``,
+    (q, k, v) -> out. With
+    ``readable_no_grad`` (the plan's tensors are host-readable and need no gradient,
+    as every call of the plan) those checks are not repeated per call."""
+    slow = functools.partial(direct, is_causal=is_causal, lower_right=lower_right,
+                             dropout_p=dropout_p, scale=scale, gqa=gqa)  # fmt: skip
+    if lower_right or not readable_no_grad:
+        return slow
+    sdpa = F.scaled_dot_product_attention
+    options: dict[str, Any] = {}  # only what differs from torch's defaults (faster to pass)
+    if dropout_p > 0:
+        options["dropout_p"] = dropout_p
+    if is_causal:
+        options["is_causal"] = True
+    if scale != 1.0 / math.sqrt(head_dim):  # torch's default scale, computed the same way
+        options["scale"] = scale
+    if gqa:
+        options["enable_gqa"] = True
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if _finite_for_kernel(q, k, v, is_causal):
+            return sdpa(q, k, v, **options)
+        return slow(q, k, v)
+
+    return run
+
+
+def _finite_for_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> bool:
+    """True when torch's kernel alone follows the non-finite policy for these inputs.
+
+    Under a causal mask every input must be finite (the kernel lets a masked-out NaN
+    reach a row through ``0 * NaN``). Without a mask the kernel itself propagates a
+    NaN or inf in a key or value to every row (each uses all of them), except when
+    every key is NaN, so the queries and the first key decide (see
+    :func:`.poison.unmasked_addend`); the whole keys are read instead when there are no
+    more of them than queries (one sum instead of a slice and a sum), never the long
+    KV cache of a decoding step. Sums read on the host as
+    :func:`.poison.finite_on_host` (which see), written out: this runs on every call.
+    """
+    if is_causal:
+        return math.isfinite(q.sum().item() + k.sum().item() + v.sum().item())
+    probe = k if k.shape[-2] <= q.shape[-2] else k[..., :1, :]  # (..., S or 1, E)
+    return math.isfinite(q.sum().item() + probe.sum().item())
+
+
+def _sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float,
+    gqa: bool,
+) -> torch.Tensor:
+    """torch's public SDPA on 4-D inputs (grouped K/V heads with ``gqa``)."""
+    if gqa:
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=True
+        )
+    return F.scaled_dot_product_attention(
+        q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+    )
 
 
 def _lower_right(

@@ -1,0 +1,164 @@
+"""Plans of plain calls: what validation and dispatch decided, reused by the next call.
+
+Inside a model the same call repeats with new tensors of the same shapes. For a
+*plain* call (output only, a named score, no mask or a tensor-free causal/window
+mask, ``backend`` None or a name) everything :func:`attnkit._inputs.validate_inputs`
+checks and everything dispatch decides depends only on what :func:`plan_key` puts
+in the key: shapes, dtypes, devices, grad flags, the score's name, the mask's
+parameters, scale, dropout_p, the backend argument, the ``use_backend`` choice of
+this thread and :func:`attnkit._host.strict`. So the first such call is validated
+and dispatched in full, and later ones skip both: :func:`lookup` returns the plan, whose ``runner`` (a
+backend's shortcut, :meth:`Backend.plain_runner`) takes the tensors, or else
+:meth:`CallPlan.inputs` builds the call record for the backend's ``forward``.
+
+Anything else (tensor masks, score objects with parameters, weights or lse, a
+recording in progress, code being traced by torch.compile) takes the full path
+every time. The cache is cleared when a backend is registered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import _host
+from . import masks as _masks
+from ._inputs import AttentionInputs
+from .backends import dispatch
+from .backends.base import Backend, PlainRunner
+from .scores import Score
+
+__all__ = ["CallPlan", "lookup", "plan_key", "remember"]
+
+_TENSOR_FREE_MASKS = (_masks.CausalMask, _masks.WindowMask)
+
+_PLANS: dict[tuple[object, ...], CallPlan] = {}
+_PLANS_MAX = 256
+
+
+@dataclass(frozen=True, slots=True)
+class CallPlan:
+    """The validated, dispatched parts of a plain call (no tensors are held)."""
+
+    score: Score
+    scale: float
+    dropout_p: float
+    batch_shape: tuple[int, ...]
+    L: int
+    S: int
+    E: int
+    Ev: int
+    groups: int
+    backend: Backend
+    runner: PlainRunner | None
+
+    def inputs(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: _masks.Mask | None,
+    ) -> AttentionInputs:
+        """The call record for new tensors of the planned shapes."""
+        return AttentionInputs(
+            query=query,
+            key=key,
+            value=value,
+            score=self.score,
+            mask=mask,
+            scale=self.scale,
+            dropout_p=self.dropout_p,
+            return_weights=False,
+            return_lse=False,
+            weights_mean=False,
+            batch_shape=self.batch_shape,
+            L=self.L,
+            S=self.S,
+            E=self.E,
+            Ev=self.Ev,
+            groups=self.groups,
+        )
+
+
+def plan_key(
+    query: object,
+    key: object,
+    value: object,
+    score: object,
+    mask: object,
+    scale: object,
+    dropout_p: object,
+    backend: object,
+) -> tuple[object, ...] | None:
+    """The plan key of a plain call's arguments, or None when the call is not plain.
+
+    ``return_weights``/``return_lse`` are checked by the caller (both must be False).
+    """
+    if (
+        torch.compiler.is_compiling()  # traced code takes the full path (no dict guards)
+        or type(score) is not str
+        or not (mask is None or type(mask) in _TENSOR_FREE_MASKS)
+        or not (scale is None or type(scale) is float)  # (1 and True would share a key)
+        or type(dropout_p) is not float
+        or not (backend is None or type(backend) is str)
+        or not (
+            type(query) is torch.Tensor
+            and type(key) is torch.Tensor
+            and type(value) is torch.Tensor
+        )
+    ):
+        return None
+    mask_key: tuple[object, ...] | None = None
+    if mask is not None:
+        assert isinstance(mask, _masks.WindowMask)
+        mask_key = (type(mask), mask.left, mask.right, mask.align, mask.q_offset, mask.k_offset)
+    return (
+        query.shape,
+        key.shape,
+        value.shape,
+        query.dtype,
+        key.dtype,
+        value.dtype,
+        query.device,
+        key.device,
+        value.device,
+        torch.is_grad_enabled(),
+        query.requires_grad,
+        key.requires_grad,
+        value.requires_grad,
+        score,
+        mask_key,
+        scale,
+        dropout_p,
+        backend,
+        dispatch.forced_backends(),
+        _host.strict(),
+    )
+
+
+def lookup(key: tuple[object, ...]) -> CallPlan | None:
+    """The plan stored under ``key``, or None."""
+    return _PLANS.get(key)
+
+
+def remember(key: tuple[object, ...], inputs: AttentionInputs, backend: Backend) -> None:
+    """Store the plan of a call that was just validated and dispatched in full."""
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[key] = CallPlan(
+        score=inputs.score,
+        scale=inputs.scale,
+        dropout_p=inputs.dropout_p,
+        batch_shape=inputs.batch_shape,
+        L=inputs.L,
+        S=inputs.S,
+        E=inputs.E,
+        Ev=inputs.Ev,
+        groups=inputs.groups,
+        backend=backend,
+        runner=backend.plain_runner(inputs),
+    )
+
+
+dispatch.on_registry_change(_PLANS.clear)

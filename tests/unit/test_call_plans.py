@@ -1,0 +1,172 @@
+"""Plans of plain calls: a repeated call skips validation and dispatch, never correctness.
+
+Each test first makes a call to store its plan, then checks that the next call with
+the same key behaves exactly as the full path would: same answer, same errors, same
+non-finite policy, the backend ``use_backend`` forces, a fresh choice after a backend
+is registered.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnkit
+from attnkit import _inputs, _plans, masks
+from attnkit.backends import dispatch
+from attnkit.backends.reference import ReferenceBackend
+
+
+def _qkv(L: int = 8, S: int = 8, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn(2, 3, L, 16, generator=g),
+        torch.randn(2, 3, S, 16, generator=g),
+        torch.randn(2, 3, S, 16, generator=g),
+    )
+
+
+@pytest.fixture
+def count_validations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How often attention() validated in full (attnkit.functional's validate_inputs)."""
+    seen: list[int] = []
+    original = _inputs.validate_inputs
+
+    def counting(*args: object, **kwargs: object) -> _inputs.AttentionInputs:
+        seen.append(1)
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(attnkit.functional, "validate_inputs", counting)
+    return seen
+
+
+@pytest.mark.parametrize(
+    "mask", [None, masks.causal(), masks.causal("bottom_right"), masks.window(2, 1)]
+)
+def test_a_repeated_plain_call_skips_validation_and_gives_the_same_answer(
+    count_validations: list[int], mask: masks.Mask | None
+) -> None:
+    q, k, v = _qkv(L=5, S=9)
+    first = attnkit.attention(q, k, v, mask=mask)
+    assert len(count_validations) == 1
+    q2, k2, v2 = _qkv(L=5, S=9, seed=1)
+    second = attnkit.attention(q2, k2, v2, mask=mask)
+    assert len(count_validations) == 1  # the plan ran
+    expected = attnkit.attention(q2, k2, v2, mask=mask, backend="reference")
+    torch.testing.assert_close(second, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(first, attnkit.attention(q, k, v, mask=mask, backend="reference"))
+
+
+def test_plans_are_not_shared_across_shapes_dtypes_or_flags(count_validations: list[int]) -> None:
+    q, k, v = _qkv()
+    attnkit.attention(q, k, v)
+    attnkit.attention(q[:, :2], k[:, :2], v[:, :2])  # other shapes
+    attnkit.attention(q.double(), k.double(), v.double())  # other dtype
+    attnkit.attention(q, k, v, scale=0.5)  # other scale
+    attnkit.attention(q, k, v, score="dot")  # other score
+    assert len(count_validations) == 5
+    with pytest.raises(TypeError, match="dtypes must match"):
+        attnkit.attention(q, k.double(), v)  # a bad call after good ones is still refused
+    with pytest.raises(TypeError, match="scale"):
+        attnkit.attention(q, k, v, scale=True)  # never mistaken for scale=1.0
+
+
+def test_a_plan_follows_grad_mode_and_requires_grad() -> None:
+    q, k, v = _qkv()
+    with torch.no_grad():
+        attnkit.attention(q, k, v)
+    qg = q.clone().requires_grad_(True)
+    out = attnkit.attention(qg, k, v)
+    out.sum().backward()
+    assert qg.grad is not None and torch.isfinite(qg.grad).all()
+    with torch.no_grad():
+        assert not attnkit.attention(qg, k, v).requires_grad
+
+
+def test_use_backend_and_a_new_backend_are_honoured_after_a_plan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    q, k, v = _qkv()
+    attnkit.attention(q, k, v)
+    attnkit.attention(q, k, v)  # from the plan
+    with attnkit.use_backend("reference"):
+        calls: list[int] = []
+        original = ReferenceBackend.forward
+
+        def spy(self: ReferenceBackend, inputs: _inputs.AttentionInputs) -> object:
+            calls.append(1)
+            return original(self, inputs)
+
+        monkeypatch.setattr(ReferenceBackend, "forward", spy)
+        attnkit.attention(q, k, v)
+        attnkit.attention(q, k, v)
+        assert len(calls) == 2
+
+    cleared: list[int] = []
+    dispatch.on_registry_change(lambda: cleared.append(1))
+    assert _plans.lookup(_plans.plan_key(q, k, v, "scaled_dot", None, None, 0.0, None))
+    dispatch.register_backend(dispatch._REGISTRY["reference"])  # re-register: caches go
+    assert cleared == [1]
+    assert _plans.lookup(_plans.plan_key(q, k, v, "scaled_dot", None, None, 0.0, None)) is None
+    dispatch._ON_CHANGE.pop()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_non_finite_inputs_on_a_planned_call_follow_the_policy(causal: bool) -> None:
+    mask = masks.causal() if causal else None
+    q, k, v = _qkv()
+    attnkit.attention(q, k, v, mask=mask)  # the plan
+    qn = q.clone()
+    qn[0, 1, 3] = math.nan  # one query row
+    out = attnkit.attention(qn, k, v, mask=mask)
+    assert torch.isnan(out[0, 1, 3]).all()
+    clean = attnkit.attention(q, k, v, mask=mask)
+    keep = torch.ones_like(out, dtype=torch.bool)
+    keep[0, 1, 3] = False
+    torch.testing.assert_close(out[keep], clean[keep])
+    kn = k.clone()
+    kn[1, 2] = math.nan  # every key of one head
+    out = attnkit.attention(q, kn, v, mask=mask)
+    assert torch.isnan(out[1, 2]).all() and torch.isfinite(out[0]).all()
+    if causal:  # a NaN value masked out for every row but the last never contributes
+        vn = v.clone()
+        vn[0, 0, -1] = math.nan
+        out = attnkit.attention(q, k, vn, mask=mask)
+        assert torch.isnan(out[0, 0, -1]).all()
+        torch.testing.assert_close(out[0, 0, :-1], clean[0, 0, :-1])
+
+
+def test_a_decoding_step_reads_the_first_key_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One query against a long cache: the finiteness probe does not sum the cache."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 1, 32, generator=g)
+    k = torch.randn(1, 4, 4096, 32, generator=g)
+    v = torch.randn(1, 4, 4096, 32, generator=g)
+    mask = masks.causal("bottom_right")
+    attnkit.attention(q, k, v, mask=mask)
+    summed: list[int] = []
+    original = torch.Tensor.sum
+
+    def spy(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        summed.append(self.numel())
+        return original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.Tensor, "sum", spy)
+    out = attnkit.attention(q, k, v, mask=mask)
+    monkeypatch.undo()
+    assert summed and max(summed) <= 4 * 32  # the queries and one key row per head
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
+
+
+def test_recording_sees_planned_calls() -> None:
+    layer = attnkit.nn.SelfAttention(16, 2)
+    x = torch.randn(1, 5, 16)
+    layer(x)
+    layer(x)  # planned
+    with attnkit.viz.capture(layer) as cap:
+        layer(x)
+    assert len(cap) == 1
+    assert cap.weights(0).shape == (1, 2, 5, 5)
