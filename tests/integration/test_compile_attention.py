@@ -1,7 +1,8 @@
 """attention() under torch.compile(fullgraph=True) with the default inductor backend.
 
-Every mask kind compiles without a graph break, gives the reference result, and
-100 further calls at fixed shapes trigger no recompilation.
+Every mask kind compiles without a graph break, gives the reference result (also
+for non-finite inputs), and 100 further calls at fixed shapes trigger no
+recompilation.
 """
 
 from __future__ import annotations
@@ -57,3 +58,12 @@ def test_every_mask_kind_compiles_fullgraph_without_recompiles(name: str) -> Non
         compiled(q, k, v)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames
     assert not torch._dynamo.utils.counters["graph_break"]
+    # non-finite inputs follow the policy in compiled code too (inductor must not
+    # simplify the flags away): a NaN query row, and NaN keys and values that some
+    # rows use and others mask out
+    qn, kn, vn = q.clone(), k.clone(), v.clone()
+    qn[0, 0, 2] = float("nan")
+    kn[1, 1, S - 1] = float("nan")
+    vn[0, 1, S - 2] = float("nan")
+    want = attnkit.attention(qn, kn, vn, mask=mask, backend="reference")
+    torch.testing.assert_close(compiled(qn, kn, vn), want, rtol=1e-5, atol=1e-5, equal_nan=True)

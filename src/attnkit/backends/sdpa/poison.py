@@ -16,9 +16,9 @@ So every SDPA call of this backend:
    lse) or a non-finite value (their output only: values do not enter the lse).
 
 Flags are carried as addends that are NaN where a row is poisoned and 0 elsewhere
-(``x * 0`` is NaN exactly where x is not finite, and a cumulative sum carries a NaN
-forward: the rows of a causal mask that see it), which costs a few float
-reductions instead of boolean ones. Without a mask every key is used by every row,
+(a cumulative sum carries a NaN forward: the rows of a causal mask that see it).
+They are built with ``isnan``/``isfinite``, never as ``x * 0``: torch.compile
+simplifies ``x * 0`` to 0, which would lose every flag. Without a mask every key is used by every row,
 so the kernel's own propagation is kept, and only what it drops is put back: NaN
 query rows, and a NaN in the first key (which every row uses), for the rows the
 kernel returns as zeros when every key is NaN (:func:`unmasked_addend`); this reads
@@ -73,14 +73,17 @@ def finite_on_host(*tensors: torch.Tensor) -> bool:
 
 
 def _row_addend(t: torch.Tensor) -> torch.Tensor:
-    """(..., N, D) -> (..., N): NaN where the row holds a NaN or an inf, else 0."""
-    return (t * 0).sum(dim=-1)
+    """(..., N, D) -> (..., N): NaN where the row holds a NaN or an inf, else 0.
+
+    A float max reduction (it propagates NaN, and cannot overflow), which vectorizes
+    where a boolean ``isfinite(t).all()`` does not."""
+    return torch.where(torch.isfinite(t.abs().amax(dim=-1)), 0.0, float("nan"))
 
 
 def _nan_addend(t: torch.Tensor) -> torch.Tensor:
-    """(..., N, D) -> (..., N): NaN where the row's sum is NaN or infinite (a NaN in it;
-    an inf in a query or key makes no promise), else 0. Cheaper than :func:`_row_addend`."""
-    return t.sum(dim=-1) * 0
+    """(..., N, D) -> (..., N): NaN where the row holds a NaN, else 0 (an inf in a query
+    makes no promise for its row; a sum that overflows is inf, not NaN)."""
+    return torch.where(torch.isnan(t.sum(dim=-1)), float("nan"), 0.0)
 
 
 def to_query_heads(flags: torch.Tensor, heads: int) -> torch.Tensor:
@@ -111,12 +114,13 @@ def sanitize(
     q_add = _nan_addend(q)  # (..., L)
     k_add = _row_addend(k)  # (..., S)
     v_add = _row_addend(v)  # (..., S)
-    if excluded is None:
-        k = torch.nan_to_num(k, nan=0.0, posinf=0.0, neginf=0.0)  # (..., S, E)
-    else:  # an excluded key keeps its -inf
+    if excluded is not None:  # an excluded key keeps its -inf
         k_add = torch.where(excluded, 0.0, k_add)  # (..., S)
-        k = torch.where(torch.isnan(k_add).unsqueeze(-1), torch.zeros((), dtype=k.dtype), k)
-    v = torch.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0)  # (..., S, Ev)
+    # a flagged row is zeroed whole (a row that uses it becomes NaN anyway); one select per
+    # element, which torch.compile fuses with the flags' reductions
+    zero = torch.zeros((), dtype=k.dtype, device=k.device)
+    k = torch.where(torch.isnan(k_add).unsqueeze(-1), zero, k)  # (..., S, E)
+    v = torch.where(torch.isnan(v_add).unsqueeze(-1), zero, v)  # (..., S, Ev)
     return k, v, q_add, k_add, v_add
 
 
@@ -145,6 +149,8 @@ def rows_using(
         return torch.where(hits > 0, float("nan"), 0.0)
     if is_causal:
         seen = torch.cumsum(addend, dim=-1)  # (..., S): NaN from the first flagged key on
+        if causal_offset == 0 and L <= S:  # row i sees keys 0 .. i
+            return seen[..., :L]  # (..., L)
         seen = torch.cat([seen.new_zeros(*seen.shape[:-1], 1), seen], dim=-1)  # (..., 1 + S)
         last = torch.arange(L, device=addend.device) + causal_offset  # (L,) last key row i sees
         return seen.index_select(-1, (last + 1).clamp(0, S))  # (..., L)
@@ -195,9 +201,16 @@ def flags_for_call(
     is_causal: bool,
     heads: int,
     causal_offset: int = 0,
+    split: bool = True,
 ) -> Poison:
-    """The :class:`Poison` addends of a masked call from :func:`sanitize`'s addends."""
+    """The :class:`Poison` addends of a masked call from :func:`sanitize`'s addends.
+
+    ``split=False`` (no lse wanted): keys and values poison the output alike, so
+    their flags are added and spread over the rows once."""
     L = q.shape[-2]
+    if not split:
+        kv_add = to_query_heads(k_add + v_add, heads)  # (..., S)
+        return Poison(scores=q_add + rows_using(kv_add, attn_mask, is_causal, L, causal_offset))
     kv = torch.stack(
         [to_query_heads(k_add, heads), to_query_heads(v_add, heads)], dim=0
     )  # (2, ..., S)

@@ -105,7 +105,9 @@ def call(
         out = torch.where(alive.unsqueeze(-1), out, torch.zeros((), dtype=out.dtype))
         if lse is not None:
             lse = torch.where(alive, lse, float("-inf"))
-    flags = poison.flags_for_call(q, k_bad, v_bad, q_bad, attn_mask, causal, heads, offset)
+    flags = poison.flags_for_call(
+        q, k_bad, v_bad, q_bad, attn_mask, causal, heads, offset, split=lse is not None
+    )
     return poison.apply(out, lse, flags)
 
 
