@@ -515,3 +515,21 @@ def test_average_weights_are_asked_of_attention(monkeypatch: pytest.MonkeyPatch)
         assert (got[1] - want[1]).abs().max() <= TOL
     ours(x, x, x, need_weights=False)
     assert seen == ["mean", True, False]
+
+
+def test_checks_hold_after_a_call_of_the_same_shapes() -> None:
+    """The input checks a repeated call skips depend only on what it repeats."""
+    layer = MultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad():
+        first = layer(x, x, x, need_weights=False)[0]
+        again = layer(x, x, x, need_weights=False)[0]
+    torch.testing.assert_close(first, again)
+    with pytest.raises(ValueError, match="features"):
+        layer(x, x, torch.randn(2, 5, 7))
+    with pytest.raises(TypeError, match="share a dtype"):
+        layer(x, x, x.double())
+    assert layer.in_proj_bias is not None
+    layer.in_proj_bias.data = layer.in_proj_bias.data.half()  # parameters are checked each call
+    with pytest.raises(TypeError, match=r"parameter in_proj_bias is torch\.float16"):
+        layer(x, x, x)

@@ -219,13 +219,18 @@ class MultiheadAttention(nn.Module):
         extra = int(self.bias_k is not None) + int(self.add_zero_attn)
         mask = self._build_mask(key_padding_mask, attn_mask, is_causal, batched, N, L, S, extra)
 
-        q, k, v = self._project(query, key, value, self_attn)  # (N, L|S, E) each
-        if self.bias_k is not None and self.bias_v is not None:
-            k = torch.cat([k, self.bias_k.expand(N, 1, self.embed_dim)], dim=1)  # (N, S+1, E)
-            v = torch.cat([v, self.bias_v.expand(N, 1, self.embed_dim)], dim=1)  # (N, S+1, E)
-        q = q.view(N, L, H, D).transpose(1, 2)  # (N, H, L, D)
-        k = k.view(N, k.shape[1], H, D).transpose(1, 2)  # (N, H, S', D)
-        v = v.view(N, v.shape[1], H, D).transpose(1, 2)  # (N, H, S', D)
+        if self_attn and self.in_proj_weight is not None and self.bias_k is None:
+            qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)  # (N, L, 3E)
+            qkv = qkv.view(N, L, 3, H, D).permute(2, 0, 3, 1, 4)  # (3, N, H, L, D)
+            q, k, v = qkv.unbind(0)  # (N, H, L, D) each
+        else:
+            q, k, v = self._project(query, key, value, self_attn)  # (N, L|S, E) each
+            if self.bias_k is not None and self.bias_v is not None:
+                k = torch.cat([k, self.bias_k.expand(N, 1, self.embed_dim)], dim=1)  # (N, S+1, E)
+                v = torch.cat([v, self.bias_v.expand(N, 1, self.embed_dim)], dim=1)  # (N, S+1, E)
+            q = q.view(N, L, H, D).transpose(1, 2)  # (N, H, L, D)
+            k = k.view(N, k.shape[1], H, D).transpose(1, 2)  # (N, H, S', D)
+            v = v.view(N, v.shape[1], H, D).transpose(1, 2)  # (N, H, S', D)
         if self.add_zero_attn:
             k = torch.cat([k, k.new_zeros(N, H, 1, D)], dim=2)  # (N, H, S'+1, D)
             v = torch.cat([v, v.new_zeros(N, H, 1, D)], dim=2)  # (N, H, S'+1, D)
@@ -236,7 +241,7 @@ class MultiheadAttention(nn.Module):
         )
         out, weights = attend(q, k, v, mask=mask, dropout_p=dropout_p, need_weights=want)
         out = out.transpose(1, 2).reshape(N, L, self.embed_dim)  # (N, L, E)
-        out = self.out_proj(out)  # (N, L, E)
+        out = F.linear(out, self.out_proj.weight, self.out_proj.bias)  # (N, L, E)
 
         if batched and not self.batch_first:
             out = out.transpose(0, 1)  # (L, N, E)
@@ -316,7 +321,25 @@ class MultiheadAttention(nn.Module):
         return F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
 
     def _check_inputs(self, query: object, key: object, value: object) -> bool:
-        """Validate shapes and feature sizes; return whether the inputs are batched."""
+        """Validate shapes and feature sizes; return whether the inputs are batched.
+
+        The checks of the inputs alone depend only on their types, shapes, dtypes and
+        devices and the layer's sizes, so a combination seen before skips them; the
+        parameters' dtypes and devices are checked on every call (they can change).
+        """
+        seen = _checked_key(self, query, key, value)
+        if seen is not None and seen in _CHECKED_INPUTS:
+            check_param_dtype(_OWNER, self, query=query)  # type: ignore[arg-type]
+            return _CHECKED_INPUTS[seen]
+        batched = self._check_inputs_once(query, key, value)
+        if seen is not None:
+            if len(_CHECKED_INPUTS) >= _CHECKED_MAX:
+                _CHECKED_INPUTS.clear()
+            _CHECKED_INPUTS[seen] = batched
+        return batched
+
+    def _check_inputs_once(self, query: object, key: object, value: object) -> bool:
+        """Every check of :meth:`_check_inputs`, in full."""
         for name, t in (("query", query), ("key", key), ("value", value)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{_OWNER}: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -486,3 +509,31 @@ def _padded(dense: torch.Tensor, extra: int) -> masks.Mask:
     if dense.dtype == torch.bool:
         return masks.keep(F.pad(dense, (0, extra), value=True))  # (..., L, S')
     return masks.bias(F.pad(dense, (0, extra), value=0.0))  # (..., L, S')
+
+
+_CHECKED_INPUTS: dict[tuple[object, ...], bool] = {}
+"""Input combinations that passed :meth:`MultiheadAttention._check_inputs_once`: key ->
+batched."""
+_CHECKED_MAX = 256
+
+
+def _checked_key(
+    layer: MultiheadAttention, query: object, key: object, value: object
+) -> tuple[object, ...] | None:
+    """What the input checks depend on, or None for inputs that are not plain tensors."""
+    if not (
+        type(query) is torch.Tensor and type(key) is torch.Tensor and type(value) is torch.Tensor
+    ) or (query.is_nested or key.is_nested or value.is_nested):
+        return None
+    return (
+        layer.embed_dim,
+        layer.kdim,
+        layer.vdim,
+        layer.batch_first,
+        query.shape,
+        key.shape,
+        value.shape,
+        query.dtype,
+        key.dtype,
+        value.dtype,
+    )
