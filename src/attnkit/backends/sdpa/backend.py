@@ -47,7 +47,10 @@ class SDPABackend(Backend):
             return None
         readable_no_grad = readable(inputs.query) and not inputs.needs_grad
         return direct_runner(
-            **_direct_options(inputs), head_dim=inputs.E, readable_no_grad=readable_no_grad
+            **_direct_options(inputs),
+            head_dim=inputs.E,
+            whole_keys=inputs.S <= inputs.L,
+            readable_no_grad=readable_no_grad,
         )
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
