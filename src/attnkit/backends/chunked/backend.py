@@ -13,7 +13,7 @@ from ..._inputs import AttentionInputs
 from ...blockplan import BlockPlan, build_plan
 from ...kernels import additive as _additive
 from ...scores import Additive
-from .._common import clean_keys, expand_kv, restore_nonfinite_keys
+from .._common import all_finite, clean_keys, expand_kv, restore_nonfinite_keys
 from .._dotform import dot_form_in_compute_dtype
 from ..base import AttentionResult, Backend
 from .autograd import ChunkedAttentionFunction
@@ -156,7 +156,7 @@ def _operands(inputs: AttentionInputs) -> tuple[Operands, torch.Tensor | None]:
     if score.dot_reducible:
         kind = "dot"
         key, far, nan_keys = None, None, None
-        if readable(inputs.key) and not bool(torch.isfinite(inputs.key).all()):
+        if readable(inputs.key) and not all_finite(inputs.key.detach()):
             # a score's dot form may mix keys (the Gaussian centres on their mean): it
             # gets finite keys, and the non-finite ones are put back after it
             key, far, nan_keys = clean_keys(inputs.key)
@@ -184,11 +184,11 @@ def _operands(inputs: AttentionInputs) -> tuple[Operands, torch.Tensor | None]:
     bad_v: torch.Tensor | None = None
     nonfinite_qk = False
     if readable(v):  # free on the CPU; elsewhere non-finite inputs are not looked for
-        finite_v = torch.isfinite(v).all(dim=-1)  # (N, S)
-        if not bool(finite_v.all()):
+        if not all_finite(v.detach()):
+            finite_v = torch.isfinite(v).all(dim=-1)  # (N, S)
             bad_v = (~finite_v).to(cd)  # (N, S)
             v = torch.where(finite_v.unsqueeze(-1), v, torch.zeros((), dtype=cd))
-        nonfinite_qk = not (bool(torch.isfinite(qa).all()) and bool(torch.isfinite(ka).all()))
+        nonfinite_qk = not all_finite(qa.detach(), ka.detach())
     ops = Operands(
         kind=kind,
         qa=qa.contiguous(),

@@ -11,7 +11,7 @@ from ... import masks as _masks
 from ..._host import readable
 from ..._inputs import AttentionInputs
 from .. import varlen
-from .._common import clean_keys, dense_mask, expand_kv, restore_nonfinite_keys
+from .._common import all_finite, clean_keys, dense_mask, expand_kv, restore_nonfinite_keys
 from .._dotform import dot_form_in_compute_dtype
 from ..base import AttentionResult, Backend, PlainRunner
 from . import plan
@@ -59,9 +59,12 @@ class SDPABackend(Backend):
         if varlen.torch_varlen_route(inputs):
             return AttentionResult(output=_torch_varlen(inputs))
         key, far, nan_keys = inputs.key, None, None
-        if type(inputs.score) not in plan.DIRECT_SCORES:
+        if type(inputs.score) not in plan.DIRECT_SCORES and not (
+            readable(inputs.key) and all_finite(inputs.key.detach())
+        ):
             # a score's dot form may mix keys (the Gaussian centres on their mean): it
             # gets finite keys, and the non-finite ones are put back as flags below
+            # (skipped when the keys can be read on the host and are all finite)
             key, far, nan_keys = clean_keys(inputs.key)
         if inputs.dtype != inputs.compute_dtype and plan.half_needs_float32(inputs):
             # half inputs in float32: a score's dot form (Gaussian's key term, Bilinear's

@@ -29,7 +29,6 @@ torch.compile.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +36,6 @@ import torch
 __all__ = [
     "Poison",
     "apply",
-    "finite_on_host",
     "flags_for_call",
     "rows_keeping",
     "rows_using",
@@ -55,21 +53,6 @@ class Poison:
 
     scores: torch.Tensor
     values: torch.Tensor | None = None
-
-
-def finite_on_host(*tensors: torch.Tensor) -> bool:
-    """True when the tensors hold only finite values: then no step of the policy
-    changes the kernel's answer, and a call may skip them. Only for tensors that
-    :func:`attnkit._host.readable` allows to read and that need no gradient.
-
-    One sum per tensor, read on the host (a NaN or inf makes it non-finite). A sum that
-    overflows on finite values (half precision, huge values) only answers False, and
-    the exact tensor-op checks run.
-    """
-    total = 0.0
-    for t in tensors:
-        total += t.sum().item()
-    return math.isfinite(total)
 
 
 def _row_addend(t: torch.Tensor) -> torch.Tensor:

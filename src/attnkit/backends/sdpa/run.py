@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..._host import readable
-from .._common import expand_kv
+from .._common import all_finite, expand_kv
 from . import poison
 from .grad import fused_twice_differentiable, math_attention
 from .lse import lse_call
@@ -78,11 +78,7 @@ def call(
     heads = q.shape[-3] if q.ndim >= 3 else 1
     L, S = q.shape[-2], k.shape[-2]
     offset = S - L if lower_right else 0
-    if (
-        excluded is None
-        and readable(q)
-        and poison.finite_on_host(q.detach(), k.detach(), v.detach())
-    ):
+    if excluded is None and readable(q) and all_finite(q.detach(), k.detach(), v.detach()):
         if lower_right:
             return _lower_right(q, k, v, dropout_p=dropout_p, scale=scale, gqa=gqa), None
         return _kernel(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
@@ -205,7 +201,7 @@ def _finite_for_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_cau
     :func:`.poison.unmasked_addend`); the whole keys are read instead when there are no
     more of them than queries (one sum instead of a slice and a sum), never the long
     KV cache of a decoding step. Sums read on the host as
-    :func:`.poison.finite_on_host` (which see), written out: this runs on every call.
+    :func:`attnkit.backends._common.all_finite` (which see), written out: this runs on every call.
     """
     if is_causal:
         return math.isfinite(q.sum().item() + k.sum().item() + v.sum().item())
