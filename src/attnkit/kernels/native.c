@@ -20,10 +20,8 @@ static inline float ak_tanh1(float x) {
 }
 
 #ifdef AK_AVX2
-/* exp(y) = 2^n * e^r with |r| <= ln2/2; e^r by its degree-7 Taylor polynomial.
-   y is assumed in [-87, 89]. 2^n is applied as two factors 2^(n/2) * 2^(n - n/2), so
-   n up to 129 overflows to +inf exactly where expf does instead of wrapping the exponent. */
-static inline __m256 ak_exp8_inner(__m256 y) {
+/* e^r for y = n*ln2 + r, |r| <= ln2/2, by its degree-7 Taylor polynomial; n in *n_out. */
+static inline __m256 ak_exp8_poly(__m256 y, __m256i* n_out) {
     __m256 n = _mm256_round_ps(_mm256_mul_ps(y, _mm256_set1_ps(1.44269504088896341f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), y);
@@ -36,7 +34,15 @@ static inline __m256 ak_exp8_inner(__m256 y) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i ni = _mm256_cvtps_epi32(n);
+    *n_out = _mm256_cvtps_epi32(n);
+    return p;
+}
+
+/* exp(y) for y in [-87, 89]. 2^n is applied as two factors 2^(n/2) * 2^(n - n/2), so
+   n up to 129 overflows to +inf exactly where expf does instead of wrapping the exponent. */
+static inline __m256 ak_exp8_inner(__m256 y) {
+    __m256i ni;
+    __m256 p = ak_exp8_poly(y, &ni);
     __m256i half = _mm256_srai_epi32(ni, 1);
     const __m256i bias = _mm256_set1_epi32(127);
     __m256 two_a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
@@ -53,10 +59,19 @@ static inline __m256 ak_exp8(__m256 x) {
     return _mm256_andnot_ps(dead, ak_exp8_inner(y));
 }
 
+/* exp(y) for |y| <= 87 (no overflow: 2^n is one exponent field): the cheaper form for the
+   hot loop of tanh, whose argument is clamped to [-18, 18]. */
+static inline __m256 ak_exp8_small(__m256 y) {
+    __m256i ni;
+    __m256 p = ak_exp8_poly(y, &ni);
+    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
 static inline __m256 ak_tanh8(__m256 x) {
     const __m256 lim = _mm256_set1_ps(9.0f);
     x = _mm256_min_ps(lim, _mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), lim), x));
-    __m256 e = ak_exp8_inner(_mm256_add_ps(x, x));
+    __m256 e = ak_exp8_small(_mm256_add_ps(x, x));
     __m256 one = _mm256_set1_ps(1.0f);
     return _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
 }
