@@ -37,7 +37,15 @@ from attnkit.backends.triton import TritonBackend  # noqa: E402
 if str(Path(__file__).resolve().parents[1]) not in sys.path:  # tests/ for the shared oracle
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cases import Case, make_case, np_of, plain_math  # noqa: E402
+from cases import Case, make_case, make_score, np_of, plain_math  # noqa: E402
+from nonfinite_cases import (  # noqa: E402
+    FIXED_MASKS,
+    check_poisoned,
+    fixed_masks,
+    key_positions,
+    poison_inputs,
+    query_positions,
+)
 from reference import oracle  # noqa: E402
 
 SCORES = ("scaled_dot", "bilinear", "gaussian", "additive")  # "dot": see the shapes test
@@ -220,6 +228,25 @@ def test_head_mean_weights_match_the_per_head_average() -> None:
     torch.testing.assert_close(mean_grad.double(), ref, atol=1e-6, rtol=0)
     (g,) = torch.autograd.grad(mean_grad.square().sum(), [q])
     assert g.abs().sum() > 0 and torch.isfinite(g).all()
+
+
+@pytest.mark.parametrize("score_name", ["scaled_dot", "gaussian", "additive"])
+def test_non_finite_inputs_follow_the_policy(score_name: str) -> None:
+    """The conformance suite's non-finite cases (see conformance/test_nonfinite.py):
+    NaN and inf in queries, keys and values, behind every fixed mask kind."""
+    q, k, v = poison_inputs(score_name, seed=71)
+    score, _ = make_score(
+        score_name, q.shape[-1], k.shape[-1], torch.Generator().manual_seed(72), torch.float32
+    )
+    for mask_name in FIXED_MASKS:
+        mask, keep = fixed_masks()[mask_name]
+        for where in ("query", "key", "value"):
+            positions = query_positions() if where == "query" else key_positions()
+            for poison in (float("nan"), float("inf")):
+                ran = check_poisoned(
+                    q, k, v, score, mask, keep, where, poison, positions, "triton", "cpu"
+                )
+                assert ran, f"triton refused {score_name} with {mask_name}"
 
 
 def test_fully_masked_rows_give_zero_output_and_gradients() -> None:

@@ -34,170 +34,23 @@ import attnkit
 from attnkit import masks
 
 from cases import MASKS, SCORES, make_mask, make_score, mask_to, matrix_backends
+from nonfinite_cases import (
+    EV,
+    FIXED_MASKS,
+    B,
+    E,
+    S,
+    check_poisoned,
+    fixed_masks,
+    key_positions,
+    poison_inputs,
+    poisoned_call,
+    query_positions,
+    usable,
+)
 from reference import oracle_mask
 
 CPU_BACKENDS = matrix_backends("cpu")
-B, H, HK, L, S, E, EV = 2, 2, 1, 6, 7, 4, 3  # GQA: both query heads share one kv head
-POISON_QUERY_ROWS = (1, 3, 4)
-POISON_KEYS = (5, 6)
-
-
-def _fixed_masks() -> dict[str, tuple[masks.Mask | None, np.ndarray]]:
-    """Masks with known structure and their keep arrays broadcastable to (B, H, L, S)."""
-    keep = torch.rand(L, S, generator=torch.Generator().manual_seed(3)) < 0.6
-    keep[:, 5] = False  # key 5: removed for every query
-    keep[3] = False  # query 3: no key at all
-    keep[0, 6] = keep[4, 6] = True  # key 6: used by some rows
-    pad = torch.zeros(B, S, dtype=torch.bool)
-    pad[0, [5, 6]] = True  # batch 0: the poisoned keys are padding
-    pad[1, :4] = True  # batch 1: the poisoned keys are used
-    causal_keep = np.tril(np.ones((L, S), dtype=bool))  # key 5: row 5 only; key 6: none
-    br = S - L
-    causal_br = np.tril(np.ones((L, S), dtype=bool), k=br)
-    lens_keep = np.zeros((B, 1, L, S), dtype=bool)
-    lens_keep[0, :, :, :4] = True  # lens [4, 0]: batch 1 fully masked
-    q_lens_keep = np.zeros((B, 1, L, S), dtype=bool)
-    q_lens_keep[0, :, :4, :4] = True
-    q_lens_keep[1, :, :2, :2] = True
-    pad_keep = (~pad.numpy()).reshape(B, 1, 1, S)
-    neg_inf_bias = torch.zeros(L, S).masked_fill(~keep, -math.inf)  # the keep mask as a bias
-    return {
-        "none": (None, np.ones((L, S), dtype=bool)),
-        "keep": (masks.keep(keep), keep.numpy()),
-        "neg_inf_bias": (masks.bias(neg_inf_bias), keep.numpy()),
-        "valid_lens": (masks.valid_lens([4, 0]), lens_keep),
-        "valid_lens_queries": (masks.valid_lens([4, 2], queries=True), q_lens_keep),
-        "key_padding": (masks.key_padding(pad), pad_keep),
-        "causal": (masks.causal(), causal_keep),
-        "causal_and_padding": (
-            masks.causal("bottom_right") & masks.key_padding(pad),
-            causal_br & pad_keep,
-        ),
-    }
-
-
-FIXED_MASKS = tuple(_fixed_masks())
-
-
-def _inputs(score_name: str, seed: int) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator().manual_seed(seed)
-    Ek = E + 2 if score_name in ("bilinear", "additive") else E
-    q = torch.randn(B, H, L, E, generator=gen)
-    k = torch.randn(B, HK, S, Ek, generator=gen)
-    v = torch.randn(B, HK, S, EV, generator=gen)
-    return q, k, v
-
-
-def _usable(
-    score: attnkit.scores.Score, mask: object, backend: str, *qkv: torch.Tensor
-) -> tuple[bool, bool, bool]:
-    """(runs, can return weights, can return lse) for this backend."""
-    kw = {"score": score, "mask": mask, "backend": backend}
-    runs = not attnkit.explain(*qkv, **kw).reasons[backend]
-    w = not attnkit.explain(*qkv, return_weights=True, **kw).reasons[backend]
-    lse = not attnkit.explain(*qkv, return_lse=True, **kw).reasons[backend]
-    return runs, w, lse
-
-
-def _call(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    score: attnkit.scores.Score,
-    mask: object,
-    backend: str,
-    want_w: bool,
-    want_lse: bool,
-) -> dict[str, torch.Tensor]:
-    with torch.no_grad():
-        res = attnkit.attention(
-            q,
-            k,
-            v,
-            score=score,
-            mask=mask,
-            return_weights=want_w,
-            return_lse=want_lse,
-            backend=backend,
-        )
-    res = res if isinstance(res, tuple) else (res,)
-    names = ["out"] + (["weights"] if want_w else []) + (["lse"] if want_lse else [])
-    return {n: r.cpu() for n, r in zip(names, res, strict=True)}
-
-
-def check_poisoned(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    score: attnkit.scores.Score,
-    mask: object,
-    keep: np.ndarray,
-    where: str,
-    poison: float,
-    positions: np.ndarray,
-    backend: str,
-    device: str,
-) -> bool:
-    """Poison ``positions`` of ``where`` and hold the call to the policy; False when the
-    backend does not run this call (its refusal is checked in the oracle tests).
-
-    ``positions``: bool (B, H, L) for "query", (B, Hk, S) for "key" / "value";
-    ``keep``: the mask's keep array, broadcastable to (B, H, L, S).
-    """
-    Bn, Hq, Ln = q.shape[:3]
-    Hk, Sn = k.shape[1], k.shape[2]
-    keep_full = np.broadcast_to(keep, (Bn, Hq, Ln, Sn))
-    pos_t = torch.from_numpy(np.ascontiguousarray(positions))
-    inputs = {"query": q, "key": k, "value": v}
-    poisoned = {n: t.clone() for n, t in inputs.items()}
-    zeroed = {n: t.clone() for n, t in inputs.items()}
-    zeroed[where][pos_t] = 0.0
-    if where == "value":
-        poisoned[where][pos_t] = poison  # the whole value row
-    else:
-        poisoned[where][..., 0][pos_t] = poison  # one component: the score sees it
-    if where == "query":
-        used = positions & keep_full.any(-1)  # (B, H, L)
-    else:
-        group = np.repeat(positions, Hq // Hk, axis=1)[:, :, None, :]  # (B, H, 1, S)
-        used = (keep_full & group).any(-1)  # (B, H, L)
-    moved_mask = mask_to(mask, device)
-    runs, want_w, want_lse = _usable(score, moved_mask, backend, *inputs.values())
-    if not runs:
-        return False
-    dev = {n: t.to(device) for n, t in poisoned.items()}
-    got = _call(*dev.values(), score, moved_mask, backend, want_w, want_lse)
-    dev = {n: t.to(device) for n, t in zeroed.items()}
-    want = _call(*dev.values(), score, moved_mask, backend, want_w, want_lse)
-    clean = torch.from_numpy(~used)
-    what = f"{backend}, {where} poisoned with {poison}"
-    for name, g in got.items():
-        w = want[name]
-        # Values do not enter the weights or the lse: those ignore a poisoned value.
-        rows = torch.ones_like(clean) if where == "value" and name != "out" else clean
-        torch.testing.assert_close(g[rows], w[rows], msg=lambda m, n=name: f"{what}, {n}: {m}")
-    dirty = torch.from_numpy(used)
-    if not dirty.any():
-        return True
-    if np.isnan(poison):
-        assert got["out"][dirty].isnan().all(), f"{what}: a row that uses it is not all NaN"
-        if "lse" in got and where != "value":
-            assert got["lse"][dirty].isnan().all(), f"{what}: lse of a row using it is not NaN"
-    elif where == "value":
-        assert not got["out"][dirty].isfinite().any(), f"{what}: a row that uses it is finite"
-    return True
-
-
-def _query_positions() -> np.ndarray:
-    pos = np.zeros((B, H, L), dtype=bool)
-    pos[:, :, list(POISON_QUERY_ROWS)] = True
-    return pos
-
-
-def _key_positions() -> np.ndarray:
-    pos = np.zeros((B, HK, S), dtype=bool)
-    pos[:, :, list(POISON_KEYS)] = True
-    return pos
 
 
 @pytest.mark.parametrize("mask_name", FIXED_MASKS)
@@ -206,13 +59,13 @@ def _key_positions() -> np.ndarray:
 def test_poisoned_positions_follow_the_policy(
     score_name: str, where: str, mask_name: str, device: str, backend: str
 ) -> None:
-    q, k, v = _inputs(score_name, seed=61)
+    q, k, v = poison_inputs(score_name, seed=61)
     score, _ = make_score(
         score_name, q.shape[-1], k.shape[-1], torch.Generator().manual_seed(62), torch.float32
     )
     score = score.to(device)
-    mask, keep = _fixed_masks()[mask_name]
-    positions = _query_positions() if where == "query" else _key_positions()
+    mask, keep = fixed_masks()[mask_name]
+    positions = query_positions() if where == "query" else key_positions()
     for poison in (math.nan, math.inf):
         if not check_poisoned(
             q, k, v, score, mask, keep, where, poison, positions, backend, device
@@ -227,7 +80,7 @@ def test_gaussian_infinitely_far_keys_get_zero_weight(
     """+inf / -inf in a key component: that key's weight is 0, the row stays finite and
     equals the call with the key masked out; under the causal mask row 0 sees only key 0,
     which is infinitely far, so row 0 is a fully masked row (output 0, lse -inf)."""
-    q, k, v = _inputs("gaussian", seed=63)
+    q, k, v = poison_inputs("gaussian", seed=63)
     k[:, :, 0, 1] = float("inf")
     k[:, :, 4, 2] = float("-inf")
     far = torch.zeros(B, S, dtype=torch.bool)
@@ -236,13 +89,13 @@ def test_gaussian_infinitely_far_keys_get_zero_weight(
     base = masks.causal() if mask_name == "causal" else None
     dropped = masks.key_padding(far) if base is None else base & masks.key_padding(far)
     base, dropped = mask_to(base, device), mask_to(dropped, device)
-    runs, want_w, want_lse = _usable(score, base, backend, q, k, v)
+    runs, want_w, want_lse = usable(score, base, backend, q, k, v)
     assert runs
     qd, vd = q.to(device), v.to(device)
-    got = _call(qd, k.to(device), vd, score, base, backend, want_w, want_lse)
+    got = poisoned_call(qd, k.to(device), vd, score, base, backend, want_w, want_lse)
     k_zeroed = k.clone()
     k_zeroed[:, :, [0, 4]] = 0.0
-    want = _call(qd, k_zeroed.to(device), vd, score, dropped, backend, want_w, want_lse)
+    want = poisoned_call(qd, k_zeroed.to(device), vd, score, dropped, backend, want_w, want_lse)
     assert not got["out"].isnan().any()
     for name, g in got.items():
         torch.testing.assert_close(g, want[name], msg=lambda m, n=name: f"{backend} {n}: {m}")

@@ -533,3 +533,40 @@ def test_checks_hold_after_a_call_of_the_same_shapes() -> None:
     layer.in_proj_bias.data = layer.in_proj_bias.data.half()  # parameters are checked each call
     with pytest.raises(TypeError, match=r"parameter in_proj_bias is torch\.float16"):
         layer(x, x, x)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"need_weights": False},
+        {"need_weights": True},
+        {"need_weights": False, "is_causal": True},
+        {"need_weights": False, "padding": True},
+        {"need_weights": True, "separate_kv": True},
+    ],
+    ids=["plain", "weights", "causal", "padding", "cross"],
+)
+def test_double_backward_like_torch(options: dict[str, bool]) -> None:
+    """gradgradcheck of the layer's forward, as PyTorch's module tests run it."""
+    torch.manual_seed(5)
+    layer = MultiheadAttention(6, 2, batch_first=True, dtype=torch.float64)
+    x = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(2, 5, 6, dtype=torch.float64, requires_grad=True)
+    pad = torch.tensor([[False] * 4, [False, False, True, True]])
+    causal = options.get("is_causal", False)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(4, dtype=torch.float64)
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        kv = y if options.get("separate_kv") else x
+        out, w = layer(
+            x,
+            kv,
+            kv,
+            need_weights=options["need_weights"],
+            key_padding_mask=pad if options.get("padding") else None,
+            attn_mask=mask if causal else None,
+            is_causal=causal,
+        )
+        return (out,) if w is None else (out, w)
+
+    assert torch.autograd.gradgradcheck(f, (x, y), atol=1e-6)

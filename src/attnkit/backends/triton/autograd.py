@@ -22,8 +22,9 @@ __all__ = ["TritonAttentionFunction"]
 class TritonAttentionFunction(torch.autograd.Function):
     """(config, qa, ka, v, kb, w) -> (out, lse, weights or None).
 
-    config: dict with ``scale``, ``mask``, ``batch_shape``, ``groups``, ``want_weights``
-    and ``out_dtype``. Shapes: qa (*Bq, L, E), ka (*Bk, S, E), v (*Bk, S, Ev), kb
+    config: dict with ``scale``, ``mask``, ``batch_shape``, ``groups``, ``want_weights``,
+    ``out_dtype`` and ``vbad`` (see :meth:`.launch.KernelCall.build`; v arrives with
+    those rows zeroed). Shapes: qa (*Bq, L, E), ka (*Bk, S, E), v (*Bk, S, Ev), kb
     (*Bk, 1, S) pre-scaled or None, w (hidden,) or None (Additive). Returns out
     (*batch, L, Ev), lse (*batch, L) float32 (natural log, without the score's row
     constant) and weights (*batch, L, S) float32 or None.
@@ -119,4 +120,5 @@ def _kernel_call(
         mask=mask,
         batch_shape=config["batch_shape"],
         groups=config["groups"],
+        vbad=config.get("vbad"),
     )

@@ -7,8 +7,10 @@ from typing import Any, ClassVar
 import torch
 
 from ... import masks as _masks
+from ..._host import readable
 from ..._inputs import AttentionInputs
 from ...scores import Additive, Dot
+from .._common import all_finite, clean_keys, restore_nonfinite_keys
 from .._dotform import dot_form_in_compute_dtype
 from ..base import AttentionResult, Backend
 from .autograd import TritonAttentionFunction
@@ -80,6 +82,7 @@ class TritonBackend(Backend):
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
         qa, ka, kb, w, row_const = _operands(inputs)
+        value, vbad = _clean_values(inputs.value)
         mean_only = inputs.weights_mean and not inputs.needs_grad
         config: dict[str, Any] = {
             "scale": inputs.scale,
@@ -88,8 +91,9 @@ class TritonBackend(Backend):
             "groups": inputs.groups,
             "want_weights": inputs.return_weights and not mean_only,
             "out_dtype": inputs.dtype,
+            "vbad": vbad,
         }
-        out, lse, weights = TritonAttentionFunction.apply(config, qa, ka, inputs.value, kb, w)
+        out, lse, weights = TritonAttentionFunction.apply(config, qa, ka, value, kb, w)
         if weights is not None and inputs.weights_mean:
             weights = weights.mean(dim=-3)  # (*batch[:-1], L, S)
         elif mean_only:
@@ -112,7 +116,8 @@ class TritonBackend(Backend):
             lse_out = lse
             if row_const is not None:
                 rc = (row_const.float() * inputs.scale).expand(*inputs.batch_shape, inputs.L)
-                lse_out = lse + rc  # (*batch, L); -inf rows stay -inf
+                # (*batch, L); an empty row stays -inf whatever its query holds
+                lse_out = torch.where(torch.isneginf(lse), lse, lse + rc)
         return AttentionResult(output=out, weights=weights, lse=lse_out)
 
 
@@ -142,6 +147,27 @@ def _operands(
         return qa, ka, None, score.w_v.weight.reshape(-1), None  # w_v: (hidden,)
     if type(score).dot_form is Dot.dot_form and type(score).row_constant is Dot.row_constant:
         return inputs.query, inputs.key, None, None, None
-    qd, kd, kb, row_const = dot_form_in_compute_dtype(inputs, row_constant=inputs.return_lse)
+    key, far, nan_keys = None, None, None
+    if not (readable(inputs.key) and all_finite(inputs.key.detach())):
+        # a score's dot form may mix keys (the Gaussian centres on their mean): it gets
+        # finite keys, and the non-finite ones are put back after it (tensor ops only)
+        key, far, nan_keys = clean_keys(inputs.key)
+    qd, kd, kb, row_const = dot_form_in_compute_dtype(
+        inputs, row_constant=inputs.return_lse, key=key
+    )
+    if far is not None and nan_keys is not None:
+        kd, kb, _ = restore_nonfinite_keys(kd, kb, far, nan_keys)
     kb_scaled = kb * inputs.scale if kb is not None else None  # (..., 1, S)
     return qd.to(dtype), kd.to(dtype), kb_scaled, None, row_const
+
+
+def _clean_values(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Values (..., S, Ev) with non-finite rows zeroed, so that a key masked out for a row
+    adds 0, not 0 * NaN, to it; and their flags (..., S, 1) float32 (1 = not finite), from
+    which the kernel makes NaN every row that keeps such a key. (value, None) when the
+    values can be read on the host and are all finite; else tensor ops only (no sync)."""
+    if readable(value) and all_finite(value.detach()):
+        return value, None
+    finite = torch.isfinite(value).all(dim=-1, keepdim=True)  # (..., S, 1)
+    zero = torch.zeros((), dtype=value.dtype, device=value.device)
+    return torch.where(finite, value, zero), (~finite).to(torch.float32)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import LOG2E, additive_logits, key_bounds, mm, query_bounds, tanh, tile_bias, tile_keep
+from .tiles import LOG2E, add_bias, additive_logits, key_bounds, mm, query_bounds, tanh, tile_keep
 
 
 @triton.jit
@@ -97,10 +97,7 @@ def _probabilities(
         kb = tl.load(KB_base + offs_n * s_kb_s, mask=offs_n < S, other=0.0)
         s += kb.to(tl.float32)[None, :] * LOG2E
     if HAS_BIAS:
-        s += (
-            tile_bias(offs_m, offs_n, L, S, b, h, BIAS, s_bias_b, s_bias_h, s_bias_l, s_bias_s)
-            * LOG2E
-        )
+        s = add_bias(s, offs_m, offs_n, L, S, b, h, BIAS, s_bias_b, s_bias_h, s_bias_l, s_bias_s)
     keep = tile_keep(
         offs_m, offs_n, L, S, b, h, b0, LO, HI, KLEN, QLEN, RLEN, s_rlen_b, KKEEP, s_kkeep_b,
         KEEP, s_keep_b, s_keep_h, s_keep_l, s_keep_s,

@@ -2,7 +2,8 @@
 blocks the mask leaves, output in the input dtype and lse in float32.
 
 Grid: (cdiv(L, BLOCK_M), B * H). Query head h reads key/value head h // GROUPS.
-A row whose keys are all masked gets output 0 and lse -inf.
+A row whose keys are all masked gets output 0 and lse -inf. Non-finite value rows
+arrive zeroed, flagged in VBAD (B, Hk, S): a row that keeps such a key gets NaN.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import LN2, LOG2E, additive_logits, key_bounds, mm, tile_bias, tile_keep
+from .tiles import LN2, LOG2E, add_bias, additive_logits, key_bounds, mm, tile_keep
 
 
 @triton.jit
@@ -67,6 +68,10 @@ def attention_forward_kernel(
     s_bias_h,
     s_bias_l,
     s_bias_s,
+    VBAD,
+    s_vb_b,
+    s_vb_h,
+    s_vb_s,
     ADDITIVE: tl.constexpr,
     HAS_KB: tl.constexpr,
     HAS_LO: tl.constexpr,
@@ -77,6 +82,7 @@ def attention_forward_kernel(
     HAS_KKEEP: tl.constexpr,
     HAS_KEEP: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    HAS_VBAD: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     E_P2: tl.constexpr,
@@ -108,6 +114,8 @@ def attention_forward_kernel(
             other=0.0,
         )  # (BLOCK_M, E_P2)
 
+    vb_base = VBAD + b.to(tl.int64) * s_vb_b + hk.to(tl.int64) * s_vb_h
+    bad_rows = tl.zeros((BLOCK_M,), dtype=tl.int32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, EV_P2), dtype=tl.float32)
@@ -133,9 +141,8 @@ def attention_forward_kernel(
             kb = tl.load(kb_base + offs_n * s_kb_s, mask=offs_n < S, other=0.0)
             s += kb.to(tl.float32)[None, :] * LOG2E
         if HAS_BIAS:
-            s += (
-                tile_bias(offs_m, offs_n, L, S, b, h, BIAS, s_bias_b, s_bias_h, s_bias_l, s_bias_s)
-                * LOG2E
+            s = add_bias(
+                s, offs_m, offs_n, L, S, b, h, BIAS, s_bias_b, s_bias_h, s_bias_l, s_bias_s
             )
         keep = tile_keep(
             offs_m, offs_n, L, S, b, h, b0, LO, HI, KLEN, QLEN, RLEN, s_rlen_b, KKEEP, s_kkeep_b,
@@ -143,6 +150,12 @@ def attention_forward_kernel(
             HAS_LO, HAS_HI, HAS_KLEN, HAS_QLEN, HAS_RLEN, HAS_KKEEP, HAS_KEEP,
         )  # fmt: skip
         s = tl.where(keep, s, float("-inf"))
+        if HAS_VBAD:  # a kept key whose value row was not finite (zeroed by the host)
+            vb = tl.load(vb_base + offs_n * s_vb_s, mask=offs_n < S, other=0.0)
+            if tl.max(vb, axis=0) > 0:  # only tiles holding one pay for the (M, N) test
+                used = s > float("-inf")  # kept, and not blocked by a -inf bias
+                hit = tl.max(tl.where(used & (vb[None, :] > 0), 1, 0), axis=1)
+                bad_rows = tl.maximum(bad_rows, hit)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - shift)
@@ -160,6 +173,8 @@ def attention_forward_kernel(
     denom = tl.where(dead, 1.0, l_i)
     shift = tl.where(m_i == float("-inf"), 0.0, m_i)
     out = acc / denom[:, None]
+    if HAS_VBAD:  # a used value that is not finite propagates
+        out = tl.where(bad_rows[:, None] > 0, float("nan"), out)
     lse = tl.where(dead, float("-inf"), (shift + tl.log2(denom)) * LN2)
     o_base = OUT + b.to(tl.int64) * s_o_b + h.to(tl.int64) * s_o_h
     tl.store(

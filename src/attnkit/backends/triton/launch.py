@@ -47,6 +47,7 @@ class KernelCall:
     L: int
     S: int
     mask_args: dict[str, Any] = field(default_factory=dict)
+    vbad: torch.Tensor | None = None
 
     @classmethod
     def build(
@@ -61,8 +62,11 @@ class KernelCall:
         mask: _masks.Mask | None,
         batch_shape: tuple[int, ...],
         groups: int,
+        vbad: torch.Tensor | None = None,
     ) -> KernelCall:
-        """Views of qa (*Bq, L, E), ka (*Bk, S, E), v (*Bk, S, Ev), kb (*Bk, 1, S)."""
+        """Views of qa (*Bq, L, E), ka (*Bk, S, E), v (*Bk, S, Ev), kb (*Bk, 1, S), and
+        vbad (*Bk, S, 1) float32 (1 where a value row was not finite and was zeroed) or
+        None (every value finite)."""
         lead_kv = kv_lead(batch_shape, groups)
         L, S = qa.shape[-2], ka.shape[-2]
         q4 = bh_view(qa, batch_shape)  # (B, H, L, E)
@@ -78,6 +82,7 @@ class KernelCall:
             L=L,
             S=S,
             mask_args=mask_arguments(mask, L, S, batch_shape, qa.device, q4),
+            vbad=bh_view(vbad, lead_kv) if vbad is not None else None,  # (B, Hk, S, 1)
         )
 
     # ------------------------------------------------------------------ shared
@@ -173,7 +178,16 @@ class KernelCall:
         out = torch.empty(B, H, self.L, self.Ev, dtype=out_dtype, device=dev)
         lse = torch.empty(B, H, self.L, dtype=torch.float32, device=dev)
         args.update(self._value_args())
-        args.update(OUT=out, LSE=lse)
+        vb = self.vbad if self.vbad is not None else lse
+        args.update(
+            OUT=out,
+            LSE=lse,
+            VBAD=vb,
+            s_vb_b=vb.stride(0) if self.vbad is not None else 0,
+            s_vb_h=vb.stride(1) if self.vbad is not None else 0,
+            s_vb_s=vb.stride(2) if self.vbad is not None else 0,
+            HAS_VBAD=self.vbad is not None,
+        )
         for axis, st in zip(("b", "h", "l", "e"), out.stride(), strict=True):
             args[f"s_o_{axis}"] = st
         grid = (_cdiv(self.L, tiles.block_m), B * H)

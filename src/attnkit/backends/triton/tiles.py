@@ -157,6 +157,14 @@ def tile_bias(offs_m, offs_n, L, S, b, h, BIAS, s_bias_b, s_bias_h, s_bias_l, s_
 
 
 @triton.jit
+def add_bias(s, offs_m, offs_n, L, S, b, h, BIAS, s_bias_b, s_bias_h, s_bias_l, s_bias_s):
+    """Logits s (base 2) plus the dense bias tile; a -inf bias blocks the pair whatever s
+    holds (a NaN score of a blocked pair must not become NaN + -inf = NaN)."""
+    t = tile_bias(offs_m, offs_n, L, S, b, h, BIAS, s_bias_b, s_bias_h, s_bias_l, s_bias_s)
+    return tl.where(t == float("-inf"), float("-inf"), s + t * LOG2E)
+
+
+@triton.jit
 def mm(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """tl.dot with float32 accumulation; ``UPCAST`` computes it on float32 copies of the
     operands (same values: the interpreter's bfloat16 products are not reliable)."""
