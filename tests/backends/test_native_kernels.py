@@ -100,7 +100,9 @@ def _additive_operands(
     return qh, kh, torch.randn(H, generator=g), torch.randn(R, M, N, generator=g)
 
 
-@pytest.mark.parametrize("R, M, N, H", [(1, 1, 1, 1), (2, 3, 17, 9), (1, 5, 4, 33)])
+@pytest.mark.parametrize(
+    "R, M, N, H", [(1, 1, 1, 1), (2, 3, 17, 9), (1, 5, 4, 33), (1, 3, 5, 16), (2, 2, 3, 47)]
+)
 def test_additive_logits_match_float64_math(R: int, M: int, N: int, H: int) -> None:
     qh, kh, w, _ = _additive_operands(R, M, N, H, seed=2)
     qh[0, 0, 0] = float("-inf")  # tanh(-inf) = -1
@@ -114,7 +116,9 @@ def test_additive_logits_match_float64_math(R: int, M: int, N: int, H: int) -> N
         assert got[0, :, 1].isnan().all() and not got[0, :, 0].isnan().any()
 
 
-@pytest.mark.parametrize("R, M, N, H", [(1, 1, 1, 1), (2, 3, 17, 9), (1, 5, 4, 33)])
+@pytest.mark.parametrize(
+    "R, M, N, H", [(1, 1, 1, 1), (2, 3, 17, 9), (1, 5, 4, 33), (1, 3, 5, 16), (2, 2, 3, 47)]
+)
 def test_additive_grads_match_float64_math(R: int, M: int, N: int, H: int) -> None:
     qh, kh, w, up = _additive_operands(R, M, N, H, seed=3)
     q64, k64, w64 = (t.double().requires_grad_() for t in (qh, kh, w))

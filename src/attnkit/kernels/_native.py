@@ -4,8 +4,8 @@ The source is the package file ``native.c``: the fused additive-score loop
 (:mod:`attnkit.kernels.additive`) and a vectorized ``exp`` of logits rows
 (:mod:`attnkit.kernels.softmax`). It includes no torch headers, so a build takes
 about a second with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``).
-On x86-64 with AVX2+FMA the inner loops are vectorized by hand; elsewhere portable
-scalar loops are compiled. Nothing prebuilt ships with the package.
+On x86-64 with AVX2+FMA the inner loops are vectorized by hand (the additive score's
+also with AVX-512 where the CPU has it); elsewhere portable scalar loops are compiled. Nothing prebuilt ships with the package.
 
 When it is built: at the first call that needs it (:func:`library`), or explicitly
 (:func:`build`); never by :func:`status`, which only reports.
@@ -65,7 +65,7 @@ __all__ = [
     "status",
 ]
 
-ABI_TAG = 20261123
+ABI_TAG = 20261124
 """What ``ak_abi_tag()`` of attnkit's library returns."""
 
 _lock = threading.Lock()
@@ -240,7 +240,7 @@ def _try_build() -> tuple[ctypes.CDLL | None, str]:
         lib, why = _load(lib_path)
         if lib is None:
             return None, why
-        simd = "AVX2+FMA" if lib.ak_has_avx2() else "scalar"
+        simd = ("scalar", "AVX2+FMA", "AVX2+FMA, AVX-512")[lib.ak_simd_level()]
         return lib, f"compiled C kernel ({simd}, {' '.join(flags[4:]) or 'no extra flags'})"
     last = errors[-1] if errors else "unknown error"
     return None, f"pure torch: building the C kernel failed ({last})"
@@ -329,8 +329,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ak_additive_grads.restype = None
     lib.ak_exp_rows.argtypes = [p, p, p, i64, i64, c_int]
     lib.ak_exp_rows.restype = None
-    lib.ak_has_avx2.argtypes = []
-    lib.ak_has_avx2.restype = c_int
+    lib.ak_simd_level.argtypes = []
+    lib.ak_simd_level.restype = c_int
 
 
 def build() -> str:

@@ -1,7 +1,8 @@
 /* attnkit's native CPU kernels: a vectorized exp over logits rows, and the additive
    score's fused add-tanh-dot loop with its gradients. Built on first use by
    attnkit/kernels/_native.py with the system C compiler; includes no torch headers.
-   AVX2+FMA paths where the compiler targets them, portable scalar loops elsewhere. */
+   AVX2+FMA paths where the compiler targets them (AVX-512 too for the additive loops),
+   portable scalar loops elsewhere. */
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
@@ -11,6 +12,9 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define AK_AVX2 1
+#if defined(__AVX512F__)
+#define AK_AVX512 1
+#endif
 #endif
 
 /* Scalar tanh, same formula as the vector one. */
@@ -84,6 +88,33 @@ static inline float ak_hsum8(__m256 v) {
 }
 #endif
 
+#ifdef AK_AVX512
+/* The 16-wide forms of ak_exp8_small and ak_tanh8 (same polynomial, same clamp), for the
+   additive score's hot loop where the CPU has AVX-512. */
+static inline __m512 ak_tanh16(__m512 x) {
+    const __m512 lim = _mm512_set1_ps(9.0f);
+    x = _mm512_min_ps(lim, _mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), lim), x));
+    __m512 y = _mm512_add_ps(x, x);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), y);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    __m512i bits = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    __m512 e = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+    __m512 one = _mm512_set1_ps(1.0f);
+    return _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
+}
+#endif
+
 /* s[r, c] = exp(s[r, c] - shift[r]) in place for R rows of C; exp(-inf) = 0. With rowsum
    != NULL also rowsum[r] = sum_c of the new s[r, c]. */
 void ak_exp_rows(float* s, const float* shift, float* rowsum, int64_t R, int64_t C,
@@ -116,10 +147,14 @@ void ak_exp_rows(float* s, const float* shift, float* rowsum, int64_t R, int64_t
 
 /* Identifies this library to its loader: a file at the cache path that does not answer
    with the expected tag is not loaded as attnkit's. */
-int ak_abi_tag(void) { return 20261123; }
+int ak_abi_tag(void) { return 20261124; }
 
-int ak_has_avx2(void) {
-#ifdef AK_AVX2
+/* Which hand-vectorized loops were compiled: 0 none (portable scalar loops), 1 AVX2+FMA,
+   2 AVX2+FMA and AVX-512 for the additive score's loops. */
+int ak_simd_level(void) {
+#if defined(AK_AVX512)
+    return 2;
+#elif defined(AK_AVX2)
     return 1;
 #else
     return 0;
@@ -138,6 +173,15 @@ void ak_additive_logits(const float* qh, const float* kh, const float* w, float*
                 const float* b = kh + (r * N + j) * H;
                 float acc = 0.0f;
                 int64_t h = 0;
+#ifdef AK_AVX512
+                __m512 acc16 = _mm512_setzero_ps();
+                for (; h + 16 <= H; h += 16) {
+                    __m512 t = ak_tanh16(_mm512_add_ps(_mm512_loadu_ps(a + h),
+                                                       _mm512_loadu_ps(b + h)));
+                    acc16 = _mm512_fmadd_ps(_mm512_loadu_ps(w + h), t, acc16);
+                }
+                acc = _mm512_reduce_add_ps(acc16);
+#endif
 #ifdef AK_AVX2
                 __m256 acc8 = _mm256_setzero_ps();
                 for (; h + 8 <= H; h += 8) {
@@ -145,7 +189,7 @@ void ak_additive_logits(const float* qh, const float* kh, const float* w, float*
                                                       _mm256_loadu_ps(b + h)));
                     acc8 = _mm256_fmadd_ps(_mm256_loadu_ps(w + h), t, acc8);
                 }
-                acc = ak_hsum8(acc8);
+                acc += ak_hsum8(acc8);
 #endif
                 for (; h < H; ++h) acc += w[h] * ak_tanh1(a[h] + b[h]);
                 o[j] = acc;
@@ -182,6 +226,20 @@ void ak_additive_grads(const float* qh, const float* kh, const float* w, const f
                     const float* b = kh + (r * N + j) * H;
                     float* dk = dk_mine + (r * N + j) * H;
                     int64_t h = 0;
+#ifdef AK_AVX512
+                    __m512 g16 = _mm512_set1_ps(gij);
+                    __m512 one16 = _mm512_set1_ps(1.0f);
+                    for (; h + 16 <= H; h += 16) {
+                        __m512 t = ak_tanh16(_mm512_add_ps(_mm512_loadu_ps(a + h),
+                                                           _mm512_loadu_ps(b + h)));
+                        __m512 gw = _mm512_mul_ps(g16, _mm512_loadu_ps(w + h));
+                        __m512 d = _mm512_mul_ps(gw, _mm512_fnmadd_ps(t, t, one16));
+                        _mm512_storeu_ps(dq + h, _mm512_add_ps(_mm512_loadu_ps(dq + h), d));
+                        _mm512_storeu_ps(dk + h, _mm512_add_ps(_mm512_loadu_ps(dk + h), d));
+                        _mm512_storeu_ps(dw_mine + h,
+                                         _mm512_fmadd_ps(g16, t, _mm512_loadu_ps(dw_mine + h)));
+                    }
+#endif
 #ifdef AK_AVX2
                     __m256 g8 = _mm256_set1_ps(gij);
                     __m256 one = _mm256_set1_ps(1.0f);
