@@ -19,6 +19,7 @@ every time. The cache is cleared when a backend is registered.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -27,7 +28,6 @@ from . import masks as _masks
 from ._inputs import AttentionInputs
 from .backends import dispatch
 from .backends.base import Backend, PlainRunner
-from .scores import Score
 
 __all__ = ["CallPlan", "lookup", "plan_key", "remember"]
 
@@ -37,19 +37,16 @@ _PLANS: dict[tuple[object, ...], CallPlan] = {}
 _PLANS_MAX = 256
 
 
+_PLANNED = ("score", "scale", "dropout_p", "batch_shape", "L", "S", "E", "Ev", "groups")
+"""The fields of :class:`AttentionInputs` a plan fixes (besides the flags, all off)."""
+
+
 @dataclass(frozen=True, slots=True)
 class CallPlan:
-    """The validated, dispatched parts of a plain call (no tensors are held)."""
+    """The validated, dispatched parts of a plain call (no tensors are held): the
+    :data:`_PLANNED` fields of its record, the backend and the backend's shortcut."""
 
-    score: Score
-    scale: float
-    dropout_p: float
-    batch_shape: tuple[int, ...]
-    L: int
-    S: int
-    E: int
-    Ev: int
-    groups: int
+    fields: dict[str, Any]
     backend: Backend
     runner: PlainRunner | None
 
@@ -65,19 +62,11 @@ class CallPlan:
             query=query,
             key=key,
             value=value,
-            score=self.score,
             mask=mask,
-            scale=self.scale,
-            dropout_p=self.dropout_p,
             return_weights=False,
             return_lse=False,
             weights_mean=False,
-            batch_shape=self.batch_shape,
-            L=self.L,
-            S=self.S,
-            E=self.E,
-            Ev=self.Ev,
-            groups=self.groups,
+            **self.fields,
         )
 
 
@@ -147,15 +136,7 @@ def remember(key: tuple[object, ...], inputs: AttentionInputs, backend: Backend)
     if len(_PLANS) >= _PLANS_MAX:
         _PLANS.clear()
     _PLANS[key] = CallPlan(
-        score=inputs.score,
-        scale=inputs.scale,
-        dropout_p=inputs.dropout_p,
-        batch_shape=inputs.batch_shape,
-        L=inputs.L,
-        S=inputs.S,
-        E=inputs.E,
-        Ev=inputs.Ev,
-        groups=inputs.groups,
+        fields={name: getattr(inputs, name) for name in _PLANNED},
         backend=backend,
         runner=backend.plain_runner(inputs),
     )
