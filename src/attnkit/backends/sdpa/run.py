@@ -78,12 +78,20 @@ def call(
     heads = q.shape[-3] if q.ndim >= 3 else 1
     L, S = q.shape[-2], k.shape[-2]
     offset = S - L if lower_right else 0
-    if excluded is None and readable(q) and all_finite(q.detach(), k.detach(), v.detach()):
+    masked = attn_mask is not None or is_causal or excluded is not None or lower_right
+    if (
+        excluded is None
+        and readable(q)
+        and (
+            all_finite(q.detach(), k.detach(), v.detach())
+            if masked
+            else _finite_for_kernel(q.detach(), k.detach(), v.detach(), is_causal=False)
+        )
+    ):  # nothing for the policy to do (on the CPU, where the check reads for free)
         if lower_right:
             return _lower_right(q, k, v, dropout_p=dropout_p, scale=scale, gqa=gqa), None
         return _kernel(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                        dropout_p=dropout_p, scale=scale, gqa=gqa, want_lse=want_lse)  # fmt: skip
-    masked = attn_mask is not None or is_causal or excluded is not None or lower_right
     if masked:
         k, v, q_bad, k_bad, v_bad = poison.sanitize(q, k, v, excluded)
     if lower_right:
