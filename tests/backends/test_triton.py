@@ -249,6 +249,28 @@ def test_non_finite_inputs_follow_the_policy(score_name: str) -> None:
                 assert ran, f"triton refused {score_name} with {mask_name}"
 
 
+@pytest.mark.parametrize("score_name", ["scaled_dot", "gaussian"])
+def test_accelerator_path_reads_nothing_on_the_host(score_name: str) -> None:
+    """Under device semantics (every tensor treated as an accelerator's) the value flags
+    and key cleaning run as tensor operations for every call, and give the same answers:
+    finite inputs, and a NaN value behind a causal mask."""
+    from attnkit import _host
+
+    q, k, v = poison_inputs(score_name, seed=73)
+    score, _ = make_score(
+        score_name, q.shape[-1], k.shape[-1], torch.Generator().manual_seed(74), torch.float32
+    )
+    mask = masks.causal("bottom_right")
+    v_nan = v.clone()
+    v_nan[0, 0, -1] = float("nan")  # used by the last query row only
+    for values in (v, v_nan):
+        want = attnkit.attention(q, k, values, score=score, mask=mask, backend="reference")
+        with _host.device_semantics():
+            got = attnkit.attention(q, k, values, score=score, mask=mask, backend="triton")
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert torch.isnan(got[0, :, -1]).all() and torch.isfinite(got[0, :, :-1]).all()
+
+
 def test_fully_masked_rows_give_zero_output_and_gradients() -> None:
     gen = torch.Generator().manual_seed(31)
     q = torch.randn(2, 2, 17, 12, generator=gen, requires_grad=True)
