@@ -369,3 +369,27 @@ def test_kv_cache_on_its_own() -> None:
     assert cache.length == 0 and cache.max_len == 5
     with pytest.raises(TypeError, match="dtype must be a floating-point"):
         KVCache(1, 1, 2, 2, dtype=torch.int32)
+
+
+def test_attention_override_routes_every_layer_inside_the_block_only() -> None:
+    """attnkit.nn.attention_override: the layers' attention goes to the given function
+    inside the block (how ContextParallel runs a layer across ranks), and back after."""
+    import attnkit.nn as ann
+
+    seen: list[tuple[int, ...]] = []
+
+    def spy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: object) -> object:
+        seen.append(tuple(q.shape))
+        return torch.zeros(*q.shape[:-1], v.shape[-1]), None
+
+    sa = ann.SelfAttention(8, 2)
+    mha = ann.MultiheadAttention(8, 2, batch_first=True)
+    x = torch.randn(1, 3, 8)
+    before = sa(x)
+    with ann.attention_override(spy):
+        inside = sa(x)
+        mha(x, x, x, need_weights=False)
+    assert seen == [(1, 2, 3, 4), (1, 2, 3, 4)]
+    assert not torch.allclose(inside, before)  # the spy's zeros reached the output
+    torch.testing.assert_close(sa(x), before)  # unchanged after the block
+    assert len(seen) == 2

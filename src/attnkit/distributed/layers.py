@@ -8,19 +8,13 @@ attention itself runs through :func:`context_parallel_attention` over ``group``.
 Parameter gradients are each rank's local part: sum them across the group
 (:func:`attnkit.distributed.all_reduce_grads`, or DDP over the ranks).
 
-The layers have no hook for their attention call yet, so the wrapper routes the
-layers' shared ``attend`` function: a thin stand-in that calls the original unless a
-``ContextParallel`` forward is running in the current context (a ContextVar), so
-every other use of the layers is unchanged.
+The wrapper routes the layer's attention through :func:`attnkit.nn.attention_override`
+for the duration of its forward only, so every other use of the layer is unchanged.
 """
 
 from __future__ import annotations
 
-import contextvars
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -30,6 +24,7 @@ from torch import nn
 from .. import masks as _masks
 from ..nn import multihead as _multihead
 from ..nn import self_attention as _self_attention
+from ..nn._common import attention_override
 from .api import context_parallel_attention
 from .layout import Layout, check_layout
 
@@ -43,30 +38,18 @@ class _Route:
     strategy: str | None
     backend: str | None
 
-
-_ACTIVE: contextvars.ContextVar[_Route | None] = contextvars.ContextVar(
-    "attnkit_context_parallel_route", default=None
-)
-_ROUTED_MODULES: tuple[ModuleType, ...] = (_self_attention, _multihead)
-_INSTALL_LOCK = threading.Lock()
-
-
-def _routed(original: Callable[..., Any]) -> Callable[..., Any]:
     def attend(
+        self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         *,
         mask: _masks.Mask | None,
         dropout_p: float,
-        need_weights: bool,
+        need_weights: object,
         scale: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        route = _ACTIVE.get()
-        if route is None:
-            return original(
-                q, k, v, mask=mask, dropout_p=dropout_p, need_weights=need_weights, scale=scale
-            )
+        """The layer's attention of (..., H, L_r, E) shards, across the group."""
         if need_weights:
             raise ValueError(
                 "ContextParallel: attention weights span the full sequence and are not "
@@ -78,21 +61,10 @@ def _routed(original: Callable[..., Any]) -> Callable[..., Any]:
                 "build the layer with dropout=0.0 or call it in eval() mode"
             )
         out = context_parallel_attention(
-            q, k, v, group=route.group, mask=mask, scale=scale, layout=route.layout,
-            strategy=route.strategy, backend=route.backend,
+            q, k, v, group=self.group, mask=mask, scale=scale, layout=self.layout,
+            strategy=self.strategy, backend=self.backend,
         )  # fmt: skip
         return out, None
-
-    attend.__wrapped__ = original  # type: ignore[attr-defined]
-    return attend
-
-
-def _install() -> None:
-    with _INSTALL_LOCK:
-        for module in _ROUTED_MODULES:
-            current = module.attend
-            if not hasattr(current, "__wrapped__"):
-                module.attend = _routed(current)  # type: ignore[attr-defined]
 
 
 class ContextParallel(nn.Module):
@@ -137,7 +109,6 @@ class ContextParallel(nn.Module):
             raise ValueError(f"strategy: expected 'ring', 'all_to_all' or None, got {strategy!r}")
         self.layer = layer
         self._route = _Route(group, check_layout(layout), strategy, backend)
-        _install()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The layer's forward on this rank's shard (see the class docstring)."""
@@ -158,8 +129,5 @@ class ContextParallel(nn.Module):
                 "only; pass an attnkit mask of the full sequence instead (masks.key_padding, "
                 "masks.keep, masks.bias, masks.causal, ...)"
             )
-        token = _ACTIVE.set(self._route)
-        try:
+        with attention_override(self._route.attend):
             return self.layer(*args, **kwargs)
-        finally:
-            _ACTIVE.reset(token)

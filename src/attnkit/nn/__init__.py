@@ -14,6 +14,7 @@ Every layer computes its attention through :func:`attnkit.attention`; none
 writes its own softmax or masking.
 """
 
+from ._common import attention_override
 from .classic import AdditiveAttention, DotProductAttention, KernelScore, NadarayaWatson
 from .einsum import EinsumMultiHeadAttention
 from .kv_cache import KVCache
@@ -29,4 +30,5 @@ __all__ = [
     "MultiheadAttention",
     "NadarayaWatson",
     "SelfAttention",
+    "attention_override",
 ]

@@ -6,7 +6,9 @@ and what was expected.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Literal
 
 import torch
@@ -17,6 +19,7 @@ from ..functional import attention
 
 __all__ = [
     "attend",
+    "attention_override",
     "check_dropout",
     "check_factory_dtype",
     "check_key_value",
@@ -145,6 +148,30 @@ def check_param_dtype(owner: str, module: nn.Module, **inputs: torch.Tensor) -> 
             )
 
 
+AttendFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+"""(q, k, v, *, mask, dropout_p, need_weights, scale) -> (output, weights or None)."""
+
+_OVERRIDE: contextvars.ContextVar[AttendFn | None] = contextvars.ContextVar(
+    "attnkit_nn_attention_override", default=None
+)
+
+
+@contextmanager
+def attention_override(fn: AttendFn) -> Iterator[None]:
+    """Inside the block (this thread or task), the layers' attention calls go to ``fn``.
+
+    ``fn`` takes what :func:`attend` takes and returns what it returns. This is how a
+    wrapper changes how a layer attends without touching the layer (for example
+    :class:`attnkit.distributed.ContextParallel`, which runs it across ranks). Not
+    seen by code being traced by torch.compile.
+    """
+    token = _OVERRIDE.set(fn)
+    try:
+        yield
+    finally:
+        _OVERRIDE.reset(token)
+
+
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -162,6 +189,11 @@ def attend(
     ``need_weights`` is True, averaged over the heads to (..., L, S) when it
     is ``"mean"``, None when it is False.
     """
+    override = None if torch.compiler.is_compiling() else _OVERRIDE.get()
+    if override is not None:
+        return override(
+            q, k, v, mask=mask, dropout_p=dropout_p, need_weights=need_weights, scale=scale
+        )
     if need_weights is False:
         return attention(q, k, v, mask=mask, scale=scale, dropout_p=dropout_p), None
     out, weights = attention(
