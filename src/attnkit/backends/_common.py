@@ -11,12 +11,14 @@ import math
 import torch
 from torch.func import functional_call
 
+from .._host import readable
 from .._inputs import AttentionInputs
 from ..masks import DenseMask
 
 __all__ = [
     "all_finite",
     "clean_keys",
+    "clean_values",
     "dense_mask",
     "expand_kv",
     "masked_softmax",
@@ -57,6 +59,20 @@ def clean_keys(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     inf_rows = torch.isinf(k).any(dim=-1) & ~nan_rows  # (..., S)
     bad = (nan_rows | inf_rows).unsqueeze(-1)  # (..., S, 1)
     return torch.where(bad, torch.zeros((), dtype=k.dtype), k), inf_rows, nan_rows
+
+
+def clean_values(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Values (..., S, Ev) with non-finite rows zeroed, so that a key masked out for a row
+    adds 0, not 0 * NaN, to it; and the flags (..., S) bool of those rows (True = not
+    finite), from which a backend makes NaN every row that keeps such a key.
+
+    ``(v, None)`` when ``v`` can be read on the host and is all finite (one sum); else
+    tensor operations only (no sync)."""
+    if readable(v) and all_finite(v.detach()):
+        return v, None
+    finite = torch.isfinite(v).all(dim=-1)  # (..., S)
+    zero = torch.zeros((), dtype=v.dtype, device=v.device)
+    return torch.where(finite.unsqueeze(-1), v, zero), ~finite
 
 
 def restore_nonfinite_keys(

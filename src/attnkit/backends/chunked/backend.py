@@ -13,7 +13,7 @@ from ..._inputs import AttentionInputs
 from ...blockplan import BlockPlan, build_plan
 from ...kernels import additive as _additive
 from ...scores import Additive
-from .._common import all_finite, clean_keys, expand_kv, restore_nonfinite_keys
+from .._common import all_finite, clean_keys, clean_values, expand_kv, restore_nonfinite_keys
 from .._dotform import dot_form_in_compute_dtype
 from ..base import AttentionResult, Backend
 from .autograd import ChunkedAttentionFunction
@@ -184,10 +184,8 @@ def _operands(inputs: AttentionInputs) -> tuple[Operands, torch.Tensor | None]:
     bad_v: torch.Tensor | None = None
     nonfinite_qk = False
     if readable(v):  # free on the CPU; elsewhere non-finite inputs are not looked for
-        if not all_finite(v.detach()):
-            finite_v = torch.isfinite(v).all(dim=-1)  # (N, S)
-            bad_v = (~finite_v).to(cd)  # (N, S)
-            v = torch.where(finite_v.unsqueeze(-1), v, torch.zeros((), dtype=cd))
+        v, bad = clean_values(v)  # (N, S, Ev), (N, S) or None
+        bad_v = bad.to(cd) if bad is not None else None  # (N, S)
         nonfinite_qk = not all_finite(qa.detach(), ka.detach())
     ops = Operands(
         kind=kind,

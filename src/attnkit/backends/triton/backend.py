@@ -10,7 +10,7 @@ from ... import masks as _masks
 from ..._host import readable
 from ..._inputs import AttentionInputs
 from ...scores import Additive, Dot
-from .._common import all_finite, clean_keys, restore_nonfinite_keys
+from .._common import all_finite, clean_keys, clean_values, restore_nonfinite_keys
 from .._dotform import dot_form_in_compute_dtype
 from ..base import AttentionResult, Backend
 from .autograd import TritonAttentionFunction
@@ -82,7 +82,8 @@ class TritonBackend(Backend):
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
         qa, ka, kb, w, row_const = _operands(inputs)
-        value, vbad = _clean_values(inputs.value)
+        value, bad = clean_values(inputs.value)  # (..., S, Ev), (..., S) or None
+        vbad = bad.unsqueeze(-1).to(torch.float32) if bad is not None else None  # (..., S, 1)
         mean_only = inputs.weights_mean and not inputs.needs_grad
         config: dict[str, Any] = {
             "scale": inputs.scale,
@@ -159,15 +160,3 @@ def _operands(
         kd, kb, _ = restore_nonfinite_keys(kd, kb, far, nan_keys)
     kb_scaled = kb * inputs.scale if kb is not None else None  # (..., 1, S)
     return qd.to(dtype), kd.to(dtype), kb_scaled, None, row_const
-
-
-def _clean_values(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Values (..., S, Ev) with non-finite rows zeroed, so that a key masked out for a row
-    adds 0, not 0 * NaN, to it; and their flags (..., S, 1) float32 (1 = not finite), from
-    which the kernel makes NaN every row that keeps such a key. (value, None) when the
-    values can be read on the host and are all finite; else tensor ops only (no sync)."""
-    if readable(value) and all_finite(value.detach()):
-        return value, None
-    finite = torch.isfinite(value).all(dim=-1, keepdim=True)  # (..., S, 1)
-    zero = torch.zeros((), dtype=value.dtype, device=value.device)
-    return torch.where(finite, value, zero), (~finite).to(torch.float32)
