@@ -49,7 +49,6 @@ class SDPABackend(Backend):
         return direct_runner(
             **_direct_options(inputs),
             head_dim=inputs.E,
-            whole_keys=inputs.S <= inputs.L,
             readable_no_grad=readable_no_grad,
         )
 

@@ -151,14 +151,12 @@ def direct_runner(
     scale: float,
     gqa: bool,
     head_dim: int,
-    whole_keys: bool,
     readable_no_grad: bool,
 ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """:func:`direct` for repeated calls of one plan with query head size ``head_dim``,
     (q, k, v) -> out. With ``readable_no_grad`` (the plan's tensors are host-readable
     and need no gradient, as every call of the plan) those checks are not repeated per
-    call; ``whole_keys``: the plan has no more keys than queries (see
-    :func:`_finite_for_kernel`)."""
+    call."""
     slow = functools.partial(direct, is_causal=is_causal, lower_right=lower_right,
                              dropout_p=dropout_p, scale=scale, gqa=gqa)  # fmt: skip
     if lower_right or not readable_no_grad:
@@ -174,27 +172,10 @@ def direct_runner(
     if gqa:
         options["enable_gqa"] = True
 
-    # what _finite_for_kernel checks, specialized for the plan (it runs on every call)
-    if is_causal:
-
-        def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            if math.isfinite(q.sum().item() + k.sum().item() + v.sum().item()):
-                return sdpa(q, k, v, **options)
-            return slow(q, k, v)
-
-    elif whole_keys:
-
-        def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            if math.isfinite(q.sum().item() + k.sum().item()):
-                return sdpa(q, k, v, **options)
-            return slow(q, k, v)
-
-    else:
-
-        def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            if math.isfinite(q.sum().item() + k[..., :1, :].sum().item()):
-                return sdpa(q, k, v, **options)
-            return slow(q, k, v)
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if _finite_for_kernel(q, k, v, is_causal):
+            return sdpa(q, k, v, **options)
+        return slow(q, k, v)
 
     return run
 
@@ -208,8 +189,9 @@ def _finite_for_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_cau
     every key is NaN, so the queries and the first key decide (see
     :func:`.poison.unmasked_addend`); the whole keys are read instead when there are no
     more of them than queries (one sum instead of a slice and a sum), never the long
-    KV cache of a decoding step. Sums read on the host as
-    :func:`attnkit.backends._common.all_finite` (which see), written out: this runs on every call.
+    KV cache of a decoding step. Only for host-readable tensors that need no gradient;
+    the sums of :func:`attnkit.backends._common.all_finite`, written out (every call of
+    a plain plan runs this).
     """
     if is_causal:
         return math.isfinite(q.sum().item() + k.sum().item() + v.sum().item())
