@@ -8,14 +8,18 @@ dtype) by calling the score through :func:`torch.func.functional_call`.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 from torch.func import functional_call
 
+from .._host import readable
 from .._inputs import AttentionInputs
-from ..scores import Score
+from ..scores import Dot, Score
+from ._common import all_finite, clean_keys, restore_nonfinite_keys
 
-__all__ = ["dot_form_in_compute_dtype"]
+__all__ = ["DotForm", "clean_dot_form", "dot_form_in_compute_dtype"]
 
 
 class _DotForm(nn.Module):
@@ -51,3 +55,45 @@ def dot_form_in_compute_dtype(
         qd, kd, kb = score.dot_form(q, k)
         rc = score.row_constant(q, k) if row_constant else None
     return qd, kd, kb, (rc if row_constant else None)
+
+
+class DotForm(NamedTuple):
+    """A call's score as a dot product: q' (..., L, E'), k' (..., S, E'), key_bias None or
+    (..., 1, S), row_constant None or (..., L), and ``excluded`` None or (..., S) bool:
+    keys infinitely far (Gaussian keys holding an inf), whose score is -inf by
+    construction."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    key_bias: torch.Tensor | None
+    row_constant: torch.Tensor | None
+    excluded: torch.Tensor | None
+
+
+def clean_dot_form(inputs: AttentionInputs, *, row_constant: bool, upcast: bool) -> DotForm:
+    """The call's dot form with its non-finite keys handled.
+
+    A score's dot form may mix keys (the Gaussian centres on their mean), so unless the
+    keys are known finite (read on the host for free) it gets them with non-finite rows
+    zeroed, and :func:`restore_nonfinite_keys` puts those rows back after it. A score
+    whose dot form passes the keys through (dot, scaled dot) needs none of this.
+
+    ``upcast``: computed in the compute dtype (:func:`dot_form_in_compute_dtype`);
+    else in the inputs' dtype.
+    """
+    score, key = inputs.score, inputs.key
+    far: torch.Tensor | None = None
+    nan_keys: torch.Tensor | None = None
+    if type(score).dot_form is not Dot.dot_form and not (
+        readable(key) and all_finite(key.detach())
+    ):
+        key, far, nan_keys = clean_keys(key)
+    if upcast:
+        q, k, kb, rc = dot_form_in_compute_dtype(inputs, row_constant=row_constant, key=key)
+    else:
+        q, k, kb = score.dot_form(inputs.query, key)
+        rc = score.row_constant(inputs.query, key) if row_constant else None
+    excluded: torch.Tensor | None = None
+    if far is not None and nan_keys is not None:
+        k, kb, excluded = restore_nonfinite_keys(k, kb, far, nan_keys)
+    return DotForm(q, k, kb, rc, excluded)

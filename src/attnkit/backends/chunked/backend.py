@@ -13,8 +13,8 @@ from ..._inputs import AttentionInputs
 from ...blockplan import BlockPlan, build_plan
 from ...kernels import additive as _additive
 from ...scores import Additive
-from .._common import all_finite, clean_keys, clean_values, expand_kv, restore_nonfinite_keys
-from .._dotform import dot_form_in_compute_dtype
+from .._common import all_finite, clean_values, expand_kv
+from .._dotform import clean_dot_form
 from ..base import AttentionResult, Backend
 from .autograd import ChunkedAttentionFunction
 from .sizes import tile_shape
@@ -155,16 +155,9 @@ def _operands(inputs: AttentionInputs) -> tuple[Operands, torch.Tensor | None]:
     kb: torch.Tensor | None = None
     if score.dot_reducible:
         kind = "dot"
-        key, far, nan_keys = None, None, None
-        if readable(inputs.key) and not all_finite(inputs.key.detach()):
-            # a score's dot form may mix keys (the Gaussian centres on their mean): it
-            # gets finite keys, and the non-finite ones are put back after it
-            key, far, nan_keys = clean_keys(inputs.key)
-        qa, ka, kb, row_const = dot_form_in_compute_dtype(
-            inputs, row_constant=inputs.return_lse, key=key
+        qa, ka, kb, row_const, _ = clean_dot_form(
+            inputs, row_constant=inputs.return_lse, upcast=True
         )
-        if far is not None and nan_keys is not None:
-            ka, kb, _ = restore_nonfinite_keys(ka, kb, far, nan_keys)
     else:
         assert isinstance(score, Additive)
         kind = "additive"

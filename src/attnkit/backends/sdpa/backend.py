@@ -11,8 +11,8 @@ from ... import masks as _masks
 from ..._host import readable
 from ..._inputs import AttentionInputs
 from .. import varlen
-from .._common import all_finite, clean_keys, dense_mask, expand_kv, restore_nonfinite_keys
-from .._dotform import dot_form_in_compute_dtype
+from .._common import dense_mask, expand_kv
+from .._dotform import clean_dot_form
 from ..base import AttentionResult, Backend, PlainRunner
 from . import plan
 from .lse import has_lse_kernel, weights_of_call
@@ -57,28 +57,14 @@ class SDPABackend(Backend):
             return AttentionResult(output=_direct(inputs))
         if varlen.torch_varlen_route(inputs):
             return AttentionResult(output=_torch_varlen(inputs))
-        key, far, nan_keys = inputs.key, None, None
-        if type(inputs.score) not in plan.DIRECT_SCORES and not (
-            readable(inputs.key) and all_finite(inputs.key.detach())
-        ):
-            # a score's dot form may mix keys (the Gaussian centres on their mean): it
-            # gets finite keys, and the non-finite ones are put back as flags below
-            # (skipped when the keys can be read on the host and are all finite)
-            key, far, nan_keys = clean_keys(inputs.key)
-        if inputs.dtype != inputs.compute_dtype and plan.half_needs_float32(inputs):
-            # half inputs in float32: a score's dot form (Gaussian's key term, Bilinear's
-            # qW) and additive biases (-1e9) are not rounded to half, so the error stays
-            # that of plain same-dtype math; (scaled) dot scores keep the half kernel,
-            # with or without weights (its lse is float32 either way)
-            q, k, key_bias, rc = dot_form_in_compute_dtype(
-                inputs, row_constant=inputs.return_lse, key=key
-            )
-        else:
-            q, k, key_bias = inputs.score.dot_form(inputs.query, key)
-            rc = inputs.score.row_constant(inputs.query, key) if inputs.return_lse else None
-        excluded: torch.Tensor | None = None
-        if far is not None and nan_keys is not None:
-            k, key_bias, excluded = restore_nonfinite_keys(k, key_bias, far, nan_keys)
+        # half inputs in float32: a score's dot form (Gaussian's key term, Bilinear's qW)
+        # and additive biases (-1e9) are not rounded to half, so the error stays that of
+        # plain same-dtype math; (scaled) dot scores keep the half kernel, with or without
+        # weights (its lse is float32 either way)
+        upcast = inputs.dtype != inputs.compute_dtype and plan.half_needs_float32(inputs)
+        q, k, key_bias, rc, excluded = clean_dot_form(
+            inputs, row_constant=inputs.return_lse, upcast=upcast
+        )
         if key_bias is not None and inputs.mask is not None:
             # q'·k' + b == [q', 1]·[k', b]: one more feature instead of an (L, S) bias mask
             kb = key_bias.transpose(-2, -1)  # (..., S, 1)

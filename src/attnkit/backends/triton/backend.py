@@ -7,11 +7,10 @@ from typing import Any, ClassVar
 import torch
 
 from ... import masks as _masks
-from ..._host import readable
 from ..._inputs import AttentionInputs
 from ...scores import Additive, Dot
-from .._common import all_finite, clean_keys, clean_values, restore_nonfinite_keys
-from .._dotform import dot_form_in_compute_dtype
+from .._common import clean_values
+from .._dotform import clean_dot_form
 from ..base import AttentionResult, Backend
 from .autograd import TritonAttentionFunction
 from .launch import KernelCall
@@ -148,15 +147,6 @@ def _operands(
         return qa, ka, None, score.w_v.weight.reshape(-1), None  # w_v: (hidden,)
     if type(score).dot_form is Dot.dot_form and type(score).row_constant is Dot.row_constant:
         return inputs.query, inputs.key, None, None, None
-    key, far, nan_keys = None, None, None
-    if not (readable(inputs.key) and all_finite(inputs.key.detach())):
-        # a score's dot form may mix keys (the Gaussian centres on their mean): it gets
-        # finite keys, and the non-finite ones are put back after it (tensor ops only)
-        key, far, nan_keys = clean_keys(inputs.key)
-    qd, kd, kb, row_const = dot_form_in_compute_dtype(
-        inputs, row_constant=inputs.return_lse, key=key
-    )
-    if far is not None and nan_keys is not None:
-        kd, kb, _ = restore_nonfinite_keys(kd, kb, far, nan_keys)
+    qd, kd, kb, row_const, _ = clean_dot_form(inputs, row_constant=inputs.return_lse, upcast=True)
     kb_scaled = kb * inputs.scale if kb is not None else None  # (..., 1, S)
     return qd.to(dtype), kd.to(dtype), kb_scaled, None, row_const
