@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from . import masks as _masks
+from .blockplan import BlockPlan, build_plan
 from .scores import Score, is_shared_score, resolve_score
 
 __all__ = ["AttentionInputs", "validate_inputs"]
@@ -66,7 +67,24 @@ class AttentionInputs:
 
     @property
     def mask_kinds(self) -> frozenset[str]:
-        return frozenset(p.kind for p in self.mask_parts)
+        """Every kind in the mask: its leaves' kinds, plus "or"/"not" where they appear."""
+        return frozenset() if self.mask is None else self.mask.kinds()
+
+    @property
+    def mask_needs_grad(self) -> bool:
+        """True when a mask tensor (a learnable bias) needs a gradient."""
+        return (
+            self.mask is not None
+            and torch.is_grad_enabled()
+            and any(t.requires_grad for t in self.mask.tensors())
+        )
+
+    def block_plan(self) -> BlockPlan:
+        """The call's mask lowered once (:func:`attnkit.blockplan.build_plan`, cached),
+        with the logits in the compute dtype. Tile sizes are the caller's to set."""
+        return build_plan(
+            self.mask, self.L, self.S, self.batch_shape, self.device, dtype=self.compute_dtype
+        )
 
     @property
     def needs_grad(self) -> bool:
@@ -285,9 +303,8 @@ def validate_inputs(
     m = _normalize_mask(mask)
     if m is not None:
         m.validate(batch_shape, L, S)
-        for part in m.parts():
-            t = getattr(part, "tensor", None)
-            if isinstance(t, torch.Tensor) and t.device != device:
+        for t in m.dense_tensors():
+            if t.device != device:
                 raise ValueError(
                     f"mask: is on {t.device} but the query is on {q.device}; expected one device"
                 )

@@ -19,7 +19,7 @@ every time. The cache is cleared when a backend is registered.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -100,8 +100,8 @@ def plan_key(
         return None
     mask_key: tuple[object, ...] | None = None
     if mask is not None:
-        assert isinstance(mask, _masks.WindowMask)
-        mask_key = (type(mask), mask.left, mask.right, mask.align, mask.q_offset, mask.k_offset)
+        band = cast(_masks.WindowMask, mask)  # a type in _TENSOR_FREE_MASKS
+        mask_key = (type(band), band.left, band.right, band.align, band.q_offset, band.k_offset)
     return (
         query.shape,
         key.shape,

@@ -10,6 +10,7 @@ import attnkit
 from attnkit import _host, masks
 from attnkit._inputs import validate_inputs
 from attnkit.backends import varlen
+from attnkit.blockplan import RaggedSeq
 
 
 def _inputs(mask: masks.Mask, B: int = 3, L: int = 6, S: int = 8):  # type: ignore[no-untyped-def]
@@ -29,12 +30,29 @@ def test_lengths_combine_valid_lens_and_key_padding_without_a_loop_over_keys() -
     mask = masks.valid_lens(torch.tensor([5, 8, 2]), queries=True) & masks.key_padding(pad)
     inputs = _inputs(mask, L=8)
     assert varlen.can_unpad(inputs)
-    lens = varlen.lengths(inputs, torch.device("cpu"))
-    assert lens.q_len == [5, 8, 2]
-    assert lens.k_len == [5, 3, 2]
-    assert lens.key_idx[0] is None and lens.key_idx[2] is None
-    assert lens.key_idx[1] is not None and lens.key_idx[1].tolist() == [0, 2, 3]
-    assert not lens.causal
+    layout = inputs.block_plan().ragged()
+    assert layout is not None
+    seqs, causal = layout
+    assert [sq.q_len for sq in seqs] == [5, 8, 2]
+    assert [sq.k_len for sq in seqs] == [5, 3, 2]
+    assert seqs[0].key_idx is None and seqs[2].key_idx is None
+    assert seqs[1].key_idx is not None and seqs[1].key_idx.tolist() == [0, 2, 3]
+    assert not causal
+
+
+def test_a_packed_batch_of_documents_is_a_ragged_batch_of_its_documents() -> None:
+    ids = torch.tensor([[0, 0, 0, 1, 1, 2, -1, -1], [5, 5, 5, 5, 5, 5, 5, 5]])
+    inputs = _inputs(masks.document(ids) & masks.causal(), B=2, L=8)
+    layout = inputs.block_plan().ragged()
+    assert layout is not None
+    seqs, causal = layout
+    assert causal
+    assert [(sq.b, sq.q0, sq.q_len, sq.k0, sq.k_len) for sq in seqs] == [
+        (0, 0, 3, 0, 3),
+        (0, 3, 2, 3, 2),
+        (0, 5, 1, 5, 1),
+        (1, 0, 8, 0, 8),
+    ]
 
 
 def test_no_unpadding_when_lengths_would_be_read_from_a_device() -> None:
@@ -59,9 +77,10 @@ def test_masks_that_cannot_be_unpadded(mask: masks.Mask) -> None:
 
 def test_take_keys_pads_the_kept_rows() -> None:
     t = torch.arange(12.0).view(1, 6, 2)
-    out = varlen.take_keys(t, torch.tensor([1, 4]), 3)
+    out = varlen.take_keys(t, RaggedSeq(0, 0, 1, 0, 2, torch.tensor([1, 4])), 3)
     assert out.tolist() == [[[2.0, 3.0], [8.0, 9.0], [0.0, 0.0]]]
-    assert varlen.take_keys(t, None, 2).tolist() == [[[0.0, 1.0], [2.0, 3.0]]]
+    assert varlen.take_keys(t, RaggedSeq(0, 0, 1, 0, 2), 2).tolist() == [[[0.0, 1.0], [2.0, 3.0]]]
+    assert varlen.take_keys(t, RaggedSeq(0, 0, 1, 5, 1), 2).tolist() == [[[10.0, 11.0], [0.0, 0.0]]]
 
 
 def test_padded_sequences_layout() -> None:

@@ -69,7 +69,13 @@ def test_block_emptiness_reads_bands_and_cpu_lengths() -> None:
     pad[:, 12:] = True
     assert block_is_empty(masks.key_padding(pad), 0, 12, 4, 4, 16, 16)
     assert block_is_empty(masks.causal() & masks.key_padding(pad), 0, 4, 4, 4, 16, 16)
-    assert not block_is_empty(masks.keep(torch.zeros(16, 16, dtype=torch.bool)), 0, 0, 4, 4, 16, 16)
+    # dense keep tensors held on the CPU are read too
+    none_kept = torch.zeros(16, 16, dtype=torch.bool)
+    assert block_is_empty(masks.keep(none_kept), 0, 0, 4, 4, 16, 16)
+    one_kept = none_kept.clone()
+    one_kept[2, 3] = True
+    assert not block_is_empty(masks.keep(one_kept), 0, 0, 4, 4, 16, 16)
+    assert block_is_empty(masks.keep(one_kept), 4, 0, 4, 4, 16, 16)
 
 
 def test_strategy_choice_and_its_reasons() -> None:

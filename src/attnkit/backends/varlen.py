@@ -3,15 +3,14 @@
 A batch whose elements keep different numbers of queries and keys is split into
 groups of similar lengths, each group run on just its kept rows and columns:
 
-- :func:`can_unpad`: whether a call's mask allows it (1-D lengths, key padding,
-  at most a plain top-left causal mask beside lengths) and the lengths may be read
-  on the host without a device sync (:func:`attnkit._host.readable`);
-- :func:`lengths`: per batch element the kept queries, the kept keys and, when the
-  kept keys are not a prefix, their indices -- from one transfer per mask tensor,
-  with no loop over keys;
-- :func:`group_lengths`: batch elements grouped to minimize padded work plus a
-  per-call cost;
-- :func:`take_keys`: one element's kept keys, zero-padded to its group's length;
+- :func:`can_unpad`: whether a call's mask is a ragged batch (the block plan's
+  :meth:`~attnkit.blockplan.BlockPlan.ragged`: lengths, key padding, documents of a
+  packed batch, at most a top-left causal mask within each sequence) whose lengths
+  may be read on the host without a device sync (:func:`attnkit._host.readable`);
+- :func:`group_lengths`: sequences grouped to minimize padded work plus a per-call
+  cost;
+- :func:`take_rows` / :func:`take_keys`: one sequence's rows and kept keys,
+  zero-padded to its group's lengths;
 - :func:`torch_varlen_route` / :func:`torch_varlen_attention`: on CUDA, lengths that
   live on the device go to torch's variable-length attention (where the installed
   torch has it) without reading them: each element's kept rows and its padding rows
@@ -22,100 +21,51 @@ groups of similar lengths, each group run on just its kept rows and columns:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from .. import masks as _masks
-from .._host import readable
 from .._inputs import AttentionInputs
+from ..blockplan import RaggedSeq
 
 __all__ = [
     "CALL_COST",
-    "HAS_TORCH_VARLEN",
-    "Lengths",
+    "VARLEN_ATTN",
     "can_unpad",
     "group_lengths",
-    "lengths",
     "padded_sequences",
     "take_keys",
+    "take_rows",
+    "torch_varlen",
     "torch_varlen_attention",
     "torch_varlen_route",
+    "varlen_lengths",
 ]
 
 
 def can_unpad(inputs: AttentionInputs) -> bool:
-    """True when every mask part lets each batch element run on its own kept keys."""
-    parts = inputs.mask_parts
-    if not parts or not inputs.batch_shape or torch.compiler.is_compiling():
-        return False  # (under torch.compile: the lengths would be data-dependent shapes)
-    kinds = [p.kind for p in parts]
-    if not any(k in ("valid_lens", "key_padding") for k in kinds):
+    """True when the call's mask is a ragged batch (see
+    :meth:`attnkit.blockplan.BlockPlan.ragged`) whose lengths may be read on the host."""
+    if not inputs.batch_shape or inputs.mask is None:
         return False
-    for p in parts:
-        if isinstance(p, _masks.ValidLensMask):
-            if p.lens.ndim != 1 or not readable(p.lens):
-                return False
-            if p.query_lens is not None and not torch.equal(p.query_lens, p.lens):
-                return False
-        elif isinstance(p, _masks.CausalMask):
-            if p.offset(inputs.L, inputs.S) != 0 or "key_padding" in kinds:
-                return False
-        elif not isinstance(p, _masks.KeyPaddingMask) or not readable(p.padding):
-            return False
-    return True
+    return inputs.block_plan().ragged() is not None
 
 
-@dataclass
-class Lengths:
-    """Per batch element b: ``q_len[b]`` kept queries (a prefix), ``k_len[b]`` kept keys,
-    ``key_idx[b]`` their indices (None when they are the first ``k_len[b]``), and
-    whether a top-left causal mask applies within each element."""
-
-    q_len: list[int]
-    k_len: list[int]
-    key_idx: list[torch.Tensor | None]
-    causal: bool
+def take_rows(t: torch.Tensor, start: int, n: int) -> torch.Tensor:
+    """Rows [start, start + n) of t (..., N, D), zero-padded past N: (..., n, D)."""
+    rows = t[..., start : start + n, :]  # (..., <= n, D)
+    short = n - rows.shape[-2]
+    return F.pad(rows, (0, 0, 0, short)) if short else rows
 
 
-def lengths(inputs: AttentionInputs, device: torch.device) -> Lengths:
-    """The kept queries and keys of every batch element (needs :func:`can_unpad`)."""
-    B, L, S = inputs.batch_shape[0], inputs.L, inputs.S
-    q_len = torch.full((B,), L, dtype=torch.long)
-    k_len = torch.full((B,), S, dtype=torch.long)
-    causal = False
-    kp_keep: torch.Tensor | None = None
-    for p in inputs.mask_parts:
-        if isinstance(p, _masks.ValidLensMask):
-            lens = p.lens.cpu()
-            k_len = torch.minimum(k_len, lens)
-            if p.queries:
-                q_len = torch.minimum(q_len, lens)
-        elif isinstance(p, _masks.KeyPaddingMask):
-            keep = ~p.padding.cpu()  # (B, S)
-            kp_keep = keep if kp_keep is None else kp_keep & keep
-        elif isinstance(p, _masks.CausalMask):
-            causal = True
-    key_idx: list[torch.Tensor | None] = [None] * B
-    if kp_keep is not None:
-        j = torch.arange(S)
-        kept = kp_keep & (j < k_len.unsqueeze(-1))  # (B, S)
-        n_kept = kept.sum(dim=1)  # (B,)
-        prefix = (kept == (j < n_kept.unsqueeze(-1))).all(dim=1)  # (B,) kept keys are a prefix
-        order = torch.argsort((~kept).to(torch.int8), dim=1, stable=True)  # kept first, in order
-        k_len = n_kept
-        for b in (~prefix).nonzero().flatten().tolist():
-            key_idx[b] = order[b, : int(n_kept[b])].to(device)  # (S_b,)
-    return Lengths(q_len.tolist(), k_len.tolist(), key_idx, causal)
-
-
-def take_keys(t: torch.Tensor, idx: torch.Tensor | None, n: int) -> torch.Tensor:
-    """Rows of t (..., S, D) at idx (or the first n), zero-padded to n rows: (..., n, D)."""
-    if idx is None:
-        return t[..., :n, :]
-    rows = t.index_select(-2, idx)  # (..., S_b, D)
+def take_keys(t: torch.Tensor, seq: RaggedSeq, n: int) -> torch.Tensor:
+    """A sequence's keys of t (..., S, D) (its index list, or its contiguous run),
+    zero-padded to n rows: (..., n, D)."""
+    if seq.key_idx is None:
+        return take_rows(t, seq.k0, n)
+    rows = t.index_select(-2, seq.key_idx)  # (..., S_b, D)
     return F.pad(rows, (0, 0, 0, n - rows.shape[-2]))  # (..., n, D)
 
 
@@ -125,9 +75,10 @@ millisecond of a small CPU. Groups are merged while padding costs less than this
 
 
 def group_lengths(
-    members: list[int], q_len: list[int], k_len: list[int], head_work: int
+    members: list[int], q_len: Sequence[int], k_len: Sequence[int], head_work: int
 ) -> list[list[int]]:
-    """Split batch elements into groups minimizing padded work + a per-call cost.
+    """Split sequences (batch elements or documents) into groups minimizing padded work
+    plus a per-call cost.
 
     Sorted by key length, then an exact O(B²) dynamic program over contiguous runs:
     a group costs ``count * max(q) * max(k) * head_work + CALL_COST``.
@@ -152,17 +103,23 @@ def group_lengths(
     return groups[::-1]
 
 
-def _torch_varlen() -> Any:
-    try:  # a recent torch: torch.nn.attention.varlen.varlen_attn
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn
-
-
-VARLEN_ATTN = _torch_varlen()
-HAS_TORCH_VARLEN = VARLEN_ATTN is not None
+_UNSET: Any = object()
+VARLEN_ATTN: Any = _UNSET
+"""torch's ``varlen_attn`` where the installed torch has it (None where not), imported on
+first use: importing it pulls in ``torch._dynamo``, which costs seconds at start-up."""
 _VARLEN_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def torch_varlen() -> Any:
+    """torch's ``torch.nn.attention.varlen.varlen_attn``, or None on an older torch."""
+    global VARLEN_ATTN
+    if VARLEN_ATTN is _UNSET:
+        try:  # a recent torch
+            from torch.nn.attention.varlen import varlen_attn as found
+        except ImportError:
+            found = None  # type: ignore[assignment]
+        VARLEN_ATTN = found
+    return VARLEN_ATTN
 
 
 def torch_varlen_route(inputs: AttentionInputs) -> bool:
@@ -171,7 +128,7 @@ def torch_varlen_route(inputs: AttentionInputs) -> bool:
     dot score, one 1-D ``valid_lens`` mask (with a top-left causal mask only when
     ``queries=True`` and L == S, so each kept block is square), no weights, lse or
     dropout."""
-    if not HAS_TORCH_VARLEN or inputs.device.type != "cuda" or inputs.dtype not in _VARLEN_DTYPES:
+    if inputs.device.type != "cuda" or inputs.dtype not in _VARLEN_DTYPES:
         return False
     if inputs.query.ndim != 4 or inputs.E != inputs.Ev or inputs.E % 8 or inputs.E > 256:
         return False
@@ -179,23 +136,35 @@ def torch_varlen_route(inputs: AttentionInputs) -> bool:
         return False
     if inputs.score.name not in ("dot", "scaled_dot") or torch.compiler.is_compiling():
         return False
-    lens_parts = [p for p in inputs.mask_parts if isinstance(p, _masks.ValidLensMask)]
-    others = [p for p in inputs.mask_parts if not isinstance(p, _masks.ValidLensMask)]
-    if len(lens_parts) != 1 or lens_parts[0].lens.ndim != 1:
+    if torch_varlen() is None:
         return False
-    part = lens_parts[0]
-    if part.query_lens is not None and part.query_lens is not part.lens:
+    lens = varlen_lengths(inputs)
+    if lens is None:
         return False
-    if not others:
+    c = inputs.block_plan().single
+    assert c is not None
+    if not c.has_band:
         return True
-    causal = others[0]
-    return (
-        len(others) == 1
-        and isinstance(causal, _masks.CausalMask)
-        and causal.offset(inputs.L, inputs.S) == 0
-        and part.queries
-        and inputs.L == inputs.S
-    )
+    return c.query_hi is not None and inputs.L == inputs.S  # causal: each kept block is square
+
+
+def varlen_lengths(inputs: AttentionInputs) -> torch.Tensor | None:
+    """The (B,) key lengths of a call whose whole mask is one ``valid_lens`` (with
+    ``queries=True`` when its query lengths are the same tensor) and at most a top-left
+    causal mask, read off the plan; else None. Never reads the lengths' values."""
+    plan = inputs.block_plan()
+    c = plan.single
+    if c is None or plan.biases or c.dense_keep or c.docs or c.key_hi is None:
+        return None
+    if any(t is not None for t in (c.key_lo, c.query_lo, c.row_lo, c.row_hi, c.key_keep)):
+        return None
+    if c.query_hi is not None and c.query_hi is not c.key_hi:
+        return None
+    if c.has_band and not (c.lo is None and c.hi == 0):
+        return None
+    if c.key_hi.ndim != 1 or c.key_hi.shape[0] != inputs.batch_shape[0]:
+        return None
+    return c.key_hi
 
 
 def padded_sequences(
@@ -238,14 +207,15 @@ def torch_varlen_attention(
     ``queries``) set to 0. No value is read on the host: the longest sequences are
     bounded by L and S.
     """
-    assert VARLEN_ATTN is not None
+    kernel = torch_varlen()
+    assert kernel is not None
     B, H, L, E = q.shape
     Hk, S = k.shape[1], k.shape[2]
     cu_q, cu_k = padded_sequences(lens.to(q.device), L, S, queries)
     qp = q.transpose(1, 2).reshape(B * L, H, E)  # (B*L, H, E)
     kp = k.transpose(1, 2).reshape(B * S, Hk, E)  # (B*S, Hk, E)
     vp = v.transpose(1, 2).reshape(B * S, Hk, v.shape[-1])  # (B*S, Hk, Ev)
-    out = VARLEN_ATTN(
+    out = kernel(
         qp,
         kp,
         vp,

@@ -3,113 +3,90 @@
 Context-parallel ranks evaluate one mask, defined on the full sequence, on blocks
 of it (:meth:`attnkit.masks.Mask.shard`). Before computing or sending anything,
 every rank must agree on which blocks the mask blocks entirely, so they can be
-skipped on all ranks alike. :func:`block_is_empty` decides that from
-
-- the bands (causal and window masks, any alignment): pure integer arithmetic;
-- lengths and key padding held on the CPU (``valid_lens``, ``key_padding``): read
-  on the host, which costs nothing there. On an accelerator they are never read
-  (that would synchronize), and such blocks are computed (and give -inf lse).
-
-Dense ``keep``/``bias`` tensors are never inspected: blocks they empty are computed.
-:func:`mask_fingerprint` condenses the same information to integers, so ranks can
-check they hold the same mask (a mismatch would make their schedules differ).
+skipped on all ranks alike. :func:`block_is_empty` asks the block's plan
+(:func:`attnkit.blockplan.build_plan` at the block's global positions): bands are
+integer arithmetic; lengths, key padding, document ids and dense keep tensors held
+on the CPU are read there, which costs nothing. On an accelerator they are never
+read (that would synchronize), and such blocks are computed (and give -inf lse).
+:func:`mask_fingerprint` condenses a mask's structure and its CPU-held values to an
+integer, so ranks can check they hold the same mask.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 import torch
 
 from .. import masks as _masks
 from .._host import readable
+from ..blockplan import build_plan, stable_hash
 
 __all__ = ["block_is_empty", "mask_fingerprint", "slice_mask_heads", "stable_hash"]
 
 
-def stable_hash(items: Sequence[object]) -> int:
-    """A 62-bit hash of the items' reprs, the same in every process (unlike ``hash``)."""
-    digest = hashlib.blake2b(repr(list(items)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 2
-
-
-def _band_empty(
-    part: _masks.WindowMask, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int
-) -> bool:
-    """True when no query of [q0, q0+L) keeps any key of [k0, k0+S) under this band."""
-    off = part.offset(
-        total_L, total_S
-    )  # global query p keeps key c iff p+off-left <= c <= p+off+right
-    lo = k0 if part.left is None else max(k0, q0 + off - part.left)
-    hi = k0 + S - 1 if part.right is None else min(k0 + S - 1, q0 + L - 1 + off + part.right)
-    return lo > hi
-
-
-def _lengths_empty(part: _masks.ValidLensMask, q0: int, k0: int, L: int) -> bool:
-    lens = part.lens
-    if not readable(lens) or lens.numel() == 0:
-        return lens.numel() == 0
-    rows = lens if lens.ndim == 1 else lens[:, q0 : q0 + L]  # (B,) or (B, L)
-    if rows.numel() == 0 or int(rows.max()) <= k0:
-        return True  # every key of the block lies past every length
-    ql = part.query_lens
-    return ql is not None and readable(ql) and int(ql.max()) <= q0
-
-
-def _padding_empty(part: _masks.KeyPaddingMask, k0: int, S: int) -> bool:
-    pad = part.padding
-    if not readable(pad):
-        return False
-    return bool(pad[:, k0 : k0 + S].all())
-
-
 def block_is_empty(
-    mask: _masks.Mask | None, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int
+    mask: _masks.Mask | None,
+    q0: int,
+    k0: int,
+    L: int,
+    S: int,
+    total_L: int,
+    total_S: int,
+    batch_shape: Sequence[int] | None = None,
 ) -> bool:
     """True when ``mask`` (of the full (total_L, total_S) problem) keeps no pair of
     queries [q0, q0+L) and keys [k0, k0+S), as far as it can tell without a device
-    sync. False means "maybe not empty": the block is computed."""
+    sync. False means "maybe not empty": the block is computed. ``batch_shape``: the
+    call's leading dims (default: the mask's own batch dim, if any)."""
     if L == 0 or S == 0:
         return True
     if mask is None:
         return False
-    for part in mask.parts():
-        if isinstance(part, _masks.WindowMask):
-            if _band_empty(part, q0, k0, L, S, total_L, total_S):
-                return True
-        elif isinstance(part, _masks.ValidLensMask):
-            if _lengths_empty(part, q0, k0, L):
-                return True
-        elif isinstance(part, _masks.KeyPaddingMask) and _padding_empty(part, k0, S):
-            return True
-    return False
+    if batch_shape is None:
+        batch_shape = _batch_of(mask)
+    plan = build_plan(mask, L, S, batch_shape, "cpu" if _all_cpu(mask) else _device(mask),
+                      q_start=q0, k_start=k0, total_L=total_L, total_S=total_S)  # fmt: skip
+    return bool(plan.is_empty())
+
+
+def _all_cpu(mask: _masks.Mask) -> bool:
+    return all(t.device.type == "cpu" for t in mask.tensors())
+
+
+def _device(mask: _masks.Mask) -> torch.device:
+    return next(t.device for t in mask.tensors() if t.device.type != "cpu")
+
+
+def _batch_of(mask: _masks.Mask) -> tuple[int, ...]:
+    """Leading dims that fit the mask's tensors: its per-batch dim, or a dense tensor's."""
+    shape: tuple[int, ...] = ()
+
+    def note(t: torch.Tensor, role: str) -> torch.Tensor:
+        nonlocal shape
+        dims = (int(t.shape[0]),) if role == "batch" else tuple(int(d) for d in t.shape[:-2])
+        if len(dims) > len(shape):
+            shape = dims
+        return t
+
+    mask.map_tensors(note)
+    return shape
 
 
 def mask_fingerprint(mask: _masks.Mask | None) -> int:
-    """An int that equals on two ranks when their masks lead to the same block schedule:
-    the bands' parameters and, for CPU-held lengths and padding, checksums of their
-    values. Shapes of every mask tensor are included."""
+    """An int that equals on two ranks holding the same mask: its structure (kinds,
+    static parameters, tensor shapes) and checksums of the values of its CPU-held
+    tensors (an accelerator's tensors are not read here)."""
     if mask is None:
         return 0
-    items: list[object] = []
-    for part in mask.parts():
-        items.append(part.kind)
-        for t in part._tensors():
-            items.append(tuple(t.shape))
-        if isinstance(part, _masks.WindowMask):
-            items.extend((part.left, part.right, part.align, part.q_offset, part.k_offset))
-        tensors: list[torch.Tensor] = []
-        if isinstance(part, _masks.ValidLensMask):
-            tensors = [part.lens] + ([part.query_lens] if part.query_lens is not None else [])
-            items.append(part.queries)
-        elif isinstance(part, _masks.KeyPaddingMask):
-            tensors = [part.padding]
-        for t in tensors:
-            if readable(t):
-                flat = t.reshape(-1).to(torch.long)
-                weights = torch.arange(1, flat.numel() + 1, dtype=torch.long)
-                items.append((int(flat.sum()), int((flat * weights).sum())))
+    items: list[object] = [repr(mask.signature(0, 0))]
+    for t in mask.tensors():
+        items.append(tuple(t.shape))
+        if readable(t):
+            flat = t.detach().reshape(-1).to(torch.float64)
+            weights = torch.arange(1, flat.numel() + 1, dtype=torch.float64)
+            items.append((float(flat.nan_to_num(0.0, 1e300, -1e300).sum()),
+                          float((flat.nan_to_num(0.0, 1e300, -1e300) * weights).sum())))  # fmt: skip
     return stable_hash(items)
 
 
@@ -124,25 +101,14 @@ def slice_mask_heads(
 ) -> _masks.Mask | None:
     """The mask of the same call restricted to heads [start, start+size) (dim -3 of the
     query, the last batch dim). Dense tensors are sliced along their head dim unless
-    broadcast; per-batch lengths are sliced when the heads are the only batch dim."""
+    broadcast; per-batch tensors are sliced when the heads are the only batch dim."""
     if mask is None:
         return None
     heads_are_batch = len(batch_shape) == 1
-    parts: list[_masks.Mask] = []
-    for part in mask.parts():
-        if isinstance(part, _masks.KeepMask):
-            sliced_keep = _slice_dim(part.tensor, 3, start, size)
-            parts.append(_masks.KeepMask(sliced_keep, source=part.source))
-        elif isinstance(part, _masks.BiasMask):
-            parts.append(_masks.bias(_slice_dim(part.tensor, 3, start, size)))
-        elif heads_are_batch and isinstance(part, _masks.ValidLensMask):
-            q_lens = part.query_lens
-            sliced = _masks.valid_lens(part.lens[start : start + size], queries=part.queries)
-            if q_lens is not None:
-                sliced.query_lens = q_lens[start : start + size]  # (size,)
-            parts.append(sliced)
-        elif heads_are_batch and isinstance(part, _masks.KeyPaddingMask):
-            parts.append(_masks.key_padding(part.padding[start : start + size]))
-        else:
-            parts.append(part)
-    return parts[0] if len(parts) == 1 else _masks.AndMask(parts)
+
+    def cut(t: torch.Tensor, role: str) -> torch.Tensor:
+        if role == "dense":
+            return _slice_dim(t, 3, start, size)
+        return t[start : start + size] if heads_are_batch else t
+
+    return mask.map_tensors(cut)

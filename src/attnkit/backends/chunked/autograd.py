@@ -100,7 +100,7 @@ def dense_logits(ops: Operands, plan: BlockPlan) -> torch.Tensor:
     i = torch.arange(L, device=dev).view(1, L, 1)  # (1, L, 1)
     j = torch.arange(S, device=dev).view(1, 1, S)  # (1, 1, S)
     keep = plan.keep_fn()(b, h, i, j).expand(N, L, S)  # (N, L, S)
-    for t in plan.dense_bias:
+    for t in plan.biases:
         s = s + t.to(s.dtype).expand(*plan.batch_shape, L, S).reshape(N, L, S)
     return s.masked_fill(~keep, float("-inf"))
 

@@ -7,10 +7,9 @@ from typing import ClassVar
 
 import torch
 
-from ... import masks as _masks
 from ..._host import readable
 from ..._inputs import AttentionInputs
-from ...blockplan import BlockPlan, build_plan
+from ...blockplan import BlockPlan
 from ...kernels import additive as _additive
 from ...scores import Additive
 from .._common import all_finite, clean_values, expand_kv
@@ -50,14 +49,12 @@ class ChunkedBackend(Backend):
                 "under torch.compile: block skipping reads mask lengths on the host, which "
                 "cannot be traced"
             )
-        if any(not readable(t) for t in _host_read_tensors(inputs)):
+        if any(not readable(t) for t in inputs.block_plan().host_tensors()):
             reasons.append(
                 "per-batch block skipping reads the mask's lengths on the host, which would "
                 "wait for the device"
             )
-        if torch.is_grad_enabled() and any(
-            isinstance(p, _masks.BiasMask) and p.tensor.requires_grad for p in inputs.mask_parts
-        ):
+        if inputs.mask_needs_grad:
             reasons.append("a bias mask that requires grad (its gradient is L×S)")
         return reasons
 
@@ -95,30 +92,13 @@ class ChunkedBackend(Backend):
         return AttentionResult(output=out, weights=weights, lse=lse_out)
 
 
-def _host_read_tensors(inputs: AttentionInputs) -> list[torch.Tensor]:
-    """The mask tensors whose values the tile loops read on the host (per-batch ranges)."""
-    out: list[torch.Tensor] = []
-    for p in inputs.mask_parts:
-        if isinstance(p, _masks.ValidLensMask):
-            out.append(p.lens)
-        elif isinstance(p, _masks.KeyPaddingMask):
-            out.append(p.padding)
-    return out
-
-
 def _plan(inputs: AttentionInputs) -> BlockPlan:
-    """The call's block plan with tile sizes chosen for its rows and bands."""
-    plan = build_plan(
-        inputs.mask,
-        inputs.L,
-        inputs.S,
-        inputs.batch_shape,
-        inputs.device,
-        dtype=inputs.compute_dtype,
-    )
+    """The call's block plan with tile sizes chosen for its rows and band."""
+    plan = inputs.block_plan()
+    c = plan.single
+    band = (c.lo, c.hi) if c is not None and c.has_band else None
     rows = plan.R if plan.per_batch else math.prod(inputs.batch_shape)
-    plan.block_q, plan.block_k = tile_shape(rows, inputs.L, inputs.S, plan.bands)
-    return plan
+    return plan.with_blocks(*tile_shape(rows, inputs.L, inputs.S, band))
 
 
 def _head_mean_weights(

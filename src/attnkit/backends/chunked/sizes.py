@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ...blockplan import Band
-
 __all__ = ["BLOCK_K", "BLOCK_Q", "TILE_ELEMENTS", "block_sizes", "tile_shape"]
 
 BLOCK_Q: int | None = None
@@ -37,20 +35,22 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def tile_shape(rows: int, L: int, S: int, bands: list[Band]) -> tuple[int, int]:
+def tile_shape(
+    rows: int, L: int, S: int, band: tuple[int | None, int | None] | None
+) -> tuple[int, int]:
     """(block_q, block_k) for a call whose groups have ``rows`` rows each.
 
-    A band of finite width w (causal excluded) gets query blocks of about w/2
-    rows and one key block spanning the band (about two thirds of each tile is
-    kept).
+    ``band``: (lo, hi) of the mask's band (key j kept for query i when
+    i + lo <= j <= i + hi), or None. A band of finite width w = hi - lo (causal
+    excluded) gets query blocks of about w/2 rows and one key block spanning the
+    band (about two thirds of each tile is kept).
     Otherwise key blocks of up to 1024 columns and as many query rows as fit
     :data:`TILE_ELEMENTS`.
     """
     if BLOCK_Q is not None and BLOCK_K is not None:
         return BLOCK_Q, BLOCK_K
-    widths = [left + right for left, right, _ in bands if left is not None and right is not None]
-    if widths:
-        w = min(widths)
+    if band is not None and band[0] is not None and band[1] is not None:
+        w = max(band[1] - band[0], 0)
         bq = min(max(64, _round_up(w // 2, 64)), 512, max(L, 1))
         return bq, _round_up(bq + w + 1, 64)
     bk = min(max(S, 1), 1024)

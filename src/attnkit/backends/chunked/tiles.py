@@ -110,14 +110,14 @@ def forward_tiles(
     out = torch.zeros(N, L, Ev, dtype=dt, device=dev)
     lse = torch.full((N, L), float("-inf"), dtype=dt, device=dev)
     band = plan.band_offsets() if ops.kind == "dot" and ops.clean else None
-    for rows, b, q_end, k_start, k_end in plan.groups():
+    for rows, b, q_start, q_end, k_start, k_end in plan.groups():
         done: set[int] = set()
         if band is not None:
             done = _forward_band_runs(ops, plan, rows, q_end, k_start, k_end, band, out, lse)
-        for i0, i1 in _blocks(0, q_end, plan.block_q):
+        for i0, i1 in _blocks(q_start, q_end, plan.block_q):
             if i0 in done:
                 continue
-            lo, hi = plan.key_range(i0, i1, k_start, k_end)
+            lo, hi = plan.key_range(b, i0, i1, k_start, k_end)
             if lo >= hi:
                 continue  # every row of this block is fully masked
             m: torch.Tensor | None = None
@@ -226,10 +226,10 @@ def weights_tiles(
     dt, dev = ops.qa.dtype, ops.qa.device
     weights = torch.zeros(N // heads, L, S, dtype=dt, device=dev)
     lse_safe = _lse.safe_max(lse)
-    for rows, b, q_end, k_start, k_end in plan.groups():
+    for rows, b, q_start, q_end, k_start, k_end in plan.groups():
         out_rows = slice(rows.start // heads, rows.stop // heads)
-        for i0, i1 in _blocks(0, q_end, plan.block_q):
-            lo, hi = plan.key_range(i0, i1, k_start, k_end)
+        for i0, i1 in _blocks(q_start, q_end, plan.block_q):
+            lo, hi = plan.key_range(b, i0, i1, k_start, k_end)
             shift = lse_safe[rows, i0:i1]  # (R, bi)
             for j0, j1 in _blocks(lo, hi, plan.block_k):
                 s = _tile_logits(ops, plan, rows, b, i0, i1, j0, j1)  # (R, bi, bj)
@@ -267,9 +267,9 @@ def backward_tiles(
     if d_weights is not None and weights is not None:
         row_term = row_term + (d_weights * weights).sum(dim=-1)
     lse_safe = _lse.safe_max(lse)
-    for rows, b, q_end, k_start, k_end in plan.groups():
-        for i0, i1 in _blocks(0, q_end, plan.block_q):
-            lo, hi = plan.key_range(i0, i1, k_start, k_end)
+    for rows, b, q_start, q_end, k_start, k_end in plan.groups():
+        for i0, i1 in _blocks(q_start, q_end, plan.block_q):
+            lo, hi = plan.key_range(b, i0, i1, k_start, k_end)
             if lo >= hi:
                 continue
             do_t = d_out[rows, i0:i1]  # (R, bi, Ev)

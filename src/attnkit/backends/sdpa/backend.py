@@ -7,7 +7,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from ... import masks as _masks
 from ..._host import readable
 from ..._inputs import AttentionInputs
 from .. import varlen
@@ -107,8 +106,9 @@ class SDPABackend(Backend):
         is_causal = lower_right = False
         alive: torch.Tensor | None = None  # (*batch, L, 1) rows with at least one key
         mask = inputs.mask
-        if key_bias is None and isinstance(mask, _masks.CausalMask):
-            route = plan.causal_route(inputs, mask)
+        shift = plan.causal_shift(inputs) if key_bias is None else None
+        if shift is not None:
+            route = plan.causal_route(inputs, shift)
             is_causal, lower_right = route == "symbolic", route == "lower_right"
             if route in ("none", "lower_right"):
                 mask = None  # every query sees every key, or the kernel takes the bias
@@ -191,7 +191,6 @@ class SDPABackend(Backend):
         so a few SDPA calls cover the batch with little padding left inside a group.
         """
         batch, L, S = inputs.batch_shape, inputs.L, inputs.S
-        B = batch[0]
         cd = inputs.compute_dtype
         dev = q.device
         want_lse = inputs.return_lse or inputs.return_weights
@@ -208,38 +207,41 @@ class SDPABackend(Backend):
         far = None
         if excluded is not None:
             far = excluded.unsqueeze(-1).expand(*kv_batch, S, 1)  # (B, ..., S, 1)
-        lens = varlen.lengths(inputs, dev)
-        q_len, k_len, key_idx, causal = lens.q_len, lens.k_len, lens.key_idx, lens.causal
+        layout = inputs.block_plan().ragged()
+        assert layout is not None
+        seqs, causal = layout
+        q_len = [sq.q_len for sq in seqs]
+        k_len = [sq.k_len for sq in seqs]
         out_full = torch.zeros(*batch, L, v.shape[-1], dtype=inputs.dtype, device=dev)
         lse_full = (
             torch.full((*batch, L), float("-inf"), dtype=cd, device=dev) if want_lse else None
         )
         w_full = torch.zeros(*batch, L, S, dtype=cd, device=dev) if inputs.return_weights else None
-        live = [b for b in range(B) if q_len[b] > 0 and k_len[b] > 0]
+        live = [n for n, sq in enumerate(seqs) if sq.q_len > 0 and sq.k_len > 0]
         head_work = inputs.E * max(1, math.prod(batch[1:]))
         for members in varlen.group_lengths(live, q_len, k_len, head_work):
-            qm = max(q_len[b] for b in members)
-            km = max(k_len[b] for b in members)
-            q_g = torch.stack([q[b, ..., :qm, :] for b in members])  # (G, ..., qm, E')
-            k_g = torch.stack(
-                [varlen.take_keys(k[b], key_idx[b], km) for b in members]
-            )  # (G, ..., km, E')
-            v_g = torch.stack(
-                [varlen.take_keys(v[b], key_idx[b], km) for b in members]
-            )  # (G, ..., km, Ev)
+            group = [seqs[n] for n in members]
+            qm = max(sq.q_len for sq in group)
+            km = max(sq.k_len for sq in group)
+            q_g = torch.stack([varlen.take_rows(q[sq.b], sq.q0, qm) for sq in group])
+            # (G, ..., qm, E')
+            k_g = torch.stack([varlen.take_keys(k[sq.b], sq, km) for sq in group])
+            # (G, ..., km, E')
+            v_g = torch.stack([varlen.take_keys(v[sq.b], sq, km) for sq in group])
+            # (G, ..., km, Ev)
             far_g = None
             if far is not None:
-                far_g = torch.stack(
-                    [varlen.take_keys(far[b], key_idx[b], km) for b in members]
-                ).squeeze(-1)  # (G, ..., km)
-            lens_g = torch.tensor([k_len[b] for b in members], device=dev)  # (G,)
+                far_g = torch.stack([varlen.take_keys(far[sq.b], sq, km) for sq in group]).squeeze(
+                    -1
+                )  # (G, ..., km)
+            lens_g = torch.tensor([sq.k_len for sq in group], device=dev)  # (G,)
             keep: torch.Tensor | None = None
-            if any(k_len[b] < km for b in members):
+            if any(sq.k_len < km for sq in group):
                 keep = torch.arange(km, device=dev) < lens_g[:, None]  # (G, km)
-                keep = keep.view(len(members), *([1] * (q_g.ndim - 2)), km)  # (G, 1.., 1, km)
+                keep = keep.view(len(group), *([1] * (q_g.ndim - 2)), km)  # (G, 1.., 1, km)
             if causal and keep is not None:
                 tri = torch.ones(qm, km, dtype=torch.bool, device=dev).tril()  # (qm, km)
-                keep = tri if keep is None else keep & tri
+                keep = keep & tri
             attn_mask: torch.Tensor | None = keep
             out_g, lse_g = call(
                 q_g,
@@ -264,18 +266,18 @@ class SDPABackend(Backend):
                     is_causal=causal and attn_mask is None,
                     gqa=gqa,
                 )  # (G, ..., qm, km)
-            for n, b in enumerate(members):
-                ql, kl, idx = q_len[b], k_len[b], key_idx[b]
-                out_full[b, ..., :ql, :] = out_g[n, ..., :ql, :].to(inputs.dtype)
+            for n, sq in enumerate(group):
+                rows = slice(sq.q0, sq.q0 + sq.q_len)
+                out_full[sq.b, ..., rows, :] = out_g[n, ..., : sq.q_len, :].to(inputs.dtype)
                 if lse_full is not None and lse_g is not None:
-                    lse_full[b, ..., :ql] = lse_g[n, ..., :ql].to(cd)
+                    lse_full[sq.b, ..., rows] = lse_g[n, ..., : sq.q_len].to(cd)
                 if w_full is not None and w_g is not None:
-                    wb = w_g[n, ..., :ql, :kl]  # (..., ql, kl)
-                    if idx is None:
-                        w_full[b, ..., :ql, :kl] = wb
+                    wb = w_g[n, ..., : sq.q_len, : sq.k_len]  # (..., ql, kl)
+                    if sq.key_idx is None:
+                        w_full[sq.b, ..., rows, sq.k0 : sq.k0 + sq.k_len] = wb
                     else:
-                        rows = torch.zeros_like(w_full[b, ..., :ql, :])  # (..., ql, S)
-                        w_full[b, ..., :ql, :] = rows.index_copy(-1, idx, wb)
+                        cols = torch.zeros_like(w_full[sq.b, ..., rows, :])  # (..., ql, S)
+                        w_full[sq.b, ..., rows, :] = cols.index_copy(-1, sq.key_idx, wb)
         if not live and torch.is_grad_enabled():
             # Every element is fully masked: keep the graph connected so backward gives
             # zero gradients (the policy for masked rows), not "does not require grad".
@@ -294,8 +296,8 @@ def _direct(inputs: AttentionInputs) -> torch.Tensor:
 
 def _direct_options(inputs: AttentionInputs) -> dict[str, Any]:
     """The keyword arguments of :func:`.run.direct` for a direct call."""
-    mask = inputs.mask
-    route = plan.causal_route(inputs, mask) if isinstance(mask, _masks.CausalMask) else "none"
+    shift = plan.causal_shift(inputs)
+    route = plan.causal_route(inputs, shift) if shift is not None else "none"
     return {
         "is_causal": route == "symbolic",
         "lower_right": route == "lower_right",
@@ -307,13 +309,15 @@ def _direct_options(inputs: AttentionInputs) -> dict[str, Any]:
 
 def _torch_varlen(inputs: AttentionInputs) -> torch.Tensor:
     """A ragged call on torch's variable-length kernel (see :func:`varlen.torch_varlen_route`)."""
-    lens_part = next(p for p in inputs.mask_parts if isinstance(p, _masks.ValidLensMask))
+    lens = varlen.varlen_lengths(inputs)
+    c = inputs.block_plan().single
+    assert lens is not None and c is not None
     return varlen.torch_varlen_attention(
         inputs.query,
         inputs.key,
         inputs.value,
-        lens_part.lens,
-        queries=lens_part.queries,
-        causal=any(isinstance(p, _masks.CausalMask) for p in inputs.mask_parts),
+        lens,
+        queries=c.query_hi is not None,
+        causal=c.has_band,
         scale=inputs.scale,
     )

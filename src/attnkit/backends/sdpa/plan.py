@@ -4,6 +4,7 @@ Nothing here touches tensor values: each function answers from the call's
 metadata, so dispatch and ``explain()`` can ask freely.
 
 - :func:`is_direct`: the plain call torch's SDPA takes as it is;
+- :func:`causal_shift`: the shift of a mask that is one causal band, from the plan;
 - :func:`causal_route`: how a lone causal mask reaches the kernel ("symbolic",
   "none" when every query sees every key, "lower_right" for torch's lower-right
   causal bias, "dense" for an (L, S) mask);
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ... import masks as _masks
 from ..._inputs import AttentionInputs
 from ...scores import Dot, ScaledDot
 from .. import varlen
@@ -27,6 +27,7 @@ __all__ = [
     "DECODE_ROWS",
     "DIRECT_SCORES",
     "causal_route",
+    "causal_shift",
     "half_needs_float32",
     "is_direct",
     "materialized_masks",
@@ -44,29 +45,36 @@ DIRECT_SCORES = (Dot, ScaledDot)
 CausalRoute = Literal["symbolic", "none", "lower_right", "dense"]
 
 
-def sees_all(mask: _masks.CausalMask, L: int, S: int) -> bool:
-    """True when every query of this causal mask sees every key (e.g. one new token
-    against its whole KV cache): the mask is then no mask at all."""
-    return mask.offset(L, S) >= S - 1
+def causal_shift(inputs: AttentionInputs) -> int | None:
+    """``shift`` when the call's whole mask is ``j <= i + shift`` (a causal mask of any
+    alignment or offset), read off its block plan; None for anything else."""
+    if inputs.mask is None:
+        return None
+    band = inputs.block_plan().band()
+    if band is None or band[0] is not None or band[1] is None:
+        return None
+    return band[1]
 
 
-def _is_bottom_right(mask: _masks.CausalMask, L: int, S: int) -> bool:
-    """True when row i keeps keys 0 .. i + S - L (torch's lower-right causal bias)."""
-    return mask.offset(L, S) == S - L
+def sees_all(shift: int, S: int) -> bool:
+    """True when every query of a causal mask with this shift sees every key (e.g. one
+    new token against its whole KV cache): the mask is then no mask at all."""
+    return shift >= S - 1
 
 
-def causal_route(inputs: AttentionInputs, mask: _masks.CausalMask) -> CausalRoute:
-    """How a causal mask that is the call's whole mask reaches the kernel."""
+def causal_route(inputs: AttentionInputs, shift: int) -> CausalRoute:
+    """How a causal mask (``j <= i + shift``) that is the call's whole mask reaches the
+    kernel."""
     L, S = inputs.L, inputs.S
-    if mask.symbolic_causal(L, S):
+    if shift == 0:
         return "symbolic"
-    if sees_all(mask, L, S):
+    if sees_all(shift, S):
         return "none"
     lower_right = (
         HAS_LOWER_RIGHT
         and inputs.device.type == "cuda"
         and L < S
-        and _is_bottom_right(mask, L, S)
+        and shift == S - L
         and not (inputs.return_lse or inputs.return_weights or inputs.needs_grad)
     )
     return "lower_right" if lower_right else "dense"
@@ -75,9 +83,7 @@ def causal_route(inputs: AttentionInputs, mask: _masks.CausalMask) -> CausalRout
 def half_needs_float32(inputs: AttentionInputs) -> bool:
     """Half inputs whose dot form or bias would lose range or precision in half: a score
     other than (scaled) dot, or an additive bias mask."""
-    return type(inputs.score) not in DIRECT_SCORES or any(
-        p.kind == "bias" for p in inputs.mask_parts
-    )
+    return type(inputs.score) not in DIRECT_SCORES or "bias" in inputs.mask_kinds
 
 
 def is_direct(inputs: AttentionInputs) -> bool:
@@ -94,34 +100,41 @@ def is_direct(inputs: AttentionInputs) -> bool:
         HAS_GQA and inputs.groups > 1 and q.shape[0] == k.shape[0]
     ):
         return False
-    mask = inputs.mask
-    if mask is None:
+    if inputs.mask is None:
         return True
-    return isinstance(mask, _masks.CausalMask) and causal_route(inputs, mask) in (
-        "symbolic",
-        "none",
-        "lower_right",
-    )
+    shift = causal_shift(inputs)
+    return shift is not None and causal_route(inputs, shift) in ("symbolic", "none", "lower_right")
 
 
 def materialized_masks(inputs: AttentionInputs) -> list[str]:
     """Mask parts SDPA would build as a dense (L, S) tensor ([] when all stay symbolic)."""
-    parts = inputs.mask_parts
-    if not parts:
+    if inputs.mask is None:
         return []
-    out: list[str] = []
+    plan = inputs.block_plan()
     L, S = inputs.L, inputs.S
-    for p in parts:
-        if isinstance(p, _masks.CausalMask):
-            decoding = L <= DECODE_ROWS and L < S
-            if not p.symbolic_causal(L, S) and not decoding and not sees_all(p, L, S):
-                out.append("a shifted (bottom-right, L != S, or offset) causal mask")
-            elif len(parts) > 1 and not varlen.can_unpad(inputs):
-                out.append("a causal mask combined with another mask")
-        elif isinstance(p, _masks.WindowMask):
+    out: list[str] = []
+    ragged = varlen.can_unpad(inputs)
+    shift = causal_shift(inputs)
+    if shift is not None:
+        decoding = L <= DECODE_ROWS and L < S
+        if shift != 0 and not decoding and not sees_all(shift, S):
+            out.append("a shifted (bottom-right, L != S, or offset) causal mask")
+        return out
+    if len(plan.clauses) > 1:
+        out.append("a combination of masks with | or ~")
+    for c in plan.clauses:
+        if c.has_band and c.lo is not None:
             out.append("a window mask")
-    padded = any(p.kind in ("valid_lens", "key_padding") for p in parts)
-    if padded and inputs.device.type != "cpu" and not varlen.can_unpad(inputs):
+        elif c.has_band and not ragged:
+            out.append("a causal mask combined with another mask")
+        if c.docs and not ragged:
+            out.append("a document mask")
+    padded = any(
+        t is not None
+        for c in plan.clauses
+        for t in (c.key_lo, c.key_hi, c.query_lo, c.query_hi, c.key_keep)
+    )
+    if padded and inputs.device.type != "cpu" and not ragged:
         if not varlen.torch_varlen_route(inputs):
             out.append("padding (unpadding would read lengths on the host)")
-    return out
+    return list(dict.fromkeys(out))

@@ -1,0 +1,151 @@
+"""The one lowering of masks: a mask of a call becomes a :class:`BlockPlan`.
+
+Every mask kind lowers itself (:meth:`attnkit.masks.Mask.lower`) into atoms
+(:mod:`.atoms`: bands, per-batch key and query ranges, per-query key ranges, kept
+keys, document ids, dense keep and bias tensors) as a disjunction of conjunctions.
+:func:`build_plan` folds each conjunction into a :class:`~.clause.Clause` and the
+whole into a :class:`BlockPlan`, the one description the backends read: the chunked
+tiles, the unpadded and varlen paths, the Triton kernel arguments and the
+context-parallel block schedule. Nothing here asks a mask for its type.
+
+Plans are cached (:func:`build_plan`): per mask object for masks holding tensors
+(keyed by the tensors' versions, so an in-place change is seen), by value for
+tensor-free masks (causal, window), like FlexAttention's ``create_block_mask`` meant
+to be built once per model step. Building reads nothing on the host.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .atoms import DNF
+from .clause import Clause
+from .plan import EMPTY, FULL, PARTIAL, BlockPlan, stable_hash
+from .ragged import RaggedSeq
+
+if TYPE_CHECKING:
+    from ..masks import Mask
+
+__all__ = [
+    "EMPTY",
+    "FULL",
+    "PARTIAL",
+    "BlockPlan",
+    "Clause",
+    "RaggedSeq",
+    "build_plan",
+    "clear_cache",
+    "stable_hash",
+]
+
+_BY_VALUE: dict[tuple[object, ...], BlockPlan] = {}
+_BY_OBJECT: weakref.WeakKeyDictionary[Any, dict[tuple[object, ...], BlockPlan]] = (
+    weakref.WeakKeyDictionary()
+)
+_MAX = 256
+
+
+def clear_cache() -> None:
+    """Forget every cached plan."""
+    _BY_VALUE.clear()
+    _BY_OBJECT.clear()
+
+
+def build_plan(
+    mask: Mask | None,
+    L: int,
+    S: int,
+    batch_shape: Sequence[int],
+    device: torch.device | str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    block_q: int = 128,
+    block_k: int = 128,
+    q_start: int = 0,
+    k_start: int = 0,
+    total_L: int | None = None,
+    total_S: int | None = None,
+) -> BlockPlan:
+    """The :class:`BlockPlan` of ``mask`` for a call of (batch_shape, L, S).
+
+    Args:
+        mask: an attnkit mask (already validated for these sizes) or None.
+        L, S: queries and keys of this call (of this block, with offsets).
+        batch_shape: the call's leading dims.
+        device: where the plan's tensors go (the inputs' device).
+        dtype: dtype of the logits (biases and band tiles are in it).
+        block_q, block_k: tile sizes.
+        q_start, k_start, total_L, total_S: plan the block of queries
+            [q_start, q_start + L) and keys [k_start, k_start + S) of a longer problem
+            of total_L queries and total_S keys (default: this call is the whole).
+    """
+    batch = tuple(int(d) for d in batch_shape)
+    dev = torch.device(device)
+    if mask is not None and (total_L is not None or total_S is not None or q_start or k_start):
+        mask = mask.shard(
+            q_start,
+            k_start,
+            L,
+            S,
+            total_L if total_L is not None else q_start + L,
+            total_S if total_S is not None else k_start + S,
+        )
+    tensors = mask.tensors() if mask is not None else ()
+    cacheable = not torch.compiler.is_compiling() and not any(t.requires_grad for t in tensors)
+    if not cacheable:
+        return _build(mask, L, S, batch, dev, dtype).with_blocks(block_q, block_k)
+    key: tuple[object, ...] = (L, S, batch, dev, dtype)
+    store: dict[tuple[object, ...], BlockPlan]
+    if mask is None or not tensors:
+        key = (None if mask is None else mask.signature(L, S), *key)
+        store = _BY_VALUE
+    else:
+        key = (tuple(t._version for t in tensors), *key)
+        store = _BY_OBJECT.setdefault(mask, {})
+    plan = store.get(key)
+    if plan is None:
+        if len(store) >= _MAX:
+            store.clear()
+        plan = store[key] = _build(mask, L, S, batch, dev, dtype)
+    return plan.with_blocks(block_q, block_k)
+
+
+def _build(
+    mask: Mask | None,
+    L: int,
+    S: int,
+    batch: tuple[int, ...],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> BlockPlan:
+    dnf: DNF = [[]] if mask is None else mask.lower(L, S, device)
+    clauses: list[Clause] = []
+    biases: list[torch.Tensor] = []
+    seen: set[int] = set()
+    for atoms in dnf:
+        clause = Clause()
+        for atom in atoms:
+            atom.add_to(clause)
+        for t in clause.biases:  # the same bias in every clause of bias & (a | b)
+            if id(t) not in seen:
+                seen.add(id(t))
+                biases.append(t.to(device=device, dtype=dtype))
+        clause.biases = []
+        clauses.append(clause)
+    B0 = batch[0] if batch else 1
+    N = math.prod(batch)
+    return BlockPlan(
+        L=L,
+        S=S,
+        batch_shape=batch,
+        B0=B0,
+        R=N // B0 if B0 else 0,
+        clauses=clauses,
+        biases=biases,
+        dtype=dtype,
+    )

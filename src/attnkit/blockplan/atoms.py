@@ -1,0 +1,203 @@
+"""The vocabulary masks lower to: atoms, each one condition on a (query, key) pair.
+
+A mask lowers (:meth:`attnkit.masks.Mask.lower`) to a disjunction of conjunctions of
+atoms (:data:`DNF`): a pair is kept when every atom of at least one clause keeps it.
+``[[]]`` keeps everything, ``[]`` keeps nothing. Every atom can be negated into a DNF
+of atoms, so ``~`` and ``|`` of any keep-type masks stay symbolic.
+
+Per-batch tensors have a first dim of B0 (the call's first batch dim) or 1
+(broadcast over it). Atoms only hold tensors; :class:`attnkit.blockplan.clause.Clause`
+folds the atoms of one clause into the fields kernels read (:meth:`Atom.add_to`), so
+nothing downstream asks an atom for its type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .clause import Clause
+
+__all__ = [
+    "DNF",
+    "Atom",
+    "Band",
+    "DenseBias",
+    "DenseKeep",
+    "Document",
+    "KeyKeep",
+    "KeyRange",
+    "QueryRange",
+    "RowRange",
+    "conjoin",
+    "negate",
+]
+
+
+class Atom:
+    """One condition on a (query i, key j) pair of batch element b."""
+
+    def add_to(self, clause: Clause) -> None:
+        """Fold this condition into a clause (intersecting with what it holds)."""
+        raise NotImplementedError
+
+    def negate(self) -> DNF:
+        """The pairs this atom does not keep, as a DNF of atoms."""
+        raise NotImplementedError
+
+
+DNF = list[list[Atom]]
+"""A disjunction (outer list) of conjunctions (inner lists) of atoms."""
+
+
+def conjoin(a: DNF, b: DNF) -> DNF:
+    """``a AND b`` distributed into one DNF."""
+    return [x + y for x in a for y in b]
+
+
+def negate(dnf: DNF) -> DNF:
+    """``NOT dnf``: every clause fails, i.e. for each clause some atom fails."""
+    out: DNF = [[]]
+    for clause in dnf:
+        failed: DNF = []
+        for atom in clause:
+            failed += atom.negate()
+        out = conjoin(out, failed)
+    return out
+
+
+@dataclass(frozen=True)
+class Band(Atom):
+    """``i + lo <= j <= i + hi`` (None: that side unbounded). Causal and window masks,
+    any alignment, are bands with the alignment folded into lo and hi."""
+
+    lo: int | None
+    hi: int | None
+
+    def add_to(self, clause: Clause) -> None:
+        clause.intersect_band(self.lo, self.hi)
+
+    def negate(self) -> DNF:
+        out: DNF = []
+        if self.lo is not None:
+            out.append([Band(None, self.lo - 1)])
+        if self.hi is not None:
+            out.append([Band(self.hi + 1, None)])
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class KeyRange(Atom):
+    """``lo[b] <= j < hi[b]``: lo, hi (B0,) long or None (unbounded)."""
+
+    lo: torch.Tensor | None
+    hi: torch.Tensor | None
+
+    def add_to(self, clause: Clause) -> None:
+        clause.intersect_keys(self.lo, self.hi)
+
+    def negate(self) -> DNF:
+        out: DNF = []
+        if self.lo is not None:
+            out.append([KeyRange(None, self.lo)])
+        if self.hi is not None:
+            out.append([KeyRange(self.hi, None)])
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class QueryRange(Atom):
+    """``lo[b] <= i < hi[b]``: rows outside are padding (fully masked)."""
+
+    lo: torch.Tensor | None
+    hi: torch.Tensor | None
+
+    def add_to(self, clause: Clause) -> None:
+        clause.intersect_queries(self.lo, self.hi)
+
+    def negate(self) -> DNF:
+        out: DNF = []
+        if self.lo is not None:
+            out.append([QueryRange(None, self.lo)])
+        if self.hi is not None:
+            out.append([QueryRange(self.hi, None)])
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class RowRange(Atom):
+    """``lo[b, i] <= j < hi[b, i]``: lo, hi (B0, L) long or None (per-query lengths)."""
+
+    lo: torch.Tensor | None
+    hi: torch.Tensor | None
+
+    def add_to(self, clause: Clause) -> None:
+        clause.intersect_rows(self.lo, self.hi)
+
+    def negate(self) -> DNF:
+        out: DNF = []
+        if self.lo is not None:
+            out.append([RowRange(None, self.lo)])
+        if self.hi is not None:
+            out.append([RowRange(self.hi, None)])
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class KeyKeep(Atom):
+    """``keep[b, j]``: (B0, S) bool, False = a padding key."""
+
+    keep: torch.Tensor
+
+    def add_to(self, clause: Clause) -> None:
+        clause.intersect_key_keep(self.keep)
+
+    def negate(self) -> DNF:
+        return [[KeyKeep(~self.keep)]]
+
+
+@dataclass(frozen=True, eq=False)
+class Document(Atom):
+    """Packed sequences: ``q_ids[b, i] == k_ids[b, j] and q_ids[b, i] >= 0`` (a negative
+    id is padding), or with ``equal=False`` the opposite. q_ids (B0, L), k_ids (B0, S)
+    long."""
+
+    q_ids: torch.Tensor
+    k_ids: torch.Tensor
+    equal: bool = True
+
+    def add_to(self, clause: Clause) -> None:
+        clause.docs.append(self)
+
+    def negate(self) -> DNF:
+        return [[Document(self.q_ids, self.k_ids, not self.equal)]]
+
+
+@dataclass(frozen=True, eq=False)
+class DenseKeep(Atom):
+    """``keep[..., i, j]``: a bool tensor broadcastable to (*batch, L, S)."""
+
+    keep: torch.Tensor
+
+    def add_to(self, clause: Clause) -> None:
+        clause.dense_keep.append(self.keep)
+
+    def negate(self) -> DNF:
+        return [[DenseKeep(~self.keep)]]
+
+
+@dataclass(frozen=True, eq=False)
+class DenseBias(Atom):
+    """An additive float tensor broadcastable to (*batch, L, S); ``-inf`` blocks. Only
+    in conjunctions: the plan adds every bias, whatever clause keeps a pair."""
+
+    bias: torch.Tensor
+
+    def add_to(self, clause: Clause) -> None:
+        clause.biases.append(self.bias)
+
+    def negate(self) -> DNF:
+        raise TypeError("mask ~: a bias mask adds values to the logits and has no negation")

@@ -1,0 +1,222 @@
+"""Band masks: ``causal`` and ``window`` (any alignment, at global positions), and
+``prefix_lm`` (a bidirectional prefix, causal after it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import torch
+
+from ..blockplan.atoms import DNF, Band, KeyRange
+from .base import DenseMask, Mask, shape_str
+
+__all__ = ["Align", "CausalMask", "PrefixLMMask", "WindowMask"]
+
+Align = Literal["top_left", "bottom_right"]
+_ALIGNS = ("top_left", "bottom_right")
+
+
+def _check_offset(where: str, name: str, val: object) -> int:
+    if isinstance(val, bool) or not isinstance(val, int):
+        raise TypeError(f"{where}: {name} must be an int, got {val!r}")
+    return val
+
+
+def _check_align(where: str, align: object) -> None:
+    if align not in _ALIGNS:
+        raise ValueError(f"{where}: align must be 'top_left' or 'bottom_right', got {align!r}")
+
+
+def _band_keep(
+    L: int, S: int, lo: int | None, hi: int | None, device: torch.device
+) -> torch.Tensor:
+    """Bool (L, S): query i keeps key j when i + lo <= j <= i + hi."""
+    i = torch.arange(L, device=device).unsqueeze(-1)  # (L, 1)
+    j = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
+    keep_t = torch.ones(L, S, dtype=torch.bool, device=device)
+    if lo is not None:
+        keep_t &= j >= i + lo
+    if hi is not None:
+        keep_t &= j <= i + hi
+    return keep_t
+
+
+class WindowMask(Mask):
+    """Sliding window: query ``i`` keeps keys ``i-left .. i+right`` inclusive.
+
+    ``None`` for ``left`` or ``right`` means unbounded on that side. With
+    ``align="bottom_right"`` the query index is shifted by ``S - L``.
+
+    Global positions: query row ``i`` sits at position ``q_offset + i`` and key
+    column ``j`` at ``k_offset + j`` (both default 0), so a block of a longer
+    sequence is masked at its true positions; the window compares positions.
+    """
+
+    kind = "window"
+
+    def __init__(
+        self,
+        left: int | None,
+        right: int | None,
+        align: Align = "top_left",
+        *,
+        q_offset: int = 0,
+        k_offset: int = 0,
+    ) -> None:
+        for name, val in (("left", left), ("right", right)):
+            if val is None:
+                continue
+            if isinstance(val, bool) or not isinstance(val, int):
+                raise TypeError(f"masks.window: {name} must be an int >= 0 or None, got {val!r}")
+            if val < 0:
+                raise ValueError(f"masks.window: {name} must be >= 0, got {val}")
+        _check_align("masks.window", align)
+        self.left = left
+        self.right = right
+        self.align: Align = align
+        self.q_offset = _check_offset("masks.window", "q_offset", q_offset)
+        self.k_offset = _check_offset("masks.window", "k_offset", k_offset)
+
+    def offset(self, L: int, S: int) -> int:
+        """Shift from a query's row to its own key column: query ``i`` keeps key ``j``
+        when ``i + offset - left <= j <= i + offset + right``. ``S - L`` for
+        bottom_right, plus ``q_offset - k_offset``."""
+        base = S - L if self.align == "bottom_right" else 0
+        return base + self.q_offset - self.k_offset
+
+    def bounds(self, L: int, S: int) -> tuple[int | None, int | None]:
+        """(lo, hi): query i keeps key j when i + lo <= j <= i + hi (None: unbounded)."""
+        off = self.offset(L, S)
+        lo = None if self.left is None else off - self.left
+        hi = None if self.right is None else off + self.right
+        return lo, hi
+
+    def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
+        return DenseMask(keep=_band_keep(L, S, *self.bounds(L, S), device), bias=None)
+
+    def lower(self, L: int, S: int, device: torch.device) -> DNF:
+        return [[Band(*self.bounds(L, S))]]
+
+    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        shift = self.offset(total_L, total_S) + q0 - k0  # global shift, seen from the shard
+        return WindowMask(self.left, self.right, "top_left", q_offset=shift)
+
+    def signature(self, L: int, S: int) -> tuple[object, ...]:
+        return (type(self), self.left, self.right, self.align, self.offset(L, S))
+
+
+class CausalMask(WindowMask):
+    """Causal: query ``i`` keeps keys ``j <= i`` (``j <= i + S - L`` when bottom_right).
+
+    ``q_offset``/``k_offset`` place the rows and columns at global positions, as
+    for :class:`WindowMask`.
+    """
+
+    kind = "causal"
+
+    def __init__(self, align: Align = "top_left", *, q_offset: int = 0, k_offset: int = 0) -> None:
+        _check_align("masks.causal", align)
+        super().__init__(None, 0, align, q_offset=q_offset, k_offset=k_offset)
+
+    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        shift = self.offset(total_L, total_S) + q0 - k0
+        return CausalMask("top_left", q_offset=shift)
+
+
+class PrefixLMMask(Mask):
+    """Prefix LM: key ``j`` is kept for query ``i`` when ``j < prefix`` (the prefix is
+    seen by every query, in both directions) or ``j <= i`` (causal after it).
+
+    ``prefix`` is one int or a (B,) tensor of per-batch prefix lengths. ``align`` and
+    the offsets place the causal part as for :func:`attnkit.masks.causal`.
+    """
+
+    kind = "prefix_lm"
+
+    def __init__(
+        self,
+        prefix: int | torch.Tensor | Sequence[int],
+        align: Align = "top_left",
+        *,
+        q_offset: int = 0,
+        k_offset: int = 0,
+    ) -> None:
+        if isinstance(prefix, bool):
+            raise TypeError(
+                f"masks.prefix_lm: prefix must be an int or a (B,) tensor, got {prefix!r}"
+            )
+        if isinstance(prefix, int):
+            if prefix < 0:
+                raise ValueError(f"masks.prefix_lm: prefix must be >= 0, got {prefix}")
+            lens = torch.tensor([prefix])
+        else:
+            try:
+                lens = torch.as_tensor(prefix)
+            except (TypeError, ValueError, RuntimeError) as exc:
+                raise TypeError(
+                    f"masks.prefix_lm: prefix must be an int or a (B,) integer tensor, got "
+                    f"{type(prefix).__name__}"
+                ) from exc
+            if lens.dtype == torch.bool or lens.is_floating_point() or lens.is_complex():
+                raise TypeError(
+                    f"masks.prefix_lm: prefix must have an integer dtype, got {lens.dtype}"
+                )
+            if lens.ndim != 1:
+                raise ValueError(
+                    f"masks.prefix_lm: prefix must be an int or shape (B,), got {shape_str(lens.shape)}"
+                )
+            if lens.device.type == "meta":
+                raise ValueError("masks.prefix_lm: prefix is on the meta device (no values)")
+        from .._host import readable
+
+        if readable(lens) and lens.numel() and int(lens.min()) < 0:
+            raise ValueError(f"masks.prefix_lm: prefix lengths must be >= 0, got {int(lens.min())}")
+        _check_align("masks.prefix_lm", align)
+        self.prefix = lens.to(torch.long)  # (B,) or (1,)
+        self.causal = CausalMask(align, q_offset=q_offset, k_offset=k_offset)
+        self.k_shift = 0  # keys of a shard start at k_shift of the full sequence
+
+    def validate(self, batch_shape: Sequence[int], L: int, S: int) -> None:
+        n = self.prefix.shape[0]
+        if n != 1 and (not batch_shape or batch_shape[0] != n):
+            raise ValueError(
+                f"mask: masks.prefix_lm has {n} prefix lengths, expected one or one per batch "
+                f"element (first leading dim {batch_shape[0] if batch_shape else 'absent'})"
+            )
+
+    def _prefix_local(self, device: torch.device) -> torch.Tensor:
+        return (self.prefix.to(device) - self.k_shift).clamp(min=0)  # (B or 1,)
+
+    def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
+        causal = self.causal.dense(L, S, batch_shape, device).keep  # (L, S)
+        assert causal is not None
+        j = torch.arange(S, device=device)  # (S,)
+        prefix = j.view(1, 1, S) < self._prefix_local(device).view(-1, 1, 1)  # (B or 1, 1, S)
+        keep = causal | prefix  # (B or 1, L, S)
+        if self.prefix.shape[0] == 1:
+            return DenseMask(keep=keep[0], bias=None)  # (L, S)
+        keep = keep.view(keep.shape[0], *([1] * (len(batch_shape) - 1)), L, S)  # (B, 1.., L, S)
+        return DenseMask(keep=keep, bias=None)
+
+    def lower(self, L: int, S: int, device: torch.device) -> DNF:
+        return [*self.causal.lower(L, S, device), [KeyRange(None, self._prefix_local(device))]]
+
+    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        shard = PrefixLMMask.__new__(PrefixLMMask)
+        shard.prefix = self.prefix
+        shard.k_shift = self.k_shift + k0
+        shard.causal = self.causal._shard(q0, k0, L, S, total_L, total_S)  # type: ignore[assignment]
+        return shard
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.prefix,)
+
+    def map_tensors(self, fn: Callable[[torch.Tensor, str], torch.Tensor]) -> Mask:
+        out = PrefixLMMask.__new__(PrefixLMMask)
+        out.prefix = fn(self.prefix, "batch") if self.prefix.shape[0] != 1 else self.prefix
+        out.causal, out.k_shift = self.causal, self.k_shift
+        return out
+
+    def signature(self, L: int, S: int) -> tuple[object, ...]:
+        return (*super().signature(L, S), self.causal.signature(L, S), self.k_shift)

@@ -1,0 +1,240 @@
+"""The Mask base class: polarity, composition (``&``, ``|``, ``~``), sharding, lowering.
+
+A mask says which (query, key) pairs may attend. Every mask kind knows three things
+about itself, and nothing outside ``attnkit.masks`` asks it by type:
+
+- ``dense()``: its materialized keep/bias tensors, the readable definition used by
+  the reference path and by pictures;
+- ``lower()``: its terms in the vocabulary of :mod:`attnkit.blockplan.atoms`
+  (bands, per-batch key and query ranges, per-query key ranges, kept keys, document
+  ids, dense tensors), as a disjunction of conjunctions, from which
+  :func:`attnkit.blockplan.plan_for` builds the one block plan every backend reads;
+- ``_shard()``: itself restricted to a block of a longer sequence, at its true
+  positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..blockplan.atoms import DNF
+
+__all__ = ["DenseMask", "Mask", "check_broadcast_to", "shape_str", "slice_last2"]
+
+
+@dataclass(frozen=True)
+class DenseMask:
+    """A materialized mask: ``keep`` (bool, True = may attend) and/or ``bias`` (float).
+
+    Each is ``None`` (keeps every pair / adds nothing) or a tensor broadcastable to
+    ``batch_shape + (L, S)``.
+    """
+
+    keep: torch.Tensor | None
+    bias: torch.Tensor | None
+
+
+def shape_str(shape: Sequence[int]) -> str:
+    return "(" + ", ".join(str(int(d)) for d in shape) + ")"
+
+
+def check_broadcast_to(
+    what: str, shape: Sequence[int], target: Sequence[int], hint: str = ""
+) -> None:
+    """Raise ValueError unless ``shape`` broadcasts to ``target`` without growing it."""
+    ok = len(shape) <= len(target) and all(
+        s in (1, t) for s, t in zip(reversed(shape), reversed(target), strict=False)
+    )
+    if not ok:
+        raise ValueError(
+            f"mask: {what} has shape {shape_str(shape)}, which does not broadcast to the "
+            f"attention shape {shape_str(target)} (batch dims..., L, S){hint}"
+        )
+
+
+def _operand_hint(op: str, other: object) -> str:
+    what = f"a {other.dtype} tensor" if isinstance(other, torch.Tensor) else type(other).__name__
+    return (
+        f"mask {op}: both sides must be attnkit masks, got {what}; wrap a tensor first: "
+        "masks.keep(t) (bool, True = may attend), masks.block(t) (bool, True = masked), "
+        "masks.bias(t) (float, added to the logits) or masks.tf(t) (1 = masked)"
+    )
+
+
+def _check_shard(q_start: int, k_start: int, L: int, S: int, total_L: int, total_S: int) -> None:
+    args = {"q_start": q_start, "k_start": k_start, "L": L, "S": S}
+    args.update(total_L=total_L, total_S=total_S)
+    for name, val in args.items():
+        if isinstance(val, bool) or not isinstance(val, int) or val < 0:
+            raise ValueError(f"mask.shard: {name} must be an int >= 0, got {val!r}")
+    if q_start + L > total_L or k_start + S > total_S:
+        raise ValueError(
+            f"mask.shard: queries [{q_start}, {q_start + L}) and keys [{k_start}, {k_start + S}) "
+            f"must lie inside the full problem of {total_L} queries and {total_S} keys"
+        )
+
+
+def slice_last2(t: torch.Tensor, q0: int, k0: int, L: int, S: int) -> torch.Tensor:
+    """t (..., L_total or 1, S_total or 1) or (S_total,) sliced to the shard; size-1 dims kept."""
+    if t.shape[-1] != 1:
+        t = t[..., k0 : k0 + S]  # (..., *, S)
+    if t.ndim >= 2 and t.shape[-2] != 1:
+        t = t[..., q0 : q0 + L, :]  # (..., L, S or 1)
+    return t
+
+
+def _tensor_signature(t: torch.Tensor) -> tuple[object, ...]:
+    return (tuple(t.shape), t.dtype, t.device.type, t.requires_grad)
+
+
+class Mask:
+    """Base class of every mask. Combine masks with ``&`` (and), ``|`` (or), ``~`` (not).
+
+    ``kind`` names the convention so backends can declare which kinds they handle.
+    A fully masked row follows one policy everywhere: output 0, weights 0, lse -inf.
+    """
+
+    kind: str = "mask"
+    additive: bool = False
+    """True for masks that add values to the logits (``bias``): they combine with ``&``
+    only, since ``|`` and ``~`` of a value are undefined."""
+
+    # ------------------------------------------------------------------ composition
+
+    def __and__(self, other: Mask) -> Mask:
+        if not isinstance(other, Mask):
+            raise TypeError(_operand_hint("&", other))
+        from .logic import AndMask
+
+        return AndMask.of(self, other)
+
+    def __rand__(self, other: object) -> Mask:
+        raise TypeError(_operand_hint("&", other))
+
+    def __or__(self, other: Mask) -> Mask:
+        if not isinstance(other, Mask):
+            raise TypeError(_operand_hint("|", other))
+        from .logic import OrMask
+
+        return OrMask.of(self, other)
+
+    def __ror__(self, other: object) -> Mask:
+        raise TypeError(_operand_hint("|", other))
+
+    def __invert__(self) -> Mask:
+        from .logic import NotMask
+
+        return NotMask.of(self)
+
+    def parts(self) -> tuple[Mask, ...]:
+        """The masks this one is the conjunction of (itself for anything but ``&``)."""
+        return (self,)
+
+    def children(self) -> tuple[Mask, ...]:
+        """The masks this one combines (none for a leaf)."""
+        return ()
+
+    def kinds(self) -> frozenset[str]:
+        """Every kind in this mask: the leaves' kinds, plus "or"/"not" where those appear."""
+        out = {self.kind} if not self.children() or self.kind in ("or", "not") else set()
+        for c in self.children():
+            out |= c.kinds()
+        return frozenset(out)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor this mask holds (its own and its children's)."""
+        own = self._tensors()
+        for c in self.children():
+            own += c.tensors()
+        return own
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return ()
+
+    def dense_tensors(self) -> tuple[torch.Tensor, ...]:
+        """The (L, S)-sized tensors this mask holds, which must live on the inputs' device
+        (small per-batch tensors such as lengths may stay on the CPU)."""
+        out: tuple[torch.Tensor, ...] = ()
+        for c in self.children():
+            out += c.dense_tensors()
+        return out
+
+    def map_tensors(self, fn: Callable[[torch.Tensor, str], torch.Tensor]) -> Mask:
+        """A copy of this mask with every tensor ``t`` replaced by ``fn(t, role)``: role
+        "dense" for tensors laid out as (..., L, S), "batch" for per-batch tensors whose
+        first dim is the batch dim (lengths, padding, ids). Masks without tensors return
+        themselves. E.g. slicing heads, or moving a mask to a device."""
+        return self
+
+    # ------------------------------------------------------------------ positions
+
+    def shard(self, q_start: int, k_start: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        """This mask of the full (total_L, total_S) problem, restricted to queries
+        ``[q_start, q_start + L)`` and keys ``[k_start, k_start + S)``, in local coordinates.
+
+        For context parallelism and any other split of a sequence: a shard of a
+        longer sequence is evaluated at its true positions. Structured masks stay
+        symbolic (a window gains an offset, lengths are shifted); dense tensors are
+        sliced (a size-1 dim stays broadcast). Nothing is read on the host.
+        """
+        _check_shard(q_start, k_start, L, S, total_L, total_S)
+        return self._shard(q_start, k_start, L, S, total_L, total_S)
+
+    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        raise NotImplementedError(f"{type(self).__name__} cannot be sharded")
+
+    # ------------------------------------------------------------------ checks
+
+    def validate(self, batch_shape: Sequence[int], L: int, S: int) -> None:
+        """Check this mask fits a call with these sizes; raise ValueError if not."""
+        for c in self.children():
+            c.validate(batch_shape, L, S)
+
+    def signature(self, L: int, S: int) -> tuple[object, ...]:
+        """The mask's structure for a call of (L, S), hashable, without tensor data: its
+        kind, static parameters and its tensors' shapes, dtypes, devices and grad flags."""
+        return (type(self), *(_tensor_signature(t) for t in self._tensors()))
+
+    # ------------------------------------------------------------------ lowering
+
+    def lower(self, L: int, S: int, device: torch.device) -> DNF:
+        """This mask's terms for a call of (L, S) on ``device``: a list of clauses, each
+        a list of :mod:`attnkit.blockplan.atoms` (a pair is kept when every atom of some
+        clause keeps it). Builds only small per-batch tensors, reads nothing on the host."""
+        raise NotImplementedError(f"{type(self).__name__} has no lowering")
+
+    # ------------------------------------------------------------------ dense form
+
+    def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
+        """Materialize as keep/bias tensors broadcastable to ``batch_shape + (L, S)``."""
+        raise NotImplementedError
+
+    def to_dense(
+        self,
+        L: int,
+        S: int,
+        batch_shape: Sequence[int] = (),
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> torch.Tensor:
+        """A dense tensor of shape ``batch_shape + (L, S)`` (broadcast where possible).
+
+        Returns a bool tensor (True = may attend) for pure keep masks, else a float
+        additive bias of ``dtype`` with ``-inf`` where a key is blocked.
+        """
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        batch_shape = tuple(int(d) for d in batch_shape)
+        self.validate(batch_shape, L, S)
+        d = self.dense(L, S, batch_shape, dev)
+        full = (*batch_shape, L, S)
+        if d.bias is None:
+            keep_t = d.keep if d.keep is not None else torch.ones((), dtype=torch.bool)
+            return keep_t.to(dev).expand(full).clone()
+        out = d.bias.to(device=dev, dtype=dtype).expand(full).clone()
+        if d.keep is not None:
+            out = out.masked_fill(~d.keep.to(dev).expand(full), float("-inf"))
+        return out

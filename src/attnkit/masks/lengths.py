@@ -1,0 +1,305 @@
+"""Per-batch masks: ``valid_lens`` (d2l), ``key_padding`` (torch), ``document`` (packed
+sequences)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from .._host import readable
+from ..blockplan.atoms import DNF, Atom, Document, KeyKeep, KeyRange, QueryRange, RowRange
+from .base import DenseMask, Mask, shape_str
+
+__all__ = ["DocumentMask", "KeyPaddingMask", "ValidLensMask"]
+
+
+def _int_tensor(where: str, name: str, x: object) -> torch.Tensor:
+    """``x`` as an integer tensor, or a TypeError naming the argument."""
+    if not isinstance(x, torch.Tensor):
+        try:
+            x = torch.as_tensor(x)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise TypeError(
+                f"{where}: {name} must be an integer tensor or a list of ints, "
+                f"got {type(x).__name__}"
+            ) from exc
+    if x.dtype == torch.bool or x.is_floating_point() or x.is_complex():
+        raise TypeError(f"{where}: {name} must have an integer dtype, got {x.dtype}")
+    if x.device.type == "meta":
+        raise ValueError(f"{where}: {name} is on the meta device, which holds no values")
+    return x
+
+
+def _needs_batch(where: str, batch_shape: Sequence[int]) -> int:
+    if len(batch_shape) == 0:
+        raise ValueError(
+            f"mask: {where} needs a batch dim; the query has shape (L, E) with no leading dims, "
+            "expected (B, ..., L, E)"
+        )
+    return int(batch_shape[0])
+
+
+def _per_batch(t: torch.Tensor, batch_shape: Sequence[int]) -> torch.Tensor:
+    """(B, ...) -> (B, 1, ..., 1, ...): broadcast over the other leading dims (heads)."""
+    return t.view(t.shape[0], *([1] * (len(batch_shape) - 1)), *t.shape[1:])
+
+
+class ValidLensMask(Mask):
+    """d2l's ``valid_lens``: key ``j`` is kept for batch ``b`` when ``j < lens[b]``.
+
+    ``lens`` has shape (B,) (one length per batch element) or (B, L) (one per
+    query). B is the first leading dim of the query; the lengths broadcast over
+    the other leading dims (heads). With ``queries=True`` (1-D lens only), query
+    rows at or past the length are padding too and become fully masked rows.
+
+    Attributes:
+        lens: (B,) or (B, L) long, the key lengths.
+        queries: True when query rows past a length are padding too.
+        query_lens: (B,) long, the query lengths when ``queries`` (equal to ``lens``
+            unless the mask is a shard of a longer sequence), else None.
+    """
+
+    kind = "valid_lens"
+
+    def __init__(self, lens: torch.Tensor | Sequence[int], queries: bool = False) -> None:
+        lens = _int_tensor("masks.valid_lens", "lens", lens)
+        if lens.ndim not in (1, 2):
+            raise ValueError(
+                f"masks.valid_lens: lens must have shape (B,) or (B, L), got {shape_str(lens.shape)}"
+            )
+        if not isinstance(queries, bool):
+            raise TypeError(f"masks.valid_lens: queries must be a bool, got {queries!r}")
+        if readable(lens) and lens.numel() and int(lens.min()) < 0:
+            raise ValueError(
+                f"masks.valid_lens: lengths must be >= 0, got minimum {int(lens.min())}"
+            )
+        if queries and lens.ndim != 1:
+            raise ValueError(
+                "masks.valid_lens: queries=True needs one length per batch element, shape (B,); "
+                f"got {shape_str(lens.shape)}"
+            )
+        self.lens = lens.to(torch.long)
+        self.queries = queries
+        self.query_lens: torch.Tensor | None = self.lens if queries else None
+
+    def validate(self, batch_shape: Sequence[int], L: int, S: int) -> None:
+        B = _needs_batch("masks.valid_lens", batch_shape)
+        if self.lens.shape[0] != B:
+            raise ValueError(
+                f"mask: masks.valid_lens has {self.lens.shape[0]} lengths, but the batch dim "
+                f"(first leading dim) is {B}; expected shape ({B},) or ({B}, {L})"
+            )
+        if self.lens.ndim == 2 and self.lens.shape[1] != L:
+            raise ValueError(
+                f"mask: masks.valid_lens per-query lengths have shape "
+                f"{shape_str(self.lens.shape)}, expected ({B}, {L}) for L={L} queries"
+            )
+        if not readable(self.lens) or not self.lens.numel():
+            return  # the value checks below read the lengths on the host: CPU, eager only
+        if int(self.lens.max()) > S:
+            raise ValueError(
+                f"mask: masks.valid_lens has a length of {int(self.lens.max())}, more than the "
+                f"{S} keys; expected lengths in [0, {S}]"
+            )
+        ql = self.query_lens
+        if ql is not None and int(ql.max()) > L:
+            raise ValueError(
+                f"mask: masks.valid_lens(queries=True) has a length of {int(ql.max())}, "
+                f"more than the {L} queries; expected lengths in [0, min(L, S)]"
+            )
+
+    def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
+        lens = self.lens.to(device)
+        j = torch.arange(S, device=device)
+        if lens.ndim == 1:
+            keep_t = j.view(1, 1, S) < lens.view(-1, 1, 1)  # (B, 1, S)
+            if self.query_lens is not None:
+                i = torch.arange(L, device=device)
+                q_lens = self.query_lens.to(device)
+                keep_t = keep_t & (i.view(1, L, 1) < q_lens.view(-1, 1, 1))  # (B, L, S)
+        else:
+            keep_t = j.view(1, 1, S) < lens.unsqueeze(-1)  # (B, L, S)
+        return DenseMask(keep=_per_batch(keep_t, batch_shape), bias=None)  # (B, 1.., L|1, S)
+
+    def lower(self, L: int, S: int, device: torch.device) -> DNF:
+        lens = self.lens.to(device)
+        atoms: list[Atom] = [RowRange(None, lens) if lens.ndim == 2 else KeyRange(None, lens)]
+        if self.query_lens is not None:
+            atoms.append(QueryRange(None, self.query_lens.to(device)))
+        return [atoms]
+
+    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        lens = self.lens
+        if lens.ndim == 2:
+            lens = lens[:, q0 : q0 + L]  # (B, L) rows of this shard
+        shard = ValidLensMask.__new__(ValidLensMask)
+        shard.lens = (lens - k0).clamp(0, S)  # (B,) or (B, L): keys left in this shard
+        shard.queries = self.queries
+        shard.query_lens = None
+        if self.query_lens is not None:
+            shard.query_lens = (self.query_lens - q0).clamp(0, L)  # (B,)
+        return shard
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.lens,) if self.query_lens is None else (self.lens, self.query_lens)
+
+    def map_tensors(self, fn: Callable[[torch.Tensor, str], torch.Tensor]) -> Mask:
+        out = ValidLensMask.__new__(ValidLensMask)
+        out.lens = fn(self.lens, "batch")
+        out.queries = self.queries
+        out.query_lens = None
+        if self.query_lens is not None:
+            out.query_lens = (
+                out.lens if self.query_lens is self.lens else fn(self.query_lens, "batch")
+            )
+        return out
+
+    def signature(self, L: int, S: int) -> tuple[object, ...]:
+        return (*super().signature(L, S), self.queries)
+
+
+class KeyPaddingMask(Mask):
+    """Padding keys: bool (B, S), True = padding (torch's ``key_padding_mask``)."""
+
+    kind = "key_padding"
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(
+                f"masks.key_padding: expected a bool tensor of shape (B, S), got "
+                f"{type(tensor).__name__}"
+            )
+        if tensor.dtype != torch.bool:
+            raise TypeError(
+                f"masks.key_padding: expected a bool tensor (True = padding), got dtype "
+                f"{tensor.dtype}; for an additive float mask use masks.bias"
+            )
+        if tensor.ndim != 2:
+            raise ValueError(
+                f"masks.key_padding: expected shape (B, S), got {shape_str(tensor.shape)}"
+            )
+        if tensor.device.type == "meta":
+            raise ValueError("masks.key_padding: the tensor is on the meta device (no values)")
+        self.padding = tensor
+
+    def validate(self, batch_shape: Sequence[int], L: int, S: int) -> None:
+        B = _needs_batch("masks.key_padding", batch_shape)
+        if tuple(self.padding.shape) != (B, S):
+            raise ValueError(
+                f"mask: masks.key_padding has shape {shape_str(self.padding.shape)}, expected "
+                f"(B, S) = ({B}, {S})"
+            )
+
+    def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
+        keep_t = ~self.padding.to(device)  # (B, S)
+        return DenseMask(keep=_per_batch(keep_t.unsqueeze(1), batch_shape), bias=None)
+
+    def lower(self, L: int, S: int, device: torch.device) -> DNF:
+        return [[KeyKeep(~self.padding.to(device))]]
+
+    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        return KeyPaddingMask(self.padding[:, k0 : k0 + S])  # (B, S) keys of this shard
+
+    def map_tensors(self, fn: Callable[[torch.Tensor, str], torch.Tensor]) -> Mask:
+        return KeyPaddingMask(fn(self.padding, "batch"))
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.padding,)
+
+
+class DocumentMask(Mask):
+    """Packed sequences: query ``i`` keeps key ``j`` when both belong to the same document.
+
+    ``ids``: (N,) or (B, N) integer document ids of the positions (queries and keys
+    of a self-attention); a negative id marks padding, which keeps nothing and is kept
+    by nothing. ``key_ids``: (S,) or (B, S) ids of the keys when they differ from the
+    queries' (e.g. cross attention between two packed batches). Combine with
+    ``masks.causal()`` for causal packed training, like FlashAttention's varlen
+    kernels and FlexAttention's document masks.
+    """
+
+    kind = "document"
+
+    def __init__(self, ids: torch.Tensor, key_ids: torch.Tensor | None = None) -> None:
+        q = _int_tensor("masks.document", "ids", ids)
+        k = q if key_ids is None else _int_tensor("masks.document", "key_ids", key_ids)
+        for name, t in (("ids", q), ("key_ids", k)):
+            if t.ndim not in (1, 2):
+                raise ValueError(
+                    f"masks.document: {name} must have shape (N,) or (B, N), got "
+                    f"{shape_str(t.shape)}"
+                )
+        self.q_ids = q.to(torch.long)
+        self.k_ids = self.q_ids if key_ids is None else k.to(torch.long)
+
+    @classmethod
+    def from_lengths(
+        cls, lengths: torch.Tensor | Sequence[int] | Sequence[Sequence[int]]
+    ) -> DocumentMask:
+        """Documents of given lengths packed one after another: (D,) for one sequence, or
+        (B, D) per batch element (zero lengths allowed); positions past a row's total are
+        padding (id -1)."""
+        lens = _int_tensor("masks.document", "lengths", lengths).to(torch.long)
+        if lens.ndim not in (1, 2):
+            raise ValueError(
+                f"masks.document: lengths must have shape (D,) or (B, D), got {shape_str(lens.shape)}"
+            )
+        if lens.numel() and int(lens.min()) < 0:
+            raise ValueError(f"masks.document: lengths must be >= 0, got {int(lens.min())}")
+        rows = lens.unsqueeze(0) if lens.ndim == 1 else lens  # (B, D)
+        n = int(rows.sum(dim=1).max()) if rows.numel() else 0
+        pos = torch.arange(n)  # (N,)
+        ends = rows.cumsum(dim=1)  # (B, D)
+        ids = torch.searchsorted(ends, pos.expand(rows.shape[0], n).contiguous(), right=True)
+        ids = torch.where(pos < ends[:, -1:], ids, -1) if rows.shape[1] else -torch.ones_like(ids)
+        return cls(ids if lens.ndim == 2 else ids[0])
+
+    def validate(self, batch_shape: Sequence[int], L: int, S: int) -> None:
+        for name, t, n in (("ids", self.q_ids, L), ("key_ids", self.k_ids, S)):
+            if t.shape[-1] != n:
+                what = "queries" if name == "ids" else "keys"
+                raise ValueError(
+                    f"mask: masks.document {name} cover {t.shape[-1]} positions, but the call "
+                    f"has {n} {what}; expected shape (N,) or (B, N) with N = {n}"
+                    + (" (give key_ids when queries and keys differ)" if L != S else "")
+                )
+            if t.ndim == 2:
+                B = _needs_batch("masks.document with (B, N) ids", batch_shape)
+                if t.shape[0] not in (1, B):
+                    raise ValueError(
+                        f"mask: masks.document {name} have {t.shape[0]} rows, but the batch dim "
+                        f"(first leading dim) is {B}"
+                    )
+
+    def _ids(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        q = self.q_ids.to(device)
+        k = q if self.k_ids is self.q_ids else self.k_ids.to(device)
+        return (q if q.ndim == 2 else q.unsqueeze(0)), (k if k.ndim == 2 else k.unsqueeze(0))
+
+    def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
+        q, k = self._ids(device)  # (B or 1, L), (B or 1, S)
+        keep = (q.unsqueeze(-1) == k.unsqueeze(-2)) & (q.unsqueeze(-1) >= 0)  # (B or 1, L, S)
+        if keep.shape[0] == 1 and self.q_ids.ndim == 1 and self.k_ids.ndim == 1:
+            return DenseMask(keep=keep[0], bias=None)  # (L, S)
+        return DenseMask(keep=_per_batch(keep, batch_shape), bias=None)  # (B, 1.., L, S)
+
+    def lower(self, L: int, S: int, device: torch.device) -> DNF:
+        return [[Document(*self._ids(device))]]
+
+    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        shard = DocumentMask.__new__(DocumentMask)
+        shard.q_ids = self.q_ids[..., q0 : q0 + L]  # (..., L)
+        shard.k_ids = self.k_ids[..., k0 : k0 + S]  # (..., S)
+        return shard
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.q_ids,) if self.k_ids is self.q_ids else (self.q_ids, self.k_ids)
+
+    def map_tensors(self, fn: Callable[[torch.Tensor, str], torch.Tensor]) -> Mask:
+        out = DocumentMask.__new__(DocumentMask)
+        for name, t in (("q_ids", self.q_ids), ("k_ids", self.k_ids)):
+            setattr(out, name, fn(t, "batch") if t.ndim == 2 else t)  # (N,) has no batch dim
+        if self.k_ids is self.q_ids:
+            out.k_ids = out.q_ids
+        return out

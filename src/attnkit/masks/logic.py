@@ -1,0 +1,164 @@
+"""Combinations: ``a & b`` (and), ``a | b`` (or), ``~a`` (not).
+
+``&`` keeps a pair every part keeps, and additive biases add up. ``|`` keeps a pair
+some part keeps, ``~`` the pairs a mask does not keep; both take keep-type masks only
+(a bias has no "or" or "not"). A row that ends up keeping no key follows the
+fully-masked-row policy (output 0, weights 0, lse -inf), whatever the combination.
+Everything stays symbolic: a combination lowers to a disjunction of conjunctions
+of its parts' atoms (:mod:`attnkit.blockplan.atoms`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ..blockplan.atoms import DNF, conjoin, negate
+from .base import DenseMask, Mask
+
+__all__ = ["AndMask", "NotMask", "OrMask"]
+
+
+def _no_bias(op: str, masks: Sequence[Mask]) -> None:
+    for m in masks:
+        if m.additive or any(p.additive for p in _leaves(m)):
+            raise TypeError(
+                f"mask {op}: a bias mask adds values to the logits, so it has no "
+                f"{'or' if op == '|' else 'not'}; combine biases with & only (or turn a "
+                "boolean into masks.keep / masks.block first)"
+            )
+
+
+def _leaves(m: Mask) -> list[Mask]:
+    kids = m.children()
+    if not kids:
+        return [m]
+    out: list[Mask] = []
+    for c in kids:
+        out += _leaves(c)
+    return out
+
+
+class AndMask(Mask):
+    """Conjunction of masks: kept where every part keeps; biases add up."""
+
+    kind = "and"
+
+    def __init__(self, parts: Sequence[Mask]) -> None:
+        self._parts = tuple(parts)
+
+    @classmethod
+    def of(cls, a: Mask, b: Mask) -> AndMask:
+        return cls((*a.parts(), *b.parts()))
+
+    def parts(self) -> tuple[Mask, ...]:
+        return self._parts
+
+    def children(self) -> tuple[Mask, ...]:
+        return self._parts
+
+    def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
+        keep_t: torch.Tensor | None = None
+        bias_t: torch.Tensor | None = None
+        for p in self._parts:
+            d = p.dense(L, S, batch_shape, device)
+            if d.keep is not None:
+                keep_t = d.keep if keep_t is None else keep_t & d.keep
+            if d.bias is not None:
+                bias_t = d.bias if bias_t is None else bias_t + d.bias
+        return DenseMask(keep=keep_t, bias=bias_t)
+
+    def lower(self, L: int, S: int, device: torch.device) -> DNF:
+        out: DNF = [[]]
+        for p in self._parts:
+            out = conjoin(out, p.lower(L, S, device))
+        return out
+
+    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        return AndMask([p._shard(q0, k0, L, S, total_L, total_S) for p in self._parts])
+
+    def signature(self, L: int, S: int) -> tuple[object, ...]:
+        return (AndMask, *(p.signature(L, S) for p in self._parts))
+
+    def map_tensors(self, fn: Callable[[torch.Tensor, str], torch.Tensor]) -> Mask:
+        return AndMask([p.map_tensors(fn) for p in self._parts])
+
+
+class OrMask(Mask):
+    """Disjunction of keep-type masks: kept where any part keeps."""
+
+    kind = "or"
+
+    def __init__(self, parts: Sequence[Mask]) -> None:
+        _no_bias("|", parts)
+        self._alts = tuple(parts)
+
+    @classmethod
+    def of(cls, a: Mask, b: Mask) -> OrMask:
+        flat: list[Mask] = []
+        for m in (a, b):
+            flat += list(m.children()) if isinstance(m, OrMask) else [m]
+        return cls(flat)
+
+    def children(self) -> tuple[Mask, ...]:
+        return self._alts
+
+    def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
+        keep_t: torch.Tensor | None = torch.zeros((), dtype=torch.bool, device=device)
+        for p in self._alts:
+            d = p.dense(L, S, batch_shape, device)
+            if d.keep is None:  # this part keeps everything
+                return DenseMask(keep=None, bias=None)
+            keep_t = d.keep if keep_t is None else keep_t | d.keep
+        return DenseMask(keep=keep_t, bias=None)
+
+    def lower(self, L: int, S: int, device: torch.device) -> DNF:
+        out: DNF = []
+        for p in self._alts:
+            out += p.lower(L, S, device)
+        return out
+
+    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        return OrMask([p._shard(q0, k0, L, S, total_L, total_S) for p in self._alts])
+
+    def signature(self, L: int, S: int) -> tuple[object, ...]:
+        return (OrMask, *(p.signature(L, S) for p in self._alts))
+
+    def map_tensors(self, fn: Callable[[torch.Tensor, str], torch.Tensor]) -> Mask:
+        return OrMask([p.map_tensors(fn) for p in self._alts])
+
+
+class NotMask(Mask):
+    """Complement of a keep-type mask: kept where the mask does not keep."""
+
+    kind = "not"
+
+    def __init__(self, inner: Mask) -> None:
+        _no_bias("~", [inner])
+        self.inner = inner
+
+    @classmethod
+    def of(cls, m: Mask) -> Mask:
+        return m.inner if isinstance(m, NotMask) else cls(m)
+
+    def children(self) -> tuple[Mask, ...]:
+        return (self.inner,)
+
+    def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
+        d = self.inner.dense(L, S, batch_shape, device)
+        if d.keep is None:
+            return DenseMask(keep=torch.zeros((), dtype=torch.bool, device=device), bias=None)
+        return DenseMask(keep=~d.keep, bias=None)
+
+    def lower(self, L: int, S: int, device: torch.device) -> DNF:
+        return negate(self.inner.lower(L, S, device))
+
+    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        return NotMask(self.inner._shard(q0, k0, L, S, total_L, total_S))
+
+    def signature(self, L: int, S: int) -> tuple[object, ...]:
+        return (NotMask, self.inner.signature(L, S))
+
+    def map_tensors(self, fn: Callable[[torch.Tensor, str], torch.Tensor]) -> Mask:
+        return NotMask(self.inner.map_tensors(fn))
