@@ -6,7 +6,6 @@ NumPy spec the oracle in reference.py understands, built from the same arrays.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +67,11 @@ MASKS = (
     "window_bottom_right",
     "causal_and_padding",
     "bias_and_window",
+    "document",
+    "document_causal",
+    "prefix_lm",
+    "window_or_padding",
+    "not_causal_and_lens",
 )
 # (B, H, Hk, L, S, E, Ev): odd sizes, L != S, Ev != E, GQA (H != Hk), a single key.
 SHAPES = (
@@ -192,7 +196,36 @@ def make_mask(
             masks.bias(t) & masks.window(None, 2),
             ("and", ("bias", t.double().numpy()), ("window", None, 2, "top_left")),
         )
+    if name in ("document", "document_causal"):
+        q_ids, k_ids = packed_ids(B, L, gen), packed_ids(B, S, gen)
+        doc = masks.document(q_ids, key_ids=k_ids)
+        spec = ("document", q_ids.numpy(), k_ids.numpy())
+        if name == "document":
+            return doc, spec
+        return doc & masks.causal("bottom_right"), ("and", spec, ("causal", "bottom_right"))
+    if name == "prefix_lm":
+        prefix = torch.randint(0, S + 1, (B,), generator=gen)
+        return masks.prefix_lm(prefix), ("prefix_lm", prefix.numpy(), "top_left")
+    if name == "window_or_padding":
+        pad = rand_bool(B, S, p=0.8)
+        return (
+            masks.window(1, 1) | masks.key_padding(pad),
+            ("or", ("window", 1, 1, "top_left"), ("key_padding", pad.numpy())),
+        )
+    if name == "not_causal_and_lens":
+        lens = torch.randint(0, S + 1, (B,), generator=gen)
+        return (
+            ~masks.causal() & masks.valid_lens(lens),
+            ("and", ("not", ("causal", "top_left")), ("valid_lens", lens.numpy(), False)),
+        )
     raise ValueError(name)
+
+
+def packed_ids(B: int, N: int, gen: torch.Generator) -> torch.Tensor:
+    """(B, N) document ids of packed sequences: sorted runs from 0, a padding tail of -1."""
+    ids = torch.randint(0, 3, (B, N), generator=gen).sort(dim=1).values  # (B, N)
+    pad = torch.rand(B, N, generator=gen).sort(dim=1).values > 0.85  # a tail of padding
+    return ids.masked_fill(pad, -1)
 
 
 def make_case(
@@ -225,14 +258,7 @@ def mask_to(mask: Any, device: str) -> Any:
         return None
     if isinstance(mask, torch.Tensor):
         return mask.to(device)
-    if isinstance(mask, masks.AndMask):
-        return masks.AndMask([mask_to(p, device) for p in mask.parts()])
-    moved = copy.copy(mask)
-    for name in ("tensor", "lens", "query_lens", "padding"):
-        t = getattr(moved, name, None)
-        if isinstance(t, torch.Tensor):
-            setattr(moved, name, t.to(device))
-    return moved
+    return mask.map_tensors(lambda t, role: t.to(device))
 
 
 def plain_math(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

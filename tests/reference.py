@@ -95,6 +95,31 @@ def oracle_mask(
                     ok = False
                 keep[i, j] = ok
         return keep, None
+    if kind == "document":
+        q_ids, k_ids = np.asarray(spec[1]), np.asarray(spec[2])
+        keep = (q_ids[..., :, None] == k_ids[..., None, :]) & (q_ids[..., :, None] >= 0)
+        if keep.ndim == 3:  # (B, L, S): per batch element, broadcast over heads
+            keep = keep.reshape(keep.shape[0], *([1] * (batch_ndim - 1)), L, S)
+        return keep, None
+    if kind == "prefix_lm":
+        prefix, align = np.asarray(spec[1]), spec[2]
+        causal, _ = oracle_mask(("causal", align), L, S, batch_ndim)
+        assert causal is not None
+        seen = np.arange(S)[None, None, :] < prefix.reshape(-1, 1, 1)  # (B, 1, S)
+        keep = causal[None] | seen  # (B, L, S)
+        return keep.reshape(keep.shape[0], *([1] * (batch_ndim - 1)), L, S), None
+    if kind == "or":
+        keep_any: np.ndarray | None = None
+        for part in spec[1:]:
+            kp, bp = oracle_mask(part, L, S, batch_ndim)
+            assert bp is None, "or of a bias"
+            kp = np.ones((L, S), dtype=bool) if kp is None else kp
+            keep_any = kp if keep_any is None else keep_any | kp
+        return keep_any, None
+    if kind == "not":
+        kp, bp = oracle_mask(spec[1], L, S, batch_ndim)
+        assert bp is None, "not of a bias"
+        return (np.zeros((L, S), dtype=bool) if kp is None else ~kp), None
     if kind == "and":
         keep_all: np.ndarray | None = None
         bias_all: np.ndarray | None = None

@@ -150,3 +150,13 @@ def test_empty_batch_dim(backend: str) -> None:
     q.requires_grad_(True)
     attnkit.attention(q, k, k, backend=backend).sum().backward()
     assert q.grad is not None and q.grad.shape == q.shape
+
+
+@pytest.mark.parametrize("mask_name", MASKS)
+def test_every_cpu_backend_takes_every_mask_kind(mask_name: str) -> None:
+    """No CPU backend declines a mask kind: a decline would let the oracle tests above pass
+    without computing anything."""
+    case = make_case("scaled_dot", mask_name, (2, 3, 3, 5, 7, 8, 4), seed=5)
+    for backend in CPU_BACKENDS:
+        reasons = attnkit.explain(case.q, case.k, case.v, mask=case.mask, backend=backend).reasons
+        assert reasons[backend] == [], (backend, reasons[backend])

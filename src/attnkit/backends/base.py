@@ -21,7 +21,21 @@ __all__ = ["AttentionResult", "Backend", "PlainRunner"]
 PlainRunner: TypeAlias = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """(query, key, value) -> output: a backend's shortcut for a repeated plain call."""
 
-ALL_MASK_KINDS = frozenset({"keep", "bias", "valid_lens", "key_padding", "causal", "window"})
+ALL_MASK_KINDS = frozenset(
+    {
+        "keep",
+        "bias",
+        "valid_lens",
+        "key_padding",
+        "causal",
+        "window",
+        "document",
+        "prefix_lm",
+        "or",
+        "not",
+    }
+)
+"""Every mask kind (leaf kinds, and "or"/"not" for ``|`` and ``~`` combinations)."""
 
 
 @dataclass(frozen=True)

@@ -431,8 +431,8 @@ class BlockPlan:
             return False
         if c.docs:
             d = c.docs[0]
-            if len(c.docs) > 1 or not d.equal or self.L != self.S or c.key_keep is not None:
-                return False
+            if len(c.docs) > 1 or not d.equal or d.k_ids is not d.q_ids or c.key_keep is not None:
+                return False  # (self-attention ids only: each document is a square block)
         elif c.has_band and c.key_keep is not None:
             return False  # kept keys that are not a prefix would break the causal order
         return True

@@ -273,9 +273,14 @@ class DocumentMask(Mask):
                     )
 
     def _ids(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B or 1, L) and (B or 1, S) ids on ``device``; one tensor object for both when the
+        queries and keys share their ids (self-attention), which the plan relies on."""
         q = self.q_ids.to(device)
-        k = q if self.k_ids is self.q_ids else self.k_ids.to(device)
-        return (q if q.ndim == 2 else q.unsqueeze(0)), (k if k.ndim == 2 else k.unsqueeze(0))
+        q = q if q.ndim == 2 else q.unsqueeze(0)  # (B or 1, L)
+        if self.k_ids is self.q_ids:
+            return q, q
+        k = self.k_ids.to(device)
+        return q, (k if k.ndim == 2 else k.unsqueeze(0))  # (B or 1, S)
 
     def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
         q, k = self._ids(device)  # (B or 1, L), (B or 1, S)

@@ -43,6 +43,9 @@ class TritonBackend(Backend):
     fused: ClassVar[bool] = True
     supports_dropout: ClassVar[bool] = False
     averages_heads: ClassVar[bool] = True
+    mask_kinds: ClassVar[frozenset[str]] = frozenset(
+        {"keep", "bias", "valid_lens", "key_padding", "causal", "window"}
+    )
 
     def __init__(self) -> None:
         # The interpreter may be switched on after this module was imported (tests):
