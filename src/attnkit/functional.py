@@ -16,7 +16,7 @@ from .backends.base import AttentionResult
 from .backends.dispatch import Explanation, explain_inputs, normalize_backend_arg, select_backend
 from .scores import Score
 
-__all__ = ["attention", "explain"]
+__all__ = ["attention", "attention_backward", "explain"]
 
 ScoreArg = str | Score
 MaskArg = _masks.Mask | torch.Tensor | None
@@ -136,6 +136,49 @@ def explain(
         return_lse=return_lse,
     )
     return explain_inputs(inputs, normalize_backend_arg(backend))
+
+
+def attention_backward(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+    grad_lse: torch.Tensor | None = None,
+    *,
+    score: ScoreArg = "scaled_dot",
+    mask: MaskArg = None,
+    scale: float | None = None,
+    backend: BackendArg = None,
+    params: Sequence[torch.Tensor] = (),
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor | None]]:
+    """Gradients of ``attention(query, key, value, ...)`` as one part of a larger
+    attention whose output is ``out`` with log-sum-exp ``lse``.
+
+    For a context-parallel ring or any split of the keys into blocks: each block, given
+    the global (out, lse) and their gradients, returns its share, and the shares add
+    up to the whole call's gradients. For a whole call pass its own (out, lse). The
+    backend that :func:`attention` would pick for the forward (with ``return_lse``)
+    computes it, from its own backward where it has one (no forward recomputation).
+
+    Args:
+        query (..., L, E), key (..., S, Ek), value (..., S, Ev): this part's inputs.
+        out: (..., L, Ev) the global output of these queries.
+        lse: (..., L) the global log-sum-exp (-inf for rows with no key anywhere).
+        grad_out: like ``out``; grad_lse: like ``lse`` or None.
+        score, mask, scale, backend: as for :func:`attention` (the mask of this part).
+        params: score parameters to differentiate too.
+
+    Returns:
+        ``(d query, d key, d value, [d param for each of params])``.
+    """
+    with torch.no_grad():
+        inputs = validate_inputs(
+            query, key, value, score=score, mask=mask, scale=scale, return_lse=True
+        )
+        chosen = select_backend(inputs, normalize_backend_arg(backend))
+    return chosen.backward(inputs, out, lse, grad_out, grad_lse, params)
 
 
 def _empty_result(inputs: AttentionInputs) -> AttentionResult:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.func import functional_call
 
 from .._host import readable
 from .._inputs import AttentionInputs
@@ -115,15 +114,12 @@ def dense_mask(inputs: AttentionInputs) -> DenseMask:
 def score_logits(inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Unscaled logits (..., L, S) of the call's score, with its parameters in q's dtype.
 
-    Parameters are cast (differentiably) when the inputs were upcast for
-    half-precision accumulation.
+    Parameters are cast (differentiably, on a shallow copy of the score: the module
+    itself is never changed) when the inputs were upcast for half-precision accumulation.
     """
-    score = inputs.score
-    params = dict(score.named_parameters())
-    if params and any(p.dtype != q.dtype for p in params.values()):
-        cast = {name: p.to(q.dtype) for name, p in params.items()}
-        return functional_call(score, cast, (q, k))
-    return score.logits(q, k)
+    from .operands import cast_score  # (operands imports this module)
+
+    return cast_score(inputs.score, q.dtype).logits(q, k)
 
 
 def masked_softmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,13 +8,16 @@ The dispatcher runs the first backend, in priority order, with no reasons.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, TypeAlias
+from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
 import torch
 
 from .._inputs import AttentionInputs
+
+if TYPE_CHECKING:
+    from ._backward import InputGrads
 
 __all__ = ["AttentionResult", "Backend", "PlainRunner"]
 
@@ -125,6 +128,28 @@ class Backend:
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
         """Compute attention for validated inputs."""
         raise NotImplementedError
+
+    def backward(
+        self,
+        inputs: AttentionInputs,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        grad_out: torch.Tensor,
+        grad_lse: torch.Tensor | None,
+        params: Sequence[torch.Tensor] = (),
+    ) -> InputGrads:
+        """Gradients (d query, d key, d value, [d param for each of ``params``]) of this
+        call as one part of an attention whose output is ``out`` (*batch, L, Ev) with
+        log-sum-exp ``lse`` (*batch, L): e.g. one key block of a context-parallel ring,
+        given the global (out, lse). For a whole call, pass its own (out, lse).
+
+        ``grad_out`` like ``out``, ``grad_lse`` like ``lse`` or None. The default is the
+        materialized definition differentiated (:mod:`._backward`, O(L·S) memory); a
+        backend with a backward of its own from (out, lse) overrides it.
+        """
+        from ._backward import materialized_backward
+
+        return materialized_backward(inputs, out, lse, grad_out, grad_lse, params)
 
     def plain_runner(self, inputs: AttentionInputs) -> PlainRunner | None:
         """A shortcut for repeated plain calls like ``inputs`` (output only; see

@@ -14,13 +14,13 @@ Forward, on rank r at step t = 0 .. P-1 (it holds the K/V of origin o = (r - t) 
 A shard travels only as far as the last rank that needs it (``CallPlan.last_hop``):
 under a contiguous causal layout the last rank's K/V never leaves it.
 
-Backward recomputes every block from the saved global lse (nothing of size
-N/P x N/P is kept between forward and backward, so memory per rank is O(N/P)).
-For ``out = sum_j w_j out_j`` with ``w_j = exp(lse_j - lse)`` a block's share of
-the gradient is ``d out_j = w_j d out`` and ``d lse_j = w_j (rowdot(d out, out_j -
-out) + d lse)``, fed to ``torch.autograd.grad`` of the recomputed block, so every
-score (Additive included) and its parameters get exact gradients. dK/dV travel
-with their K/V around the ring and go home from the last rank that used them.
+Backward asks each block's backend for its share of the gradients given the saved
+global (out, lse) (:func:`attnkit.functional.attention_backward`, i.e. the backend's
+``backward`` from (out, lse): probabilities ``exp(s - lse)``, no recomputation of the
+block's forward, nothing of size N/P x N/P kept between forward and backward, so
+memory per rank is O(N/P)). Every score (Additive included) and its parameters get
+exact gradients. dK/dV travel with their K/V around the ring and go home from the
+last rank that used them.
 
 Score parameter gradients are each rank's local part (the blocks of its queries):
 sum them across the group (:func:`attnkit.distributed.all_reduce_grads`, or DDP
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from .. import _lse
-from ..functional import attention
+from ..functional import attention, attention_backward
 from ..scores import is_shared_score
 from .comm import P2P, p2p, wait_all
 from .plan import Block, CallPlan
@@ -147,31 +147,20 @@ def _block_grads(
     params: list[torch.nn.Parameter],
     want: tuple[bool, bool, bool],
 ) -> list[torch.Tensor | None]:
-    """Gradients (dq_blk, dk_blk, dv_blk, *d_params) of one block's share of the loss."""
+    """Gradients (dq_blk, dk_blk, dv_blk, *d_params) of one block's share of the loss,
+    from the block's backend's own backward given the global (out, lse)."""
     rows = slice(blk.q_local, blk.q_local + blk.L)
-    with torch.enable_grad():
-        qb = q[..., rows, :].detach().requires_grad_(want[0])  # (..., L_blk, E)
-        kb = kv[0].narrow(-2, blk.k_local, blk.S).detach().requires_grad_(want[1])
-        vb = kv[1].narrow(-2, blk.k_local, blk.S).detach().requires_grad_(want[2])
-        part = Block(blk.q_index, 0, blk.q_global, blk.L, 0, blk.k_global, blk.S)
-        out_j, lse_j = _block_call(plan, part, qb, kb, vb)
-        lse_s = lse[..., rows]  # (..., L_blk)
-        dead = torch.isneginf(lse_s)  # rows with no key anywhere: zero gradient
-        shift = torch.where(dead, torch.zeros_like(lse_s), lse_s)
-        w = torch.where(dead, torch.zeros_like(lse_s), torch.exp(lse_j.detach() - shift))
-        d_out_s = d_out[..., rows, :].to(w.dtype)  # (..., L_blk, Ev)
-        diff = out_j.detach().to(w.dtype) - out[..., rows, :].to(w.dtype)  # (..., L_blk, Ev)
-        g_lse = w * ((d_out_s * diff).sum(-1) + d_lse[..., rows].to(w.dtype))  # (..., L_blk)
-        g_out = (w.unsqueeze(-1) * d_out_s).to(out_j.dtype)  # (..., L_blk, Ev)
-        leaves = [t for t, wanted in zip((qb, kb, vb), want, strict=True) if wanted]
-        inputs = leaves + list(params)
-        grads = torch.autograd.grad(
-            (out_j, lse_j), inputs, (g_out, g_lse.to(lse_j.dtype)), allow_unused=True
-        )
-    it = iter(grads)
-    result: list[torch.Tensor | None] = [next(it) if wanted else None for wanted in want]
-    result += list(it)
-    return result
+    qb = q[..., rows, :]  # (..., L_blk, E)
+    kb = kv[0].narrow(-2, blk.k_local, blk.S)  # (..., S_blk, Ek)
+    vb = kv[1].narrow(-2, blk.k_local, blk.S)  # (..., S_blk, Ev)
+    mask = None
+    if plan.mask is not None:
+        mask = plan.mask.shard(blk.q_global, blk.k_global, blk.L, blk.S, plan.total_L, plan.total_S)
+    dq, dk, dv, dps = attention_backward(
+        qb, kb, vb, out[..., rows, :], lse[..., rows], d_out[..., rows, :], d_lse[..., rows],
+        score=plan.score, mask=mask, scale=plan.scale, backend=plan.backend, params=params,
+    )  # fmt: skip
+    return [dq if want[0] else None, dk if want[1] else None, dv if want[2] else None, *dps]
 
 
 def _row_pieces(blocks: list[Block]) -> list[Block]:

@@ -1,15 +1,18 @@
-"""The chunked backend's autograd Function: tiles forward, recompute in backward.
+"""The chunked backend's tiles as a kernel call: tiles forward, recompute in backward.
 
-The forward saves only the inputs, the output and the lse (and the weights when
-they were asked for, since the caller holds them anyway); the backward recomputes
-each tile's probabilities as ``exp(s - lse)``, so training memory stays
-O((L + S)·E) per row. Double backward (``create_graph=True``, e.g. gradient
-penalties or ``gradgradcheck``) recomputes the call with differentiable, materialized
-operations instead, since the tiles are exponentiated in place, unseen by autograd.
+Run through the shared :class:`attnkit.backends.autograd.KernelFunction`, which saves
+only the operands, the output and the lse (and the weights when they were asked for,
+since the caller holds them anyway); the backward recomputes each tile's
+probabilities as ``exp(s - lse)``, so training memory stays O((L + S)·E) per row.
+Double backward (``create_graph=True``, e.g. gradient penalties or
+``gradgradcheck``) recomputes the call with differentiable, materialized operations
+instead, since the tiles are exponentiated in place, unseen by autograd.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,67 +21,66 @@ from ...blockplan import BlockPlan
 from .._common import masked_softmax
 from .tiles import Operands, backward_tiles, forward_tiles
 
-__all__ = ["ChunkedAttentionFunction"]
+__all__ = ["ChunkedCall"]
 
 
-class ChunkedAttentionFunction(torch.autograd.Function):
-    """(plan, kind, scale, want_weights, qa, ka, w, v, kb, flags) -> (out, lse, weights or None).
+@dataclass(frozen=True)
+class ChunkedCall:
+    """The tiles of one call as a :class:`attnkit.backends.autograd.KernelCall`.
 
-    ``flags`` carries the non-finite markers of :class:`Operands` (``bad_v``, ``nonfinite_qk``).
-
-    Shapes (rows flattened to N): qa (N, L, Eq), ka (N, S, Eq), w (hidden,) or None,
-    v (N, S, Ev), kb (N, 1, S) or None; out (N, L, Ev), lse (N, L), weights (N, L, S).
+    Operands, rows flattened to N: (qa (N, L, Eq), ka (N, S, Eq), w (hidden,) or None,
+    v (N, S, Ev), kb (N, 1, S) or None); out (N, L, Ev), lse (N, L), weights (N, L, S).
+    ``flags`` carries the non-finite markers of :class:`Operands` (``bad_v``,
+    ``nonfinite_qk``).
     """
 
-    @staticmethod
-    def forward(
-        ctx: Any,
-        plan: BlockPlan,
-        kind: str,
-        scale: float,
-        want_weights: bool,
-        qa: torch.Tensor,
-        ka: torch.Tensor,
-        w: torch.Tensor | None,
-        v: torch.Tensor,
-        kb: torch.Tensor | None,
-        flags: dict[str, Any],
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        ops = Operands(kind=kind, qa=qa, ka=ka, w=w, v=v, kb=kb, scale=scale, **flags)
-        out, lse, weights = forward_tiles(ops, plan, want_weights)
-        ctx.plan, ctx.kind, ctx.scale, ctx.flags = plan, kind, scale, flags
-        ctx.has_w, ctx.has_kb, ctx.has_weights = w is not None, kb is not None, want_weights
-        saved = [qa, ka, v, out, lse]
-        saved += [w] if w is not None else []
-        saved += [kb] if kb is not None else []
-        saved += [weights] if weights is not None else []
-        ctx.save_for_backward(*saved)
-        return out, lse, weights
+    plan: BlockPlan
+    kind: str
+    scale: float
+    flags: dict[str, Any]
 
-    @staticmethod
+    def operands(self, t: Sequence[torch.Tensor | None]) -> Operands:
+        qa, ka, w, v, kb = t
+        assert qa is not None and ka is not None and v is not None
+        return Operands(kind=self.kind, qa=qa, ka=ka, w=w, v=v, kb=kb, scale=self.scale,
+                        **self.flags)  # fmt: skip
+
+    def forward(
+        self, operands: Sequence[torch.Tensor | None], want_weights: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        return forward_tiles(self.operands(operands), self.plan, want_weights)
+
     def backward(
-        ctx: Any,
-        d_out: torch.Tensor | None,
+        self,
+        operands: Sequence[torch.Tensor | None],
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        d_out: torch.Tensor,
         d_lse: torch.Tensor | None,
+        weights: torch.Tensor | None,
         d_weights: torch.Tensor | None,
-    ) -> tuple[Any, ...]:
-        saved = list(ctx.saved_tensors)
-        qa, ka, v, out, lse = saved[:5]
-        rest = saved[5:]
-        w = rest.pop(0) if ctx.has_w else None
-        kb = rest.pop(0) if ctx.has_kb else None
-        weights = rest.pop(0) if ctx.has_weights else None
-        if d_out is None:
-            d_out = torch.zeros_like(out)
-        ops = Operands(kind=ctx.kind, qa=qa, ka=ka, w=w, v=v, kb=kb, scale=ctx.scale, **ctx.flags)
-        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            grads = _differentiable_grads(ops, ctx.plan, d_out, d_lse, d_weights)
-            return (None, None, None, None, *grads, None)
+        d_rows: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor | None, ...]:
+        """Operand gradients; ``d_rows`` (N, L) accumulates each row's sum of the logits'
+        gradient, for a per-row constant of the logits (see ``backward_tiles``)."""
         with torch.no_grad():
             dqa, dka, dw, dv, dkb = backward_tiles(
-                ops, ctx.plan, out, lse, d_out.contiguous(), d_lse, weights, d_weights
-            )
-        return None, None, None, None, dqa, dka, dw, dv, dkb, None
+                self.operands(operands), self.plan, out, lse, d_out, d_lse, weights, d_weights,
+                d_rows,
+            )  # fmt: skip
+        return dqa, dka, dw, dv, dkb
+
+    def differentiable_backward(
+        self,
+        operands: Sequence[torch.Tensor | None],
+        d_out: torch.Tensor,
+        d_lse: torch.Tensor | None,
+        d_weights: torch.Tensor | None,
+    ) -> tuple[torch.Tensor | None, ...]:
+        dqa, dka, dw, dv, dkb = _differentiable_grads(
+            self.operands(operands), self.plan, d_out, d_lse, d_weights
+        )
+        return dqa, dka, dw, dv, dkb
 
 
 def dense_logits(ops: Operands, plan: BlockPlan) -> torch.Tensor:

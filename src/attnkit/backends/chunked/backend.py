@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 import torch
@@ -12,10 +14,12 @@ from ..._inputs import AttentionInputs
 from ...blockplan import BlockPlan
 from ...kernels import additive as _additive
 from ...scores import Additive
+from .._backward import InputGrads
 from .._common import all_finite, clean_values, expand_kv
-from .._dotform import clean_dot_form
+from ..autograd import KernelFunction
 from ..base import AttentionResult, Backend
-from .autograd import ChunkedAttentionFunction
+from ..operands import ScoreOperands, lower_score
+from .autograd import ChunkedCall
 from .sizes import tile_shape
 from .tiles import Operands, weights_tiles
 
@@ -68,21 +72,19 @@ class ChunkedBackend(Backend):
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
         batch, L, S = inputs.batch_shape, inputs.L, inputs.S
-        ops, row_const = _operands(inputs)
+        ops, score_ops = _operands(inputs)
         plan = _plan(inputs)
         mean_only = inputs.weights_mean and not inputs.needs_grad
         want_weights = inputs.return_weights and not mean_only
         flags = {"bad_v": ops.bad_v, "nonfinite_qk": ops.nonfinite_qk}
-        out, lse, weights = ChunkedAttentionFunction.apply(
-            plan, ops.kind, ops.scale, want_weights, ops.qa, ops.ka, ops.w, ops.v, ops.kb, flags
+        call = ChunkedCall(plan, ops.kind, ops.scale, flags)
+        out, lse, weights = KernelFunction.apply(
+            call, want_weights, ops.qa, ops.ka, ops.w, ops.v, ops.kb
         )
         out = out.reshape(*batch, L, inputs.Ev).to(inputs.dtype)  # (*batch, L, Ev)
         lse_out: torch.Tensor | None = None
         if inputs.return_lse:
-            lse_out = lse.reshape(*batch, L)  # (*batch, L)
-            if row_const is not None:  # an empty row stays -inf whatever its query holds
-                shifted = lse_out + (row_const.to(lse.dtype) * inputs.scale).expand(*batch, L)
-                lse_out = torch.where(torch.isneginf(lse_out), lse_out, shifted)
+            lse_out = score_ops.finish_lse(lse.reshape(*batch, L))  # (*batch, L)
         if weights is not None:
             weights = weights.reshape(*batch, L, S)  # (*batch, L, S)
             if inputs.weights_mean:
@@ -90,6 +92,55 @@ class ChunkedBackend(Backend):
         elif mean_only:
             weights = _head_mean_weights(ops, plan, lse.detach(), inputs)
         return AttentionResult(output=out, weights=weights, lse=lse_out)
+
+    def backward(
+        self,
+        inputs: AttentionInputs,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        grad_out: torch.Tensor,
+        grad_lse: torch.Tensor | None,
+        params: Sequence[torch.Tensor] = (),
+    ) -> InputGrads:
+        """The tiles' own backward from a given (out, lse): each tile's probabilities are
+        ``exp(s - lse)``, so nothing of size L×S is held; then back through the score's
+        lowering (its projections) to the query, key, value and parameters."""
+        batch, L = inputs.batch_shape, inputs.L
+        N, cd = math.prod(batch), inputs.compute_dtype
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(True)
+                      for t in (inputs.query, inputs.key, inputs.value)]  # fmt: skip
+            rec = replace(
+                inputs, query=leaves[0], key=leaves[1], value=leaves[2], return_lse=True
+            )  # fmt: skip  (the lse's frame needs the row constant)
+            ops, lowered = _operands(rec)
+        lse_l = lowered.lowered_lse(lse.detach().to(cd)).reshape(N, L)  # (N, L)
+        call = ChunkedCall(_plan(rec), ops.kind, ops.scale,
+                           {"bad_v": ops.bad_v, "nonfinite_qk": ops.nonfinite_qk})  # fmt: skip
+        tensors = (ops.qa, ops.ka, ops.w, ops.v, ops.kb)
+        d_lse = grad_lse.detach().to(cd).reshape(N, L) if grad_lse is not None else None
+        d_rows = torch.zeros(N, L, dtype=cd, device=inputs.device)  # (N, L)
+        grads = call.backward(
+            tensors,
+            out.detach().to(cd).reshape(N, L, -1),  # (N, L, Ev)
+            lse_l,
+            grad_out.detach().to(cd).reshape(N, L, -1).contiguous(),  # (N, L, Ev)
+            d_lse,
+            None,
+            None,
+            d_rows if lowered.row_constant is not None else None,
+        )
+        pairs = [
+            (t, g) for t, g in zip(tensors, grads, strict=True) if t is not None and g is not None
+        ]
+        pairs += lowered.row_constant_pairs(lse, d_rows.reshape(*inputs.batch_shape, L))
+        wanted = [*leaves, *params]
+        got = torch.autograd.grad([t for t, _ in pairs], wanted, [g for _, g in pairs],
+                                  allow_unused=True)  # fmt: skip
+        dq, dk, dv = (
+            torch.zeros_like(t) if g is None else g for t, g in zip(leaves, got, strict=False)
+        )
+        return dq, dk, dv, list(got[3:])
 
 
 def _plan(inputs: AttentionInputs) -> BlockPlan:
@@ -120,30 +171,16 @@ def _head_mean_weights(
     return weights.reshape(*inputs.batch_shape[:-1], inputs.L, inputs.S)  # (..., L, S)
 
 
-def _operands(inputs: AttentionInputs) -> tuple[Operands, torch.Tensor | None]:
-    """The call's tile operands, rows flattened to N, and the score's row constant (or None).
-
-    The projections here (``dot_form``, Additive's ``W_q``/``W_k``) run under
-    autograd, so gradients reach the score's parameters through them.
-    """
+def _operands(inputs: AttentionInputs) -> tuple[Operands, ScoreOperands]:
+    """The call's tile operands, rows flattened to N, from the score lowered once
+    (:func:`attnkit.backends.operands.lower_score`, in the compute dtype, under
+    autograd so gradients reach the score's parameters)."""
     cd = inputs.compute_dtype
-    score = inputs.score
     batch, L, S = inputs.batch_shape, inputs.L, inputs.S
     N = math.prod(batch)
-    row_const: torch.Tensor | None = None
-    w: torch.Tensor | None = None
-    kb: torch.Tensor | None = None
-    if score.dot_reducible:
-        kind = "dot"
-        qa, ka, kb, row_const, _ = clean_dot_form(
-            inputs, row_constant=inputs.return_lse, upcast=True
-        )
-    else:
-        assert isinstance(score, Additive)
-        kind = "additive"
-        qa, ka = score.project(inputs.query, inputs.key)  # (..., L, h), (..., S, h)
-        w = score.w_v.weight.reshape(-1).to(cd)  # (h,)
-    qa, ka, v = qa.to(cd), ka.to(cd), inputs.value.to(cd)
+    lowered = lower_score(inputs, upcast=True, row_constant=inputs.return_lse)
+    qa, ka, kb, w = lowered.q, lowered.k, lowered.key_bias, lowered.w
+    v = inputs.value.to(cd)
     if inputs.groups > 1:
         ka = expand_kv(ka, inputs.groups)  # (..., Hq, S, Eq)
         v = expand_kv(v, inputs.groups)  # (..., Hq, S, Ev)
@@ -161,7 +198,7 @@ def _operands(inputs: AttentionInputs) -> tuple[Operands, torch.Tensor | None]:
         bad_v = bad.to(cd) if bad is not None else None  # (N, S)
         nonfinite_qk = not all_finite(qa.detach(), ka.detach())
     ops = Operands(
-        kind=kind,
+        kind=lowered.kind,
         qa=qa.contiguous(),
         ka=ka.contiguous(),
         w=w,
@@ -171,4 +208,4 @@ def _operands(inputs: AttentionInputs) -> tuple[Operands, torch.Tensor | None]:
         bad_v=bad_v,
         nonfinite_qk=nonfinite_qk,
     )
-    return ops, row_const
+    return ops, lowered

@@ -249,12 +249,14 @@ def backward_tiles(
     d_lse: torch.Tensor | None,
     weights: torch.Tensor | None,
     d_weights: torch.Tensor | None,
+    d_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
     """Gradients (dqa, dka, dw, dv, dkb) by recomputing each tile's probabilities.
 
     With p = exp(s - lse), the gradient of the logits of a tile is
     ``p * (dO @ V^T - rowsum(dO * O) + dlse)`` plus, when the weights were returned,
-    ``p * (dW - rowsum(dW * W))``.
+    ``p * (dW - rowsum(dW * W))``. ``d_rows`` (N, L), when given, accumulates each row's
+    sum of the logits' gradient (what a per-row constant of the logits receives).
     """
     dqa = torch.zeros_like(ops.qa)
     dka = torch.zeros_like(ops.ka)
@@ -285,6 +287,8 @@ def backward_tiles(
                 if d_weights is not None:
                     dp += d_weights[rows, i0:i1, j0:j1]
                 ds = dp.sub_(rt).mul_(p)  # (R, bi, bj): gradient of the logits s
+                if d_rows is not None:
+                    d_rows[rows, i0:i1] += ds.sum(dim=-1)  # (R, bi)
                 if dkb is not None:
                     dkb[rows, :, j0:j1] += ds.sum(dim=1, keepdim=True)  # (R, 1, bj)
                 kt = ops.ka[rows, j0:j1]  # (R, bj, Eq)

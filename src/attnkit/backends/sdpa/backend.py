@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -10,10 +11,12 @@ import torch
 from ..._host import readable
 from ..._inputs import AttentionInputs
 from .. import varlen
+from .._backward import InputGrads
 from .._common import dense_mask, expand_kv
-from .._dotform import clean_dot_form
 from ..base import AttentionResult, Backend, PlainRunner
+from ..operands import lower_score
 from . import plan
+from .backward import sdpa_backward
 from .lse import has_lse_kernel, weights_of_call
 from .run import HAS_GQA, call, direct, direct_runner
 
@@ -40,6 +43,18 @@ class SDPABackend(Backend):
         """Mask parts SDPA would build as a dense (L, S) tensor (see :mod:`.plan`)."""
         return plan.materialized_masks(inputs)
 
+    def backward(
+        self,
+        inputs: AttentionInputs,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        grad_out: torch.Tensor,
+        grad_lse: torch.Tensor | None,
+        params: Sequence[torch.Tensor] = (),
+    ) -> InputGrads:
+        """torch's fused backward from (out, lse) where it can run (see :mod:`.backward`)."""
+        return sdpa_backward(inputs, out, lse, grad_out, grad_lse, params)
+
     def plain_runner(self, inputs: AttentionInputs) -> PlainRunner | None:
         """Direct calls (see :func:`.plan.is_direct`) repeat as one :func:`.run.direct`."""
         if not plan.is_direct(inputs):
@@ -61,9 +76,8 @@ class SDPABackend(Backend):
         # plain same-dtype math; (scaled) dot scores keep the half kernel, with or without
         # weights (its lse is float32 either way)
         upcast = inputs.dtype != inputs.compute_dtype and plan.half_needs_float32(inputs)
-        q, k, key_bias, rc, excluded = clean_dot_form(
-            inputs, row_constant=inputs.return_lse, upcast=upcast
-        )
+        ops = lower_score(inputs, row_constant=inputs.return_lse, upcast=upcast)
+        q, k, key_bias, excluded = ops.q, ops.k, ops.key_bias, ops.excluded
         if key_bias is not None and inputs.mask is not None:
             # q'·k' + b == [q', 1]·[k', b]: one more feature instead of an (L, S) bias mask
             kb = key_bias.transpose(-2, -1)  # (..., S, 1)
@@ -78,10 +92,7 @@ class SDPABackend(Backend):
         else:
             out, weights, lse = self._forward_dense(inputs, q, k, key_bias, excluded)
         if lse is not None and inputs.return_lse:
-            lse = lse.to(inputs.compute_dtype)
-            if rc is not None:  # an empty row stays -inf whatever its query holds
-                shifted = lse + (rc.to(inputs.compute_dtype) * inputs.scale).expand_as(lse)
-                lse = torch.where(torch.isneginf(lse), lse, shifted)
+            lse = ops.finish_lse(lse.to(inputs.compute_dtype))
         return AttentionResult(
             output=out.to(inputs.dtype),
             weights=weights if inputs.return_weights else None,

@@ -1,0 +1,70 @@
+"""The generic backward from (out, lse): the materialized definition, differentiated.
+
+For a call that is one part of a larger attention (a block of keys of a
+context-parallel ring) whose normalized output is ``out`` with log-sum-exp ``lse``,
+the gradients of this part are those of
+
+    f = sum_ij p_ij (d_out_i · v_j) - sum_i D_i sum_j p_ij,   p_ij = exp(s_ij - lse_i),
+    D_i = rowsum(d_out_i * out_i) - d_lse_i   (lse and D held constant),
+
+since ``d f / d s_ij = p_ij (d_out_i · v_j - D_i)`` is the softmax backward and
+``d f / d v_j = sum_i p_ij d_out_i``. For a whole call, pass its own (out, lse). Every
+score and mask works here; memory is O(L·S) per call (backends with their own
+backward avoid that).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+
+from .. import _lse
+from .._inputs import AttentionInputs
+from ._common import expand_kv
+from ._materialized import materialized_logits
+
+__all__ = ["InputGrads", "materialized_backward"]
+
+InputGrads = tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor | None]]
+"""(d query, d key, d value, [d param for each parameter asked for])."""
+
+
+def materialized_backward(
+    inputs: AttentionInputs,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+    grad_lse: torch.Tensor | None,
+    params: Sequence[torch.Tensor] = (),
+) -> InputGrads:
+    """Gradients of this call's share (see the module docstring).
+
+    out (*batch, L, Ev), lse (*batch, L) (-inf for rows with no key anywhere),
+    grad_out like out, grad_lse like lse or None; ``params``: score parameters to
+    differentiate too.
+    """
+    cd = inputs.compute_dtype
+    with torch.enable_grad():
+        q, k, v = (
+            t.detach().requires_grad_(True) for t in (inputs.query, inputs.key, inputs.value)
+        )
+        rec = replace(inputs, query=q, key=k, value=v, dropout_p=0.0)
+        logits = materialized_logits(rec)  # (*batch, L, S), -inf where blocked
+        lse_c = lse.detach().to(cd)
+        dead = torch.isneginf(lse_c)
+        p = torch.exp(logits - _lse.safe_max(lse_c).unsqueeze(-1))  # (*batch, L, S)
+        p = p.masked_fill(dead.unsqueeze(-1), 0.0)
+        vv = expand_kv(v.to(cd), inputs.groups)  # (..., Hq, S, Ev)
+        vv = torch.where(torch.isfinite(vv), vv, torch.zeros((), dtype=cd))  # unused keys: 0
+        d_out = grad_out.detach().to(cd)
+        D = (d_out * out.detach().to(cd)).sum(-1)  # (*batch, L)
+        if grad_lse is not None:
+            D = D - grad_lse.detach().to(cd)
+        f = ((p @ vv) * d_out).sum() - (p.sum(-1) * D).sum()
+        grads = torch.autograd.grad(f, [q, k, v, *params], allow_unused=True)
+    dq, dk, dv = (
+        torch.zeros_like(t) if g is None else g for t, g in zip((q, k, v), grads, strict=False)
+    )
+    return dq, dk, dv, list(grads[3:])

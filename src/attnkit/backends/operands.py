@@ -1,0 +1,161 @@
+"""One lowering of scores: a call's score becomes the operands every kernel reads.
+
+:func:`lower_score` turns the call's score into a :class:`ScoreOperands` record:
+
+- kind "dot" (every dot-reducible score): ``logits = scale * (q' · k' + key_bias)``
+  plus a per-query ``row_constant`` that softmax ignores (Gaussian: ``-‖q - c‖²/2σ²``);
+- kind "additive" (Bahdanau): ``logits = scale * w · tanh(q' + k')`` over the hidden
+  dim, with ``q' = W_q q`` and ``k' = W_k k``.
+
+The projections run under autograd here, once, so gradients reach the score's
+parameters through them whatever kernel computes the attention; a kernel's backward
+only needs the gradients of the operands. The log-sum-exp a kernel computes is that
+of the lowered logits; :meth:`ScoreOperands.finish_lse` adds the row constant back
+(an empty row stays -inf), :meth:`ScoreOperands.lowered_lse` removes it from a given
+lse (a backward from a context-parallel ring's global lse).
+
+Non-finite keys: a score's dot form may mix keys (the Gaussian centres on their
+mean), so unless the keys are known finite (read on the host for free) the dot form
+gets them with non-finite rows zeroed, and those rows are put back after it: a NaN
+key row as NaN, an inf Gaussian key as infinitely far (``excluded``: its logit is
+-inf by construction).
+
+Half precision: with ``upcast`` the dot form is computed in the compute dtype
+(float32), so terms such as the Gaussian's ``-‖k‖²/2σ²`` are not rounded to half
+first. The score's parameters are cast without touching the module (:func:`cast_score`
+builds a shallow copy), so a score shared by threads is never changed under them.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .._host import readable
+from .._inputs import AttentionInputs
+from ..scores import Additive, Dot, Score
+from ._common import all_finite, clean_keys, restore_nonfinite_keys
+
+__all__ = ["ScoreOperands", "cast_score", "lower_score"]
+
+
+def cast_score(score: Score, dtype: torch.dtype) -> Score:
+    """``score`` with its parameters in ``dtype``, differentiably (gradients flow back to
+    the original parameters in their own dtype), as a shallow copy: the module itself,
+    which other threads may be using, is never modified. Buffers keep their dtype (a
+    fixed Gaussian bandwidth stays float64; the score casts it where it is used)."""
+    if all(p.dtype == dtype for p in score.parameters()):
+        return score
+    return _cast_module(score, dtype)  # type: ignore[return-value]
+
+
+def _cast_module(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    clone = copy.copy(module)  # a new object sharing the tensors; the dicts are replaced below
+    params = {n: (None if p is None else p.to(dtype)) for n, p in module._parameters.items()}
+    clone.__dict__["_parameters"] = params
+    clone.__dict__["_modules"] = {
+        n: (None if m is None else _cast_module(m, dtype)) for n, m in module._modules.items()
+    }
+    return clone
+
+
+@dataclass(frozen=True)
+class ScoreOperands:
+    """A call's score as kernel operands (see the module docstring).
+
+    Attributes:
+        kind: "dot" or "additive".
+        q: (..., L, E') q' (dot) or W_q q (additive).
+        k: (..., S, E') k' (dot) or W_k k (additive).
+        key_bias: None or (..., 1, S), unscaled (dot only).
+        w: None or (hidden,), the Additive score's w_v.
+        row_constant: None or (..., L), unscaled; softmax ignores it.
+        excluded: None or (..., S) bool: keys whose logit is -inf by construction.
+        scale: multiplier of the logits.
+    """
+
+    kind: str
+    q: torch.Tensor
+    k: torch.Tensor
+    key_bias: torch.Tensor | None
+    w: torch.Tensor | None
+    row_constant: torch.Tensor | None
+    excluded: torch.Tensor | None
+    scale: float
+
+    def finish_lse(self, lse: torch.Tensor) -> torch.Tensor:
+        """The lse of the score's logits from the lse of the lowered ones, (..., L): the
+        row constant added back; an empty row stays -inf whatever its query holds."""
+        if self.row_constant is None:
+            return lse
+        shifted = lse + (self.row_constant.to(lse.dtype) * self.scale).expand_as(lse)
+        return torch.where(torch.isneginf(lse), lse, shifted)
+
+    def row_constant_pairs(
+        self, lse: torch.Tensor, row_grad: torch.Tensor | None
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(tensor, gradient) pairs through which the logits' gradient reaches the score's
+        row constant (and so the query and the score's parameters). ``row_grad``: each
+        row's sum over this call's keys of the gradient of the (scaled) logits, shaped
+        like the lse (for a whole call, that is the lse's gradient). Empty when there is
+        no row constant; empty rows (lse -inf) take none."""
+        rc = self.row_constant
+        if rc is None or row_grad is None or not rc.requires_grad:
+            return []
+        g = row_grad.to(rc.dtype).masked_fill(torch.isneginf(lse), 0.0) * self.scale
+        while g.ndim > rc.ndim:
+            g = g.sum(0)
+        dims = [d for d, n in enumerate(rc.shape) if n == 1 and g.shape[d] != 1]
+        return [(rc, g.sum(dim=dims, keepdim=True) if dims else g)]
+
+    def lowered_lse(self, lse: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`finish_lse`: a given lse in the lowered logits' frame."""
+        if self.row_constant is None:
+            return lse
+        shifted = lse - (self.row_constant.to(lse.dtype) * self.scale).expand_as(lse)
+        return torch.where(torch.isneginf(lse), lse, shifted)
+
+
+def lower_score(
+    inputs: AttentionInputs,
+    *,
+    upcast: bool,
+    row_constant: bool,
+    query: torch.Tensor | None = None,
+    key: torch.Tensor | None = None,
+) -> ScoreOperands:
+    """The call's score as :class:`ScoreOperands`.
+
+    Args:
+        inputs: the validated call.
+        upcast: compute the operands in the compute dtype (float32 for half inputs);
+            else in the inputs' dtype.
+        row_constant: compute the row constant (only needed when an lse is returned).
+        query, key: replace the call's query (..., L, E) and key (..., S, Ek), e.g.
+            leaves of a recomputation.
+    """
+    score = inputs.score
+    q = inputs.query if query is None else query
+    key = inputs.key if key is None else key
+    dtype = inputs.compute_dtype if upcast else q.dtype
+    sc = cast_score(score, dtype)
+    if isinstance(score, Additive):
+        assert isinstance(sc, Additive)
+        qa, ka = sc.project(q.to(dtype), key.to(dtype))  # (..., L, h), (..., S, h)
+        w = sc.w_v.weight.reshape(-1)  # (h,)
+        return ScoreOperands("additive", qa, ka, None, w, None, None, inputs.scale)
+    far: torch.Tensor | None = None
+    nan_keys: torch.Tensor | None = None
+    if type(score).dot_form is not Dot.dot_form and not (
+        readable(key) and all_finite(key.detach())
+    ):
+        key, far, nan_keys = clean_keys(key)
+    qd, kd, kb = sc.dot_form(q.to(dtype), key.to(dtype))
+    rc = sc.row_constant(q.to(dtype), key.to(dtype)) if row_constant else None
+    excluded: torch.Tensor | None = None
+    if far is not None and nan_keys is not None:
+        kd, kb, excluded = restore_nonfinite_keys(kd, kb, far, nan_keys)
+    return ScoreOperands("dot", qd, kd, kb, None, rc, excluded, inputs.scale)
