@@ -32,19 +32,10 @@ def matrix_backends(device: str) -> tuple[str, ...]:
     that runs there and is available on this install, by dispatch priority."""
     from attnkit.backends import dispatch
 
-    per_device = getattr(dispatch, "backends_for", None)
-    if per_device is not None:
-        names = per_device(device)
-    else:  # older dispatch: every backend, filtered by the devices it declares
-        names = tuple(
-            n
-            for n in attnkit.available_backends()
-            if device in getattr(dispatch._REGISTRY[n], "device_types", {"cpu"})
-        )
     return tuple(
         name
-        for name in names
-        if (device, name) not in _SLOW_ON and dispatch._REGISTRY[name].is_available() is None
+        for name in dispatch.backends_for(device)
+        if (device, name) not in _SLOW_ON and attnkit.get_backend(name).is_available() is None
     )
 
 

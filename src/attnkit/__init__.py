@@ -13,10 +13,12 @@ from .backends.dispatch import (
     BackendNotSupportedError,
     Explanation,
     available_backends,
+    get_backend,
     register_backend,
+    unregister_backend,
     use_backend,
 )
-from .functional import attention, explain
+from .functional import attention, attention_backward, explain
 
 __version__ = "0.1.0"
 
@@ -25,12 +27,15 @@ __all__ = [
     "Explanation",
     "__version__",
     "attention",
+    "attention_backward",
     "available_backends",
     "explain",
+    "get_backend",
     "masks",
     "nn",
     "register_backend",
     "scores",
+    "unregister_backend",
     "use_backend",
     "viz",
 ]

@@ -11,7 +11,6 @@ import torch
 import attnkit
 from attnkit import _lse
 from attnkit._inputs import validate_inputs
-from attnkit.backends import dispatch
 
 from cases import make_case
 
@@ -50,7 +49,7 @@ def test_backward_from_the_calls_own_lse_matches_autograd(
     case = make_case(score_name, mask_name, (2, 4, 2, 6, 6, 5, 3), seed=3, dtype=torch.float64)
     out, lse, d_out, d_lse, ref, params = _reference(case, with_d_lse)
     inputs = validate_inputs(case.q, case.k, case.v, score=case.score, mask=case.mask)
-    be = dispatch._REGISTRY[backend]
+    be = attnkit.get_backend(backend)
     dq, dk, dv, dp = be.backward(inputs, out, lse, d_out, d_lse, params)
     for got, want in zip([dq, dk, dv, *dp], ref, strict=True):
         torch.testing.assert_close(got, torch.zeros_like(got) if want is None else want)
@@ -64,7 +63,7 @@ def test_key_blocks_given_the_global_lse_add_up_to_the_whole(
     case = make_case(score_name, mask_name, (2, 4, 2, 6, 6, 5, 3), seed=4, dtype=torch.float64)
     out, lse, d_out, d_lse, ref, params = _reference(case, True)
     S, cut = case.k.shape[-2], 4
-    be = dispatch._REGISTRY[backend]
+    be = attnkit.get_backend(backend)
     dq = torch.zeros_like(case.q)
     dk_parts, dv_parts = [], []
     dps = [torch.zeros_like(p) for p in params]

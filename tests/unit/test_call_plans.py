@@ -108,8 +108,12 @@ def test_use_backend_and_a_new_backend_are_honoured_after_a_plan(
     cleared: list[int] = []
     dispatch.on_registry_change(lambda: cleared.append(1))
     assert _plans.lookup(_plans.plan_key(q, k, v, "scaled_dot", None, None, 0.0, None))
-    dispatch.register_backend(dispatch._REGISTRY["reference"])  # re-register: caches go
+    reference = attnkit.unregister_backend("reference")  # caches go
     assert cleared == [1]
+    assert _plans.lookup(_plans.plan_key(q, k, v, "scaled_dot", None, None, 0.0, None)) is None
+    attnkit.attention(q, k, v)
+    attnkit.register_backend(reference)  # a registration clears them too
+    assert cleared == [1, 1]
     assert _plans.lookup(_plans.plan_key(q, k, v, "scaled_dot", None, None, 0.0, None)) is None
     dispatch._ON_CHANGE.pop()
 

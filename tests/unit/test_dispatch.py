@@ -28,7 +28,7 @@ def test_explain_computes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     from attnkit.backends.base import Backend
 
     for name in attnkit.available_backends():
-        b = attnkit.backends.dispatch._REGISTRY[name]  # type: ignore[attr-defined]
+        b = attnkit.get_backend(name)
         monkeypatch.setattr(type(b), "forward", Backend.forward)
     assert attnkit.explain(q, k, k, mask=masks.causal()).chosen is not None
 

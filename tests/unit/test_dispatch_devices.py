@@ -62,8 +62,8 @@ def test_cuda_never_prefers_a_python_tiled_backend_over_a_fused_one(name: str) -
     assert ranking.index("sdpa") < ranking.index("chunked") < ranking.index("reference")
     with _host.device_semantics():  # the tensors are read as a GPU's would be: never
         chosen = _choose(inputs)
-    assert dispatch._REGISTRY[chosen].fused, (name, chosen)
-    triton_ok = not dispatch._REGISTRY["triton"].is_available()
+    assert attnkit.get_backend(chosen).fused, (name, chosen)
+    triton_ok = not attnkit.get_backend("triton").is_available()
     dense_for_sdpa = name not in ("none", "causal")
     assert chosen == ("triton" if dense_for_sdpa and triton_ok else "sdpa"), (name, chosen)
 
@@ -121,10 +121,9 @@ def test_an_unavailable_backend_gives_its_reason_and_never_runs() -> None:
         with pytest.raises(attnkit.BackendNotSupportedError, match="not installed"):
             attnkit.attention(q, q, q, backend="test-unavailable")
     finally:
-        dispatch._REGISTRY.pop("test-unavailable")
-        dispatch._ORDER.remove("test-unavailable")
-        dispatch.PRIORITY["cpu"].remove("test-unavailable")
-        dispatch._CHOICES.clear()
+        attnkit.unregister_backend("test-unavailable")
+    assert "test-unavailable" not in attnkit.available_backends()
+    assert attnkit.explain(q, q, q).chosen == "sdpa"
 
 
 def test_no_backend_module_imports_another() -> None:

@@ -52,9 +52,11 @@ __all__ = [
     "backends_for",
     "explain_inputs",
     "forced_backends",
+    "get_backend",
     "on_registry_change",
     "register_backend",
     "select_backend",
+    "unregister_backend",
     "use_backend",
 ]
 
@@ -186,6 +188,31 @@ _ON_CHANGE: list[Callable[[], None]] = []
 def on_registry_change(clear: Callable[[], None]) -> None:
     """Call ``clear`` whenever a backend is registered (caches of earlier choices)."""
     _ON_CHANGE.append(clear)
+
+
+def get_backend(name: str) -> Backend:
+    """The registered backend called ``name``; ValueError naming the registered ones if none."""
+    be = _REGISTRY.get(name) if isinstance(name, str) else None
+    if be is None:
+        raise ValueError(f"get_backend: unknown backend {name!r}; expected one of {list(_ORDER)}")
+    return be
+
+
+def unregister_backend(name: str) -> Backend:
+    """Remove the backend called ``name`` and return it (ValueError if none is).
+
+    Its place in :data:`PRIORITY` is kept (names not registered are skipped), so
+    ``register_backend(unregister_backend(name))`` puts a backend back where it was.
+    Cached choices and call plans are forgotten.
+    """
+    be = get_backend(name)
+    del _REGISTRY[name]
+    _ORDER.remove(name)
+    _NAME_CACHE.clear()
+    _CHOICES.clear()
+    for clear in _ON_CHANGE:
+        clear()
+    return be
 
 
 def available_backends() -> tuple[str, ...]:
