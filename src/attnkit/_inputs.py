@@ -303,6 +303,11 @@ def validate_inputs(
     m = _normalize_mask(mask)
     if m is not None:
         m.validate(batch_shape, L, S)
+        if device.type != "meta" and any(t.device.type == "meta" for t in m.tensors()):
+            raise ValueError(
+                f"mask: holds a tensor on the meta device (shapes only, no values), but the "
+                f"query is on {device}; build the mask from tensors on {device} or the CPU"
+            )
         for t in m.dense_tensors():
             if t.device != device:
                 raise ValueError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import attnkit
 from attnkit import masks
 from attnkit.blockplan import build_plan
 
@@ -82,12 +83,27 @@ def test_or_with_a_tensor_names_the_constructors() -> None:
         (lambda: masks.document(lengths=[2, -1]), ">= 0"),
         (lambda: masks.prefix_lm(-1), ">= 0"),
         (lambda: masks.prefix_lm(1.5), "int"),  # type: ignore[arg-type]
-        (lambda: masks.keep(torch.ones(3, 3, dtype=torch.bool, device="meta")), "meta"),
     ],
 )
 def test_bad_constructor_arguments_are_named(make, match: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises((TypeError, ValueError), match=match):
         make()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: masks.keep(torch.ones(4, 4, dtype=torch.bool, device="meta")),
+        lambda: masks.valid_lens(torch.ones(2, dtype=torch.long, device="meta")),
+        lambda: masks.document(torch.zeros(2, 4, dtype=torch.long, device="meta")),
+    ],
+)
+def test_a_mask_on_the_meta_device_is_refused_at_the_call(make) -> None:  # type: ignore[no-untyped-def]
+    """Built on meta it describes shapes (``attnkit explain`` does that); a call with real
+    tensors gets a clear error instead of torch's "Cannot copy out of meta tensor"."""
+    q = torch.randn(2, 1, 4, 8)
+    with pytest.raises(ValueError, match="meta device"):
+        attnkit.attention(q, q, q, mask=make())
 
 
 def test_document_ids_must_cover_the_call() -> None:

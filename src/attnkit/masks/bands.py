@@ -166,8 +166,6 @@ class PrefixLMMask(Mask):
                 raise ValueError(
                     f"masks.prefix_lm: prefix must be an int or shape (B,), got {shape_str(lens.shape)}"
                 )
-            if lens.device.type == "meta":
-                raise ValueError("masks.prefix_lm: prefix is on the meta device (no values)")
         from .._host import readable
 
         if readable(lens) and lens.numel() and int(lens.min()) < 0:

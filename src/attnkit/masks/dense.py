@@ -13,14 +13,6 @@ from .base import DenseMask, Mask, check_broadcast_to, slice_last2
 __all__ = ["BiasMask", "KeepMask"]
 
 
-def _check_device(where: str, t: torch.Tensor) -> None:
-    if t.device.type == "meta":
-        raise ValueError(
-            f"{where}: the tensor is on the meta device, which holds no values; build the "
-            "mask from a tensor on the CPU or an accelerator"
-        )
-
-
 class KeepMask(Mask):
     """Boolean mask, True = may attend, broadcastable to ``(..., L, S)``."""
 
@@ -33,7 +25,6 @@ class KeepMask(Mask):
             raise ValueError(
                 f"masks.{source}: expected a tensor of shape (..., L, S) or (S,), got a 0-d tensor"
             )
-        _check_device(f"masks.{source}", tensor)
         self.tensor = tensor
         self.source = source
 
@@ -75,7 +66,6 @@ class BiasMask(Mask):
             )
         if tensor.ndim < 1:
             raise ValueError("masks.bias: expected a tensor of shape (..., L, S), got a 0-d tensor")
-        _check_device("masks.bias", tensor)
         if readable(tensor) and (torch.isnan(tensor).any() or torch.isposinf(tensor).any()):
             raise ValueError(
                 "masks.bias: the bias contains NaN or +inf; expected finite values or -inf "

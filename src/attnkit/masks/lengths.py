@@ -26,8 +26,6 @@ def _int_tensor(where: str, name: str, x: object) -> torch.Tensor:
             ) from exc
     if x.dtype == torch.bool or x.is_floating_point() or x.is_complex():
         raise TypeError(f"{where}: {name} must have an integer dtype, got {x.dtype}")
-    if x.device.type == "meta":
-        raise ValueError(f"{where}: {name} is on the meta device, which holds no values")
     return x
 
 
@@ -179,8 +177,6 @@ class KeyPaddingMask(Mask):
             raise ValueError(
                 f"masks.key_padding: expected shape (B, S), got {shape_str(tensor.shape)}"
             )
-        if tensor.device.type == "meta":
-            raise ValueError("masks.key_padding: the tensor is on the meta device (no values)")
         self.padding = tensor
 
     def validate(self, batch_shape: Sequence[int], L: int, S: int) -> None:
