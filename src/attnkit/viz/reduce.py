@@ -64,7 +64,7 @@ class ReducedSet:
     shape: tuple[int, int, int, int]  # (layers, heads, Q, K) shown
     layer_labels: list[str]
     head_labels: list[str]
-    dense: np.ndarray | None = None  # (layers, heads, Q, K) float16
+    dense: np.ndarray | None = None  # (layers, heads, Q, K) float32
     block: int = 1
     pooled_max: np.ndarray | None = None  # (layers, heads, Qb, Kb)
     pooled_mean: np.ndarray | None = None  # (layers, heads, Qb, Kb)
@@ -127,7 +127,7 @@ class SetReducer:
         self.long = nL * nH * Q * K > b.dense_cells
         self.dense: torch.Tensor | None = None
         if not self.long:
-            self.dense = torch.zeros((nL, nH, Q, K), dtype=torch.float16)
+            self.dense = torch.zeros((nL, nH, Q, K))
         else:
             self.block = max(1, -(-max(Q, K) // b.overview))
             self.Qb, self.Kb = -(-Q // self.block), -(-K // self.block)
@@ -195,7 +195,7 @@ class SetReducer:
             kept = torch.nn.functional.pad(kept, (0, self.K - S))  # (h', r, K)
         self.stats.add(li, kept, rows, dst.numpy())
         if self.dense is not None:
-            self.dense[li, dst, row0 : row0 + r] = kept.half()
+            self.dense[li, dst, row0 : row0 + r] = kept
             return
         b, Kb = self.block, self.Kb
         padded = torch.nn.functional.pad(kept, (0, Kb * b - self.K))  # (h', r, Kb * b)

@@ -7,6 +7,7 @@
 
   function windowOf(S) {
     var Q = S.shape[2], K = S.shape[3], reg = AK.region();
+    if (S.genStart === null && Q <= ALL && K <= ALL) return [0, Q, 0, K];  // the pair filter dims
     if (reg[1] - reg[0] <= ALL && reg[3] - reg[2] <= ALL) return reg.slice();
     var q0 = Math.max(reg[0], Math.min(reg[1] - WIN, state.win));
     var k0 = Q === K ? q0 : Math.max(reg[2], Math.min(reg[3] - WIN, Math.round(q0 * K / Q)));

@@ -215,6 +215,7 @@
   });
 
   // ---- saving the view: one SVG (vector lines and text, the canvases as images); PNG from it
+  var SVG_NS = ["http", "//www.w3.org/2000/svg"].join(":");  // a name, never fetched
   function svgOf() {
     var W = 0, H = 0, parts = [], title = AK.D.title + " \u2014 " + AK.describeView();
     function esc(s) { return String(s).replace(/[&<>"]/g, function (c) { return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]; }); }
@@ -254,7 +255,7 @@
       for (var j2 = 0; j2 < cur.cols; j2 += step) { var x2 = lab + (j2 + 0.5) * cur.cell; parts.push('<text transform="translate(' + (x2 + 4) + "," + (34 + h2) + ') rotate(90)" font-family="monospace" font-size="10" fill="' + fg + '">' + esc(AK.plain(cur.labels[1][cur.win[2] + j2])) + "</text>"); }
     }
     W = Math.max(W, 420);
-    return '<svg xmlns="http://www.w3.org/2000/svg" width="' + W + '" height="' + H + '" viewBox="0 0 ' + W + " " + H + '">' +
+    return '<svg xmlns="' + SVG_NS + '" width="' + W + '" height="' + H + '" viewBox="0 0 ' + W + " " + H + '">' +
       '<rect width="100%" height="100%" fill="' + bg + '"/><text x="8" y="18" font-size="13" fill="' + fg + '">' + esc(title) + "</text>" + parts.join("") + "</svg>";
   }
   function download(name, blob) {
