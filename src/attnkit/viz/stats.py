@@ -8,8 +8,8 @@ same classes:
 - ``previous token``: at least half of each row's weight on the key just before it;
 - ``first token (sink)``: at least half on the first key (``[CLS]``, ``<s>``, a sink);
 - ``self``: at least half on the query's own position;
-- ``local window``: at least 60% within ``LOCAL`` positions either side;
 - ``broad``: spread out (mean normalized entropy at least 0.7);
+- ``local window``: at least 60% within ``LOCAL`` positions either side;
 - ``mixed``: none of these.
 
 The first query row is left out of the previous/first/self scores: in a causal
@@ -24,7 +24,15 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["CLASSES", "LOCAL", "StatsAccumulator", "classify", "head_statistics"]
+__all__ = [
+    "CLASSES",
+    "LOCAL",
+    "StatsAccumulator",
+    "classify",
+    "describe",
+    "head_statistics",
+    "most_focused",
+]
 
 CLASSES = ("previous token", "first token (sink)", "self", "local window", "broad", "mixed")
 LOCAL = 4  # keys within this many positions of the query count as its local window
@@ -147,12 +155,12 @@ def classify(stats: dict[str, Any]) -> tuple[list[list[str]], np.ndarray]:
             if named[best] >= 0.5:
                 row.append(best)
                 scores[li, h] = named[best]
-            elif local[li, h] >= 0.6:
-                row.append("local window")
-                scores[li, h] = local[li, h]
             elif broad[li, h] >= 0.7:
                 row.append("broad")
                 scores[li, h] = broad[li, h]
+            elif local[li, h] >= 0.6:
+                row.append("local window")
+                scores[li, h] = local[li, h]
             else:
                 row.append("mixed")
                 scores[li, h] = named[best]
