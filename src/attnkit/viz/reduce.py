@@ -50,10 +50,10 @@ class Budget:
 
     dense_cells: int = 1 << 25
     top_k: int = 16
-    overview: int = 256
+    overview: int = 128
     mean_cells: int = 1 << 26
     flow_tokens: int = 24
-    neuron_values: int = 1 << 21
+    neuron_values: int = 1 << 20
 
 
 @dataclass

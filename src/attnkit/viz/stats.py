@@ -97,10 +97,15 @@ class StatsAccumulator:
         keys = torch.arange(S)
         dist = (rows.unsqueeze(1) - keys.unsqueeze(0)).abs().float()  # (r, S)
         s["distance"][layer] += (w * dist).sum(-1).sum(-1).double().numpy()
-        s["local"][layer] += (w * (dist <= LOCAL)).sum(-1).mul(used).sum(-1).double().numpy()
         own = rows.clamp_max(S - 1)  # (r,)
         prev = (rows - 1).clamp(0, S - 1)  # (r,)
         idx = torch.arange(w.shape[1])
+        local = torch.zeros(w.shape[:2])  # (h, r): the band |i - j| <= LOCAL, one gather per offset
+        for off in range(-LOCAL, LOCAL + 1):
+            at = rows + off
+            inside = (at >= 0) & (at < S)
+            local += w[:, idx, at.clamp(0, S - 1)] * inside
+        s["local"][layer] += (local * used).sum(-1).double().numpy()
         s["self"][layer] += (w[:, idx, own] * pattern).sum(-1).double().numpy()
         s["prev"][layer] += (w[:, idx, prev] * pattern).sum(-1).double().numpy()
 
