@@ -34,7 +34,9 @@ def build(directory: Path, layers: int, heads: int, positions: int) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator([" ".join(WORDS)] * 20, trainer)
     PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(directory)
     width = 16 * heads
@@ -74,7 +76,9 @@ def load_time(page: Path) -> float | None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--tokens", type=int, default=2000)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--heads", type=int, default=12)
@@ -101,7 +105,10 @@ def main() -> int:
     took = time.perf_counter() - start
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024  # KiB -> GiB
     size = page.stat().st_size / 1024 / 1024
-    print(f"show: exit {code}, {took:.1f} s, page {size:.1f} MiB, peak RSS {rss:.2f} GiB", file=sys.stderr)
+    print(
+        f"show: exit {code}, {took:.1f} s, page {size:.1f} MiB, peak RSS {rss:.2f} GiB",
+        file=sys.stderr,
+    )
     loaded = load_time(page)
     if loaded is not None:
         print(f"load in headless Chromium: {loaded:.2f} s", file=sys.stderr)

@@ -67,7 +67,11 @@ def test_end_to_end_on_the_default_checkpoint(tmp_path: Path) -> None:
         re.search(r'id="attention-data">(.*?)</script>', html, re.S).group(1)  # type: ignore[union-attr]
     )
     (data,) = data["sets"]
-    assert data["shape"] == [6, 12, 13, 13] and data["tokens"][2] == " cat" and data["rawTokens"][2] == "cat"
+    assert (
+        data["shape"] == [6, 12, 13, 13]
+        and data["tokens"][2] == " cat"
+        and data["rawTokens"][2] == "cat"
+    )
     m = re.search(r"\(6 layers × 12 heads, (\d+)×(\d+) px\)", out)
     assert m is not None
     assert _png_size(picture) == (int(m.group(1)), int(m.group(2)))

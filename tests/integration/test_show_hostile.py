@@ -47,12 +47,17 @@ def gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     GPT2LMHeadModel(cfg).save_pretrained(root)
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]").save_pretrained(root)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]"
+    ).save_pretrained(root)
     return root
 
 
 def test_a_folder_that_brings_its_own_code_is_refused(
-    capsys: pytest.CaptureFixture[str], gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str],
+    gpt2_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     folder = tmp_path / "remote"
     shutil.copytree(gpt2_dir, folder)
@@ -65,7 +70,9 @@ def test_a_folder_that_brings_its_own_code_is_refused(
     import sys
 
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n" * 10))
-    code, out, err = _show(capsys, "the cat", "--model", str(folder), "--out", str(tmp_path / "a.html"))
+    code, out, err = _show(
+        capsys, "the cat", "--model", str(folder), "--out", str(tmp_path / "a.html")
+    )
     _one_line_error(code, err, r"brings its own model code \(auto_map\); attnkit never runs code")
     assert out == "" and not marker.exists()
 
@@ -86,7 +93,11 @@ def test_text_file_size_limit(capsys: pytest.CaptureFixture[str], tmp_path: Path
     ("field", "value", "pattern"),
     [
         ("layer_norm_epsilon", -1, r"layer_norm_epsilon must be a positive number, got -1"),
-        ("layer_norm_epsilon", float("nan"), r"layer_norm_epsilon must be a finite number, got nan"),
+        (
+            "layer_norm_epsilon",
+            float("nan"),
+            r"layer_norm_epsilon must be a finite number, got nan",
+        ),
         ("attn_pdrop", 2.0, r"attn_pdrop must be a probability in \[0, 1\], got 2\.0"),
     ],
 )
@@ -99,7 +110,9 @@ def test_bad_numbers_in_a_transformers_config(
     config = json.loads((folder / "config.json").read_text())
     config[field] = value
     (folder / "config.json").write_text(json.dumps(config))  # json writes NaN as NaN
-    code, _, err = _show(capsys, "the cat", "--model", str(folder), "--out", str(tmp_path / "a.html"))
+    code, _, err = _show(
+        capsys, "the cat", "--model", str(folder), "--out", str(tmp_path / "a.html")
+    )
     _one_line_error(code, err, pattern)
 
 
@@ -114,10 +127,14 @@ def test_bad_numbers_and_deep_brackets_in_a_bert_config(
     config = json.loads((folder / "config.json").read_text())
     config["layer_norm_eps"] = float("nan")
     (folder / "config.json").write_text(json.dumps(config))
-    code, _, err = _show(capsys, "the cat", "--model", str(folder), "--out", str(tmp_path / "a.html"))
+    code, _, err = _show(
+        capsys, "the cat", "--model", str(folder), "--out", str(tmp_path / "a.html")
+    )
     _one_line_error(code, err, r"layer_norm_eps must be a finite number, got nan")
     (folder / "config.json").write_text("[" * 200_000 + "]" * 200_000)
-    code, _, err = _show(capsys, "the cat", "--model", str(folder), "--out", str(tmp_path / "a.html"))
+    code, _, err = _show(
+        capsys, "the cat", "--model", str(folder), "--out", str(tmp_path / "a.html")
+    )
     _one_line_error(code, err, r"config\.json: not a readable JSON file")
 
 
@@ -127,7 +144,9 @@ def test_deep_brackets_in_a_transformers_config(
     folder = tmp_path / "deep"
     shutil.copytree(gpt2_dir, folder)
     (folder / "config.json").write_text('{"model_type": ' + "[" * 200_000 + "]" * 200_000 + "}")
-    code, _, err = _show(capsys, "the cat", "--model", str(folder), "--out", str(tmp_path / "a.html"))
+    code, _, err = _show(
+        capsys, "the cat", "--model", str(folder), "--out", str(tmp_path / "a.html")
+    )
     _one_line_error(code, err, r"config\.json: not a readable JSON file")
 
 

@@ -67,7 +67,9 @@ def test_long_page(browser, tmp_path: Path) -> None:  # type: ignore[no-untyped-
     page_obj = viz.render_html(w, [f" t{i}" for i in range(L)], budget=Budget(dense_cells=1000))
     path.write_text(page_obj, encoding="utf-8")
     page, errors = _visit(browser, path)
-    assert page.locator("#view-matrix").get_attribute("aria-pressed") == "true"  # long: matrix first
+    assert (
+        page.locator("#view-matrix").get_attribute("aria-pressed") == "true"
+    )  # long: matrix first
     assert "top 16 keys" in page.locator("#holds").inner_text()
     page.locator("#overview-canvas").click(position={"x": 200, "y": 200})
     assert "queries" in page.locator("#matrix-title").inner_text()
@@ -79,7 +81,9 @@ def test_generation_page_steps_and_saves(browser, tmp_path: Path) -> None:  # ty
     torch.manual_seed(0)
     n = 12
     w = torch.softmax(torch.randn(2, 2, n, n) + torch.triu(torch.full((n, n), -1e9), 1), -1)
-    s = viz.AttentionSet("self-attention (causal)", w, [f" w{i}" for i in range(n)], generated_start=8)
+    s = viz.AttentionSet(
+        "self-attention (causal)", w, [f" w{i}" for i in range(n)], generated_start=8
+    )
     path = viz.to_html([s], None, tmp_path / "gen.html")
     page, errors = _visit(browser, path)
     assert page.locator("#gen-box").is_visible()

@@ -66,7 +66,7 @@ def test_long_page_keeps_exact_top_k_and_block_max(gpt2: tuple) -> None:
                   budget=budget).sets  # fmt: skip
     want = _eager(model, tok(TEXT)["input_ids"])  # (3, 4, 13, 13)
     assert s.long and s.block == 4 and s.topk_index.shape == (3, 4, 13, 4)
-    vals, idx = torch.topk(want, 4, dim=-1)
+    vals, _idx = torch.topk(want, 4, dim=-1)
     np.testing.assert_allclose(np.sort(s.topk_weight, -1), np.sort(vals.numpy(), -1), atol=1e-6)
     pad = torch.nn.functional.pad(want, (0, 3, 0, 3))  # 13 -> 16 = 4 blocks of 4
     pooled = pad.view(3, 4, 4, 4, 4, 4).amax(dim=(3, 5))
@@ -165,8 +165,13 @@ def test_from_generate_and_bertviz_names(gpt2: tuple) -> None:
     page = viz.show(s.weights, tokens[:5], sentence_b_start=2, layer=1, heads=[0, 2])
     assert '"initial": {"layer": 1, "heads": [0, 2]}' in page.html and '"pairStart": 2' in page.html
     cross = torch.softmax(torch.randn(1, 2, 3, 4), -1)
-    page = viz.show(None, encoder_attention=torch.softmax(torch.randn(1, 2, 4, 4), -1),
-                    cross_attention=cross, encoder_tokens=list("abcd"), decoder_tokens=list("xyz"))
+    page = viz.show(
+        None,
+        encoder_attention=torch.softmax(torch.randn(1, 2, 4, 4), -1),
+        cross_attention=cross,
+        encoder_tokens=list("abcd"),
+        decoder_tokens=list("xyz"),
+    )
     assert page.html.count('"name": "') == 2
     with pytest.raises(TypeError, match="unexpected argument"):
         viz.show(None, encoder_atention=cross)

@@ -159,7 +159,7 @@ def _run(args: argparse.Namespace) -> int:
     return _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_format)
 
 
-def _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_format) -> int:  # type: ignore[no-untyped-def]
+def _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_format) -> int:
     """Write the page and the picture, and print the summary."""
     notes = list(run.notes)
     first = run.sets[0]

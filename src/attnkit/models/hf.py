@@ -301,7 +301,9 @@ class Checkpoint:
         limit = self.max_tokens if max_length is None else max_length
         if generate_tokens > 0:
             if self.kind != "decoder":
-                raise CheckpointError(f"{self.name}: generation needs a decoder, not an {self.kind}")
+                raise CheckpointError(
+                    f"{self.name}: generation needs a decoder, not an {self.kind}"
+                )
             return generate(
                 self._model, self._tokenizer, text, generate_tokens, max_length=limit,
                 n_layers=self.num_layers, n_heads=self.num_heads, layers=layers, heads=heads,

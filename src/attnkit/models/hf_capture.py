@@ -82,7 +82,7 @@ def _stream_forward(
                        dropout=dropout, **kwargs)  # fmt: skip
         return out, None
     reducer, layer = routed
-    B, H, r, d = query.shape
+    _B, H, r, d = query.shape
     S = key.shape[-2]
     row0 = router.first_row(name or "", r, S)
     g = max(1, H // key.shape[1])

@@ -202,10 +202,10 @@ def _set_payload(s: ReducedSet) -> dict[str, Any]:
         "keyTokens": keys,
         "rawTokens": list(s.raw_tokens) if s.raw_tokens is not None else None,
         "rawKeyTokens": (
-            list(s.key_raw_tokens) if s.key_raw_tokens is not None
-            else (list(s.raw_tokens) if s.raw_tokens is not None and s.key_tokens is None
-                  else None)
-        ),  # fmt: skip
+            list(s.key_raw_tokens)
+            if s.key_raw_tokens is not None
+            else (list(s.raw_tokens) if s.raw_tokens is not None and s.key_tokens is None else None)
+        ),
         "pairStart": s.pair_start,
         "pairKeyStart": s.key_pair_start,
         "genStart": s.generated_start,
@@ -304,7 +304,11 @@ def _initial(layer: int | None, heads: Sequence[int] | None, first: ReducedSet) 
     n_layers, n_heads = first.shape[0], first.shape[1]
     out: dict[str, Any] = {}
     if layer is not None:
-        if isinstance(layer, bool) or not isinstance(layer, int) or not -n_layers <= layer < n_layers:
+        if (
+            isinstance(layer, bool)
+            or not isinstance(layer, int)
+            or not -n_layers <= layer < n_layers
+        ):
             raise ValueError(f"layer: expected a layer number in 0..{n_layers - 1}, got {layer!r}")
         out["layer"] = layer % n_layers
     if heads is not None:

@@ -65,7 +65,8 @@ def run_model(
     """
     from ..models import bert, hf
     from ..models.bert import run as bert_run
-    from ..models.hf_run import attend, generate as hf_generate
+    from ..models.hf_run import attend
+    from ..models.hf_run import generate as hf_generate
     from .reduce import Budget
 
     if not isinstance(text, str) or not text.strip():
@@ -114,8 +115,8 @@ def from_bertviz(attentions: Any, tokens: Any, extra: Mapping[str, Any]) -> tupl
         raise TypeError(f"show: unexpected argument(s) {', '.join(unknown)}")
     if attentions is not None:
         raise ValueError("attentions: give either the weights or bertviz's encoder_attention=...")
-    enc_tokens = extra.get("encoder_tokens")
-    dec_tokens = extra.get("decoder_tokens")
+    enc_tokens: Any = extra.get("encoder_tokens")
+    dec_tokens: Any = extra.get("decoder_tokens")
     sets = []
     if extra.get("encoder_attention") is not None:
         sets.append(AttentionSet("encoder self-attention", extra["encoder_attention"], enc_tokens))
@@ -129,7 +130,9 @@ def from_bertviz(attentions: Any, tokens: Any, extra: Mapping[str, Any]) -> tupl
     return sets, None
 
 
-def from_generate(outputs: Any, tokens: Sequence[str], *, name: str = "self-attention (causal)") -> Any:
+def from_generate(
+    outputs: Any, tokens: Sequence[str], *, name: str = "self-attention (causal)"
+) -> Any:
     """What ``model.generate(ids, output_attentions=True, return_dict_in_generate=True)`` returns,
     as one :class:`~attnkit.viz.AttentionSet` with a step slider on the page.
 
@@ -170,6 +173,8 @@ def from_generate(outputs: Any, tokens: Sequence[str], *, name: str = "self-atte
             row = step[li][0, :, -1].float()  # (heads, L + t + 1)
             grid[li, :, L + t, : row.shape[-1]] = row
     if len(tokens) < n:
-        raise ValueError(f"tokens: expected at least {n} tokens (prompt + steps), got {len(tokens)}")
+        raise ValueError(
+            f"tokens: expected at least {n} tokens (prompt + steps), got {len(tokens)}"
+        )
     return AttentionSet(name=name, weights=grid, tokens=list(tokens)[:n],
                         generated_start=L if n > L else None)  # fmt: skip

@@ -81,19 +81,19 @@ def _max_flow(cap: np.ndarray, source: int, sink: int) -> float:
         todo = deque([source])
         while todo and parent[sink] < 0:
             u = todo.popleft()
-            for v in np.flatnonzero((res[u] > 1e-12) & (parent < 0)):
-                parent[v] = u
-                todo.append(int(v))
+            for nxt in np.flatnonzero((res[u] > 1e-12) & (parent < 0)):
+                parent[nxt] = u
+                todo.append(int(nxt))
         if parent[sink] < 0:
             return total
-        push, v = np.inf, sink
+        push, v = float("inf"), int(sink)
         while v != source:
-            u = parent[v]
-            push = min(push, res[u, v])
+            u = int(parent[v])
+            push = min(push, float(res[u, v]))
             v = u
         v = sink
         while v != source:
-            u = parent[v]
+            u = int(parent[v])
             res[u, v] -= push
             res[v, u] += push
             v = u

@@ -102,9 +102,9 @@ class StatsAccumulator:
         idx = torch.arange(w.shape[1])
         local = torch.zeros(w.shape[:2])  # (h, r): the band |i - j| <= LOCAL, one gather per offset
         for off in range(-LOCAL, LOCAL + 1):
-            at = rows + off
-            inside = (at >= 0) & (at < S)
-            local += w[:, idx, at.clamp(0, S - 1)] * inside
+            key = rows + off  # (r,)
+            inside = (key >= 0) & (key < S)
+            local += w[:, idx, key.clamp(0, S - 1)] * inside
         s["local"][layer] += (local * used).sum(-1).double().numpy()
         s["self"][layer] += (w[:, idx, own] * pattern).sum(-1).double().numpy()
         s["prev"][layer] += (w[:, idx, prev] * pattern).sum(-1).double().numpy()

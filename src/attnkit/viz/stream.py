@@ -53,7 +53,9 @@ class Progress:
         if not self.live or time.perf_counter() - self.start < self.delay:
             return
         pct = min(100, 100 * self.done // self.total)
-        sys.stderr.write(f"\rattnkit: {self.what} {min(self.done, self.total)}/{self.total} ({pct}%)")
+        sys.stderr.write(
+            f"\rattnkit: {self.what} {min(self.done, self.total)}/{self.total} ({pct}%)"
+        )
         sys.stderr.flush()
         self.shown = True
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["SPACE_MARK", "NEWLINE_MARK", "mark", "readable_tokens"]
+__all__ = ["NEWLINE_MARK", "SPACE_MARK", "mark", "readable_tokens"]
 
 SPACE_MARK = "·"
 NEWLINE_MARK = "↵"

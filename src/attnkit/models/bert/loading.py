@@ -116,7 +116,12 @@ def _transformer_dir(directory: Path) -> Path:
                 if (candidate / "config.json").is_file():
                     return candidate
     except (
-        OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError, TypeError, RecursionError
+        OSError,
+        UnicodeDecodeError,
+        json.JSONDecodeError,
+        AttributeError,
+        TypeError,
+        RecursionError,
     ):
         pass
     return directory
