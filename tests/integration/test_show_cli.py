@@ -55,7 +55,7 @@ def test_end_to_end_on_the_default_checkpoint(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr and done.stderr.strip() == ""
     out = done.stdout
     assert "all-MiniLM-L6-v2: 6 layers × 12 heads, 13 tokens" in out
-    assert "tokens: [CLS] the cat sat on the mat because it was tired . [SEP]" in out
+    assert "tokens: [CLS] ·the ·cat ·sat ·on ·the ·mat ·because ·it ·was ·tired . [SEP]" in out
     for layer in range(6):
         assert re.search(rf"^  layer {layer}: head \d+ +entropy \d+\.\d\d nats, ", out, re.M)
     page = tmp_path / "attention.html"
@@ -67,7 +67,11 @@ def test_end_to_end_on_the_default_checkpoint(tmp_path: Path) -> None:
         re.search(r'id="attention-data">(.*?)</script>', html, re.S).group(1)  # type: ignore[union-attr]
     )
     (data,) = data["sets"]
-    assert data["shape"] == [6, 12, 13, 13] and data["tokens"][2] == "cat"
+    assert (
+        data["shape"] == [6, 12, 13, 13]
+        and data["tokens"][2] == " cat"
+        and data["rawTokens"][2] == "cat"
+    )
     m = re.search(r"\(6 layers × 12 heads, (\d+)×(\d+) px\)", out)
     assert m is not None
     assert _png_size(picture) == (int(m.group(1)), int(m.group(2)))
@@ -130,7 +134,7 @@ def test_pair_selection_and_long_text_truncated_with_a_warning(
     )  # fmt: skip
     assert code == 0
     assert err.strip().endswith("more than --max-length; truncated to 8")
-    assert "tokens: [CLS] the cat sat [SEP] it slept [SEP]" in out  # longest first
+    assert "tokens: [CLS] ·the ·cat ·sat [SEP] ·it ·slept [SEP]" in out  # longest first
     assert "wrote" in out and ".png" not in out
 
 
@@ -319,7 +323,7 @@ def test_text_from_a_file_or_stdin_svg_picture_and_open(
         "--out", str(page), "--png", str(picture), "--open", "--scale", "log",
     )  # fmt: skip
     assert code == 0, err
-    assert "tokens: [CLS] a dog bark ##s . [SEP]" in out
+    assert "tokens: [CLS] ·a ·dog ·bark s . [SEP]" in out
     assert "(1 layer × 1 head, SVG)" in out
     assert picture.read_text(encoding="utf-8").lstrip().startswith("<?xml")
     assert "<svg" in picture.read_text(encoding="utf-8")
@@ -328,7 +332,7 @@ def test_text_from_a_file_or_stdin_svg_picture_and_open(
     monkeypatch.setattr(sys, "stdin", io.StringIO("Birds fly."))
     code, out, err = _show(capsys, "-", "--no-png", "--layers", "-1", "--out", str(page))
     assert code == 0, err
-    assert "tokens: [CLS] birds fly . [SEP]" in out and "6 layers × 12 heads, 5 tokens" in out
+    assert "tokens: [CLS] ·birds ·fly . [SEP]" in out and "6 layers × 12 heads, 5 tokens" in out
     code, _, err = _show(capsys, SAMPLE, "--text-file", str(text_file))
     _assert_usage_error(code, err, r"TEXT and --text-file: give one of them, not both")
     code, _, err = _show(capsys, "--text-file", str(tmp_path / "none.txt"))

@@ -129,7 +129,7 @@ def test_gpt2_decoder_is_causal(
     )
     assert code == 0, err
     assert out.startswith("tiny-gpt2: 2 layers × 2 heads, 10 tokens")
-    assert "tokens: the cat sat on the mat because it was tired" in out
+    assert "tokens: the ·cat ·sat ·on ·the ·mat ·because ·it ·was ·tired" in out
     assert "  layer 1: head " in out and "(2 layers × 2 heads," in out
     (s,) = _sets(page)
     assert s["name"] == "self-attention (causal)" and s["shape"] == [2, 2, 10, 10]
@@ -148,7 +148,7 @@ def test_distilbert_encoder_with_a_pair(
         "--out", str(page), "--no-png", "--heads", "1",
     )  # fmt: skip
     assert code == 0, err
-    assert "tokens: [CLS] the cat sat [SEP] a dog slept [SEP]" in out
+    assert "tokens: [CLS] ·the ·cat ·sat [SEP] ·a ·dog ·slept [SEP]" in out
     (s,) = _sets(page)
     assert s["shape"] == [2, 1, 9, 9] and s["heads"] == ["head 1"]
     assert s["pairStart"] == 5 and s["pairKeyStart"] == 5
@@ -165,8 +165,8 @@ def test_t5_encoder_decoder_has_self_and_cross_attention(
     assert code == 0, err
     assert "attention kinds on the page: encoder self-attention, decoder self-attention" in out
     enc, dec, cross = _sets(page)
-    assert enc["tokens"] == ["the", "cat", "sat", "on", "the", "mat", "</s>"]
-    assert dec["tokens"] == ["[PAD]", "a", "dog", "slept"]  # the start token, then shifted right
+    assert enc["rawTokens"] == ["the", "cat", "sat", "on", "the", "mat", "</s>"]
+    assert dec["tokens"] == ["[PAD]", " a", " dog", " slept"]  # the start token, then shifted right
     assert enc["shape"] == [2, 2, 7, 7] and dec["shape"] == [2, 2, 4, 4]
     assert cross["shape"] == [2, 2, 4, 7] and cross["keyTokens"] == enc["tokens"]
     assert np.all(np.triu(np.ones((4, 4)), 1) * _weights(dec) == 0)

@@ -133,7 +133,7 @@ def test_page_at_512_tokens_stays_small(page_512: str) -> None:
     L = 512
     small = viz.render_html(_long_weights(L, layers=1, heads=2), [f"t{i}" for i in range(L)])
     assert _payload(small)["sets"][0]["shape"] == [1, 2, L, L]
-    assert len(small) < len(page_512) / 20
+    assert len(small) < len(page_512) / 12  # (both also hold a rollout of 512 x 512)
 
 
 def test_show_returns_a_page_for_notebooks(tmp_path: Path) -> None:

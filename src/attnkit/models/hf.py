@@ -2,8 +2,11 @@
 
 Encoders (DistilBERT, ...), decoders (GPT-2, ...: causal) and encoder-decoders
 (T5, BART, ...: encoder self-attention, decoder self-attention and
-cross-attention) are loaded with ``attn_implementation="eager"`` and run with
-``output_attentions=True``; nothing is downloaded (``local_files_only``).
+cross-attention) are loaded with ``attn_implementation="eager"`` and run with streaming capture
+(:mod:`attnkit.models.hf_capture`): each layer's weights are reduced while they
+are produced. Nothing is downloaded (``local_files_only``) and no code from
+the folder ever runs (``trust_remote_code=False``; a config with ``auto_map`` is
+refused).
 BERT-family checkpoints are better served by :mod:`attnkit.models.bert`, which
 runs on attnkit's own attention.
 
@@ -20,15 +23,13 @@ refused in a fraction of a second.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from ..viz.html import AttentionSet
+from ..viz.reduce import Budget
+from .config_json import ConfigError, check_numbers, read_json, refuse_remote_code
+from .hf_run import AttentionRun, attend, generate
 from .weights import HeaderError, layer_counts, read_shapes, safetensors_files
 
 __all__ = ["KINDS", "AttentionRun", "Checkpoint", "CheckpointError"]
@@ -44,23 +45,6 @@ _DEFAULT_MAX_TOKENS = 512
 
 class CheckpointError(ValueError):
     """A checkpoint directory that cannot be used; the message says why in one line."""
-
-
-@dataclass(frozen=True)
-class AttentionRun:
-    """The attention of one input, ready for :func:`attnkit.viz.to_html`.
-
-    Attributes:
-        sets: one :class:`~attnkit.viz.AttentionSet` per kind of attention
-            (one for encoders and decoders; encoder, decoder and cross for
-            encoder-decoders), with weights (layers, heads, Q, K).
-        tokens: the input's tokens (the first set's queries).
-        total_tokens: how many tokens the input makes before truncation.
-    """
-
-    sets: list[AttentionSet]
-    tokens: list[str]
-    total_tokens: int
 
 
 def _int_field(config: Any, names: Sequence[str]) -> int | None:
@@ -94,16 +78,30 @@ class Checkpoint:
         config_path = self.directory / "config.json"
         if not config_path.is_file():
             raise CheckpointError(f"{self.directory}: missing config.json")
+        try:
+            data = read_json(config_path)
+            refuse_remote_code(data, str(config_path))
+            check_numbers(data, str(config_path))
+        except ConfigError as exc:
+            raise CheckpointError(str(exc)) from None
+        model_type = str(data.get("model_type", "unknown"))
+        if _is_image_model(data):
+            raise CheckpointError(
+                f"{self.directory}: a {model_type!r} checkpoint is an image model; "
+                "attnkit show reads text models"
+            )
         files = self._weight_files()
         try:
             from transformers import AutoConfig
         except ImportError:
             raise CheckpointError(
-                f"{self.directory}: a {self._model_type(config_path)!r} checkpoint needs the "
+                f"{self.directory}: a {model_type!r} checkpoint needs the "
                 "package transformers (pip install transformers)"
             ) from None
         try:
-            self.config = AutoConfig.from_pretrained(str(self.directory), local_files_only=True)
+            self.config = AutoConfig.from_pretrained(
+                str(self.directory), local_files_only=True, trust_remote_code=False
+            )
         except Exception as exc:  # transformers raises many types for a bad config
             detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise CheckpointError(
@@ -137,16 +135,9 @@ class Checkpoint:
         self.max_tokens = positions if positions else _DEFAULT_MAX_TOKENS
         self._model: Any = None
         self._tokenizer: Any = None
+        self._lm = False
 
     # ----------------------------------------------------------------------- checks
-
-    @staticmethod
-    def _model_type(config_path: Path) -> str:
-        try:
-            data = json.loads(config_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            raise CheckpointError(f"{config_path}: not a readable JSON file") from None
-        return str(data.get("model_type", "unknown")) if isinstance(data, dict) else "unknown"
 
     def _weight_files(self) -> list[Path]:
         try:
@@ -215,30 +206,45 @@ class Checkpoint:
 
     # ----------------------------------------------------------------------- loading
 
-    def load(self) -> None:
-        """Build the model (eager attention, eval mode) and the tokenizer; idempotent."""
-        if self._model is not None:
+    def load(self, *, causal_lm: bool = False) -> None:
+        """Build the model (eager attention, eval mode) and the tokenizer; idempotent.
+
+        Args:
+            causal_lm: build the language-model head too (for generation).
+        """
+        if self._model is not None and (self._lm or not causal_lm):
             return
         import transformers
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
         transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+        if self._tokenizer is None:
+            missing = not any((self.directory / f).is_file() for f in _TOKENIZER_FILES)
+            if missing:
+                raise CheckpointError(
+                    f"{self.directory}: no tokenizer files (expected one of "
+                    f"{', '.join(_TOKENIZER_FILES)})"
+                )
+            try:
+                self._tokenizer = AutoTokenizer.from_pretrained(
+                    str(self.directory), local_files_only=True, trust_remote_code=False
+                )
+            except Exception as exc:  # transformers raises many types for a bad tokenizer
+                raise CheckpointError(
+                    f"{self.directory}: no usable tokenizer ({_first_line(exc)})"
+                ) from None
+        auto = AutoModelForCausalLM if causal_lm else AutoModel
         try:
-            self._tokenizer = AutoTokenizer.from_pretrained(
-                str(self.directory), local_files_only=True
-            )
-        except Exception as exc:  # transformers raises many types for a missing tokenizer
-            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CheckpointError(f"{self.directory}: no usable tokenizer ({detail})") from None
-        try:
-            self._model = AutoModel.from_pretrained(
-                str(self.directory), local_files_only=True, attn_implementation="eager"
-            ).eval()
+            self._model = auto.from_pretrained(
+                str(self.directory), local_files_only=True, attn_implementation="eager",
+                trust_remote_code=False,
+            ).eval()  # fmt: skip
         except Exception as exc:  # shapes, missing keys, unsupported architectures
-            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise CheckpointError(
-                f"{self.directory}: transformers cannot load it ({detail})"
+                f"{self.directory}: transformers cannot load it ({_first_line(exc)})"
             ) from None
+        self._lm = causal_lm
         limit = getattr(self._tokenizer, "model_max_length", None)
         if not getattr(self.config, "max_position_embeddings", None) and isinstance(limit, int):
             self.max_tokens = min(limit, self.max_tokens) if limit < 10**6 else self.max_tokens
@@ -271,126 +277,58 @@ class Checkpoint:
         max_length: int | None = None,
         layers: Sequence[int] | None = None,
         heads: Sequence[int] | None = None,
+        generate_tokens: int = 0,
+        seed: int | None = None,
+        budget: Budget | None = None,
     ) -> AttentionRun:
-        """Run the model on one input and return its attention weights.
+        """Run the model on one input and reduce its attention (see :mod:`.hf_run`).
 
         Args:
-            text: the input (the encoder's, for an encoder-decoder).
+            text: the input (the encoder's, for an encoder-decoder; a decoder's prompt).
             pair: a second sentence (encoders and decoders); for an
                 encoder-decoder, the decoder's text (default: ``text``).
             max_length: truncate each text to this many tokens; None = ``max_tokens``.
-            layers: layer numbers to keep (default all), in increasing order.
-            heads: head numbers to keep (default all).
+            layers: layer numbers to show (default all), in increasing order.
+            heads: head numbers to show (default all).
+            generate_tokens: a decoder generates this many tokens after ``text``.
+            seed: sample the generated tokens with this seed; None = greedy.
+            budget: what the page keeps (default :class:`~attnkit.viz.reduce.Budget`).
 
         Returns:
             an :class:`AttentionRun`.
         """
-        self.load()
+        self.load(causal_lm=generate_tokens > 0)
         limit = self.max_tokens if max_length is None else max_length
-        tok = self._tokenizer
-        if self.kind == "encoder-decoder":
-            return self._attend_seq2seq(
-                text, pair if pair is not None else text, limit, layers, heads
-            )
-        total = self.count_tokens(text, pair)
-        enc = self._encode(text, pair, limit)
-        ids = torch.tensor([enc["input_ids"]], dtype=torch.long)  # (1, L)
-        tokens = [str(t) for t in tok.convert_ids_to_tokens(enc["input_ids"])]
-        with torch.no_grad():
-            out = self._model(
-                input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True
-            )
-        weights = _select(out.attentions, layers, heads)  # (layers, heads, L, L)
-        pair_start = None
-        if pair is not None:
-            seq = enc.sequence_ids() if hasattr(enc, "sequence_ids") else None
-            second = [i for i, s in enumerate(seq or []) if s == 1]
-            pair_start = second[0] if second and 0 < second[0] < len(tokens) else None
-        name = "self-attention" + (" (causal)" if self.kind == "decoder" else "")
-        return AttentionRun(
-            sets=[self._set(name, weights, tokens, None, layers, heads, pair_start)],
-            tokens=tokens,
-            total_tokens=total,
-        )
-
-    def _attend_seq2seq(
-        self,
-        text: str,
-        target: str,
-        limit: int,
-        layers: Sequence[int] | None,
-        heads: Sequence[int] | None,
-    ) -> AttentionRun:
-        tok, cfg = self._tokenizer, self.config
-        total = max(self.count_tokens(text), self.count_tokens(target))
-        enc = self._encode(text, None, limit)
-        dec = self._encode(target, None, limit)
-        start = getattr(cfg, "decoder_start_token_id", None)
-        if start is None:
-            start = getattr(cfg, "pad_token_id", 0) or 0
-        dec_ids = [int(start), *dec["input_ids"][:-1]]  # shifted right, as in training
-        src = torch.tensor([enc["input_ids"]], dtype=torch.long)  # (1, L)
-        tgt = torch.tensor([dec_ids], dtype=torch.long)  # (1, T)
-        with torch.no_grad():
-            out = self._model(
-                input_ids=src,
-                attention_mask=torch.ones_like(src),
-                decoder_input_ids=tgt,
-                output_attentions=True,
-            )
-        src_tokens = [str(t) for t in tok.convert_ids_to_tokens(enc["input_ids"])]
-        tgt_tokens = [str(t) for t in tok.convert_ids_to_tokens(dec_ids)]
-        sets = [
-            self._set(
-                "encoder self-attention",
-                _select(out.encoder_attentions, layers, heads),  # (layers, heads, L, L)
-                src_tokens, None, layers, heads, None,
-            ),
-            self._set(
-                "decoder self-attention (causal)",
-                _select(out.decoder_attentions, layers, heads),  # (layers, heads, T, T)
-                tgt_tokens, None, layers, heads, None,
-            ),
-            self._set(
-                "cross-attention (decoder → encoder)",
-                _select(out.cross_attentions, layers, heads),  # (layers, heads, T, L)
-                tgt_tokens, src_tokens, layers, heads, None,
-            ),
-        ]  # fmt: skip
-        return AttentionRun(sets=sets, tokens=src_tokens, total_tokens=total)
-
-    @staticmethod
-    def _set(
-        name: str,
-        weights: torch.Tensor,
-        tokens: list[str],
-        key_tokens: list[str] | None,
-        layers: Sequence[int] | None,
-        heads: Sequence[int] | None,
-        pair_start: int | None,
-    ) -> AttentionSet:
-        n_layers, n_heads = weights.shape[0], weights.shape[1]
-        return AttentionSet(
-            name=name,
-            weights=weights,
-            tokens=tokens,
-            key_tokens=key_tokens,
-            layer_labels=[
-                f"layer {i}" for i in (layers if layers is not None else range(n_layers))
-            ],
-            head_labels=[f"head {h}" for h in (heads if heads is not None else range(n_heads))],
-            pair_start=pair_start,
-        )
+        if generate_tokens > 0:
+            if self.kind != "decoder":
+                raise CheckpointError(
+                    f"{self.name}: generation needs a decoder, not an {self.kind}"
+                )
+            return generate(
+                self._model, self._tokenizer, text, generate_tokens, max_length=limit,
+                n_layers=self.num_layers, n_heads=self.num_heads, layers=layers, heads=heads,
+                seed=seed, budget=budget,
+            )  # fmt: skip
+        return attend(
+            self._model, self._tokenizer, self.kind, text, pair, max_length=limit,
+            n_layers=self.num_layers, n_heads=self.num_heads,
+            n_decoder_layers=self.num_decoder_layers, layers=layers, heads=heads, budget=budget,
+        )  # fmt: skip
 
 
-def _select(
-    attentions: Sequence[torch.Tensor], layers: Sequence[int] | None, heads: Sequence[int] | None
-) -> torch.Tensor:
-    """Per-layer (1, H, Q, K) weights -> (layers, heads, Q, K) float32 of the chosen ones."""
-    if not attentions:
-        raise CheckpointError("the model returned no attention weights (is its attention eager?)")
-    picked = [attentions[i] for i in layers] if layers is not None else list(attentions)
-    w = torch.stack([a[0] for a in picked]).detach().float()  # (layers, H, Q, K)
-    if heads is not None:
-        w = w[:, list(heads)]  # (layers, heads, Q, K)
-    return w
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt",
+                    "spiece.model", "tokenizer.model", "sentencepiece.bpe.model")  # fmt: skip
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _is_image_model(data: Any) -> bool:
+    """A vision config: image sizes and channels, and no text vocabulary."""
+    return (
+        isinstance(data, dict)
+        and "vocab_size" not in data
+        and ("image_size" in data or "num_channels" in data or "patch_size" in data)
+    )

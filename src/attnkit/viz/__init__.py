@@ -3,9 +3,15 @@
 - :func:`capture` records the exact weights of a module's attention layers.
 - :func:`heatmaps` draws a (rows, cols, Q, K) grid of matrices (matplotlib).
 - :func:`attention_grid` draws a (layers, heads, L, L) grid fast, as one image.
-- :func:`to_html` writes a self-contained page with a head view, a matrix view
-  and a model view; :func:`show` returns it as a :class:`Page`, which Jupyter
-  displays inline. Hugging Face ``outputs.attentions`` are accepted as they are.
+- :func:`to_html` writes a self-contained page (head, matrix, model, statistics,
+  rollout and neuron views; long inputs as an exact overview and top-k rows);
+  :func:`show` returns it as a :class:`Page`, which Jupyter displays inline, and
+  also runs a model on a text itself (``show(model, tokenizer, text)``) with
+  streaming capture. Hugging Face ``outputs.attentions`` are accepted as they
+  are; :func:`from_generate` reads ``generate(..., output_attentions=True)``.
+- :func:`attention_rollout` and :func:`attention_flow` trace which input tokens
+  each position draws from through the stack; :func:`head_statistics` gives
+  every head's entropy, distance and pattern class.
 
 matplotlib is imported only when a drawing function is first used.
 """
@@ -16,6 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from .capture import AttentionRecord, Capture, capture
 from .html import AttentionSet, Page, render_html, show, to_html
+from .notebook import from_generate
+from .rollout import attention_flow, attention_rollout
+from .stats import head_statistics
 
 if TYPE_CHECKING:
     from .heatmap import attention_grid, heatmaps
@@ -25,8 +34,12 @@ __all__ = [
     "AttentionSet",
     "Capture",
     "Page",
+    "attention_flow",
     "attention_grid",
+    "attention_rollout",
     "capture",
+    "from_generate",
+    "head_statistics",
     "heatmaps",
     "render_html",
     "show",

@@ -12,11 +12,27 @@ from matplotlib.figure import Figure
 
 from .grid import as_grid, max_pool, tile
 
-__all__ = ["SCALES", "as_grid", "attention_grid", "color_norm", "heatmaps"]
+__all__ = [
+    "SCALES",
+    "as_grid",
+    "attention_grid",
+    "color_norm",
+    "heatmaps",
+    "page_colormap",
+]
 
 SCALES = ("linear", "power", "log")
 # The lowest weight the log scale shows: the page's one-byte weights resolve about 1/255.
 LOG_FLOOR = 1e-3
+# The web page's white-to-blue ramp, so the picture and the page agree.
+PAGE_RAMP = ("#ffffff", "#d4e2f7", "#7fa6e0", "#2f5fd0", "#0d2463")
+
+
+def page_colormap() -> Any:
+    """The page's colour ramp as a matplotlib colormap (``"attnkit"``)."""
+    from matplotlib.colors import LinearSegmentedColormap
+
+    return LinearSegmentedColormap.from_list("attnkit", PAGE_RAMP)
 
 
 def color_norm(scale: str, vmin: float = 0.0, vmax: float = 1.0) -> Any:
@@ -49,7 +65,7 @@ def heatmaps(
     xlabel: str = "Keys",
     ylabel: str = "Queries",
     titles: Sequence[str] | None = None,
-    figsize: tuple[float, float] = (2.5, 2.5),
+    figsize: tuple[float, float] | None = None,
     cmap: str = "Reds",
     *,
     xticklabels: Sequence[str] | None = None,
@@ -69,7 +85,8 @@ def heatmaps(
         xlabel: label under the bottom row (the keys).
         ylabel: label left of the first column (the queries).
         titles: one title per column (e.g. head names), or None.
-        figsize: size of the whole figure in inches.
+        figsize: size of the whole figure in inches; None = 2.4 inches per panel
+            plus room for labels (labels are laid out so none is clipped).
         cmap: a matplotlib colormap name.
         xticklabels: K key labels (tokens) shown under the bottom row.
         yticklabels: Q query labels (tokens) shown left of the first column.
@@ -93,7 +110,9 @@ def heatmaps(
     # One color scale for every panel: the figure has a single colorbar.
     lo = float(np.nanmin(grid)) if vmin is None else vmin
     hi = float(np.nanmax(grid)) if vmax is None else vmax
-    fig = Figure(figsize=figsize)
+    if figsize is None:
+        figsize = (2.4 * cols + 1.4, 2.4 * rows + 0.8)
+    fig = Figure(figsize=figsize, layout="constrained")
     axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False)
     image = None
     for i in range(rows):
@@ -135,7 +154,7 @@ def attention_grid(
     row_labels: Sequence[str] | None = None,
     col_labels: Sequence[str] | None = None,
     title: str | None = None,
-    cmap: str = "Reds",
+    cmap: str | None = None,
     max_width: float = 30.0,
     scale: str = "linear",
     colorbar: bool = True,
@@ -155,7 +174,7 @@ def attention_grid(
         row_labels: one label per row (e.g. ``"layer 0"``).
         col_labels: one label per column (e.g. ``"head 0"``).
         title: a line of text above the grid, or None.
-        cmap: a matplotlib colormap name.
+        cmap: a matplotlib colormap name; None = the web page's white-to-blue ramp.
         max_width: the figure's largest width in inches; panels shrink (and
             token labels thin out) to fit. Below a pixel per token at dpi 100,
             blocks of tokens are max-pooled into one cell.
@@ -213,7 +232,8 @@ def attention_grid(
     fig_h = round(bottom + H * cell + top, 2)
     fig = Figure(figsize=(fig_w, fig_h))
     ax = fig.add_axes((left / fig_w, bottom / fig_h, W * cell / fig_w, H * cell / fig_h))
-    colormap = matplotlib.colormaps[cmap].with_extremes(bad="white")
+    base = page_colormap() if cmap is None else matplotlib.colormaps[cmap]
+    colormap = base.with_extremes(bad="white")
     shown = ax.imshow(image, cmap=colormap, norm=norm, interpolation="nearest", aspect="auto")
     for side in ax.spines.values():
         side.set_visible(False)

@@ -16,32 +16,39 @@ get a selector. The state can be set in the address:
 
 Weights are stored with one byte each, quantized per (layer, head) against
 that head's largest weight (error at most 1/510 of it), and deflate-compressed
-when large: 6 layers x 12 heads at 512 tokens make a page of about 5 MB.
+when large: 6 layers x 12 heads at 512 tokens make a page of about 5 MB. Past
+:attr:`~attnkit.viz.reduce.Budget.dense_cells` weights the page holds, for every
+head, an exact block-pooled overview (max and mean) and the exact top-k keys
+of every query row instead (see :mod:`attnkit.viz.reduce` and :mod:`.payload`).
+The page is filled in one pass over its template, so no text given to it (a
+title holding ``__SCRIPT__``) can put one part of the page into another.
 """
 
 from __future__ import annotations
 
-import base64
 import functools
 import html
 import importlib.resources
 import json
-import zlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from .grid import as_grid
+from .payload import set_payload
+from .reduce import Budget, ReducedSet, SetReducer
 
 __all__ = ["AttentionSet", "Page", "render_html", "show", "to_html"]
 
 SCALES = ("linear", "power", "log")
-# Weights of a set above this many bytes are deflate-compressed (the page inflates them
-# with the browser's DecompressionStream); smaller pages stay readable by any browser.
-COMPRESS_ABOVE = 1 << 16
+# The page's script, in order: each file is one part of the viewer.
+SCRIPTS = ("core.js", "matrix.js", "head.js", "views.js", "page.js")
+_MARKER = re.compile(r"__(TITLE|STYLE|SCRIPT|DATA)__")
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,9 @@ class AttentionSet:
             pair (a divider is drawn there and the A/B filter appears), or None.
         key_pair_start: the same among the keys; None = ``pair_start`` when the
             keys are the queries.
+        generated_start: the first generated token (rows from it on were
+            produced one step at a time); the page gets a step slider.
+        raw_tokens: the tokenizer's own spelling of each query token, shown on hover.
     """
 
     name: str
@@ -70,6 +80,8 @@ class AttentionSet:
     head_labels: Sequence[str] | None = None
     pair_start: int | None = None
     key_pair_start: int | None = None
+    generated_start: int | None = None
+    raw_tokens: Sequence[str] | None = None
 
 
 class Page:
@@ -136,16 +148,8 @@ def _split(name: str, start: int | None, n: int) -> int | None:
     return start
 
 
-def _quantize(arr: np.ndarray) -> tuple[bytes, list[float]]:
-    """(layers, heads, Q, K) weights in [0, 1] -> one byte each, and each head's scale."""
-    clipped = np.clip(arr, 0.0, None)  # (layers, heads, Q, K)
-    scales = clipped.max(axis=(2, 3))  # (layers, heads)
-    scales = np.where(scales > 0, scales, 1.0).astype(np.float32)
-    codes = np.rint(clipped / scales[:, :, None, None] * 255.0).astype(np.uint8)
-    return codes.tobytes(), [float(s) for s in scales.reshape(-1)]
-
-
-def _set_payload(s: AttentionSet) -> dict[str, Any]:
+def _reduce(s: AttentionSet, budget: Budget) -> ReducedSet:
+    """A set given as full weights, reduced like a streamed one (dense or long page)."""
     arr = as_grid(
         s.weights, name="attentions", dims="layers, heads", batch_of_one=True
     )  # (layers, heads, Q, K)
@@ -156,7 +160,7 @@ def _set_payload(s: AttentionSet) -> dict[str, Any]:
             raise ValueError(
                 f"key_tokens: the weights have {K} keys and {Q} queries; pass key_tokens"
             )
-        k_tokens = q_tokens
+        k_tokens = None
     else:
         k_tokens = _tokens("key_tokens", s.key_tokens, K, "key")
     if not np.isfinite(arr).all():
@@ -171,22 +175,42 @@ def _set_payload(s: AttentionSet) -> dict[str, Any]:
             "pair_start, key_pair_start: give both (queries and keys differ) or neither; got "
             f"{pair_start!r} and {key_pair!r}"
         )
-    raw, scales = _quantize(arr)
-    compress = len(raw) > COMPRESS_ABOVE
-    data = zlib.compress(raw, 6) if compress else raw
-    return {
-        "name": str(s.name),
-        "tokens": q_tokens,
-        "keyTokens": k_tokens,
-        "layers": _labels("layer_labels", s.layer_labels, n_layers, "layer"),
-        "heads": _labels("head_labels", s.head_labels, n_heads, "head"),
-        "shape": [n_layers, n_heads, Q, K],
-        "scales": scales,
-        "encoding": "deflate" if compress else "raw",
-        "data": base64.b64encode(data).decode("ascii"),
-        "pairStart": pair_start,
-        "pairKeyStart": key_pair,
+    gen = s.generated_start
+    if gen is not None and (isinstance(gen, bool) or not isinstance(gen, int) or not 0 < gen <= Q):
+        raise ValueError(f"generated_start: expected 1..{Q}, got {gen!r}")
+    reducer = SetReducer(str(s.name), n_layers, n_heads, Q, K,
+                         positional=s.key_tokens is None, budget=budget)  # fmt: skip
+    for li in range(n_layers):
+        reducer.add(li, 0, torch.from_numpy(arr[li]))
+    out = reducer.finish()
+    out.layer_labels = _labels("layer_labels", s.layer_labels, n_layers, "layer")
+    out.head_labels = _labels("head_labels", s.head_labels, n_heads, "head")
+    out.tokens, out.key_tokens = q_tokens, k_tokens
+    if s.raw_tokens is not None:
+        out.raw_tokens = _tokens("raw_tokens", s.raw_tokens, Q, "query")
+    out.pair_start, out.key_pair_start, out.generated_start = pair_start, key_pair, gen
+    return out
+
+
+def _set_payload(s: ReducedSet) -> dict[str, Any]:
+    out = set_payload(s)
+    Q, K = s.shape[2], s.shape[3]
+    tokens = _tokens("tokens", s.tokens, Q, "query")
+    keys = tokens if s.key_tokens is None else _tokens("key_tokens", s.key_tokens, K, "key")
+    out |= {
+        "tokens": tokens,
+        "keyTokens": keys,
+        "rawTokens": list(s.raw_tokens) if s.raw_tokens is not None else None,
+        "rawKeyTokens": (
+            list(s.key_raw_tokens)
+            if s.key_raw_tokens is not None
+            else (list(s.raw_tokens) if s.raw_tokens is not None and s.key_tokens is None else None)
+        ),
+        "pairStart": s.pair_start,
+        "pairKeyStart": s.key_pair_start,
+        "genStart": s.generated_start,
     }
+    return out
 
 
 def _as_sets(
@@ -196,13 +220,13 @@ def _as_sets(
     layer_labels: Sequence[str] | None,
     head_labels: Sequence[str] | None,
     pair_start: int | None,
-) -> list[AttentionSet]:
-    if isinstance(attentions, AttentionSet):
+) -> list[AttentionSet | ReducedSet]:
+    if isinstance(attentions, (AttentionSet, ReducedSet)):
         return [attentions]
     if (
         isinstance(attentions, (list, tuple))
         and attentions
-        and all(isinstance(a, AttentionSet) for a in attentions)
+        and all(isinstance(a, (AttentionSet, ReducedSet)) for a in attentions)
     ):
         if tokens is not None or key_tokens is not None or pair_start is not None:
             raise ValueError(
@@ -224,6 +248,12 @@ def _as_sets(
     ]
 
 
+def _fill(template: str, parts: Mapping[str, str]) -> str:
+    """Replace every ``__NAME__`` marker of the template in one pass: inserted text is not
+    searched again, so a title holding ``__SCRIPT__`` stays a title."""
+    return _MARKER.sub(lambda m: parts[m.group(1)], template)
+
+
 def render_html(
     attentions: Any,
     tokens: Sequence[str] | None = None,
@@ -237,81 +267,65 @@ def render_html(
     notes: Sequence[str] = (),
     pair_start: int | None = None,
     scale: str = "linear",
+    layer: int | None = None,
+    heads: Sequence[int] | None = None,
+    top_k: int = 16,
+    budget: Budget | None = None,
 ) -> str:
     """The page of :func:`to_html` as a string (same arguments, no path)."""
     if scale not in SCALES:
         raise ValueError(f"scale: expected one of {', '.join(SCALES)}, got {scale!r}")
     if isinstance(notes, str):
         raise TypeError("notes: expected a list of strings, got a single str")
-    sets = _as_sets(attentions, tokens, key_tokens, layer_labels, head_labels, pair_start)
+    budget = budget or Budget(top_k=top_k)
+    sets = [
+        s if isinstance(s, ReducedSet) else _reduce(s, budget)
+        for s in _as_sets(attentions, tokens, key_tokens, layer_labels, head_labels, pair_start)
+    ]
     payload = {
         "title": title,
         "subtitle": subtitle,
         "meta": {str(k): str(v) for k, v in (meta or {}).items()},
         "notes": [str(n) for n in notes],
         "scale": scale,
+        "initial": _initial(layer, heads, sets[0]),
         "sets": [_set_payload(s) for s in sets],
     }
     # Inside <script type="application/json">: escape "<" so no token can end the element.
     data = json.dumps(payload, ensure_ascii=False).replace("<", "\\u003c")
-    return (
-        _static("page.html")
-        .replace("__TITLE__", html.escape(title))
-        .replace("__STYLE__", _static("page.css"))
-        .replace("__SCRIPT__", _static("page.js"))
-        .replace("__DATA__", data)
-    )
+    script = "\n".join(_static(name) for name in SCRIPTS)
+    parts = {"TITLE": html.escape(title), "STYLE": _static("page.css"), "SCRIPT": script,
+             "DATA": data}  # fmt: skip
+    return _fill(_static("page.html"), parts)
 
 
-def show(
-    attentions: Any,
-    tokens: Sequence[str] | None = None,
-    *,
-    key_tokens: Sequence[str] | None = None,
-    layer_labels: Sequence[str] | None = None,
-    head_labels: Sequence[str] | None = None,
-    title: str = "Attention",
-    subtitle: str = "",
-    meta: Mapping[str, str] | None = None,
-    notes: Sequence[str] = (),
-    pair_start: int | None = None,
-    scale: str = "linear",
-) -> Page:
-    """The page of :func:`to_html` as a :class:`Page`: displayed inline in Jupyter.
-
-    Same arguments as :func:`to_html`, without the path; ``page.save(path)`` writes it.
-    """
-    return Page(
-        render_html(
-            attentions,
-            tokens,
-            key_tokens=key_tokens,
-            layer_labels=layer_labels,
-            head_labels=head_labels,
-            title=title,
-            subtitle=subtitle,
-            meta=meta,
-            notes=notes,
-            pair_start=pair_start,
-            scale=scale,
-        )
-    )
+def _initial(layer: int | None, heads: Sequence[int] | None, first: ReducedSet) -> dict[str, Any]:
+    """The view the page opens on (bertviz's ``layer=`` and ``heads=``)."""
+    n_layers, n_heads = first.shape[0], first.shape[1]
+    out: dict[str, Any] = {}
+    if layer is not None:
+        if (
+            isinstance(layer, bool)
+            or not isinstance(layer, int)
+            or not -n_layers <= layer < n_layers
+        ):
+            raise ValueError(f"layer: expected a layer number in 0..{n_layers - 1}, got {layer!r}")
+        out["layer"] = layer % n_layers
+    if heads is not None:
+        picked = [heads] if isinstance(heads, int) else list(heads)
+        if not picked or any(
+            isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < n_heads for h in picked
+        ):
+            raise ValueError(f"heads: expected head numbers in 0..{n_heads - 1}, got {heads!r}")
+        out["heads"] = picked
+    return out
 
 
 def to_html(
     attentions: Any,
     tokens: Sequence[str] | None,
     path: str | Path,
-    *,
-    key_tokens: Sequence[str] | None = None,
-    layer_labels: Sequence[str] | None = None,
-    head_labels: Sequence[str] | None = None,
-    title: str = "Attention",
-    subtitle: str = "",
-    meta: Mapping[str, str] | None = None,
-    notes: Sequence[str] = (),
-    pair_start: int | None = None,
-    scale: str = "linear",
+    **options: Any,
 ) -> Path:
     """Write one self-contained HTML page that shows attention weights.
 
@@ -324,17 +338,15 @@ def to_html(
             (several kinds of attention, with a selector; then ``tokens=None``).
         tokens: Q query tokens, shown as they are (escaped, never run as HTML).
         path: the file to write (UTF-8).
-        key_tokens: K key tokens when the keys are not the queries.
-        layer_labels: names of the layers (default ``"layer i"``).
-        head_labels: names of the heads (default ``"head i"``).
-        title: the page title; subtitle: a line under it (e.g. the sentence).
-        meta: a few ``name: value`` facts shown under the title.
-        notes: sentences shown in a box under the title (e.g. that the input
-            was truncated).
-        pair_start: for a sentence pair, the index of the second sentence's
-            first token: the page draws a divider there and offers an
-            A->A / A->B / B->A / B->B filter.
-        scale: the matrix view's first colour scale: "linear", "power" or "log".
+        **options: as for :func:`show`: ``key_tokens``, ``layer_labels``,
+            ``head_labels``, ``title``, ``subtitle`` (a line under the title, e.g.
+            the sentence; elided on the page when long), ``meta`` (a few
+            ``name: value`` facts), ``notes`` (sentences in a box under the title),
+            ``pair_start`` (bertviz: ``sentence_b_start``; the second sentence's
+            first token: a divider and an A->A / A->B / B->A / B->B filter),
+            ``scale`` ("linear", "power" or "log"), ``layer`` and ``heads`` (the
+            view the page opens on), ``include_layers`` (bertviz: keep only these
+            layers), ``top_k`` (keys kept per row on a long page).
 
     Returns:
         the path written.
@@ -343,19 +355,87 @@ def to_html(
         ValueError/TypeError: shapes and labels disagree; OSError: the file
         cannot be written.
     """
-    page = render_html(
-        attentions,
-        tokens,
-        key_tokens=key_tokens,
-        layer_labels=layer_labels,
-        head_labels=head_labels,
-        title=title,
-        subtitle=subtitle,
-        meta=meta,
-        notes=notes,
-        pair_start=pair_start,
-        scale=scale,
-    )
+    page = show(attentions, tokens, **options)
     out = Path(path)
-    out.write_text(page, encoding="utf-8")
+    out.write_text(page.html, encoding="utf-8")
     return out
+
+
+def show(
+    attentions: Any,
+    tokens: Any = None,
+    text: str | None = None,
+    *,
+    tokenizer: Any = None,
+    pair: str | None = None,
+    key_tokens: Sequence[str] | None = None,
+    layer_labels: Sequence[str] | None = None,
+    head_labels: Sequence[str] | None = None,
+    title: str = "Attention",
+    subtitle: str = "",
+    meta: Mapping[str, str] | None = None,
+    notes: Sequence[str] = (),
+    pair_start: int | None = None,
+    scale: str = "linear",
+    layer: int | None = None,
+    heads: Sequence[int] | None = None,
+    include_layers: Sequence[int] | None = None,
+    sentence_b_start: int | None = None,
+    top_k: int = 16,
+    max_length: int | None = None,
+    generate: int = 0,
+    seed: int | None = None,
+    **bertviz: Any,
+) -> Page:
+    """A page of attention as a :class:`Page`: displayed inline in Jupyter, ``.save(path)``.
+
+    Two ways in:
+
+    - weights you hold: ``show(attentions, tokens)``, arguments as for :func:`to_html`;
+    - a model: ``show(model, tokenizer, "some text")``, where ``model`` is a
+      transformers model, an attnkit BERT model or a checkpoint folder (then the
+      tokenizer may be None). It runs the same streaming capture as ``attnkit
+      show``: every layer reduced while it runs, readable tokens, ``pair`` for a
+      second sentence (an encoder-decoder's decoder text), ``generate=N`` tokens
+      for a decoder (greedy, or sampled with ``seed``).
+
+    bertviz's names are accepted where they mean the same: ``sentence_b_start``
+    (``pair_start``), ``layer``, ``heads``, ``include_layers``, and
+    ``encoder_attention``/``decoder_attention``/``cross_attention`` with
+    ``encoder_tokens``/``decoder_tokens`` (an encoder-decoder on one page).
+    """
+    from .notebook import from_bertviz, is_model, run_model
+
+    if sentence_b_start is not None:
+        if pair_start is not None:
+            raise ValueError("sentence_b_start, pair_start: give one of them (the same thing)")
+        pair_start = sentence_b_start
+    if bertviz:
+        attentions, tokens = from_bertviz(attentions, tokens, bertviz)
+    if is_model(attentions):
+        run = run_model(attentions, tokenizer if tokenizer is not None else tokens, text,
+                        pair=pair, max_length=max_length, generate=generate, seed=seed,
+                        layers=include_layers, top_k=top_k)  # fmt: skip
+        attentions, tokens = run.sets, None
+        subtitle = subtitle or (text or "")
+        notes = [*notes, *run.notes]
+    elif text is not None or tokenizer is not None:
+        raise TypeError("text, tokenizer: only with a model (show(model, tokenizer, text))")
+    elif include_layers is not None:
+        attentions = _keep_layers(attentions, include_layers)
+        if layer_labels is None:
+            layer_labels = [f"layer {i}" for i in include_layers]
+    return Page(
+        render_html(
+            attentions, tokens, key_tokens=key_tokens, layer_labels=layer_labels,
+            head_labels=head_labels, title=title, subtitle=subtitle, meta=meta, notes=notes,
+            pair_start=pair_start, scale=scale, layer=layer, heads=heads, top_k=top_k,
+        )
+    )  # fmt: skip
+
+
+def _keep_layers(attentions: Any, include: Sequence[int]) -> Any:
+    """bertviz's ``include_layers``: the chosen layers of a list or a (layers, ...) array."""
+    if isinstance(attentions, (list, tuple)):
+        return [attentions[i] for i in include]
+    return as_grid(attentions, name="attentions", batch_of_one=True)[list(include)]

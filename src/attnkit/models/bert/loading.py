@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..config_json import ConfigError, check_numbers, read_json, refuse_remote_code
 from ..weights import HeaderError, layer_counts, read_shapes
 from .config import BertConfig, CheckpointError
 from .modeling import Bert
@@ -45,9 +46,11 @@ def read_config(directory: Path) -> BertConfig:
     """The checkpoint's ``config.json`` as a :class:`BertConfig`; CheckpointError when unreadable."""
     path = directory / "config.json"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: not a readable JSON file ({exc})") from None
+        data = read_json(path)
+        refuse_remote_code(data, str(path))
+        check_numbers(data, str(path))
+    except ConfigError as exc:
+        raise CheckpointError(str(exc)) from None
     return BertConfig.from_dict(data, source=str(path))
 
 
@@ -58,7 +61,7 @@ def _sentence_max_length(directory: Path) -> int | None:
         return None
     try:
         value = json.loads(path.read_text(encoding="utf-8")).get("max_seq_length")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError, RecursionError):
         return None
     return value if isinstance(value, int) and value > 0 else None
 
@@ -112,7 +115,14 @@ def _transformer_dir(directory: Path) -> Path:
                 candidate = directory / str(module["path"])
                 if (candidate / "config.json").is_file():
                     return candidate
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError, TypeError):
+    except (
+        OSError,
+        UnicodeDecodeError,
+        json.JSONDecodeError,
+        AttributeError,
+        TypeError,
+        RecursionError,
+    ):
         pass
     return directory
 

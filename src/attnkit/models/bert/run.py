@@ -1,0 +1,70 @@
+"""A BERT-family encoder on one input, its attention reduced layer by layer as it runs.
+
+Every self-attention layer of :class:`~attnkit.models.bert.Bert` calls
+:func:`attnkit.attention`; the recorder of :mod:`attnkit.viz.stream` reduces
+each call's exact weights while the model runs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import torch
+
+from ...viz.reduce import Budget, SetReducer
+from ...viz.stream import Progress, Router, streaming
+from ...viz.tokens import readable_tokens
+from ..hf_run import AttentionRun
+from .modeling import Bert
+
+__all__ = ["attend"]
+
+
+def attend(
+    model: Bert,
+    text: str,
+    pair: str | None = None,
+    *,
+    max_length: int | None = None,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    budget: Budget | None = None,
+) -> AttentionRun:
+    """Run the encoder on ``text`` (and ``pair``) and reduce every layer's attention.
+
+    Args:
+        model: a loaded :class:`Bert` with its tokenizer.
+        text, pair: the input, or a sentence pair.
+        max_length: truncate to this many tokens (default: the model's positions).
+        layers, heads: what to show (default all).
+        budget: what the page keeps.
+    """
+    cfg = model.config
+    limit = cfg.max_tokens if max_length is None else max_length
+    pairs = None if pair is None else [pair]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # truncation is reported by the caller, in one line
+        (enc,) = model.encode_tokens([text], pairs, max_length=limit)
+    ids = list(enc.ids)
+    L = len(ids)
+    reducer = SetReducer("self-attention", cfg.num_hidden_layers, cfg.num_attention_heads, L, L,
+                         layers=layers, heads=heads, budget=budget)  # fmt: skip
+    progress = Progress(cfg.num_hidden_layers, "layer")
+    router = Router({"self": reducer}, progress=progress)
+    x = torch.tensor([ids], dtype=torch.long)  # (1, L)
+    types = torch.tensor([list(enc.type_ids)], dtype=torch.long)  # (1, L)
+    try:
+        with torch.no_grad(), streaming(model, router):
+            model(x, torch.ones_like(x), types)
+    finally:
+        progress.close()
+    s = reducer.finish()
+    raw = [str(t) for t in enc.tokens]
+    special = [bool(m) for m in enc.special_tokens_mask]
+    s.tokens = readable_tokens(model.tokenizer, ids, raw, special)
+    s.raw_tokens = raw if raw != s.tokens else None
+    second = [i for i, t in enumerate(enc.type_ids) if t == 1]
+    start = second[0] if pair is not None and second and second[0] > 0 else None
+    s.pair_start = s.key_pair_start = start
+    return AttentionRun([s], s.tokens, model.count_tokens(text, pair))

@@ -1,0 +1,180 @@
+"""The model side of :func:`attnkit.viz.show`: a model (or folder), a tokenizer and text.
+
+:func:`run_model` runs the same streaming capture as ``attnkit show``;
+:func:`from_generate` turns what transformers' ``generate(...,
+output_attentions=True, return_dict_in_generate=True)`` returns into one
+page set with a step slider; :func:`from_bertviz` reads bertviz's
+encoder-decoder arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["from_bertviz", "from_generate", "is_model", "run_model"]
+
+_BERTVIZ = ("encoder_attention", "decoder_attention", "cross_attention", "encoder_tokens",
+            "decoder_tokens")  # fmt: skip
+
+
+def is_model(x: Any) -> bool:
+    """A model or a checkpoint folder, rather than weights."""
+    return isinstance(x, (nn.Module, str, Path))
+
+
+def _hf_kind(model: nn.Module) -> str:
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "is_encoder_decoder", False):
+        return "encoder-decoder"
+    name = type(model).__name__
+    if name.endswith(("ForCausalLM", "LMHeadModel")) or getattr(cfg, "is_decoder", False):
+        return "decoder"
+    from ..models.hf import _DECODER_TYPES
+
+    return "decoder" if getattr(cfg, "model_type", "") in _DECODER_TYPES else "encoder"
+
+
+def run_model(
+    model: Any,
+    tokenizer: Any,
+    text: str | None,
+    *,
+    pair: str | None = None,
+    max_length: int | None = None,
+    generate: int = 0,
+    seed: int | None = None,
+    layers: Sequence[int] | None = None,
+    top_k: int = 16,
+) -> Any:
+    """Run a model on ``text`` with streaming capture; an :class:`~attnkit.models.hf_run.AttentionRun`.
+
+    Args:
+        model: a transformers model, an attnkit :class:`~attnkit.models.bert.Bert`,
+            or a checkpoint folder (str or Path; BERT family or any transformers model).
+        tokenizer: the model's tokenizer (None for an attnkit BERT model or a folder).
+        text: the input; pair: a second sentence (an encoder-decoder's decoder text).
+        max_length: truncate to this many tokens (default: the model's positions).
+        generate: a decoder generates this many tokens; seed: sample them.
+        layers: layers to show (default all).
+        top_k: keys kept per query row on a long page.
+    """
+    from ..models import bert, hf
+    from ..models.bert import run as bert_run
+    from ..models.hf_run import attend
+    from ..models.hf_run import generate as hf_generate
+    from .reduce import Budget
+
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"text: expected the text to run the model on, got {text!r}")
+    budget = Budget(top_k=top_k)
+    if isinstance(model, (str, Path)):
+        directory = Path(model)
+        from ..commands.show_sources import _is_bert_family
+
+        if _is_bert_family(directory):
+            model = bert.load(directory)
+        else:
+            ck = hf.Checkpoint(directory)
+            return ck.attend(text, pair, max_length=max_length, layers=layers,
+                             generate_tokens=generate, seed=seed, budget=budget)  # fmt: skip
+    if isinstance(model, bert.Bert):
+        if generate:
+            raise ValueError("generate: a BERT encoder does not generate text")
+        return bert_run.attend(model, text, pair, max_length=max_length, layers=layers,
+                               budget=budget)  # fmt: skip
+    if tokenizer is None:
+        raise TypeError("tokenizer: a transformers model needs its tokenizer")
+    cfg = model.config
+    kind = _hf_kind(model)
+    n_layers = int(getattr(cfg, "num_hidden_layers", 0) or getattr(cfg, "num_layers", 0))
+    n_heads = int(cfg.num_attention_heads)
+    n_dec = getattr(cfg, "num_decoder_layers", None) or getattr(cfg, "decoder_layers", None)
+    limit = max_length or getattr(cfg, "max_position_embeddings", None) or 512
+    model.eval()
+    if generate:
+        if kind != "decoder":
+            raise ValueError(f"generate: needs a decoder (a causal language model), got an {kind}")
+        return hf_generate(model, tokenizer, text, generate, max_length=limit, n_layers=n_layers,
+                           n_heads=n_heads, layers=layers, seed=seed, budget=budget)  # fmt: skip
+    return attend(model, tokenizer, kind, text, pair, max_length=limit, n_layers=n_layers,
+                  n_heads=n_heads, n_decoder_layers=n_dec, layers=layers, budget=budget)  # fmt: skip
+
+
+def from_bertviz(attentions: Any, tokens: Any, extra: Mapping[str, Any]) -> tuple[Any, Any]:
+    """bertviz's ``encoder_attention=``, ``decoder_attention=``, ``cross_attention=``,
+    ``encoder_tokens=``, ``decoder_tokens=`` as a list of attention sets."""
+    from .html import AttentionSet
+
+    unknown = sorted(set(extra) - set(_BERTVIZ))
+    if unknown:
+        raise TypeError(f"show: unexpected argument(s) {', '.join(unknown)}")
+    if attentions is not None:
+        raise ValueError("attentions: give either the weights or bertviz's encoder_attention=...")
+    enc_tokens: Any = extra.get("encoder_tokens")
+    dec_tokens: Any = extra.get("decoder_tokens")
+    sets = []
+    if extra.get("encoder_attention") is not None:
+        sets.append(AttentionSet("encoder self-attention", extra["encoder_attention"], enc_tokens))
+    if extra.get("decoder_attention") is not None:
+        sets.append(AttentionSet("decoder self-attention", extra["decoder_attention"], dec_tokens))
+    if extra.get("cross_attention") is not None:
+        sets.append(AttentionSet("cross-attention", extra["cross_attention"], dec_tokens,
+                                 key_tokens=enc_tokens))  # fmt: skip
+    if not sets:
+        raise ValueError("encoder_attention, decoder_attention, cross_attention: give at least one")
+    return sets, None
+
+
+def from_generate(
+    outputs: Any, tokens: Sequence[str], *, name: str = "self-attention (causal)"
+) -> Any:
+    """What ``model.generate(ids, output_attentions=True, return_dict_in_generate=True)`` returns,
+    as one :class:`~attnkit.viz.AttentionSet` with a step slider on the page.
+
+    ``outputs.attentions`` holds one tuple of per-layer weights per step: the
+    prompt's (1, heads, L, L) first, then one (1, heads, 1, L + t) row per new
+    token. The last generated token was never fed back, so it has no row: the set
+    covers the first ``L + N - 1`` tokens.
+
+    Args:
+        outputs: the result of ``generate`` (a decoder-only model).
+        tokens: the tokens of ``outputs.sequences[0]`` (at least ``L + N - 1``).
+        name: the set's name on the page.
+
+    Example::
+
+        out = model.generate(ids, max_new_tokens=8, output_attentions=True,
+                             return_dict_in_generate=True)
+        tokens = tokenizer.convert_ids_to_tokens(out.sequences[0])
+        attnkit.viz.to_html([attnkit.viz.from_generate(out, tokens)], None, "gen.html")
+    """
+    from .html import AttentionSet
+
+    steps = getattr(outputs, "attentions", None)
+    if not steps or not isinstance(steps[0], (tuple, list)):
+        raise ValueError(
+            "outputs: expected generate(..., output_attentions=True, return_dict_in_generate=True)"
+            "'s result, whose .attentions holds one tuple of layers per step"
+        )
+    first = steps[0]
+    n_layers = len(first)
+    n_heads, L = int(first[0].shape[1]), int(first[0].shape[-1])
+    n = L + len(steps) - 1
+    grid = torch.zeros(n_layers, n_heads, n, n)  # (layers, heads, n, n)
+    for li in range(n_layers):
+        grid[li, :, :L, :L] = first[li][0].float()
+    for t, step in enumerate(steps[1:]):
+        for li in range(n_layers):
+            row = step[li][0, :, -1].float()  # (heads, L + t + 1)
+            grid[li, :, L + t, : row.shape[-1]] = row
+    if len(tokens) < n:
+        raise ValueError(
+            f"tokens: expected at least {n} tokens (prompt + steps), got {len(tokens)}"
+        )
+    return AttentionSet(name=name, weights=grid, tokens=list(tokens)[:n],
+                        generated_start=L if n > L else None)  # fmt: skip

@@ -1,0 +1,153 @@
+"""The page's data: a :class:`~attnkit.viz.reduce.ReducedSet` as JSON-ready dicts.
+
+Numbers travel as base64 of little-endian bytes, deflate-compressed when large
+(the page inflates them with the browser's ``DecompressionStream``):
+
+- weights: one byte each, quantized per (layer, head) against that head's
+  largest value (error at most 1/510 of it), with the scales beside them;
+- top-k key indices: sorted per row and stored as gaps (uint16, or uint32 for
+  more than 65,535 keys), which compress well;
+- q and k of the neuron view: float16.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+from typing import Any
+
+import numpy as np
+
+from .reduce import ReducedSet
+
+__all__ = ["COMPRESS_ABOVE", "blob", "grid_payload", "quantize", "set_payload"]
+
+# Arrays above this many bytes are deflate-compressed; smaller pages stay readable by any browser.
+COMPRESS_ABOVE = 1 << 16
+
+
+def blob(raw: bytes) -> dict[str, str]:
+    """Bytes as ``{"encoding": "raw" | "deflate", "data": base64}``."""
+    if len(raw) > COMPRESS_ABOVE:
+        return {"encoding": "deflate", "data": base64.b64encode(zlib.compress(raw, 6)).decode()}
+    return {"encoding": "raw", "data": base64.b64encode(raw).decode()}
+
+
+def quantize(arr: np.ndarray) -> tuple[bytes, list[float]]:
+    """(layers, heads, ...) values >= 0 -> one byte each, and each (layer, head)'s scale."""
+    lead = arr.shape[:2]
+    flat = np.clip(arr.reshape(*lead, -1).astype(np.float32), 0.0, None)  # (layers, heads, n)
+    scales = flat.max(axis=2) if flat.shape[2] else np.zeros(lead, np.float32)  # (layers, heads)
+    scales = np.where(scales > 0, scales, 1.0).astype(np.float32)
+    codes = np.rint(flat / scales[:, :, None] * 255.0).astype(np.uint8)  # (layers, heads, n)
+    return codes.tobytes(), [float(s) for s in scales.reshape(-1)]
+
+
+def _bytes_part(arr: np.ndarray) -> dict[str, Any]:
+    raw, scales = quantize(arr)
+    return {**blob(raw), "scales": scales}
+
+
+def _topk_part(index: np.ndarray, weight: np.ndarray, K: int) -> dict[str, Any]:
+    """Top-k entries (layers, heads, Q, k), sorted by key, as gaps and one-byte weights."""
+    order = np.argsort(index, axis=-1, kind="stable")
+    idx = np.take_along_axis(index, order, -1).astype(np.int64)  # (layers, heads, Q, k)
+    w = np.take_along_axis(weight, order, -1)  # (layers, heads, Q, k)
+    gaps = np.diff(idx, axis=-1, prepend=0)  # first: the key itself, then gaps >= 0
+    width = 2 if K <= 0xFFFF else 4
+    gaps_raw = gaps.astype("<u2" if width == 2 else "<u4").tobytes()
+    w_raw, scales = quantize(w)
+    return {
+        "k": int(index.shape[-1]),
+        "indexBytes": width,
+        "index": blob(gaps_raw),
+        "weight": {**blob(w_raw), "scales": scales},
+    }
+
+
+def grid_payload(
+    dense: np.ndarray | None,
+    *,
+    block: int = 1,
+    pooled_max: np.ndarray | None = None,
+    pooled_mean: np.ndarray | None = None,
+    topk_index: np.ndarray | None = None,
+    topk_weight: np.ndarray | None = None,
+    K: int = 0,
+) -> dict[str, Any]:
+    """One (layers, heads, Q, K) grid: every weight, or the overview and top-k of a long one."""
+    if dense is not None:
+        return {"mode": "dense", **_bytes_part(dense)}
+    assert pooled_max is not None and pooled_mean is not None
+    assert topk_index is not None and topk_weight is not None
+    return {
+        "mode": "long",
+        "block": block,
+        "pooledShape": list(pooled_max.shape),
+        "pooledMax": _bytes_part(pooled_max),
+        "pooledMean": _bytes_part(pooled_mean),
+        "topk": _topk_part(topk_index, topk_weight, K),
+    }
+
+
+def _matrix_payload(m: np.ndarray, long: bool, block: int, k: int) -> dict[str, Any]:
+    """A (Q, K) matrix (rollout, flow) encoded like one head of the page."""
+    grid = m[None, None].astype(np.float32)  # (1, 1, Q, K)
+    if not long:
+        return grid_payload(grid)
+    Q, K = m.shape
+    Qb, Kb = -(-Q // block), -(-K // block)
+    padded = np.zeros((Qb * block, Kb * block), np.float32)
+    padded[:Q, :K] = m
+    blocks = padded.reshape(Qb, block, Kb, block)  # (Qb, b, Kb, b)
+    rows = np.minimum(block, Q - block * np.arange(Qb))
+    cols = np.minimum(block, K - block * np.arange(Kb))
+    mean = blocks.sum(axis=(1, 3)) / (rows[:, None] * cols[None, :])
+    k = min(k, K)
+    idx = np.argpartition(-m, k - 1, axis=-1)[:, :k]  # (Q, k)
+    w = np.take_along_axis(m, idx, -1)
+    return grid_payload(
+        None,
+        block=block,
+        pooled_max=blocks.max(axis=(1, 3))[None, None],
+        pooled_mean=mean[None, None],
+        topk_index=idx[None, None].astype(np.int32),
+        topk_weight=w[None, None],
+        K=K,
+    )
+
+
+def set_payload(s: ReducedSet) -> dict[str, Any]:
+    """The JSON-ready part of a page for one reduced set (tokens are added by the caller)."""
+    nL, nH, Q, K = s.shape
+    out: dict[str, Any] = {
+        "name": s.name,
+        "layers": list(s.layer_labels),
+        "heads": list(s.head_labels),
+        "shape": [nL, nH, Q, K],
+        "stats": s.stats,
+    }
+    k = int(s.topk_index.shape[-1]) if s.topk_index is not None else 16
+    out |= grid_payload(
+        s.dense,
+        block=s.block,
+        pooled_max=s.pooled_max,
+        pooled_mean=s.pooled_mean,
+        topk_index=s.topk_index,
+        topk_weight=s.topk_weight,
+        K=K,
+    )
+    for name in ("rollout", "flow"):
+        m = getattr(s, name)
+        if m is not None:
+            out[name] = _matrix_payload(m, s.long, s.block, k)
+    if s.neuron is not None:
+        n = s.neuron
+        out["neuron"] = {
+            "layers": n["layers"],
+            "dim": int(n["q"].shape[-1]),
+            "q": blob(n["q"].astype("<f2").tobytes()),
+            "k": blob(n["k"].astype("<f2").tobytes()),
+            "forms": n["forms"],
+        }
+    return out

@@ -1,0 +1,199 @@
+"use strict";
+// attnkit's attention viewer, part 1 of 5: data, colours, state and the address.
+var AK = (function () {
+  var $ = function (id) { return document.getElementById(id); };
+  function fail(message) {
+    var box = $("error");
+    box.textContent = "This page could not draw the attention: " + message;
+    box.hidden = false;
+  }
+  window.addEventListener("error", function (ev) { fail(String(ev.message)); });
+  var D = JSON.parse($("attention-data").textContent);
+
+  // ---- bytes: base64, deflate
+  function bytesOf(text) {
+    var bin = atob(text), out = new Uint8Array(bin.length);
+    for (var i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+    return out;
+  }
+  function unpack(part) {
+    var raw = bytesOf(part.data);
+    if (part.encoding !== "deflate") return Promise.resolve(raw);
+    if (typeof DecompressionStream === "undefined") {
+      return Promise.reject(new Error("this browser cannot decompress the data (no DecompressionStream)"));
+    }
+    var stream = new Blob([raw]).stream().pipeThrough(new DecompressionStream("deflate"));
+    return new Response(stream).arrayBuffer().then(function (b) { return new Uint8Array(b); });
+  }
+  function halfToFloat(u16) {
+    var out = new Float32Array(u16.length);
+    for (var i = 0; i < u16.length; i++) {
+      var h = u16[i], s = h & 0x8000 ? -1 : 1, e = (h >> 10) & 31, f = h & 1023;
+      out[i] = e === 0 ? s * f * 5.960464477539063e-8 : e === 31 ? (f ? NaN : s * Infinity)
+        : s * Math.pow(2, e - 15) * (1 + f / 1024);
+    }
+    return out;
+  }
+  // A grid (layers, heads, Q, K): every weight ("dense"), or block overview + top-k rows ("long").
+  function decodeGrid(g, shape) {
+    var nL = shape[0], nH = shape[1], Q = shape[2], K = shape[3];
+    g.nL = nL; g.nH = nH; g.Q = Q; g.K = K;
+    if (g.mode === "dense") {
+      g.scaleOf = new Float32Array(g.scales);
+      return unpack(g).then(function (w) {
+        if (w.length !== nL * nH * Q * K) throw new Error("expected " + nL * nH * Q * K + " weights, got " + w.length);
+        g.bytes = w; return g;
+      });
+    }
+    var t = g.topk;
+    return Promise.all([unpack(g.pooledMax), unpack(g.pooledMean), unpack(t.index), unpack(t.weight)])
+      .then(function (parts) {
+        g.pmax = parts[0]; g.pmaxScale = new Float32Array(g.pooledMax.scales);
+        g.pmean = parts[1]; g.pmeanScale = new Float32Array(g.pooledMean.scales);
+        var gaps = t.indexBytes === 2 ? new Uint16Array(parts[2].buffer, parts[2].byteOffset, parts[2].length / 2)
+          : new Uint32Array(parts[2].buffer, parts[2].byteOffset, parts[2].length / 4);
+        var k = t.k, idx = new Uint32Array(gaps.length);
+        for (var r = 0; r < gaps.length; r += k) {
+          var acc = 0;
+          for (var c = 0; c < k; c++) { acc += gaps[r + c]; idx[r + c] = acc; }
+        }
+        g.k = k; g.tkIdx = idx; g.tkW = parts[3]; g.tkScale = new Float32Array(t.weight.scales);
+        g.Qb = g.pooledShape[2]; g.Kb = g.pooledShape[3];
+        return g;
+      });
+  }
+  function decodeSet(set) {
+    var jobs = [decodeGrid(set, set.shape)];
+    ["rollout", "flow"].forEach(function (name) {
+      if (set[name]) jobs.push(decodeGrid(set[name], [1, 1, set.shape[2], set.shape[3]]));
+    });
+    if (set.neuron) {
+      jobs.push(Promise.all([unpack(set.neuron.q), unpack(set.neuron.k)]).then(function (p) {
+        set.neuron.qv = halfToFloat(new Uint16Array(p[0].buffer, p[0].byteOffset, p[0].length / 2));
+        set.neuron.kv = halfToFloat(new Uint16Array(p[1].buffer, p[1].byteOffset, p[1].length / 2));
+      }));
+    }
+    return Promise.all(jobs).then(function () { return set; });
+  }
+
+  // ---- weights: one row (exact on dense pages; top-k exact, the rest unknown, on long ones)
+  // row(g, l, h, i) -> {w: Float32Array(K), known: Uint8Array(K) or null (all known), floor}
+  function row(g, l, h, i) {
+    var K = g.K, w = new Float32Array(K);
+    if (g.mode === "dense") {
+      var base = ((l * g.nH + h) * g.Q + i) * K, sc = g.scaleOf[l * g.nH + h] / 255;
+      for (var j = 0; j < K; j++) w[j] = g.bytes[base + j] * sc;
+      return { w: w, known: null, floor: 0 };
+    }
+    var known = new Uint8Array(K), k = g.k, at = ((l * g.nH + h) * g.Q + i) * k;
+    var s = g.tkScale[l * g.nH + h] / 255, floor = Infinity;
+    for (var c = 0; c < k; c++) {
+      var v = g.tkW[at + c] * s; w[g.tkIdx[at + c]] = v; known[g.tkIdx[at + c]] = 1;
+      if (v < floor) floor = v;
+    }
+    return { w: w, known: known, floor: floor === Infinity ? 0 : floor };
+  }
+  // Mean (or sum) over heads and over selected rows.
+  function combine(g, l, heads, rows, how) {
+    var K = g.K, out = new Float32Array(K), known = g.mode === "dense" ? null : new Uint8Array(K), floor = 0;
+    var n = heads.length * rows.length;
+    heads.forEach(function (h) {
+      rows.forEach(function (i) {
+        var r = row(g, l, h, i);
+        for (var j = 0; j < K; j++) out[j] += r.w[j];
+        if (known) { for (var j2 = 0; j2 < K; j2++) known[j2] |= r.known[j2]; floor = Math.max(floor, r.floor); }
+      });
+    });
+    var div = how === "sum" ? heads.length : n;
+    if (div) for (var j3 = 0; j3 < K; j3++) out[j3] /= div;
+    return { w: out, known: known, floor: floor };
+  }
+  // Column of keys: what queries give to key j (dense only exact; long: from top-k entries).
+  function column(g, l, heads, cols, how) {
+    var Q = g.Q, out = new Float32Array(Q);
+    heads.forEach(function (h) {
+      for (var i = 0; i < Q; i++) {
+        if (g.mode === "dense") {
+          var base = ((l * g.nH + h) * Q + i) * g.K, sc = g.scaleOf[l * g.nH + h] / 255;
+          cols.forEach(function (j) { out[i] += g.bytes[base + j] * sc; });
+        } else {
+          var k = g.k, at = ((l * g.nH + h) * Q + i) * k, s = g.tkScale[l * g.nH + h] / 255;
+          for (var c = 0; c < k; c++) if (cols.indexOf(g.tkIdx[at + c]) >= 0) out[i] += g.tkW[at + c] * s;
+        }
+      }
+    });
+    var div = heads.length * (how === "sum" ? 1 : cols.length);
+    if (div) for (var i2 = 0; i2 < Q; i2++) out[i2] /= div;
+    return out;
+  }
+  function pooled(g, l, heads, kind) {
+    var n = g.Qb * g.Kb, out = new Float32Array(n);
+    var src = kind === "mean" ? g.pmean : g.pmax, scale = kind === "mean" ? g.pmeanScale : g.pmaxScale;
+    heads.forEach(function (h) {
+      var base = (l * g.nH + h) * n, sc = scale[l * g.nH + h] / 255;
+      for (var p = 0; p < n; p++) {
+        var v = src[base + p] * sc;
+        if (kind === "mean") out[p] += v / heads.length; else if (v > out[p]) out[p] = v;
+      }
+    });
+    return out;
+  }
+
+  // ---- colours: white-to-blue on light pages, dark-to-light blue on dark ones
+  var dark = window.matchMedia && window.matchMedia("(prefers-color-scheme: dark)").matches;
+  var RAMP = dark ? [[20, 23, 29], [27, 52, 110], [47, 95, 208], [127, 166, 240], [230, 238, 255]]
+    : [[255, 255, 255], [212, 226, 247], [127, 166, 224], [47, 95, 208], [13, 36, 99]];
+  var LUT = new Uint8Array(256 * 3);
+  for (var c = 0; c < 256; c++) {
+    var x = c / 255 * (RAMP.length - 1), k0 = Math.min(RAMP.length - 2, Math.floor(x)), f = x - k0;
+    for (var ch = 0; ch < 3; ch++) LUT[3 * c + ch] = Math.round(RAMP[k0][ch] * (1 - f) + RAMP[k0 + 1][ch] * f);
+  }
+  var LOG_FLOOR = 1e-3;
+  function toUnit(v, vmax, scale) {
+    if (!(vmax > 0) || !(v > 0)) return 0;
+    var t = v / vmax;
+    if (scale === "power") return Math.sqrt(Math.min(1, t));
+    if (scale === "log") return t <= LOG_FLOOR ? 0 : Math.min(1, 1 - Math.log(t) / Math.log(LOG_FLOOR));
+    return Math.min(1, t);
+  }
+  function shade(v, vmax) {  // a token's background for weight v
+    var a = vmax > 0 ? Math.min(1, v / vmax) : 0;
+    return a > 0.005 ? (dark ? "rgba(109, 149, 255, " : "rgba(47, 95, 208, ") + (0.85 * a).toFixed(3) + ")" : "";
+  }
+  function paint(px, p, unit) {
+    var ci = Math.round(255 * unit) * 3;
+    px[4 * p] = LUT[ci]; px[4 * p + 1] = LUT[ci + 1]; px[4 * p + 2] = LUT[ci + 2]; px[4 * p + 3] = 255;
+  }
+  function fmt(v) {
+    if (v === 0) return "0";
+    return v >= 0.01 ? v.toFixed(3) : v.toExponential(1);
+  }
+  function maxOf(a) { var m = 0; for (var i = 0; i < a.length; i++) if (a[i] > m) m = a[i]; return m; }
+  function el(tag, cls, text) {
+    var e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+  function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); }
+  // A token as shown: a leading space as a faint middle dot, newlines as a return arrow.
+  function tokenNode(tag, cls, text) {
+    var e = el(tag, cls);
+    var m = /^ /.test(text);
+    if (m) { e.appendChild(el("span", "ws", "\u00b7")); text = text.slice(1); }
+    e.appendChild(document.createTextNode(text.replace(/\r?\n/g, "\u21b5").replace(/\t/g, "\u2192")));
+    return e;
+  }
+  function plain(text) {
+    return text.replace(/^ /, "\u00b7").replace(/\r?\n/g, "\u21b5").replace(/\t/g, "\u2192");
+  }
+
+  var state = { set: 0, layer: 0, heads: [], view: "head", pin: null, hover: null, sel: { axis: "q", items: [] },
+                combine: "mean", scale: D.scale || "linear", filter: "all", zoom: 0, openIn: "matrix",
+                overview: "max", flow: "rollout", step: 0, win: 0, center: null, nq: null, nk: null,
+                sort: { key: null, dir: 1 } };
+  return { $: $, D: D, fail: fail, decodeSet: decodeSet, row: row, combine: combine, column: column,
+           pooled: pooled, LUT: LUT, toUnit: toUnit, shade: shade, paint: paint, fmt: fmt, maxOf: maxOf,
+           el: el, clear: clear, tokenNode: tokenNode, plain: plain, state: state, dark: dark,
+           LOG_FLOOR: LOG_FLOOR, LONG: 96 * 96, views: {} };
+})();

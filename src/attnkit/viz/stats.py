@@ -1,0 +1,215 @@
+"""Per-head statistics of attention weights and the pattern class of each head.
+
+One set of row sums is accumulated while the weights stream by (a row block
+at a time, see :mod:`attnkit.viz.reduce`); :func:`classify` turns them into a
+class. The page's table and the terminal summary of ``attnkit show`` use the
+same classes:
+
+- ``previous token``: at least half of each row's weight on the key just before it;
+- ``first token (sink)``: at least half on the first key (``[CLS]``, ``<s>``, a sink);
+- ``self``: at least half on the query's own position;
+- ``broad``: spread out (mean normalized entropy at least 0.7);
+- ``local window``: at least 60% within ``LOCAL`` positions either side;
+- ``mixed``: none of these.
+
+The first query row is left out of the previous/first/self scores: in a causal
+decoder it can only attend to itself, the first token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "CLASSES",
+    "LOCAL",
+    "StatsAccumulator",
+    "classify",
+    "describe",
+    "head_statistics",
+    "most_focused",
+]
+
+CLASSES = ("previous token", "first token (sink)", "self", "local window", "broad", "mixed")
+LOCAL = 4  # keys within this many positions of the query count as its local window
+_FIELDS = ("rows", "entropy", "norm_entropy", "norm_rows", "distance", "prev", "first", "self",
+           "pattern_rows", "local")  # fmt: skip
+
+
+class _View:
+    """``view[layer] += x`` adds into sums[at] (at: a layer and a head selection)."""
+
+    def __init__(self, sums: np.ndarray, at: tuple[int, Any]) -> None:
+        self.sums, self.at = sums, at
+
+    def __getitem__(self, layer: int) -> np.ndarray:
+        return self.sums[self.at]
+
+    def __setitem__(self, layer: int, value: np.ndarray) -> None:
+        self.sums[self.at] = value
+
+
+class StatsAccumulator:
+    """Row sums per (layer, head), filled a row block at a time.
+
+    Args:
+        n_layers, n_heads: the grid of heads.
+        positional: the queries and keys share positions (self-attention), so
+            distances, previous-token, self and local scores mean something.
+    """
+
+    def __init__(self, n_layers: int, n_heads: int, positional: bool) -> None:
+        self.positional = positional
+        self.sums = {f: np.zeros((n_layers, n_heads), np.float64) for f in _FIELDS}
+
+    def add(
+        self, layer: int, w: torch.Tensor, rows: torch.Tensor, heads: np.ndarray | None = None
+    ) -> None:
+        """Add a block of rows.
+
+        Args:
+            layer: index into the accumulator's layers.
+            w: (h, r, S) weights of h heads for r query rows.
+            rows: (r,) the rows' query positions (int64).
+            heads: (h,) which of the accumulator's heads ``w`` holds; None = all.
+        """
+        used = w.sum(-1) > 0  # (h, r): fully masked rows are left out
+        at = (layer, slice(None) if heads is None else heads)
+        s = {k: _View(v, at) for k, v in self.sums.items()}
+        s["rows"][layer] += used.sum(-1).double().numpy()
+        ent = torch.special.entr(w).sum(-1)  # (h, r) in nats
+        s["entropy"][layer] += (ent * used).sum(-1).double().numpy()
+        n_keys = (w > 0).sum(-1)  # (h, r)
+        spread = n_keys > 1
+        norm = ent / torch.log(n_keys.clamp_min(2).float())  # (h, r)
+        s["norm_entropy"][layer] += (norm * spread).sum(-1).double().numpy()
+        s["norm_rows"][layer] += spread.sum(-1).double().numpy()
+        S = w.shape[-1]
+        pattern = (rows > 0).unsqueeze(0) & used  # (h, r): rows after the first
+        s["pattern_rows"][layer] += pattern.sum(-1).double().numpy()
+        s["first"][layer] += (w[..., 0] * pattern).sum(-1).double().numpy()
+        if not self.positional:
+            return
+        keys = torch.arange(S)
+        dist = (rows.unsqueeze(1) - keys.unsqueeze(0)).abs().float()  # (r, S)
+        s["distance"][layer] += (w * dist).sum(-1).sum(-1).double().numpy()
+        own = rows.clamp_max(S - 1)  # (r,)
+        prev = (rows - 1).clamp(0, S - 1)  # (r,)
+        idx = torch.arange(w.shape[1])
+        local = torch.zeros(w.shape[:2])  # (h, r): the band |i - j| <= LOCAL, one gather per offset
+        for off in range(-LOCAL, LOCAL + 1):
+            key = rows + off  # (r,)
+            inside = (key >= 0) & (key < S)
+            local += w[:, idx, key.clamp(0, S - 1)] * inside
+        s["local"][layer] += (local * used).sum(-1).double().numpy()
+        s["self"][layer] += (w[:, idx, own] * pattern).sum(-1).double().numpy()
+        s["prev"][layer] += (w[:, idx, prev] * pattern).sum(-1).double().numpy()
+
+    def finish(self) -> dict[str, Any]:
+        """Means per head and the class of each: a dict of (layers, heads) lists."""
+        s = self.sums
+        rows = np.maximum(s["rows"], 1)
+        pat = np.maximum(s["pattern_rows"], 1)
+        out: dict[str, Any] = {
+            "entropy": s["entropy"] / rows,
+            "normEntropy": s["norm_entropy"] / np.maximum(s["norm_rows"], 1),
+            "first": s["first"] / pat,
+        }
+        if self.positional:
+            out |= {
+                "distance": s["distance"] / rows,
+                "prev": s["prev"] / pat,
+                "self": s["self"] / pat,
+                "local": s["local"] / rows,
+            }
+        classes, scores = classify(out)
+        result = {k: np.round(v, 4).tolist() for k, v in out.items()}
+        result["class"] = classes
+        result["score"] = np.round(scores, 4).tolist()
+        return result
+
+
+def classify(stats: dict[str, Any]) -> tuple[list[list[str]], np.ndarray]:
+    """The pattern class of every head and the score that decided it.
+
+    Args:
+        stats: (layers, heads) arrays ``first``, ``normEntropy`` and, for
+            self-attention, ``prev``, ``self``, ``local``.
+
+    Returns:
+        (classes as nested lists (layers, heads), scores (layers, heads)).
+    """
+    first = np.asarray(stats["first"], np.float64)
+    zeros = np.zeros_like(first)
+    prev = np.asarray(stats.get("prev", zeros), np.float64)
+    own = np.asarray(stats.get("self", zeros), np.float64)
+    local = np.asarray(stats.get("local", zeros), np.float64)
+    broad = np.asarray(stats["normEntropy"], np.float64)
+    classes: list[list[str]] = []
+    scores = np.zeros_like(first)
+    for li in range(first.shape[0]):
+        row = []
+        for h in range(first.shape[1]):
+            named = {"previous token": prev[li, h], "first token (sink)": first[li, h],
+                     "self": own[li, h]}  # fmt: skip
+            best = max(named, key=lambda k: named[k])
+            if named[best] >= 0.5:
+                row.append(best)
+                scores[li, h] = named[best]
+            elif broad[li, h] >= 0.7:
+                row.append("broad")
+                scores[li, h] = broad[li, h]
+            elif local[li, h] >= 0.6:
+                row.append("local window")
+                scores[li, h] = local[li, h]
+            else:
+                row.append("mixed")
+                scores[li, h] = named[best]
+        classes.append(row)
+    return classes, scores
+
+
+def head_statistics(weights: Any, *, positional: bool | None = None) -> dict[str, Any]:
+    """Statistics and pattern class of every head of a (layers, heads, Q, K) grid.
+
+    Args:
+        weights: (layers, heads, Q, K) weights (tensor, array, or a list of
+            per-layer (heads, Q, K) weights such as ``outputs.attentions``).
+        positional: queries and keys share positions; None = ``Q == K``.
+
+    Returns:
+        a dict of (layers, heads) nested lists: ``entropy`` (nats, mean over
+        rows), ``normEntropy`` (entropy / log of the keys a row sees),
+        ``first``; for self-attention ``distance`` (mean attended distance),
+        ``prev``, ``self``, ``local``; and ``class`` and ``score``.
+    """
+    from .grid import as_grid
+
+    grid = torch.from_numpy(as_grid(weights, name="weights", dims="layers, heads"))
+    n_layers, n_heads, Q, K = grid.shape
+    acc = StatsAccumulator(n_layers, n_heads, Q == K if positional is None else positional)
+    rows = torch.arange(Q)
+    for li in range(n_layers):
+        acc.add(li, grid[li], rows)
+    return acc.finish()
+
+
+def describe(stats: dict[str, Any], layer: int, head: int) -> str:
+    """One phrase for a head: ``previous token (0.83 of each row on average)``."""
+    cls = stats["class"][layer][head]
+    score = stats["score"][layer][head]
+    if cls == "broad":
+        return f"broad (normalized entropy {score:.2f})"
+    if cls == "mixed":
+        return "mixed (no single pattern)"
+    return f"{cls} ({score:.2f} of each row on average)"
+
+
+def most_focused(stats: dict[str, Any], layers: Sequence[int]) -> list[int]:
+    """For each layer row, the head with the lowest mean entropy."""
+    ent = np.asarray(stats["entropy"])
+    return [int(np.argmin(ent[i])) for i in range(len(layers))]
