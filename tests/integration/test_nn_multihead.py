@@ -167,6 +167,31 @@ def test_parity_random_configs(chunk: int) -> None:
             assert w is None
 
 
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_self_attention_without_mask_tensors_matches_torch(
+    batch_first: bool, is_causal: bool
+) -> None:
+    """The lean path (one input, no mask tensors) against torch's layer, weights included."""
+    theirs, ours = _pair(28, embed_dim=8, num_heads=2, batch_first=batch_first)
+    x = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(29))
+    L = 5 if batch_first else 3  # (N, L, E) or (L, N, E)
+    causal = torch.ones(L, L, dtype=torch.bool).triu(1) if is_causal else None
+    for need_weights, average in ((False, True), (True, True), (True, False)):
+        want, want_w = theirs(
+            x, x, x, attn_mask=causal, need_weights=need_weights, average_attn_weights=average
+        )
+        got, got_w = ours(
+            x, x, x, is_causal=is_causal, need_weights=need_weights, average_attn_weights=average
+        )
+        assert (got - want).abs().max() <= TOL
+        assert (got_w is None) == (want_w is None)
+        if got_w is not None and want_w is not None:
+            assert got_w.shape == want_w.shape and (got_w - want_w).abs().max() <= TOL
+    with pytest.raises(TypeError, match="is_causal must be True or False"):
+        ours(x, x, x, is_causal=1)  # type: ignore[arg-type]
+
+
 def test_state_dict_round_trip_both_ways() -> None:
     for kw in (
         {"embed_dim": 6, "num_heads": 2},

@@ -222,6 +222,7 @@ class MultiheadAttention(nn.Module):
             and attn_mask is None
             and type(query) is torch.Tensor
             and query.ndim == 3
+            and not query.is_nested
             and (is_causal is False or is_causal is True)
         ):
             x = query if self.batch_first else query.transpose(0, 1)  # (N, L, E)
@@ -267,15 +268,15 @@ class MultiheadAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """Self-attention on ``x`` (N, L, E) without the per-call checks, or None.
 
-        Runs when nothing is left to check: ``x`` is a plain tensor with
-        ``embed_dim`` features, the parameters the computation reads are in its
+        Runs when nothing is left to check: ``x`` is a plain (not nested) tensor
+        with ``embed_dim`` features, the parameters the computation reads are in its
         dtype and on its device, and there is no ``bias_k`` or zero key. Any other
         case returns None and takes the checked path, which raises the errors.
         The parameters are read once, straight from the modules' dicts.
         """
         params = self._parameters
         w = params.get("in_proj_weight")
-        if w is None or params.get("bias_k") is not None or self.add_zero_attn or x.is_nested:
+        if w is None or params.get("bias_k") is not None or self.add_zero_attn:
             return None
         dt, dev = x.dtype, x.device
         if x.shape[-1] != self.embed_dim or w.dtype != dt or w.device != dev:
