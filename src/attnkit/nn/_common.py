@@ -150,15 +150,15 @@ def check_param_dtype(
     if not params:
         return
     loose = {id(t) for t in cast if t is not None}
-    ref = next((p for p in params if id(p) not in loose), params[0])
+    ref = next((p for p in params if id(p) not in loose), params[0]) if loose else params[0]
     dtype, device = ref.dtype, ref.device
+    if any(p.dtype != dtype or p.device != device for p in params):  # rare: find which
 
-    def bad(p: torch.Tensor) -> bool:
-        if p.device != device:
-            return True
-        return p.dtype != dtype and not (id(p) in loose and p.dtype.is_floating_point)
+        def bad(p: torch.Tensor) -> bool:
+            if p.device != device:
+                return True
+            return p.dtype != dtype and not (id(p) in loose and p.dtype.is_floating_point)
 
-    if any(bad(p) for p in params):
         named = list(module.named_parameters())
         first_name = next(name for name, p in named if p is ref)
         for name, param in named:
