@@ -10,11 +10,18 @@ from attnkit.bench import OVERHEAD_CASES, run_case, suite_cases
 from attnkit.bench.overhead import compile_counts
 
 
-def test_overhead_suite_names_its_four_cases_and_targets() -> None:
+def test_overhead_suite_names_its_five_cases_and_targets() -> None:
     cases = {c.name: c for c in suite_cases("overhead")}
-    assert list(cases) == ["call_overhead", "layer_mha", "decode_step", "compiled"]
+    assert list(cases) == [
+        "call_overhead",
+        "layer_mha",
+        "layer_mha_train",
+        "decode_step",
+        "compiled",
+    ]
     assert cases["call_overhead"].max_extra_s == 10e-6 and cases["call_overhead"].goal is None
     assert abs(cases["layer_mha"].goal - 1 / 1.2) < 1e-12  # type: ignore[operator]
+    assert abs(cases["layer_mha_train"].goal - 1 / 1.1) < 1e-12  # type: ignore[operator]
     assert abs(cases["decode_step"].goal - 1 / 1.1) < 1e-12  # type: ignore[operator]
     assert abs(cases["compiled"].goal - 1 / 1.05) < 1e-12  # type: ignore[operator]
     assert dict(cases["compiled"].count_limits) == {"graph_breaks": 0, "recompiles": 0}

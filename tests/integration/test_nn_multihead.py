@@ -167,6 +167,31 @@ def test_parity_random_configs(chunk: int) -> None:
             assert w is None
 
 
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_self_attention_without_mask_tensors_matches_torch(
+    batch_first: bool, is_causal: bool
+) -> None:
+    """The lean path (one input, no mask tensors) against torch's layer, weights included."""
+    theirs, ours = _pair(28, embed_dim=8, num_heads=2, batch_first=batch_first)
+    x = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(29))
+    L = 5 if batch_first else 3  # (N, L, E) or (L, N, E)
+    causal = torch.ones(L, L, dtype=torch.bool).triu(1) if is_causal else None
+    for need_weights, average in ((False, True), (True, True), (True, False)):
+        want, want_w = theirs(
+            x, x, x, attn_mask=causal, need_weights=need_weights, average_attn_weights=average
+        )
+        got, got_w = ours(
+            x, x, x, is_causal=is_causal, need_weights=need_weights, average_attn_weights=average
+        )
+        assert (got - want).abs().max() <= TOL
+        assert (got_w is None) == (want_w is None)
+        if got_w is not None and want_w is not None:
+            assert got_w.shape == want_w.shape and (got_w - want_w).abs().max() <= TOL
+    with pytest.raises(TypeError, match="is_causal must be True or False"):
+        ours(x, x, x, is_causal=1)  # type: ignore[arg-type]
+
+
 def test_state_dict_round_trip_both_ways() -> None:
     for kw in (
         {"embed_dim": 6, "num_heads": 2},
@@ -329,7 +354,7 @@ def test_bad_forward_inputs() -> None:
         layer(q, k, v, attn_mask=torch.zeros(3, 5, 6, dtype=torch.bool))
     with pytest.raises(TypeError, match="attn_mask must be bool"):
         layer(q, k, v, attn_mask=torch.zeros(5, 6, dtype=torch.int64))
-    with pytest.raises(ValueError, match="query must be 3-D"):
+    with pytest.raises(ValueError, match="query should be unbatched 2D or batched 3D"):
         layer(torch.randn(1, 5, 2, 4), k, v)
     with pytest.raises(
         TypeError, match=r"query is torch\.float64 .* parameters are torch\.float32"
@@ -460,19 +485,6 @@ def test_fast_path_attributes_and_reset() -> None:
     assert split.k_proj_weight is not None and split.k_proj_weight.shape == (8, 3)
 
 
-def test_nested_tensor_input_is_refused_clearly() -> None:
-    layer = MultiheadAttention(4, 2, batch_first=True)
-    nt = torch.nested.nested_tensor([torch.randn(3, 4), torch.randn(5, 4)], layout=torch.jagged)
-    dense = torch.randn(2, 5, 4)
-    with pytest.raises(TypeError, match=r"query is a nested tensor.*key_padding_mask"):
-        layer(nt, nt, nt)
-    with pytest.raises(TypeError, match="value is a nested tensor"):
-        layer(dense, dense, nt)
-    layer.eval()
-    with torch.no_grad(), pytest.raises(TypeError, match="query is a nested tensor"):
-        layer(nt, nt, nt, need_weights=False)  # torch's inference fast path case too
-
-
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool, "float32"])
 def test_non_float_dtype_is_refused(dtype: object) -> None:
     with pytest.raises(TypeError, match=r"dtype must be a floating-point torch\.dtype"):
@@ -481,10 +493,10 @@ def test_non_float_dtype_is_refused(dtype: object) -> None:
 
 def test_mixed_parameter_dtypes_are_named() -> None:
     layer = MultiheadAttention(4, 2, dtype=torch.float64)
-    assert layer.in_proj_bias is not None
-    layer.in_proj_bias.data = layer.in_proj_bias.data.half()
+    assert layer.in_proj_weight is not None
+    layer.in_proj_weight.data = layer.in_proj_weight.data.half()
     x = torch.randn(3, 2, 4, dtype=torch.float64)
-    with pytest.raises(TypeError, match=r"parameter in_proj_bias is torch\.float16"):
+    with pytest.raises(TypeError, match=r"parameter in_proj_weight is torch\.float16"):
         layer(x, x, x)
     layer = MultiheadAttention(4, 2, dtype=torch.float64)
     layer.out_proj.bias.data = layer.out_proj.bias.data.float()
@@ -529,9 +541,8 @@ def test_checks_hold_after_a_call_of_the_same_shapes() -> None:
         layer(x, x, torch.randn(2, 5, 7))
     with pytest.raises(TypeError, match="share a dtype"):
         layer(x, x, x.double())
-    assert layer.in_proj_bias is not None
-    layer.in_proj_bias.data = layer.in_proj_bias.data.half()  # parameters are checked each call
-    with pytest.raises(TypeError, match=r"parameter in_proj_bias is torch\.float16"):
+    layer.out_proj.bias.data = layer.out_proj.bias.data.half()  # parameters are checked each call
+    with pytest.raises(TypeError, match=r"parameter out_proj\.bias is torch\.float16"):
         layer(x, x, x)
 
 

@@ -1,6 +1,6 @@
 """The overhead suite (``attnkit bench --suite overhead``): attnkit inside a real model.
 
-Four cases, each against torch's own equivalent on the same inputs:
+Five cases, each against torch's own equivalent on the same inputs:
 
 - ``call_overhead``: host cost of one ``attention()`` call at a tiny shape
   (B=1 H=8 L=S=16 E=64 float32), where the arithmetic is negligible; target:
@@ -8,6 +8,9 @@ Four cases, each against torch's own equivalent on the same inputs:
 - ``layer_mha``: ``attnkit.nn.MultiheadAttention`` forward against
   ``torch.nn.MultiheadAttention`` (same weights, eval, no grad, B=1 L=S=16 E=64);
   target: at most 1.2× torch's time.
+- ``layer_mha_train``: one training step of the same two layers (train mode,
+  grad on, dropout 0): forward, a sum-of-squares loss, backward into the
+  parameters; target: at most 1.1× torch's time.
 - ``decode_step``: one query against a 4096-key cache (B=1 H=32 E=128) with
   ``masks.causal("bottom_right")``, against SDPA on the same cache; target: at
   most 1.1× SDPA's time.
@@ -108,6 +111,39 @@ def _layer(device: str) -> Callable[[bool], Sides]:
     return build
 
 
+def _layer_train(device: str) -> Callable[[bool], Sides]:
+    def build(quick: bool) -> Sides:
+        B, N, E, H = 1, 16, 64, 8
+        torch.manual_seed(15)
+        theirs = torch.nn.MultiheadAttention(E, H, batch_first=True).to(device).train()
+        ours = attnkit.nn.MultiheadAttention(E, H, batch_first=True).to(device).train()
+        ours.load_state_dict(theirs.state_dict())
+        x = torch.randn(B, N, E, generator=torch.Generator().manual_seed(15)).to(device)
+
+        def step(
+            layer: torch.nn.MultiheadAttention | attnkit.nn.MultiheadAttention,
+        ) -> torch.Tensor:
+            for p in layer.parameters():
+                p.grad = None
+            out = layer(x, x, x, need_weights=False)[0]
+            out.square().sum().backward()
+            grad = layer.in_proj_weight.grad if layer.in_proj_weight is not None else None
+            assert grad is not None
+            return grad
+
+        return Sides(
+            attnkit=lambda: step(ours),
+            baseline=lambda: step(theirs),
+            baseline_name="torch.nn.MultiheadAttention",
+            shape=f"B={B} L=S={N} E={E} heads={H}, forward + backward, per step",
+            check=lambda: _maxdiff(step(ours), step(theirs)),
+            repeat=5 if quick else 50,
+            sync=_sync(device),
+        )
+
+    return build
+
+
 def _decode(device: str) -> Callable[[bool], Sides]:
     def build(quick: bool) -> Sides:
         B, H, S, E = (1, 4, 256, 32) if quick else (1, 32, 4096, 128)
@@ -184,7 +220,7 @@ def _compiled(device: str) -> Callable[[bool], Sides]:
 
 
 def overhead_cases(device: str = "cpu") -> tuple[BenchCase, ...]:
-    """The four overhead cases with their inputs on ``device`` ("cpu" or "cuda")."""
+    """The five overhead cases with their inputs on ``device`` ("cpu" or "cuda")."""
     zero = (("graph_breaks", 0), ("recompiles", 0))
     return (
         BenchCase(
@@ -204,6 +240,15 @@ def overhead_cases(device: str = "cpu") -> tuple[BenchCase, ...]:
             1 / 1.2,
             _layer(device),
             max_pairs=41,
+            memory=False,
+        ),
+        BenchCase(
+            "layer_mha_train",
+            "overhead",
+            "≤ 1.1× torch",
+            1 / 1.1,
+            _layer_train(device),
+            max_pairs=31,
             memory=False,
         ),
         BenchCase(

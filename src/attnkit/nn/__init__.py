@@ -11,10 +11,11 @@
 - :class:`NadarayaWatson`: kernel regression as attention.
 
 Every layer computes its attention through :func:`attnkit.attention`; none
-writes its own softmax or masking.
+writes its own softmax or masking. :class:`InputShapeError` (a ``ValueError``
+and an ``AssertionError``) reports inputs of the wrong shape.
 """
 
-from ._common import attention_override
+from ._common import InputShapeError, attention_override
 from .classic import AdditiveAttention, DotProductAttention, KernelScore, NadarayaWatson
 from .einsum import EinsumMultiHeadAttention
 from .kv_cache import KVCache
@@ -25,6 +26,7 @@ __all__ = [
     "AdditiveAttention",
     "DotProductAttention",
     "EinsumMultiHeadAttention",
+    "InputShapeError",
     "KVCache",
     "KernelScore",
     "MultiheadAttention",

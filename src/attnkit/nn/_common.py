@@ -18,6 +18,7 @@ from .. import masks
 from ..functional import attention
 
 __all__ = [
+    "InputShapeError",
     "attend",
     "attention_override",
     "check_dropout",
@@ -29,6 +30,17 @@ __all__ = [
     "check_tensor",
     "shape_str",
 ]
+
+
+class InputShapeError(ValueError, AssertionError):
+    """An input of the wrong shape or number of dims.
+
+    A ``ValueError`` like every other bad argument in attnkit, and an
+    ``AssertionError`` as well, because ``torch.nn.MultiheadAttention`` reports
+    these cases with ``assert``: code (and tests) written against torch's layer
+    that catch ``AssertionError`` keep working with the drop-in. The message
+    names the argument, the shape received and the shape expected.
+    """
 
 
 def shape_str(shape: Sequence[int] | torch.Tensor) -> str:
@@ -118,25 +130,42 @@ def _parameter_tensors(module: nn.Module) -> list[torch.Tensor]:
     return found
 
 
-def check_param_dtype(owner: str, module: nn.Module, **inputs: torch.Tensor) -> None:
+def check_param_dtype(
+    owner: str,
+    module: nn.Module,
+    *,
+    cast: Sequence[torch.Tensor | None] = (),
+    **inputs: torch.Tensor,
+) -> None:
     """Raise TypeError unless every parameter and every input share one dtype and device.
 
     Every parameter is read, not only the first: a layer converted piecewise
     (say a float16 ``in_proj_bias`` in a float64 layer) is named here, before
     any compute, instead of failing inside ``F.linear`` or ``torch.einsum``.
+    The parameters in ``cast`` (by identity) may have another floating-point
+    dtype, because the layer casts them to the computation's dtype; they must
+    still be on the same device.
     """
     params = _parameter_tensors(module)
     if not params:
         return
-    dtype, device = params[0].dtype, params[0].device
-    if any(p.dtype != dtype or p.device != device for p in params):
+    loose = {id(t) for t in cast if t is not None}
+    ref = next((p for p in params if id(p) not in loose), params[0]) if loose else params[0]
+    dtype, device = ref.dtype, ref.device
+    if any(p.dtype != dtype or p.device != device for p in params):  # rare: find which
+
+        def bad(p: torch.Tensor) -> bool:
+            if p.device != device:
+                return True
+            return p.dtype != dtype and not (id(p) in loose and p.dtype.is_floating_point)
+
         named = list(module.named_parameters())
-        first_name, first = named[0]
+        first_name = next(name for name, p in named if p is ref)
         for name, param in named:
-            if param.dtype != first.dtype or param.device != first.device:
+            if bad(param):
                 raise TypeError(
                     f"{owner}: parameter {name} is {param.dtype} on {param.device}, but "
-                    f"parameter {first_name} is {first.dtype} on {first.device}; every parameter "
+                    f"parameter {first_name} is {dtype} on {device}; every parameter "
                     f"of the layer must share one dtype and device (layer.to(dtype=..., device=...))"
                 )
     for name, t in inputs.items():

@@ -14,9 +14,24 @@ attention runs over the filled part only (its cost grows with the filled
 length, not with ``max_len``), where one new query needs no mask at all and a
 few take the fused bottom-right-causal path of the backends. Under
 ``torch.compile`` the growing key length is a dynamic shape.
+
+Decoding under autograd (training, RL rollouts that backpropagate) works too.
+With gradients enabled a step does not hand the attention a view of the
+buffers, which the next step's write would change under the saved tensors of
+the backward; the filled part is instead a new tensor, the previous filled
+part with the new keys concatenated (``torch.cat``, differentiable), kept
+beside the buffers until the next step. Gradients then flow to the keys and
+values of every earlier step, exactly as in the full causal forward. The
+buffers still receive every write (detached), so they always hold the cache's
+contents. The concatenation costs a copy of the filled part per step, the same
+order as the step's attention; under ``torch.no_grad()`` or
+``torch.inference_mode()`` the in-place path runs and copies only the new
+positions.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -40,8 +55,15 @@ class KVCache:
 
     ``length`` is the number of positions filled so far; :meth:`reset` empties
     the cache (the buffers are kept and overwritten by the next writes).
-    Decoding is inference: run it under ``torch.no_grad()`` or
-    ``torch.inference_mode()`` so no autograd graph grows across steps.
+    Inference decoding runs under ``torch.no_grad()`` or ``torch.inference_mode()``
+    (writes in place, no autograd graph across steps). With gradients enabled the
+    steps stay differentiable: gradients of step-by-step decoding equal those of
+    the full causal forward (see the module docstring for the cost).
+
+    Raises:
+        ValueError: a size that is not a positive int, or buffers larger than the
+            device's memory (checked before any allocation, naming the bytes).
+        MemoryError: the allocator could not provide the buffers (naming the bytes).
     """
 
     def __init__(
@@ -62,9 +84,30 @@ class KVCache:
         Dv = D if value_dim is None else check_positive_int(_OWNER, "value_dim", value_dim)
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"{_OWNER}: dtype must be a floating-point torch.dtype, got {dtype!r}")
-        self.keys = torch.zeros(B, H, n, D, device=device, dtype=dtype)  # (B, Hkv, max_len, D)
-        self.values = torch.zeros(B, H, n, Dv, device=device, dtype=dtype)  # (B, Hkv, max_len, Dv)
+        dt = dtype if dtype is not None else torch.get_default_dtype()
+        where = torch.device(device) if device is not None else torch.empty(0).device
+        size = B * H * n * (D + Dv) * dt.itemsize  # bytes of keys and values together
+        shapes = f"keys {shape_str((B, H, n, D))} and values {shape_str((B, H, n, Dv))} {dt}"
+        limit = _device_memory(where)
+        if limit is not None and size > limit:
+            raise ValueError(
+                f"{_OWNER}: {shapes} need {size:,} bytes ({_human(size)}), more than the "
+                f"{limit:,} bytes ({_human(limit)}) of memory on {where}; lower max_len="
+                f"{n} or batch_size={B}"
+            )
+        try:
+            self.keys = torch.zeros(B, H, n, D, device=where, dtype=dt)  # (B, Hkv, max_len, D)
+            self.values = torch.zeros(B, H, n, Dv, device=where, dtype=dt)  # (B, Hkv, max_len, Dv)
+        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            raise MemoryError(
+                f"{_OWNER}: could not allocate {shapes}, {size:,} bytes ({_human(size)}) on "
+                f"{where}; lower max_len={n} or batch_size={B}, or free memory"
+            ) from exc
         self.length = 0
+        # With gradients enabled: the filled part as a differentiable tensor (see the module
+        # docstring), its length, and the one a write made before advance() commits it.
+        self._graph: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def max_len(self) -> int:
@@ -78,6 +121,7 @@ class KVCache:
     def reset(self) -> None:
         """Empty the cache for a new batch of sequences."""
         self.length = 0
+        self._graph = self._pending = None
 
     def check_write(self, owner: str, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Raise, naming ``owner``, unless ``keys``/``values`` fit at the fill position."""
@@ -109,19 +153,52 @@ class KVCache:
 
         The fill position does not move (call :meth:`advance` once the step has
         succeeded). Returns the part filled with the new positions included,
-        keys (B, Hkv, length + T, D) and values (B, Hkv, length + T, Dv).
+        keys (B, Hkv, length + T, D) and values (B, Hkv, length + T, Dv): views
+        of the buffers under ``torch.no_grad()``, new tensors that carry the
+        gradient to every step's keys and values when gradients are enabled.
         ``owner`` names the caller in error messages.
         """
         self.check_write(owner, keys, values)
         start = self.length
         end = start + int(keys.shape[2])
-        self.keys[:, :, start:end] = keys  # (B, Hkv, T, D) into the buffer
-        self.values[:, :, start:end] = values  # (B, Hkv, T, Dv) into the buffer
-        return self.keys[:, :, :end], self.values[:, :, :end]  # (B, Hkv, length + T, D|Dv)
+        grad = torch.is_grad_enabled()
+        self.keys[:, :, start:end] = keys.detach() if grad else keys  # (B, Hkv, T, D)
+        self.values[:, :, start:end] = values.detach() if grad else values  # (B, Hkv, T, Dv)
+        if not grad:
+            self._pending = None
+            return self.keys[:, :, :end], self.values[:, :, :end]  # (B, Hkv, length + T, D|Dv)
+        # Out of place: nothing the attention saves for its backward is written again.
+        prev_k, prev_v = self._filled_before(start)  # (B, Hkv, length, D|Dv)
+        filled = (
+            torch.cat([prev_k, keys], dim=2),  # (B, Hkv, length + T, D)
+            torch.cat([prev_v, values], dim=2),  # (B, Hkv, length + T, Dv)
+        )
+        self._pending = filled
+        return filled
 
     def advance(self, count: int) -> None:
         """Count ``count`` more positions as filled (after :meth:`write`)."""
         self.length += count
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0].shape[2] == self.length:
+            self._graph = pending
+
+    def _filled_before(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (B, Hkv, start, D) and values (B, Hkv, start, Dv) filled before ``start``.
+
+        The differentiable tensor of earlier steps taken with gradients enabled, and
+        after it whatever later no-grad steps wrote to the buffers (constants).
+        """
+        graph = self._graph
+        if graph is None or graph[0].shape[2] > start:
+            return self.keys[:, :, :start], self.values[:, :, :start]
+        have = int(graph[0].shape[2])
+        if have == start:
+            return graph
+        return (
+            torch.cat([graph[0], self.keys[:, :, have:start]], dim=2),  # (B, Hkv, start, D)
+            torch.cat([graph[1], self.values[:, :, have:start]], dim=2),  # (B, Hkv, start, Dv)
+        )
 
     def append(
         self, keys: torch.Tensor, values: torch.Tensor, *, owner: str = _OWNER
@@ -136,3 +213,26 @@ class KVCache:
             f"KVCache(length={self.length}, keys={shape_str(self.keys)}, "
             f"values={shape_str(self.values)}, dtype={self.keys.dtype})"
         )
+
+
+def _device_memory(device: torch.device) -> int | None:
+    """Bytes of memory ``device`` has in all (RAM for the CPU), or None where unknown."""
+    if device.type == "cpu":
+        try:
+            return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+        except (AttributeError, OSError, ValueError):  # no sysconf (Windows) or no such name
+            return None
+    if device.type == "cuda" and torch.cuda.is_available():
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return int(torch.cuda.get_device_properties(index).total_memory)
+    return None
+
+
+def _human(size: int) -> str:
+    """``size`` bytes as ``12.3 GiB``."""
+    value = float(size)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}" if unit != "bytes" else f"{size} bytes"
+        value /= 1024
+    return f"{size} bytes"  # pragma: no cover

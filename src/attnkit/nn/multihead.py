@@ -15,8 +15,21 @@ objects are accepted as well. Differences, all deliberate fixes:
   head-averaged by the backend, never holding every head's weights where it
   can); the weights returned are the softmax *before* dropout (torch returns
   them after dropout);
-- nested tensors are refused with a TypeError: pad them and pass
-  ``key_padding_mask`` (torch takes them only on its inference fast path).
+- nested tensors (jagged, or torch's strided layout) are taken in training
+  and inference alike, as a ragged batch: padded once, their lengths given to
+  :func:`attnkit.attention` so the backends skip the padding, the output nested
+  like the query (torch takes them only on its inference fast path);
+- ``in_proj_bias`` may have another floating-point dtype than the weights (as in
+  torch's layer, whose matmul promotes it): it is cast to the query's dtype;
+- shape errors are :class:`~attnkit.nn.InputShapeError`, both a ``ValueError``
+  and the ``AssertionError`` torch's layer raises.
+
+A call with nothing to check beyond the input's shape (self-attention, no mask
+tensors, the parameters in the query's dtype) takes a lean path: the same
+computation with the per-call checks cut to a few attribute reads. It is how the
+layer keeps up with torch's native fast path (``torch._native_multi_head_attention``)
+while still computing through :func:`attnkit.attention`, whose fully-masked-row
+policy and non-finite handling it keeps.
 
 The attributes and methods torch's own modules read from a
 ``self_attn`` (``_qkv_same_embed_dim``, ``batch_first``, ``in_proj_weight``,
@@ -39,20 +52,16 @@ from ._common import (
     attend,
     check_dropout,
     check_factory_dtype,
-    check_key_value,
-    check_not_nested,
-    check_param_dtype,
     check_positive_int,
     shape_str,
 )
+from ._mha_inputs import OWNER as _OWNER
+from ._mha_inputs import build_mask, check_inputs
+from ._mha_nested import any_nested, nested_forward
 
 __all__ = ["MultiheadAttention"]
 
-_OWNER = "MultiheadAttention"
-_NESTED_HINT = (
-    "pad it to a dense tensor (torch.nested.to_padded_tensor(t, 0.0)) and mark the padded "
-    "keys with key_padding_mask"
-)
+_CAUSAL = masks.causal()
 
 
 class MultiheadAttention(nn.Module):
@@ -206,28 +215,122 @@ class MultiheadAttention(nn.Module):
             ``add_zero_attn``); None unless ``need_weights``. Rows with no key
             to attend give output 0 and weights 0.
         """
-        batched = self._check_inputs(query, key, value)
+        if (
+            query is key
+            and key is value
+            and key_padding_mask is None
+            and attn_mask is None
+            and type(query) is torch.Tensor
+            and query.ndim == 3
+            and not query.is_nested
+            and (is_causal is False or is_causal is True)
+        ):
+            x = query if self.batch_first else query.transpose(0, 1)  # (N, L, E)
+            lean = self._lean(x, _CAUSAL if is_causal else None, need_weights, average_attn_weights)
+            if lean is not None:
+                out, weights = lean
+                return (out if self.batch_first else out.transpose(0, 1)), weights
+        if any_nested(query, key, value):
+            return nested_forward(
+                self, query, key, value, key_padding_mask, need_weights, attn_mask,
+                average_attn_weights, is_causal,
+            )  # fmt: skip
+        batched = check_inputs(self, query, key, value)
         if not isinstance(is_causal, bool):
             raise TypeError(f"{_OWNER}: is_causal must be True or False, got {is_causal!r}")
+        assert isinstance(query, torch.Tensor)
+        assert isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor)
         self_attn = query is key and key is value  # one fused input projection
         if batched and not self.batch_first:
             query, key, value = (t.transpose(0, 1) for t in (query, key, value))  # (N, *, E)
         elif not batched:
             query, key, value = (t.unsqueeze(0) for t in (query, key, value))  # (1, *, E)
         N, L, S = query.shape[0], query.shape[1], key.shape[1]
-        H, D = self.num_heads, self.head_dim
         extra = int(self.bias_k is not None) + int(self.add_zero_attn)
-        mask = self._build_mask(key_padding_mask, attn_mask, is_causal, batched, N, L, S, extra)
+        mask = build_mask(self, key_padding_mask, attn_mask, is_causal, batched, N, L, S, extra)
+        out, weights = self._attend(
+            query, key, value, mask, self_attn, need_weights, average_attn_weights
+        )  # (N, L, E)
+        if batched and not self.batch_first:
+            out = out.transpose(0, 1)  # (L, N, E)
+        elif not batched:
+            out = out.squeeze(0)  # (L, E)
+            if weights is not None:
+                weights = weights.squeeze(0)  # (L, S') or (H, L, S')
+        return out, weights
 
-        if self_attn and self.in_proj_weight is not None and self.bias_k is None:
-            qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)  # (N, L, 3E)
+    def _lean(
+        self,
+        x: torch.Tensor,
+        mask: masks.Mask | None,
+        need_weights: bool,
+        average_attn_weights: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Self-attention on ``x`` (N, L, E) without the per-call checks, or None.
+
+        Runs when nothing is left to check: ``x`` is a plain (not nested) tensor
+        with ``embed_dim`` features, the parameters the computation reads are in its
+        dtype and on its device, and there is no ``bias_k`` or zero key. Any other
+        case returns None and takes the checked path, which raises the errors.
+        The parameters are read once, straight from the modules' dicts.
+        """
+        params = self._parameters
+        w = params.get("in_proj_weight")
+        if w is None or params.get("bias_k") is not None or self.add_zero_attn:
+            return None
+        dt, dev = x.dtype, x.device
+        if x.shape[-1] != self.embed_dim or w.dtype != dt or w.device != dev:
+            return None
+        b = params.get("in_proj_bias")
+        out_params = self.out_proj._parameters
+        ow, ob = out_params["weight"], out_params.get("bias")
+        for t in (b, ow, ob):
+            if t is not None and (t.dtype != dt or t.device != dev):
+                return None
+        assert ow is not None
+        N, L = x.shape[0], x.shape[1]
+        H, D = self.num_heads, self.head_dim
+        qkv = F.linear(x, w, b)  # (N, L, 3E)
+        qkv = qkv.view(N, L, 3, H, D).permute(2, 0, 3, 1, 4)  # (3, N, H, L, D)
+        q, k, v = qkv.unbind(0)  # (N, H, L, D) each
+        return self._heads_out(q, k, v, mask, need_weights, average_attn_weights, ow, ob)
+
+    def _attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: masks.Mask | None,
+        self_attn: bool,
+        need_weights: bool,
+        average_attn_weights: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Project, attend through :func:`attnkit.attention`, project out.
+
+        Args:
+            query: (N, L, E); key: (N, S, kdim); value: (N, S, vdim); checked.
+            mask: over (N, H, L, S') (S' = S + the extra keys), or None.
+            self_attn: query, key and value are one tensor (one fused projection).
+
+        Returns:
+            ``(output (N, L, E), weights)``: weights (N, L, S') averaged or
+            (N, H, L, S') per head, or None unless ``need_weights``.
+        """
+        N, L = query.shape[0], query.shape[1]
+        H, D, E = self.num_heads, self.head_dim, self.embed_dim
+        bias: torch.Tensor | None = self.in_proj_bias
+        if bias is not None and bias.dtype != query.dtype:
+            bias = bias.to(query.dtype)  # torch's layer promotes it inside its matmul
+        w = self.in_proj_weight
+        if self_attn and w is not None and self.bias_k is None:
+            qkv = F.linear(query, w, bias)  # (N, L, 3E)
             qkv = qkv.view(N, L, 3, H, D).permute(2, 0, 3, 1, 4)  # (3, N, H, L, D)
             q, k, v = qkv.unbind(0)  # (N, H, L, D) each
         else:
-            q, k, v = self._project(query, key, value, self_attn)  # (N, L|S, E) each
+            q, k, v = self._project(query, key, value, self_attn, bias)  # (N, L|S, E) each
             if self.bias_k is not None and self.bias_v is not None:
-                k = torch.cat([k, self.bias_k.expand(N, 1, self.embed_dim)], dim=1)  # (N, S+1, E)
-                v = torch.cat([v, self.bias_v.expand(N, 1, self.embed_dim)], dim=1)  # (N, S+1, E)
+                k = torch.cat([k, self.bias_k.expand(N, 1, E)], dim=1)  # (N, S+1, E)
+                v = torch.cat([v, self.bias_v.expand(N, 1, E)], dim=1)  # (N, S+1, E)
             q = q.view(N, L, H, D).transpose(1, 2)  # (N, H, L, D)
             k = k.view(N, k.shape[1], H, D).transpose(1, 2)  # (N, H, S', D)
             v = v.view(N, v.shape[1], H, D).transpose(1, 2)  # (N, H, S', D)
@@ -235,22 +338,36 @@ class MultiheadAttention(nn.Module):
             k = torch.cat([k, k.new_zeros(N, H, 1, D)], dim=2)  # (N, H, S'+1, D)
             v = torch.cat([v, v.new_zeros(N, H, 1, D)], dim=2)  # (N, H, S'+1, D)
 
+        proj = self.out_proj
+        return self._heads_out(
+            q, k, v, mask, need_weights, average_attn_weights, proj.weight, proj.bias
+        )
+
+    def _heads_out(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: masks.Mask | None,
+        need_weights: bool,
+        average_attn_weights: bool,
+        out_weight: torch.Tensor,
+        out_bias: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention of (N, H, L, D), (N, H, S', D), (N, H, S', D) heads, then ``out_proj``.
+
+        Returns ``(output (N, L, E), weights (N, L, S') or (N, H, L, S') or None)``.
+        """
+        N, L = q.shape[0], q.shape[2]
         dropout_p = self.dropout if self.training else 0.0
         want: bool | Literal["mean"] = (
             "mean" if need_weights and average_attn_weights else bool(need_weights)
         )
         out, weights = attend(q, k, v, mask=mask, dropout_p=dropout_p, need_weights=want)
         out = out.transpose(1, 2).reshape(N, L, self.embed_dim)  # (N, L, E)
-        out = F.linear(out, self.out_proj.weight, self.out_proj.bias)  # (N, L, E)
-
-        if batched and not self.batch_first:
-            out = out.transpose(0, 1)  # (L, N, E)
-        elif not batched:
-            out = out.squeeze(0)  # (L, E)
+        out = F.linear(out, out_weight, out_bias)  # (N, L, E)
         if weights is not None:
             weights = weights.to(out.dtype)  # (N, L, S') averaged or (N, H, L, S')
-            if not batched:
-                weights = weights.squeeze(0)  # (L, S') or (H, L, S')
         return out, weights
 
     def merge_masks(
@@ -299,14 +416,20 @@ class MultiheadAttention(nn.Module):
     # ------------------------------------------------------------------ pieces
 
     def _project(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, self_attn: bool
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        self_attn: bool,
+        bias: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Input projections of (N, *, features) inputs to (N, *, E).
 
         ``self_attn``: query, key and value are one tensor, projected by one matmul.
+        ``bias``: ``in_proj_bias`` in the query's dtype, or None.
         """
         E = self.embed_dim
-        b = self.in_proj_bias
+        b = bias
         bq, bk, bv = (None, None, None) if b is None else (b[:E], b[E : 2 * E], b[2 * E :])
         if self.in_proj_weight is not None:
             w = self.in_proj_weight
@@ -319,221 +442,3 @@ class MultiheadAttention(nn.Module):
             assert pq is not None and pk is not None and pv is not None
             wq, wk, wv = pq, pk, pv
         return F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
-
-    def _check_inputs(self, query: object, key: object, value: object) -> bool:
-        """Validate shapes and feature sizes; return whether the inputs are batched.
-
-        The checks of the inputs alone depend only on their types, shapes, dtypes and
-        devices and the layer's sizes, so a combination seen before skips them; the
-        parameters' dtypes and devices are checked on every call (they can change).
-        """
-        seen = _checked_key(self, query, key, value)
-        if seen is not None and seen in _CHECKED_INPUTS:
-            check_param_dtype(_OWNER, self, query=query)  # type: ignore[arg-type]
-            return _CHECKED_INPUTS[seen]
-        batched = self._check_inputs_once(query, key, value)
-        if seen is not None:
-            if len(_CHECKED_INPUTS) >= _CHECKED_MAX:
-                _CHECKED_INPUTS.clear()
-            _CHECKED_INPUTS[seen] = batched
-        return batched
-
-    def _check_inputs_once(self, query: object, key: object, value: object) -> bool:
-        """Every check of :meth:`_check_inputs`, in full."""
-        for name, t in (("query", query), ("key", key), ("value", value)):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{_OWNER}: {name} must be a torch.Tensor, got {type(t).__name__}")
-            check_not_nested(_OWNER, name, t, _NESTED_HINT)
-            if not t.is_floating_point():
-                raise TypeError(
-                    f"{_OWNER}: {name} must be a floating-point tensor, got dtype {t.dtype}"
-                )
-        assert isinstance(query, torch.Tensor)
-        assert isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor)
-        layout = "(N, L, E)" if self.batch_first else "(L, N, E)"
-        if query.ndim not in (2, 3):
-            raise ValueError(
-                f"{_OWNER}: query must be 3-D {layout} or 2-D (L, E) unbatched, got "
-                f"{shape_str(query)}"
-            )
-        batched = query.ndim == 3
-        for name, t in (("key", key), ("value", value)):
-            if t.ndim != query.ndim:
-                raise ValueError(
-                    f"{_OWNER}: {name} must have as many dims as query ({query.ndim}), got "
-                    f"{name} {shape_str(t)} and query {shape_str(query)}"
-                )
-        for name, t, want in (
-            ("query", query, self.embed_dim),
-            ("key", key, self.kdim),
-            ("value", value, self.vdim),
-        ):
-            if t.shape[-1] != want:
-                what = {"query": "embed_dim", "key": "kdim", "value": "vdim"}[name]
-                raise ValueError(
-                    f"{_OWNER}: {name} has {t.shape[-1]} features (last dim of "
-                    f"{shape_str(t)}), expected {what}={want}"
-                )
-        check_key_value(_OWNER, key, value)
-        if batched:
-            n_dim = 0 if self.batch_first else 1
-            if query.shape[n_dim] != key.shape[n_dim]:
-                raise ValueError(
-                    f"{_OWNER}: query and key must have the same batch size N (dim {n_dim} with "
-                    f"batch_first={self.batch_first}), got query {shape_str(query)} and key "
-                    f"{shape_str(key)}"
-                )
-        if not (query.dtype == key.dtype == value.dtype):
-            raise TypeError(
-                f"{_OWNER}: query, key and value must share a dtype, got {query.dtype}, "
-                f"{key.dtype}, {value.dtype}"
-            )
-        check_param_dtype(_OWNER, self, query=query)
-        return batched
-
-    def _build_mask(
-        self,
-        key_padding_mask: object,
-        attn_mask: object,
-        is_causal: bool,
-        batched: bool,
-        N: int,
-        L: int,
-        S: int,
-        extra: int,
-    ) -> masks.Mask | None:
-        """Turn torch's mask arguments into one attnkit mask over (N, H, L, S + extra).
-
-        The ``extra`` keys (``bias_k`` and the zero key) are visible to every query,
-        as in torch: padded masks keep them.
-        """
-        H = self.num_heads
-        parts: list[masks.Mask] = []
-
-        if key_padding_mask is not None:
-            kpm = _check_mask_tensor("key_padding_mask", key_padding_mask)
-            want = (N, S) if batched else (S,)
-            if tuple(kpm.shape) != want:
-                raise ValueError(
-                    f"{_OWNER}: key_padding_mask must have shape {shape_str(want)} "
-                    f"({'(N, S)' if batched else '(S,) for unbatched inputs'}), got "
-                    f"{shape_str(kpm)}"
-                )
-            kpm = kpm.reshape(N, S)  # (N, S)
-            if extra:
-                kpm = F.pad(kpm, (0, extra))  # (N, S'): the extra keys are never padding
-            if kpm.dtype == torch.bool:
-                parts.append(masks.key_padding(kpm))
-            else:
-                parts.append(masks.bias(kpm.view(N, 1, 1, S + extra)))  # (N, 1, 1, S')
-
-        if attn_mask is not None:
-            if isinstance(attn_mask, masks.Mask):
-                if extra:
-                    dense = attn_mask.to_dense(L, S, (N, H), device=self._device())
-                    parts.append(_padded(dense, extra))
-                else:
-                    parts.append(attn_mask)
-            else:
-                am = _check_mask_tensor("attn_mask", attn_mask)
-                am = self._attn_mask_4d(am, batched, N, L, S)  # (N or 1, H or 1, L, S)
-                if extra:
-                    am = F.pad(am, (0, extra))  # (.., L, S'): False / 0.0 = visible
-                parts.append(masks.block(am) if am.dtype == torch.bool else masks.bias(am))
-
-        if is_causal:
-            if extra:
-                causal = masks.causal().to_dense(L, S, device=self._device())  # (L, S) keep
-                parts.append(_padded(causal, extra))
-            else:
-                parts.append(masks.causal())
-
-        if not parts:
-            return None
-        combined = parts[0]
-        for p in parts[1:]:
-            combined = combined & p
-        return combined
-
-    def _attn_mask_4d(
-        self, am: torch.Tensor, batched: bool, N: int, L: int, S: int
-    ) -> torch.Tensor:
-        """Reshape every accepted ``attn_mask`` layout to (N or 1, H or 1, L, S)."""
-        H = self.num_heads
-        if batched:
-            accepted = (
-                f"(L, S), (N·H, L, S), (N, L, S) or (N, H, L, S) = ({L}, {S}), "
-                f"({N * H}, {L}, {S}), ({N}, {L}, {S}) or ({N}, {H}, {L}, {S})"
-            )
-        else:
-            accepted = f"(L, S) or (H, L, S) = ({L}, {S}) or ({H}, {L}, {S}) for unbatched inputs"
-        bad = ValueError(f"{_OWNER}: attn_mask must have shape {accepted}, got {shape_str(am)}")
-        if am.shape[-2:] != (L, S):
-            raise bad
-        if am.ndim == 2:
-            return am.view(1, 1, L, S)  # (1, 1, L, S)
-        if am.ndim == 3:
-            lead = am.shape[0]
-            if lead == N * H:
-                return am.view(N, H, L, S)  # (N, H, L, S): torch's (N·H, L, S) layout
-            if batched and lead == N:
-                return am.view(N, 1, L, S)  # (N, 1, L, S)
-            if lead == 1:
-                return am.view(1, 1, L, S)  # (1, 1, L, S)
-            raise bad
-        if am.ndim == 4 and batched and am.shape[0] in (1, N) and am.shape[1] in (1, H):
-            return am
-        raise bad
-
-    def _device(self) -> torch.device:
-        return self.out_proj.weight.device
-
-
-def _check_mask_tensor(name: str, value: object) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(
-            f"{_OWNER}: {name} must be a bool or float tensor"
-            + (" or an attnkit mask" if name == "attn_mask" else "")
-            + f", got {type(value).__name__}"
-        )
-    if value.dtype != torch.bool and not value.is_floating_point():
-        raise TypeError(
-            f"{_OWNER}: {name} must be bool (True = masked) or float (added to the logits), "
-            f"got dtype {value.dtype}"
-        )
-    return value
-
-
-def _padded(dense: torch.Tensor, extra: int) -> masks.Mask:
-    """A dense keep/bias tensor (..., L, S) widened by ``extra`` always-visible keys."""
-    if dense.dtype == torch.bool:
-        return masks.keep(F.pad(dense, (0, extra), value=True))  # (..., L, S')
-    return masks.bias(F.pad(dense, (0, extra), value=0.0))  # (..., L, S')
-
-
-_CHECKED_INPUTS: dict[tuple[object, ...], bool] = {}
-"""Input combinations that passed :meth:`MultiheadAttention._check_inputs_once`: key ->
-batched."""
-_CHECKED_MAX = 256
-
-
-def _checked_key(
-    layer: MultiheadAttention, query: object, key: object, value: object
-) -> tuple[object, ...] | None:
-    """What the input checks depend on, or None for inputs that are not plain tensors."""
-    if not (
-        type(query) is torch.Tensor and type(key) is torch.Tensor and type(value) is torch.Tensor
-    ) or (query.is_nested or key.is_nested or value.is_nested):
-        return None
-    return (
-        layer.embed_dim,
-        layer.kdim,
-        layer.vdim,
-        layer.batch_first,
-        query.shape,
-        key.shape,
-        value.shape,
-        query.dtype,
-        key.dtype,
-        value.dtype,
-    )

@@ -154,6 +154,8 @@ class SelfAttention(nn.Module):
                 there, ``cache.length`` grows by S, and the queries attend over
                 the filled part with ``masks.causal("bottom_right")``. Prefill
                 with the prompt, then step one or several tokens at a time.
+                Steps taken with gradients enabled stay differentiable (the
+                gradients equal the full causal forward's).
 
         Returns:
             (B, S, hidden) (or (S, hidden)); with ``return_weights`` the tuple

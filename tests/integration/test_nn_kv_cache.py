@@ -1,0 +1,94 @@
+"""KVCache under autograd and at sizes no device holds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit.nn import KVCache, SelfAttention
+
+
+def _decoder(seed: int, fused: bool) -> tuple[SelfAttention, torch.Tensor]:
+    torch.manual_seed(seed)
+    layer = SelfAttention(8, 4, fused_qkv=fused, causal=True, num_kv_heads=2)
+    x = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    return layer.double(), x
+
+
+def _grads(out: torch.Tensor, layer: SelfAttention, x: torch.Tensor) -> list[torch.Tensor]:
+    seed = torch.Generator().manual_seed(0)
+    weight = torch.randn(out.shape, generator=seed, dtype=out.dtype)  # a non-uniform loss
+    return list(torch.autograd.grad((out * weight).sum(), [x, *layer.parameters()]))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_decoding_under_autograd_gives_the_full_forwards_gradients(fused: bool) -> None:
+    layer, x = _decoder(30, fused)
+    want = _grads(layer(x), layer, x)
+    cache = layer.new_cache(2, 8)
+    # a prompt of 2, then one token at a time, every step with gradients enabled
+    steps = [layer(x[:, :2], cache=cache)] + [
+        layer(x[:, i : i + 1], cache=cache) for i in (2, 3, 4)
+    ]
+    out = torch.cat(steps, dim=1)  # type: ignore[arg-type]
+    got = _grads(out, layer, x)
+    assert cache.length == 5
+    assert (out - layer(x)).abs().max() <= 1e-12
+    for g, w in zip(got, want, strict=True):
+        assert (g - w).abs().max() <= 1e-12
+    # the buffers hold every step's keys, as under no_grad
+    with torch.no_grad():
+        ref = layer.new_cache(2, 8)
+        layer(x, cache=ref)
+    assert (cache.keys - ref.keys).abs().max() <= 1e-12
+    assert (cache.values - ref.values).abs().max() <= 1e-12
+
+
+def test_a_no_grad_step_between_grad_steps_keeps_the_earlier_gradients() -> None:
+    """Step 3 reaches token 0's keys through the cache although step 2 ran without grad."""
+    layer, x = _decoder(31, fused=True)
+    cache = layer.new_cache(2, 8)
+    layer(x[:, :1], cache=cache)
+    with torch.no_grad():
+        layer(x[:, 1:2], cache=cache)
+    third = layer(x[:, 2:3], cache=cache)
+    (got,) = torch.autograd.grad(third.sum(), [x])
+    (want,) = torch.autograd.grad(layer(x[:, :3])[:, 2].sum(), [x])
+    # token 0 only feeds token 2 through its own keys and values: the same gradient
+    assert (got[:, 0] - want[:, 0]).abs().max() <= 1e-12
+    assert got[:, 0].abs().max() > 0
+    assert torch.equal(got[:, 1], torch.zeros_like(got[:, 1]))  # its step kept no graph
+
+
+def test_a_reset_cache_drops_the_previous_graph() -> None:
+    layer, x = _decoder(32, fused=True)
+    cache = layer.new_cache(2, 8)
+    layer(x[:, :3], cache=cache)
+    cache.reset()
+    again = layer(x[:, 3:5], cache=cache)
+    (g,) = torch.autograd.grad(again.sum(), [x])
+    assert torch.equal(g[:, :3], torch.zeros_like(g[:, :3]))
+
+
+def test_a_cache_larger_than_the_device_is_refused_before_allocating(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_alloc(*args: object, **kwargs: object) -> None:
+        raise AssertionError("allocated")
+
+    monkeypatch.setattr("attnkit.nn.kv_cache.torch.zeros", no_alloc)
+    with pytest.raises(ValueError, match=r"KVCache: keys \(1, 8, 1000000000000, 64\).*"):
+        KVCache(1, 8, 10**12, 64)
+    with pytest.raises(ValueError, match=r"need 4,096,000,000,000,000 bytes .* of memory on cpu"):
+        KVCache(1, 8, 10**12, 64)
+    with pytest.raises(ValueError, match=r"need 8,192,000,000,000,000 bytes"):
+        KVCache(1, 8, 10**12, 64, value_dim=448, dtype=torch.float16)
+
+
+def test_an_allocator_failure_names_the_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr("attnkit.nn.kv_cache.torch.zeros", fail)
+    with pytest.raises(MemoryError, match=r"KVCache: could not allocate .* 2,048 bytes"):
+        KVCache(2, 2, 8, 4, dtype=torch.float64)
