@@ -1,0 +1,173 @@
+"""Position biases: ALiBi (BLOOM, MPT) and T5's bucketed relative position bias."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .base import Align, PositionMod
+
+__all__ = ["ALiBi", "RelativePositionBias", "alibi_slopes", "t5_buckets"]
+
+
+def alibi_slopes(heads: int) -> torch.Tensor:
+    """The standard ALiBi slopes for ``heads`` heads, (heads,) float32: a geometric
+    sequence starting at 2^(-8/n) for the largest power of two n <= heads, the rest
+    taken from the sequence for 2n at odd indices (as in the ALiBi paper's code)."""
+    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+        raise ValueError(f"mods.alibi_slopes: heads must be a positive int, got {heads!r}")
+    n = 2 ** math.floor(math.log2(heads))
+
+    def geometric(m: int) -> list[float]:
+        start = 2.0 ** (-8.0 / m)
+        return [start ** (k + 1) for k in range(m)]
+
+    slopes = geometric(n)
+    if n < heads:
+        slopes += geometric(2 * n)[0::2][: heads - n]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+class ALiBi(PositionMod):
+    """ALiBi: bias ``-slope_h * |i - j|`` (symmetric), or ``-slope_h * (i - j)``
+    (``causal=True``, BLOOM's form under a causal mask), at absolute positions.
+
+    The causal form is a per-query constant plus ``slope_h * j``, a per-key bias, so it
+    reduces exactly to the dot form and runs on fused dot-product kernels; under a
+    causal mask the symmetric form equals it wherever a pair is kept, and is reduced
+    the same way. ``slopes``: (H,) per query head (:func:`alibi_slopes`), a tensor
+    (learnable if it requires grad) or a list.
+    """
+
+    kind = "alibi"
+
+    def __init__(
+        self,
+        slopes: torch.Tensor,
+        *,
+        causal: bool = False,
+        align: Align = "top_left",
+        q_offset: int = 0,
+        k_offset: int = 0,
+    ) -> None:
+        super().__init__(align, q_offset, k_offset, "mods.alibi")
+        t = slopes if isinstance(slopes, torch.Tensor) else torch.as_tensor(slopes)
+        if t.ndim != 1 or not t.is_floating_point():
+            raise ValueError(
+                f"mods.alibi: slopes must be a 1-D float tensor (H,), got shape "
+                f"{tuple(t.shape)} and dtype {t.dtype}"
+            )
+        if not isinstance(causal, bool):
+            raise TypeError(f"mods.alibi: causal must be a bool, got {causal!r}")
+        self.slopes = t if isinstance(t, nn.Parameter) else t
+        self.causal = causal
+
+    def check(self, heads: int, where: str = "mods") -> None:
+        if self.slopes.shape[0] not in (1, heads):
+            raise ValueError(
+                f"{where}: mods.alibi has {self.slopes.shape[0]} slopes, but the call has "
+                f"{heads} query heads (dim -3); expected one slope per head"
+            )
+
+    def slope_of(self, heads: torch.Tensor) -> torch.Tensor:
+        s = self.slopes.to(device=heads.device, dtype=torch.float32)
+        return s[heads] if s.shape[0] != 1 else s.expand(heads.shape[0])  # (H,)
+
+    def offset_bias(self, heads: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        d = offsets.to(torch.float32)  # key position - query position
+        d = d if self.causal else -d.abs()  # -(i - j) = j - i; symmetric: -|i - j|
+        return self.slope_of(heads).view(-1, 1) * d.view(1, -1)  # (H, n)
+
+    def signature(self) -> tuple[object, ...]:
+        return (*super().signature(), self.causal)
+
+
+def t5_buckets(
+    relative: torch.Tensor, num_buckets: int, max_distance: int, bidirectional: bool
+) -> torch.Tensor:
+    """T5's bucket of each relative position ``j - i`` (long tensor of the same shape):
+    exact buckets for small distances, logarithmic ones up to ``max_distance``; with
+    ``bidirectional`` half the buckets for keys after the query."""
+    out = torch.zeros_like(relative)
+    n = num_buckets
+    if bidirectional:
+        n //= 2
+        out = out + (relative > 0).to(torch.long) * n
+        rel = relative.abs()
+    else:
+        rel = -torch.clamp(relative, max=0)
+    exact = n // 2
+    small = rel < exact
+    big = exact + (
+        torch.log(rel.float().clamp(min=1) / exact)
+        / math.log(max_distance / exact)
+        * (n - exact)
+    ).to(torch.long)
+    big = torch.clamp(big, max=n - 1)
+    return out + torch.where(small, rel, big)
+
+
+class RelativePositionBias(PositionMod):
+    """T5's relative position bias: ``table[bucket(j - i), h]`` with a learnable
+    ``table`` of shape (num_buckets, heads), the layout of T5's
+    ``relative_attention_bias.weight`` (pass that weight as it is).
+
+    Computed per tile from positions, never as an (H, L, S) tensor unless weights are
+    asked for. The table's gradient is reduced per bucket in a fixed order, so it is
+    the same bit for bit on every run.
+    """
+
+    kind = "relative_position_bias"
+
+    def __init__(
+        self,
+        table: torch.Tensor,
+        num_buckets: int,
+        max_distance: int,
+        bidirectional: bool = True,
+        *,
+        align: Align = "top_left",
+        q_offset: int = 0,
+        k_offset: int = 0,
+    ) -> None:
+        super().__init__(align, q_offset, k_offset, "mods.relative_position_bias")
+        if not isinstance(table, torch.Tensor) or table.ndim != 2 or not table.is_floating_point():
+            raise ValueError(
+                "mods.relative_position_bias: table must be a float tensor of shape "
+                f"(num_buckets, heads), got {getattr(table, 'shape', type(table).__name__)}"
+            )
+        for name, val in (("num_buckets", num_buckets), ("max_distance", max_distance)):
+            if isinstance(val, bool) or not isinstance(val, int) or val < 2:
+                raise ValueError(f"mods.relative_position_bias: {name} must be an int >= 2, got {val!r}")
+        if table.shape[0] != num_buckets:
+            raise ValueError(
+                f"mods.relative_position_bias: table has {table.shape[0]} rows, expected "
+                f"num_buckets={num_buckets}"
+            )
+        if (num_buckets // (2 if bidirectional else 1)) // 2 >= max_distance:
+            raise ValueError(
+                "mods.relative_position_bias: max_distance must exceed the exact buckets "
+                f"(num_buckets={num_buckets}, max_distance={max_distance})"
+            )
+        self.table = table
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        self.bidirectional = bool(bidirectional)
+
+    def check(self, heads: int, where: str = "mods") -> None:
+        if self.table.shape[1] not in (1, heads):
+            raise ValueError(
+                f"{where}: mods.relative_position_bias has a table for {self.table.shape[1]} "
+                f"heads, but the call has {heads} query heads (dim -3)"
+            )
+
+    def offset_bias(self, heads: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        table = self.table.to(device=heads.device, dtype=torch.float32)  # (nb, H)
+        cols = table[:, heads] if table.shape[1] != 1 else table.expand(-1, heads.shape[0])
+        buckets = t5_buckets(offsets, self.num_buckets, self.max_distance, self.bidirectional)
+        return cols.t()[:, buckets]  # (H, n)
+
+    def signature(self) -> tuple[object, ...]:
+        return (*super().signature(), self.num_buckets, self.max_distance, self.bidirectional)
