@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from . import masks as _masks
+from ._host import readable
+from .mods.base import Mod, as_list
 from .blockplan import BlockPlan, build_plan
 from .scores import Score, is_shared_score, resolve_score
 
@@ -47,6 +49,20 @@ class AttentionInputs:
     E: int
     Ev: int
     groups: int
+    mods: tuple[Mod, ...] = ()
+    head_scale: torch.Tensor | None = None
+    """(H,) per-head multipliers of the logits when ``scale=`` was a tensor (``scale``
+    is then 1.0), else None."""
+
+    @property
+    def mod_kinds(self) -> frozenset[str]:
+        """The kinds of the call's score modifiers ("alibi", "softcap", ...)."""
+        return frozenset(m.kind for m in self.mods)
+
+    @property
+    def heads(self) -> int:
+        """Query heads: dim -3 of the query (1 without leading dims)."""
+        return self.batch_shape[-1] if self.batch_shape else 1
 
     @property
     def dtype(self) -> torch.dtype:
@@ -123,6 +139,8 @@ class AttentionInputs:
             self.dropout_p > 0,
             torch.is_grad_enabled(),
             self.needs_grad,
+            tuple(m.signature() for m in self.mods),
+            None if self.head_scale is None else tuple(self.head_scale.shape),
         )
 
 
@@ -228,6 +246,7 @@ def validate_inputs(
     dropout_p: object = 0.0,
     return_weights: object = False,
     return_lse: object = False,
+    mods: object = None,
 ) -> AttentionInputs:
     """Check every argument of ``attention()`` and return the canonical record."""
     q = _check_tensor("query", query, "(..., L, E)")
@@ -285,14 +304,23 @@ def validate_inputs(
 
     batch_shape, groups = _broadcast_batch(tuple(qs[:-2]), tuple(ks[:-2]))
 
+    heads = batch_shape[-1] if batch_shape else 1
+    head_scale: torch.Tensor | None = None
     if scale is None:
         scale_f = sc.default_scale(E)
+    elif isinstance(scale, torch.Tensor):
+        head_scale = _check_head_scale(scale, heads, device)
+        scale_f = 1.0
     else:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise TypeError(f"scale: expected a positive finite float or None, got {scale!r}")
+            raise TypeError(
+                f"scale: expected a positive finite float, a (H,) tensor or None, got {scale!r}"
+            )
         scale_f = float(scale)
         if not math.isfinite(scale_f) or scale_f <= 0:
             raise ValueError(f"scale: expected a positive finite float or None, got {scale!r}")
+        _check_scale_range(scale_f, q, k, sc)
+    mod_list = _check_mods(mods, heads, device)
 
     if type(dropout_p) not in (int, float) or dropout_p != 0.0:
         if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
@@ -332,4 +360,49 @@ def validate_inputs(
         E=E,
         Ev=Ev,
         groups=groups,
+        mods=mod_list,
+        head_scale=head_scale,
     )
+
+
+def _check_mods(mods: object, heads: int, device: torch.device) -> tuple[Mod, ...]:
+    out = tuple(as_list(mods))
+    for m in out:
+        m.check(heads, "mods")
+        for t in m.tensors():
+            if t.device != device and device.type != "meta":
+                raise ValueError(
+                    f"mods: mods.{m.kind} holds a tensor on {t.device}, but the query is on "
+                    f"{device}; move it with .to({str(device)!r})"
+                )
+    return out
+
+
+def _check_head_scale(scale: torch.Tensor, heads: int, device: torch.device) -> torch.Tensor:
+    if scale.ndim != 1 or not scale.is_floating_point() or scale.shape[0] not in (1, heads):
+        raise ValueError(
+            f"scale: a tensor scale is one multiplier per query head, shape ({heads},) "
+            f"(or (1,)), floating point; got shape {_shape(scale)} and dtype {scale.dtype}"
+        )
+    if scale.device != device and device.type != "meta":
+        raise ValueError(f"scale: is on {scale.device} but the query is on {device}")
+    if readable(scale) and not bool(torch.isfinite(scale).all() & (scale > 0).all()):
+        raise ValueError(f"scale: every per-head scale must be positive and finite, got {scale}")
+    return scale
+
+
+def _check_scale_range(scale: float, q: torch.Tensor, k: torch.Tensor, score: Score) -> None:
+    """A scale so large that the logits overflow would give NaN: refuse it, naming the
+    largest usable scale, where the inputs can be read for free (CPU, no grad)."""
+    if scale <= 1e4 or not score.dot_reducible or not (readable(q) and readable(k)):
+        return
+    cd = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    bound = float(q.detach().abs().amax()) * float(k.detach().abs().amax()) * q.shape[-1]
+    if score.name == "gaussian":
+        return  # its logits are -|q - k|^2 / 2 sigma^2: scaled up they only sharpen to -inf
+    limit = torch.finfo(cd).max / 64
+    if math.isfinite(bound) and bound > 0 and scale * bound > limit:
+        raise ValueError(
+            f"scale: {scale:g} times the largest |q·k| of these inputs (up to {bound:.3g}) "
+            f"overflows {cd}; the largest usable scale here is about {limit / bound:.3g}"
+        )

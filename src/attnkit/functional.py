@@ -14,6 +14,7 @@ from . import masks as _masks
 from ._inputs import AttentionInputs, validate_inputs
 from .backends.base import AttentionResult
 from .backends.dispatch import Explanation, explain_inputs, normalize_backend_arg, select_backend
+from .mods import Mod, Sinks
 from .scores import Score
 
 __all__ = ["attention", "attention_backward", "explain"]
@@ -21,6 +22,7 @@ __all__ = ["attention", "attention_backward", "explain"]
 ScoreArg = str | Score
 MaskArg = _masks.Mask | torch.Tensor | None
 BackendArg = str | Sequence[str] | None
+ModsArg = Mod | Sequence[Mod] | None
 
 
 def attention(
@@ -30,11 +32,12 @@ def attention(
     *,
     score: ScoreArg = "scaled_dot",
     mask: MaskArg = None,
-    scale: float | None = None,
+    scale: float | torch.Tensor | None = None,
     dropout_p: float = 0.0,
     return_weights: bool | Literal["mean"] = False,
     return_lse: bool = False,
     backend: BackendArg = None,
+    mods: ModsArg = None,
 ) -> Any:
     """Exact attention with any score and any mask convention.
 
@@ -51,7 +54,7 @@ def attention(
             tensor (..., L, S) added to the logits. A raw bool tensor is refused:
             use ``masks.keep`` (True = attend) or ``masks.block`` (True = masked).
         scale: multiplier of the logits; None = the score's default
-            (1/sqrt(E) for scaled_dot, 1 otherwise).
+            (1/sqrt(E) for scaled_dot, 1 otherwise); a (H,) tensor: one per query head.
         dropout_p: dropout on the attention weights, in [0, 1).
         return_weights: also return the weights (..., L, S) the output used
             (before dropout), in float32 for half inputs; ``"mean"``: the weights
@@ -60,6 +63,9 @@ def attention(
         return_lse: also return the log-sum-exp of the logits, (..., L).
         backend: None (automatic), a name ("sdpa", "reference", ...) or a list
             of names tried in order; a forced backend raises if it cannot run.
+        mods: score modifiers (:mod:`attnkit.mods`: ALiBi, T5's relative position
+            bias, softcap, sinks), one or a list, applied in order after the scale and
+            before the mask.
 
     Returns:
         output (..., L, Ev); with ``return_weights``/``return_lse`` a tuple
@@ -67,7 +73,7 @@ def attention(
         attend gives output 0, weights 0 and lse -inf (never NaN).
     """
     plan_key = None
-    if return_weights is False and return_lse is False:
+    if return_weights is False and return_lse is False and mods is None:
         plan_key = _plans.plan_key(query, key, value, score, mask, scale, dropout_p, backend)
         if plan_key is not None and _recording.ACTIVE.get() is None:
             plan = _plans.lookup(plan_key)
@@ -86,13 +92,17 @@ def attention(
         dropout_p=dropout_p,
         return_weights=return_weights,
         return_lse=return_lse,
+        mods=mods,
     )
-    chosen = select_backend(inputs, normalize_backend_arg(backend))
+    core, sinks = _split_sinks(inputs)
+    chosen = select_backend(core, normalize_backend_arg(backend))
     empty = inputs.L == 0 or inputs.S == 0 or math.prod(inputs.batch_shape) == 0
     if plan_key is not None and not empty:
         _plans.remember(plan_key, inputs, chosen)
-    result = _empty_result(inputs) if empty else chosen.forward(inputs)
-    if inputs.weights_mean and (empty or not chosen.averages_heads):
+    result = _empty_result(core) if empty else chosen.forward(core)
+    if sinks is not None:
+        result = _join_sinks(inputs, result, sinks)
+    if inputs.weights_mean and (empty or sinks is not None or not chosen.averages_heads):
         assert result.weights is not None
         w = result.weights  # (..., H, L, S)
         result = replace(result, weights=w.sum(dim=-3) / max(w.shape[-3], 1))  # (..., L, S)
@@ -112,11 +122,12 @@ def explain(
     *,
     score: ScoreArg = "scaled_dot",
     mask: MaskArg = None,
-    scale: float | None = None,
+    scale: float | torch.Tensor | None = None,
     dropout_p: float = 0.0,
     return_weights: bool | Literal["mean"] = False,
     return_lse: bool = False,
     backend: BackendArg = None,
+    mods: ModsArg = None,
 ) -> Explanation:
     """Which backend :func:`attention` would run for these arguments, and why.
 
@@ -134,8 +145,31 @@ def explain(
         dropout_p=dropout_p,
         return_weights=return_weights,
         return_lse=return_lse,
+        mods=mods,
     )
-    return explain_inputs(inputs, normalize_backend_arg(backend))
+    return explain_inputs(_split_sinks(inputs)[0], normalize_backend_arg(backend))
+
+
+def _split_sinks(inputs: AttentionInputs) -> tuple[AttentionInputs, Sinks | None]:
+    """The call a backend runs, and its sinks: sinks join the softmax after any backend's
+    (out, lse), so the backend is asked for the lse and sees the other mods only."""
+    sinks = [m for m in inputs.mods if isinstance(m, Sinks)]
+    if not sinks:
+        return inputs, None
+    if len(sinks) > 1:
+        raise ValueError("mods: more than one mods.sinks; give one sink logit per head")
+    rest = tuple(m for m in inputs.mods if not isinstance(m, Sinks))
+    # per-head weights: each head's sink takes its own share before any head mean
+    return replace(inputs, mods=rest, return_lse=True, weights_mean=False), sinks[0]
+
+
+def _join_sinks(inputs: AttentionInputs, result: AttentionResult, sinks: Sinks) -> AttentionResult:
+    assert result.lse is not None
+    out, lse = sinks.join(result.output, result.lse)
+    weights = result.weights
+    if weights is not None:
+        weights = sinks.weights(weights, result.lse)  # (*batch, L, S)
+    return AttentionResult(out, weights, lse if inputs.return_lse else None)
 
 
 def attention_backward(

@@ -2,7 +2,7 @@
 
 The reference backend is this module:
 
-    logits  = scale * score(q, k) + bias, with blocked pairs set to -inf   # (..., L, S)
+    logits  = mods(scale * score(q, k)) + bias, blocked pairs set to -inf  # (..., L, S)
     weights = softmax(logits) over keys (fully masked rows: all 0)          # (..., L, S)
     output  = dropout(weights) @ v                                          # (..., L, Ev)
     lse     = logsumexp(logits) over keys (fully masked rows: -inf)         # (..., L)
@@ -32,6 +32,11 @@ def materialized_logits(inputs: AttentionInputs) -> torch.Tensor:
     q = inputs.query.to(cd)
     k = expand_kv(inputs.key.to(cd), inputs.groups)  # (..., Hq, S, E)
     logits = score_logits(inputs, q, k) * inputs.scale  # (..., L, S)
+    if inputs.head_scale is not None:
+        hs = inputs.head_scale.to(cd)
+        logits = logits * hs.view(-1, 1, 1)  # (..., H, L, S): one scale per query head
+    for mod in inputs.mods:
+        logits = mod.logits(logits, inputs.L, inputs.S)
     dm = dense_mask(inputs)
     if dm.bias is not None:
         bias = dm.bias.to(cd)

@@ -24,6 +24,9 @@ __all__ = ["AttentionResult", "Backend", "PlainRunner"]
 PlainRunner: TypeAlias = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """(query, key, value) -> output: a backend's shortcut for a repeated plain call."""
 
+ALL_MOD_KINDS = frozenset({"alibi", "relative_position_bias", "softcap"})
+"""Every score modifier kind a backend may compute (sinks are joined outside backends)."""
+
 ALL_MASK_KINDS = frozenset(
     {
         "keep",
@@ -78,6 +81,11 @@ class Backend:
     supports_lse: ClassVar[bool] = True
     supports_dropout: ClassVar[bool] = True
     supports_grad: ClassVar[bool] = True
+    mod_kinds: ClassVar[frozenset[str]] = frozenset()
+    """Score modifier kinds it computes (:mod:`attnkit.mods`; sinks are joined outside
+    every backend, from its (out, lse))."""
+    supports_head_scale: ClassVar[bool] = False
+    """True when it takes a per-head scale (``scale=`` a (H,) tensor)."""
     averages_heads: ClassVar[bool] = False
     """True when the backend itself returns head-averaged weights for
     ``return_weights="mean"`` (else attention() averages the per-head weights)."""
@@ -110,6 +118,11 @@ class Backend:
             reasons.append("does not support dropout_p > 0")
         if inputs.needs_grad and not self.supports_grad:
             reasons.append("does not support autograd")
+        mods = sorted(inputs.mod_kinds - self.mod_kinds)
+        if mods:
+            reasons.append(f"score modifier(s) {', '.join(mods)} not supported")
+        if inputs.head_scale is not None and not self.supports_head_scale:
+            reasons.append("a per-head scale (scale= a tensor) is not supported")
         return reasons
 
     def materialized_masks(self, inputs: AttentionInputs) -> list[str]:

@@ -2,7 +2,7 @@
 
 This is the readable definition every other backend is held to:
 
-    logits  = scale * score(q, k) + bias, with blocked pairs set to -inf   # (..., L, S)
+    logits  = mods(scale * score(q, k)) + bias, blocked pairs set to -inf  # (..., L, S)
     weights = softmax(logits) over keys (fully masked rows: all 0)          # (..., L, S)
     output  = dropout(weights) @ v                                          # (..., L, Ev)
     lse     = logsumexp(logits) over keys (fully masked rows: -inf)         # (..., L)
@@ -23,7 +23,7 @@ from typing import ClassVar
 
 from .._inputs import AttentionInputs
 from ._materialized import materialized_attention
-from .base import AttentionResult, Backend
+from .base import ALL_MOD_KINDS, AttentionResult, Backend
 
 __all__ = ["ReferenceBackend"]
 
@@ -34,6 +34,8 @@ class ReferenceBackend(Backend):
     name: ClassVar[str] = "reference"
     device_types: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda", "mps", "xpu"})
     fused: ClassVar[bool] = False
+    mod_kinds: ClassVar[frozenset[str]] = ALL_MOD_KINDS
+    supports_head_scale: ClassVar[bool] = True
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
         return materialized_attention(inputs)

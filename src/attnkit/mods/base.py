@@ -72,9 +72,13 @@ class Mod(nn.Module):
         """The modified logits, materialized: s (*batch, L, S) scaled logits."""
         raise NotImplementedError
 
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The tensors this mod holds (learnable or not)."""
+        return ()
+
     def signature(self) -> tuple[object, ...]:
         """Structure without tensor values, for caches."""
-        return (type(self), *(tuple(p.shape) for p in self.parameters()))
+        return (type(self), *((tuple(t.shape), t.dtype, t.requires_grad) for t in self.tensors()))
 
 
 class PositionMod(Mod):

@@ -50,6 +50,9 @@ class Sinks(Mod):
             )
         self.sink = logits
 
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.sink,)
+
     def check(self, heads: int, where: str = "mods") -> None:
         if self.sink.shape[0] not in (1, heads):
             raise ValueError(
@@ -59,7 +62,7 @@ class Sinks(Mod):
 
     def per_row(self, lse: torch.Tensor) -> torch.Tensor:
         """The sink logit of each row, broadcastable to ``lse`` (*batch, L)."""
-        sink = self.sink.to(lse.dtype)
+        sink = self.sink.to(device=lse.device, dtype=lse.dtype)
         if lse.ndim < 2 or sink.shape[0] == 1:
             return sink.reshape(*([1] * lse.ndim)) if sink.shape[0] == 1 else sink
         return sink.view(*([1] * (lse.ndim - 2)), -1, 1)  # (..., H, 1)

@@ -71,6 +71,9 @@ class ALiBi(PositionMod):
                 f"{heads} query heads (dim -3); expected one slope per head"
             )
 
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.slopes,)
+
     def slope_of(self, heads: torch.Tensor) -> torch.Tensor:
         s = self.slopes.to(device=heads.device, dtype=torch.float32)
         return s[heads] if s.shape[0] != 1 else s.expand(heads.shape[0])  # (H,)
@@ -162,6 +165,9 @@ class RelativePositionBias(PositionMod):
                 f"{where}: mods.relative_position_bias has a table for {self.table.shape[1]} "
                 f"heads, but the call has {heads} query heads (dim -3)"
             )
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.table,)
 
     def offset_bias(self, heads: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         table = self.table.to(device=heads.device, dtype=torch.float32)  # (nb, H)
