@@ -20,6 +20,7 @@ from torch import nn
 from .. import masks as _masks
 from ..scores import Score
 from .all_to_all import all_to_all_attention
+from .comm import all_reduce
 from .layout import Layout, check_layout, segments
 from .plan import STRATEGIES, choose_strategy, plan_blocks, prepare
 from .ring import ring_attention
@@ -180,9 +181,9 @@ def all_reduce_grads(module: nn.Module, group: dist.ProcessGroup | None = None) 
     (or a layer's) parameter gradients; this makes them the full gradient on every
     rank. Skip it when DDP/FSDP already reduces over the context-parallel ranks.
     """
-    for p in module.parameters():
+    for name, p in module.named_parameters():
         if not p.requires_grad:
             continue
         if p.grad is None:  # a rank that computed no block still takes part
             p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
+        all_reduce(p.grad, group, f"the gradient of parameter {name!r}")
