@@ -35,6 +35,7 @@ from attnkit import distributed as cp
 from attnkit import masks, scores
 from attnkit.distributed import all_to_all as a2a
 from attnkit.distributed import ring
+from attnkit.nn import MultiheadAttention, SelfAttention
 
 B, H, E = 2, 12, 4  # H divides by 2, 3 and 4 ranks
 PROMPT_S = 10.0  # "within seconds": well under the group's timeout
@@ -172,6 +173,32 @@ def backend_fails_on_one_rank(g: Group) -> None:
     _still_works(g)
 
 
+def one_layer_in_training(g: Group) -> None:
+    """Issue 19, row 10 through a layer: rank 1's ContextParallel layer runs in train()
+    mode with attention dropout (which context parallelism refuses), the others in
+    eval(); rank 1's refusal reaches every rank, and a shard-sized key_padding_mask
+    too."""
+    torch.manual_seed(3)
+    x = torch.randn(B, 4 * g.world + 1, 8, dtype=torch.float64)
+    layer = SelfAttention(8, num_heads=2, dropout=0.1, dtype=torch.float64)
+    layer.train(g.rank == 1)
+    x_r = cp.shard(x, rank=g.rank, world_size=g.world, dim=1)
+    _refused(
+        g,
+        lambda: cp.ContextParallel(layer)(x_r, mask=masks.causal()),
+        ranks=(1,),
+        words=("rank 1 cannot make this call", "attention dropout is not supported"),
+    )
+    mha = MultiheadAttention(8, 2, batch_first=True, dtype=torch.float64)
+    pad = torch.zeros(B, x_r.shape[1], dtype=torch.bool) if g.rank == 2 else None
+    _refused(
+        g,
+        lambda: cp.ContextParallel(mha)(x_r, x_r, x_r, key_padding_mask=pad, need_weights=False),
+        ranks=(2,),
+        words=("rank 2 cannot make this call", "key_padding_mask would describe"),
+    )
+
+
 def rank_dies_mid_call(g: Group) -> None:
     """Issue 19, row 11: rank 1 dies inside the ring; the others name it and the exchange."""
     _, mine = _data(g)
@@ -186,7 +213,13 @@ def rank_dies_mid_call(g: Group) -> None:
     assert exc.collective is not None and exc.collective.startswith("ring forward"), exc
 
 
-ROWS = [mask_values_differ, score_parameters_differ, huge_scale, backend_fails_on_one_rank]
+ROWS = [
+    mask_values_differ,
+    score_parameters_differ,
+    huge_scale,
+    backend_fails_on_one_rank,
+    one_layer_in_training,
+]
 
 
 # ---- slow campaigns -----------------------------------------------------------------------
@@ -233,6 +266,7 @@ def every_field_differs(g: Group) -> None:
         ("keep", {"mask": masks.keep(keep)}, "mask: the values"),
         ("bias", {"mask": masks.bias(bias)}, "mask: the values"),
         ("bad argument", {"mask": pick(None, keep)}, "cannot make this call"),
+        ("bad return_lse", {"return_lse": pick(False, "yes")}, "return_lse: expected"),
         ("not a tensor", {"query": pick(mine, "q")}, "query: expected a torch.Tensor"),
     ]  # fmt: skip
     failures = []

@@ -27,7 +27,6 @@ any field differs, before a single block is computed or sent.
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -39,13 +38,21 @@ from .. import masks as _masks
 from ..backends.dispatch import Explanation
 from ..functional import explain as _explain
 from ..scores import Score, is_shared_score, resolve_score
-from .blocks import mask_fingerprint
+from .blocks import mask_fingerprint, stable_hash
 from .checksum import combine, tensor_checksum
 from .comm import exchange_rows, metadata_device
 from .errors import ContextParallelError
 from .layout import LAYOUTS
 
-__all__ = ["DTYPES", "MAX_DIMS", "MESSAGE_BYTES", "Agreed", "agree", "score_fingerprint"]
+__all__ = [
+    "DTYPES",
+    "MAX_DIMS",
+    "MESSAGE_BYTES",
+    "Agreed",
+    "agree",
+    "refuse",
+    "score_fingerprint",
+]
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MAX_DIMS = 8
@@ -81,11 +88,6 @@ _HUGE = 2**62  # stand-in full length: any block of the rank's own size lies ins
 _GRAD_NAMES = ("query", "key", "value", "score parameters")
 
 
-def _stable_hash(items: Sequence[object]) -> int:
-    digest = hashlib.blake2b(repr(list(items)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 2
-
-
 def score_fingerprint(score: Score) -> int:
     """An int that equals on two ranks whose scores have the same kind, settings and
     parameter/buffer names, shapes and dtypes (values are checksummed separately)."""
@@ -98,7 +100,7 @@ def score_fingerprint(score: Score) -> int:
         (name, tuple(t.shape), str(t.dtype))
         for name, t in [*score.named_parameters(), *score.named_buffers()]
     ]
-    return _stable_hash([type(score).__module__, type(score).__qualname__, settings, tensors])
+    return stable_hash([type(score).__module__, type(score).__qualname__, settings, tensors])
 
 
 def _score_tensors(score: Score) -> list[torch.Tensor]:
@@ -229,6 +231,15 @@ def _check_local(
     return sc, m, ex
 
 
+def refuse(problem: Exception, group: dist.ProcessGroup | None) -> None:
+    """Take part in the agreement of a call this rank cannot make, so every rank raises
+    the same :class:`ContextParallelError` (this one included, chained to ``problem``)."""
+    agree(
+        None, None, None, group=group, score=None, mask=None, scale=None, layout=None,
+        strategy=None, backend=None, problem=problem,
+    )  # fmt: skip
+
+
 def _scale_words(scale: object) -> list[int]:
     if scale is None:
         return [0, 0]
@@ -268,18 +279,23 @@ def agree(
     layout: object,
     strategy: object,
     backend: object,
+    problem: Exception | None = None,
 ) -> Agreed:
     """Check this rank's call, exchange every rank's row in one all_gather and raise the
     same :class:`ContextParallelError` on every rank unless all ranks can run the call
-    and agree on every argument (a collective; nothing else is sent before it)."""
-    local_error: Exception | None = None
-    try:
-        sc, m, ex = _check_local(
-            q, k, v, score=score, mask=mask, scale=scale, layout=layout,
-            strategy=strategy, backend=backend,
-        )  # fmt: skip
-    except (TypeError, ValueError) as exc:
-        local_error = exc
+    and agree on every argument (a collective; nothing else is sent before it).
+
+    ``problem``: an error the caller already found with this rank's call; the rank
+    then takes part as a failing rank (its arguments are not looked at)."""
+    local_error: Exception | None = problem
+    if problem is None:
+        try:
+            sc, m, ex = _check_local(
+                q, k, v, score=score, mask=mask, scale=scale, layout=layout,
+                strategy=strategy, backend=backend,
+            )  # fmt: skip
+        except (TypeError, ValueError) as exc:
+            local_error = exc
     device = metadata_device(group, q)
     if local_error is None:
         assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
@@ -290,7 +306,7 @@ def agree(
             DTYPES.index(q.dtype) if q.dtype in DTYPES else -1,
             LAYOUTS.index(str(layout)),
             -1 if strategy is None else STRATEGIES.index(str(strategy)),
-            _stable_hash(list(ex.forced or ())),
+            stable_hash(list(ex.forced or ())),
             _gradient_bits(q, k, v, sc),
             *_scale_words(scale),
             score_fingerprint(sc),

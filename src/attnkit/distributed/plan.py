@@ -183,8 +183,10 @@ def prepare(
     layout: object,
     strategy: object,
     backend: str | Sequence[str] | None,
+    problem: Exception | None = None,
 ) -> CallPlan:
-    """Check the call on every rank together and plan it (a collective)."""
+    """Check the call on every rank together and plan it (a collective). ``problem``:
+    an error the caller found with this rank's call, shipped in the agreement."""
     if not dist.is_available() or not dist.is_initialized():
         raise ContextParallelError(
             "group: torch.distributed is not initialized; call "
@@ -199,7 +201,7 @@ def prepare(
         )
     agreed = agree(
         q, k, v, group=group, score=score, mask=mask, scale=scale, layout=layout,
-        strategy=strategy, backend=backend,
+        strategy=strategy, backend=backend, problem=problem,
     )  # fmt: skip
     assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
     sc, m = agreed.score, agreed.mask
