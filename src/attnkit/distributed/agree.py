@@ -287,36 +287,18 @@ def agree(
 
     ``problem``: an error the caller already found with this rank's call; the rank
     then takes part as a failing rank (its arguments are not looked at)."""
+    device = metadata_device(group, q)
     local_error: Exception | None = problem
     if problem is None:
-        try:
+        try:  # any failure here is shipped, so no rank is left alone in the all_gather
             sc, m, ex = _check_local(
                 q, k, v, score=score, mask=mask, scale=scale, layout=layout,
                 strategy=strategy, backend=backend,
             )  # fmt: skip
-        except (TypeError, ValueError) as exc:
+            host, sums = _good_row(q, k, v, sc, m, ex, scale, layout, strategy, device)
+        except Exception as exc:
             local_error = exc
-    device = metadata_device(group, q)
-    if local_error is None:
-        assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
-        assert isinstance(v, torch.Tensor)
-        host = [0, *_encode_message("")]
-        host += _padded(q.shape) + _padded(k.shape) + _padded(v.shape)
-        host += [
-            DTYPES.index(q.dtype) if q.dtype in DTYPES else -1,
-            LAYOUTS.index(str(layout)),
-            -1 if strategy is None else STRATEGIES.index(str(strategy)),
-            stable_hash(list(ex.forced or ())),
-            _gradient_bits(q, k, v, sc),
-            *_scale_words(scale),
-            score_fingerprint(sc),
-            mask_fingerprint(m),
-        ]
-        sums = [
-            combine([tensor_checksum(t) for t in _score_tensors(sc)], device),
-            combine([tensor_checksum(t) for t in _mask_tensors(m)], device),
-        ]
-    else:
+    if local_error is not None:
         kind = "" if isinstance(local_error, ContextParallelError) else type(local_error).__name__
         host = [1, *_encode_message(f"{kind}: {local_error}" if kind else str(local_error))]
         host += [0] * (_HOST_WIDTH - len(host))
@@ -326,6 +308,30 @@ def agree(
     _verdict(rows, local_error)
     assert local_error is None
     return Agreed(sc, m, rows)
+
+
+def _good_row(
+    q: Any, k: Any, v: Any, sc: Score, m: _masks.Mask | None, ex: Explanation, scale: object,
+    layout: object, strategy: object, device: torch.device,
+) -> tuple[list[int], list[torch.Tensor]]:  # fmt: skip
+    """(the host words, the two device checksums) of a rank that can make the call."""
+    host = [0, *_encode_message("")]
+    host += _padded(q.shape) + _padded(k.shape) + _padded(v.shape)
+    host += [
+        DTYPES.index(q.dtype) if q.dtype in DTYPES else -1,
+        LAYOUTS.index(str(layout)),
+        -1 if strategy is None else STRATEGIES.index(str(strategy)),
+        stable_hash(list(ex.forced or ())),
+        _gradient_bits(q, k, v, sc),
+        *_scale_words(scale),
+        score_fingerprint(sc),
+        mask_fingerprint(m),
+    ]
+    sums = [
+        combine([tensor_checksum(t) for t in _score_tensors(sc)], device),
+        combine([tensor_checksum(t) for t in _mask_tensors(m)], device),
+    ]
+    return host, sums
 
 
 def _verdict(rows: list[list[int]], local_error: Exception | None) -> None:
