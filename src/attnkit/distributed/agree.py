@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -231,13 +231,14 @@ def _check_local(
     return sc, m, ex
 
 
-def refuse(problem: Exception, group: dist.ProcessGroup | None) -> None:
+def refuse(problem: Exception, group: dist.ProcessGroup | None) -> NoReturn:
     """Take part in the agreement of a call this rank cannot make, so every rank raises
     the same :class:`ContextParallelError` (this one included, chained to ``problem``)."""
     agree(
         None, None, None, group=group, score=None, mask=None, scale=None, layout=None,
         strategy=None, backend=None, problem=problem,
     )  # fmt: skip
+    raise AssertionError("unreachable: the agreement raises for a rank with a problem")
 
 
 def _scale_words(scale: object) -> list[int]:
