@@ -23,9 +23,9 @@ from .api import (
     context_parallel_attention,
     explain_context_parallel,
 )
+from .errors import ContextParallelError
 from .layers import ContextParallel
 from .layout import assemble, rank_segments, segments, shard, shard_lengths, unshard
-from .plan import ContextParallelError
 
 __all__ = [
     "ContextParallel",

@@ -28,7 +28,7 @@ from .plan import CallPlan
 __all__ = ["all_to_all_attention"]
 
 
-def _seq_to_heads(x: torch.Tensor, lengths: list[int], plan: CallPlan) -> torch.Tensor:
+def _seq_to_heads(x: torch.Tensor, lengths: list[int], plan: CallPlan, what: str) -> torch.Tensor:
     """(..., H, L_r, E) sequence shard -> (..., H/P, N, E) head shard over the full sequence."""
     P = plan.world_size
     *prefix, H, Lr, E = x.shape
@@ -41,6 +41,7 @@ def _seq_to_heads(x: torch.Tensor, lengths: list[int], plan: CallPlan) -> torch.
         [outgoing.numel() // P] * P,
         [per_position * n for n in lengths],
         plan.group,
+        what,
     )
     pieces = received.split([per_position * n for n in lengths])
     shards = [
@@ -49,7 +50,7 @@ def _seq_to_heads(x: torch.Tensor, lengths: list[int], plan: CallPlan) -> torch.
     return assemble(shards, layout=plan.layout, dim=-2)  # (..., H/P, N, E)
 
 
-def _heads_to_seq(y: torch.Tensor, lengths: list[int], plan: CallPlan) -> torch.Tensor:
+def _heads_to_seq(y: torch.Tensor, lengths: list[int], plan: CallPlan, what: str) -> torch.Tensor:
     """(..., H/P, N, E) head shard -> (..., H, L_r, E) sequence shard: the inverse."""
     P, r = plan.world_size, plan.rank
     *prefix, h, _, E = y.shape
@@ -58,7 +59,8 @@ def _heads_to_seq(y: torch.Tensor, lengths: list[int], plan: CallPlan) -> torch.
         for d in range(P)
     ]
     mine = math.prod(prefix) * h * lengths[r] * E
-    received = all_to_all(torch.cat(parts), [p.numel() for p in parts], [mine] * P, plan.group)
+    splits = [p.numel() for p in parts]
+    received = all_to_all(torch.cat(parts), splits, [mine] * P, plan.group, what)
     pieces = [p.view(*prefix, h, lengths[r], E) for p in received.split([mine] * P)]
     return torch.cat(pieces, dim=-3)  # (..., H, L_r, E)
 
@@ -69,15 +71,16 @@ def all_to_all_attention(
     """(out (..., H, L_r, Ev), lse (..., H, L_r)) of this rank's queries."""
     P, r = plan.world_size, plan.rank
     q_lengths, kv_lengths = plan.q_lengths, plan.kv_lengths
-    q_full = _seq_to_heads(q, q_lengths, plan)  # (..., Hq/P, N_L, E)
-    k_full = _seq_to_heads(k, kv_lengths, plan)  # (..., Hk/P, N_S, Ek)
-    v_full = _seq_to_heads(v, kv_lengths, plan)  # (..., Hk/P, N_S, Ev)
+    q_full = _seq_to_heads(q, q_lengths, plan, "the queries")  # (..., Hq/P, N_L, E)
+    k_full = _seq_to_heads(k, kv_lengths, plan, "the keys")  # (..., Hk/P, N_S, Ek)
+    v_full = _seq_to_heads(v, kv_lengths, plan, "the values")  # (..., Hk/P, N_S, Ev)
     h = q.shape[-3] // P
     mask = slice_mask_heads(plan.mask, plan.batch_shape, r * h, h)
     out_full, lse_full = attention(
         q_full, k_full, v_full, score=plan.score, mask=mask, scale=plan.scale,
         return_lse=True, backend=plan.backend,
     )  # fmt: skip
-    out = _heads_to_seq(out_full, q_lengths, plan)  # (..., Hq, L_r, Ev)
-    lse = _heads_to_seq(lse_full.unsqueeze(-1), q_lengths, plan).squeeze(-1)  # (..., Hq, L_r)
+    out = _heads_to_seq(out_full, q_lengths, plan, "the output")  # (..., Hq, L_r, Ev)
+    lse_col = _heads_to_seq(lse_full.unsqueeze(-1), q_lengths, plan, "the lse")  # (..., Hq, L_r, 1)
+    lse = lse_col.squeeze(-1)  # (..., Hq, L_r)
     return out, lse

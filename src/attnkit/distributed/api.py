@@ -20,6 +20,7 @@ from torch import nn
 from .. import masks as _masks
 from ..scores import Score
 from .all_to_all import all_to_all_attention
+from .comm import all_reduce
 from .layout import Layout, check_layout, segments
 from .plan import STRATEGIES, choose_strategy, plan_blocks, prepare
 from .ring import ring_attention
@@ -72,15 +73,45 @@ def context_parallel_attention(
         group (:func:`all_reduce_grads`).
 
     Raises:
-        ValueError / TypeError on every rank (never a hang) when any rank's arguments
-        are bad, when shard shapes differ across ranks, for a group of one rank, or
-        for a strategy that cannot apply.
+        ContextParallelError, the same on every rank and before any block is sent
+        (never a hang), when any rank's arguments are bad or its backend cannot run
+        its blocks, when the ranks' arguments differ (shapes, dtype, layout,
+        strategy, backend, scale, gradients needed, the score's parameters, the
+        mask's structure or values), for a group of one rank, or for a strategy that
+        cannot apply; during the call, when a peer is lost or silent past the process
+        group's timeout (``error.collective`` names the exchange, ``error.ranks`` the
+        peers). See docs/context-parallel.md, "Agreement and faults".
     """
+    problem = None
     if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse: expected True or False, got {return_lse!r}")
+        problem = TypeError(f"return_lse: expected True or False, got {return_lse!r}")
+    return attend(
+        query, key, value, group=group, score=score, mask=mask, scale=scale, layout=layout,
+        strategy=strategy, return_lse=return_lse, backend=backend, problem=problem,
+    )  # fmt: skip
+
+
+def attend(
+    query: Any,
+    key: Any,
+    value: Any,
+    *,
+    group: dist.ProcessGroup | None,
+    score: Any,
+    mask: Any,
+    scale: Any,
+    layout: Any,
+    strategy: Any,
+    return_lse: bool,
+    backend: Any,
+    problem: Exception | None,
+) -> Any:
+    """:func:`context_parallel_attention` for callers that found a ``problem`` of their
+    own with this rank's call: it is shipped in the agreement, so every rank raises
+    (instead of this rank raising alone while the others wait in the agreement)."""
     plan = prepare(
         query, key, value, group=group, score=score, mask=mask, scale=scale,
-        layout=layout, strategy=strategy, backend=backend,
+        layout=layout, strategy=strategy, backend=backend, problem=problem,
     )  # fmt: skip
     run = all_to_all_attention if plan.strategy == "all_to_all" else ring_attention
     out, lse = run(plan, query, key, value)
@@ -180,9 +211,9 @@ def all_reduce_grads(module: nn.Module, group: dist.ProcessGroup | None = None) 
     (or a layer's) parameter gradients; this makes them the full gradient on every
     rank. Skip it when DDP/FSDP already reduces over the context-parallel ranks.
     """
-    for p in module.parameters():
+    for name, p in module.named_parameters():
         if not p.requires_grad:
             continue
         if p.grad is None:  # a rank that computed no block still takes part
             p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
+        all_reduce(p.grad, group, f"the gradient of parameter {name!r}")

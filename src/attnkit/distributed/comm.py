@@ -1,25 +1,50 @@
-"""The collectives context parallelism uses, in the forms it needs.
+"""The collectives context parallelism uses, in the forms it needs, each guarded.
 
-- :func:`exchange_metadata`: one small ``all_gather`` of int64 vectors, so every
-  rank sees every rank's shapes and flags before any real communication.
+- :func:`exchange_rows`: one ``all_gather`` of an int64 row per rank, so every
+  rank sees every rank's call before any real communication.
 - :class:`AllToAll` / :func:`all_to_all`: ``all_to_all_single`` on a flat tensor with
   per-rank split sizes, differentiable (its backward is the inverse exchange).
-- :func:`p2p`: non-blocking point-to-point sends and receives posted together
-  (``batch_isend_irecv``), returning the requests to wait on.
+- :func:`p2p` / :func:`wait_all`: non-blocking point-to-point sends and receives
+  posted together (``batch_isend_irecv``), and the wait for them.
+- :func:`all_reduce`: a sum across the group.
+
+Every exchange is named (``what``), and a failure of the backend (gloo or NCCL: a
+peer that died or closed its connection, a timeout) becomes a
+:class:`ContextParallelError` that says which exchange failed and which rank it was
+waiting on: the peer of a point-to-point transfer, or the other ranks of a
+collective (a collective does not say which one is gone).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["P2P", "AllToAll", "all_to_all", "exchange_metadata", "metadata_device", "p2p"]
+from .errors import ContextParallelError
+
+__all__ = [
+    "P2P",
+    "AllToAll",
+    "Pending",
+    "all_reduce",
+    "all_to_all",
+    "exchange_rows",
+    "guard",
+    "metadata_device",
+    "p2p",
+    "wait_all",
+]
 
 P2P = tuple[str, torch.Tensor, int, int]
 """("send" | "recv", tensor, peer rank in the group, tag)."""
+
+_LOST = ("connection reset", "closed by peer", "broken pipe", "connection refused", "eof")
+_TIMEOUT = ("timed out", "timeout")
 
 
 def metadata_device(group: dist.ProcessGroup | None, like: object) -> torch.device:
@@ -32,14 +57,66 @@ def metadata_device(group: dist.ProcessGroup | None, like: object) -> torch.devi
     return torch.device("cpu")
 
 
-def exchange_metadata(
-    values: Sequence[int], group: dist.ProcessGroup | None, device: torch.device
-) -> list[list[int]]:
-    """Every rank's ``values`` (the same length on every rank), in rank order."""
-    mine = torch.tensor(list(values), dtype=torch.long, device=device)
-    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(gathered, mine, group=group)
-    return [t.tolist() for t in gathered]
+def _translate(
+    exc: RuntimeError, group: dist.ProcessGroup | None, what: str, peers: Sequence[int]
+) -> ContextParallelError:
+    """A backend's communication error as a ContextParallelError naming the exchange and
+    the ranks it involved."""
+    me = dist.get_rank(group)
+    said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    low = said.lower()
+    if len(peers) == 1:
+        them, it = f"rank {peers[0]}", f"rank {peers[0]}"
+    else:
+        them, it = f"one of ranks {list(peers)}", "that rank"
+    if any(w in low for w in _TIMEOUT):
+        what_happened = (
+            f"rank {me} waited longer than the process group's timeout for {them} during "
+            f"{what}: {it} died, is stuck, or left the call after an error of its own"
+        )
+    elif any(w in low for w in _LOST):
+        what_happened = (
+            f"rank {me} lost {them} during {what}: the connection was closed ({it} died or "
+            "tore down its process group)"
+        )
+    else:
+        what_happened = f"rank {me}: {what} failed, exchanging with {them}"
+    return ContextParallelError(
+        f"context_parallel_attention: {what_happened}. The group cannot finish this call; "
+        f"destroy it and restart the job (the backend said: {said})",
+        ranks=peers,
+        collective=what,
+    )
+
+
+def _others(group: dist.ProcessGroup | None) -> list[int]:
+    me = dist.get_rank(group)
+    return [r for r in range(dist.get_world_size(group)) if r != me]
+
+
+@contextmanager
+def guard(
+    group: dist.ProcessGroup | None, what: str, peers: Sequence[int] | None = None
+) -> Iterator[None]:
+    """Turn a communication failure inside the block into a :class:`ContextParallelError`
+    naming ``what`` and ``peers`` (default: every other rank of the group)."""
+    try:
+        yield
+    except ContextParallelError:
+        raise
+    except RuntimeError as exc:  # gloo/NCCL errors, torch.distributed.DistError included
+        raise _translate(exc, group, what, _others(group) if peers is None else peers) from exc
+
+
+def exchange_rows(row: torch.Tensor, group: dist.ProcessGroup | None) -> list[list[int]]:
+    """Every rank's ``row`` (1-D int64, the same length on every rank), in rank order,
+    read on the host once."""
+    gathered = [torch.empty_like(row) for _ in range(dist.get_world_size(group))]
+    what = "the argument agreement (an all_gather of every rank's call)"
+    with guard(group, what):
+        dist.all_gather(gathered, row, group=group)
+        rows: list[list[int]] = torch.stack(gathered).tolist()  # (P, width)
+    return rows
 
 
 class AllToAll(torch.autograd.Function):
@@ -53,19 +130,23 @@ class AllToAll(torch.autograd.Function):
         in_splits: list[int],
         out_splits: list[int],
         group: dist.ProcessGroup | None,
+        what: str,
     ) -> torch.Tensor:
         ctx.splits = (in_splits, out_splits)
         ctx.group = group
+        ctx.what = what
         received = flat.new_empty(sum(out_splits))  # (sum(out_splits),)
-        dist.all_to_all_single(received, flat.contiguous(), out_splits, in_splits, group=group)
+        with guard(group, f"the all_to_all of {what}"):
+            dist.all_to_all_single(received, flat.contiguous(), out_splits, in_splits, group=group)
         return received
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         in_splits, out_splits = ctx.splits
         back = grad.new_empty(sum(in_splits))  # (sum(in_splits),)
-        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
-        return back, None, None, None
+        with guard(ctx.group, f"the backward all_to_all of {ctx.what}"):
+            dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return back, None, None, None, None
 
 
 def all_to_all(
@@ -73,29 +154,62 @@ def all_to_all(
     in_splits: list[int],
     out_splits: list[int],
     group: dist.ProcessGroup | None,
+    what: str = "a tensor",
 ) -> torch.Tensor:
-    """Differentiable :class:`AllToAll` of a 1-D tensor."""
-    out: torch.Tensor = AllToAll.apply(flat, in_splits, out_splits, group)
+    """Differentiable :class:`AllToAll` of a 1-D tensor; ``what`` names it in errors."""
+    out: torch.Tensor = AllToAll.apply(flat, in_splits, out_splits, group, what)
     return out
 
 
-def p2p(ops: Sequence[P2P], group: dist.ProcessGroup | None) -> list[Any]:
-    """Post every send and receive of ``ops`` at once; returns the requests to ``wait()``.
+def all_reduce(t: torch.Tensor, group: dist.ProcessGroup | None, what: str) -> None:
+    """Sum ``t`` across the group in place."""
+    with guard(group, f"the all_reduce of {what}"):
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+
+
+@dataclass
+class Pending:
+    """Posted transfers: their requests, and (kind, peer) of each op for error messages."""
+
+    requests: list[Any]
+    ops: list[tuple[str, int]]
+    group: dist.ProcessGroup | None
+    what: str
+
+
+def _one(kind: str, peer: int, what: str) -> str:
+    return f"{what}: {kind} {'to' if kind == 'send' else 'from'} rank {peer}"
+
+
+def p2p(ops: Sequence[P2P], group: dist.ProcessGroup | None, what: str = "") -> Pending:
+    """Post every send and receive of ``ops`` at once; :func:`wait_all` waits for them.
 
     Peers are ranks within ``group``; tags keep messages between the same two ranks
-    apart (gloo matches by tag, NCCL by order).
+    apart (gloo matches by tag, NCCL by order). ``what`` names the step in errors.
     """
+    pending = Pending([], [(kind, peer) for kind, _, peer, _ in ops], group, what)
     if not ops:
-        return []
+        return pending
     p2p_ops = []
     for kind, tensor, peer, tag in ops:
         fn = dist.isend if kind == "send" else dist.irecv
         global_peer = peer if group is None else dist.get_global_rank(group, peer)
         p2p_ops.append(dist.P2POp(fn, tensor, global_peer, group, tag))
-    return list(dist.batch_isend_irecv(p2p_ops))
+    peers = sorted({peer for _, peer in pending.ops})
+    with guard(group, f"{what}: posting transfers", peers):
+        pending.requests = list(dist.batch_isend_irecv(p2p_ops))
+    return pending
 
 
-def wait_all(requests: Sequence[Any]) -> None:
-    """Wait for every request of :func:`p2p`."""
-    for req in requests:
-        req.wait()
+def wait_all(pending: Pending) -> None:
+    """Wait for every transfer of :func:`p2p`; a failure names the op and its peer."""
+    one_each = len(pending.requests) == len(pending.ops)  # gloo; NCCL may coalesce
+    peers = sorted({peer for _, peer in pending.ops})
+    for i, req in enumerate(pending.requests):
+        if one_each:
+            kind, peer = pending.ops[i]
+            ctx = guard(pending.group, _one(kind, peer, pending.what), [peer])
+        else:
+            ctx = guard(pending.group, f"{pending.what}: transfers with ranks {peers}", peers)
+        with ctx:
+            req.wait()

@@ -25,7 +25,8 @@ from .. import masks as _masks
 from ..nn import multihead as _multihead
 from ..nn import self_attention as _self_attention
 from ..nn._common import attention_override
-from .api import context_parallel_attention
+from .agree import refuse
+from .api import attend
 from .layout import Layout, check_layout
 
 __all__ = ["ContextParallel"]
@@ -49,20 +50,23 @@ class _Route:
         need_weights: object,
         scale: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The layer's attention of (..., H, L_r, E) shards, across the group."""
+        """The layer's attention of (..., H, L_r, E) shards, across the group. A call this
+        rank cannot make still takes part in the agreement, so every rank raises."""
+        problem = None
         if need_weights:
-            raise ValueError(
+            problem = ValueError(
                 "ContextParallel: attention weights span the full sequence and are not "
                 "returned; call the layer with need_weights=False / return_weights=False"
             )
-        if dropout_p > 0:
-            raise ValueError(
+        elif dropout_p > 0:
+            problem = ValueError(
                 f"ContextParallel: attention dropout is not supported (dropout_p={dropout_p}); "
                 "build the layer with dropout=0.0 or call it in eval() mode"
             )
-        out = context_parallel_attention(
-            q, k, v, group=self.group, mask=mask, scale=scale, layout=self.layout,
-            strategy=self.strategy, backend=self.backend,
+        out = attend(
+            q, k, v, group=self.group, score="scaled_dot", mask=mask, scale=scale,
+            layout=self.layout, strategy=self.strategy, return_lse=False,
+            backend=self.backend, problem=problem,
         )  # fmt: skip
         return out, None
 
@@ -123,11 +127,14 @@ class ContextParallel(nn.Module):
             local_only.append("mask (a tensor)")
         if isinstance(kwargs.get("attn_mask"), torch.Tensor):
             local_only.append("attn_mask (a tensor)")
-        if local_only:
-            raise ValueError(
-                f"ContextParallel: {', '.join(local_only)} would describe this rank's shard "
-                "only; pass an attnkit mask of the full sequence instead (masks.key_padding, "
-                "masks.keep, masks.bias, masks.causal, ...)"
+        if local_only:  # every rank raises: this one takes part in the agreement, refusing
+            refuse(
+                ValueError(
+                    f"ContextParallel: {', '.join(local_only)} would describe this rank's "
+                    "shard only; pass an attnkit mask of the full sequence instead "
+                    "(masks.key_padding, masks.keep, masks.bias, masks.causal, ...)"
+                ),
+                self._route.group,
             )
         with attention_override(self._route.attend):
             return self.layer(*args, **kwargs)

@@ -1,13 +1,13 @@
 """Validate a context-parallel call on every rank at once, then plan it.
 
-Every rank checks its own arguments first and turns a failure into an error code
-instead of raising, then all ranks exchange one small vector of metadata
-(:func:`attnkit.distributed.comm.exchange_metadata`): shapes, dtype, layout,
-strategy, score and a fingerprint of the mask. From that shared view every rank
-reaches the same verdict, so bad input raises the same error on every rank and no
-rank is left waiting in a collective. The :class:`CallPlan` that comes out says
-where every rank's positions sit, which (query segment, key segment) blocks the
-mask leaves non-empty and how far each rank's K/V shard must travel on the ring.
+The ranks first agree on the call (:func:`attnkit.distributed.agree.agree`): one
+all_gather of every rank's status and the fingerprints and checksums of every
+argument, so bad input or a disagreement raises the same
+:class:`ContextParallelError` on every rank and no rank is left waiting in a
+collective. From that shared view every rank then derives the same
+:class:`CallPlan`: where every rank's positions sit, which (query segment, key
+segment) blocks the mask leaves non-empty and how far each rank's K/V shard must
+travel on the ring.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 
 from .. import masks as _masks
-from ..functional import explain as _explain
-from ..scores import Score, resolve_score
-from .blocks import block_is_empty, mask_fingerprint, stable_hash
-from .comm import exchange_metadata, metadata_device
-from .layout import LAYOUTS, Layout, Segment, segments
+from ..scores import Score
+from .agree import STRATEGIES, agree
+from .blocks import block_is_empty
+from .errors import ContextParallelError
+from .layout import Layout, Segment, segments
 
 __all__ = [
     "STRATEGIES",
@@ -38,13 +38,6 @@ __all__ = [
 ]
 
 Strategy = Literal["ring", "all_to_all"]
-STRATEGIES: tuple[str, ...] = ("ring", "all_to_all")
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_MAX_DIMS = 8
-
-
-class ContextParallelError(ValueError):
-    """Raised on every rank when any rank's arguments are bad or ranks disagree."""
 
 
 @dataclass(frozen=True)
@@ -178,49 +171,6 @@ def _batch_shape(q_shape: Sequence[int], k_shape: Sequence[int]) -> tuple[int, .
     return tuple(int(d) for d in torch.broadcast_shapes(torch.Size(qb), torch.Size(kb)))
 
 
-def _padded(shape: Sequence[int]) -> list[int]:
-    return [len(shape), *shape, *([-1] * (_MAX_DIMS - len(shape)))]
-
-
-def _score_code(score: Score) -> int:
-    items = [type(score).__name__] + [str(tuple(p.shape)) for p in score.parameters()]
-    return stable_hash(items)
-
-
-def _normalize_mask(mask: object) -> _masks.Mask | None:
-    if mask is None or isinstance(mask, _masks.Mask):
-        return mask
-    if isinstance(mask, torch.Tensor) and mask.is_floating_point():
-        return _masks.bias(mask)
-    raise TypeError(
-        "mask: expected an attnkit mask on the full sequence (masks.causal(), "
-        f"masks.valid_lens(...), ...), a float bias tensor or None, got {type(mask).__name__}"
-        + (f" of dtype {mask.dtype}" if isinstance(mask, torch.Tensor) else "")
-    )
-
-
-def _check_local(
-    q: object,
-    k: object,
-    v: object,
-    score: object,
-    mask: object,
-    scale: object,
-    layout: object,
-    strategy: object,
-) -> tuple[Score, _masks.Mask | None]:
-    """This rank's own checks, with the core's messages where it has them."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout: expected 'zigzag' or 'contiguous', got {layout!r}")
-    if strategy is not None and strategy not in STRATEGIES:
-        raise ValueError(f"strategy: expected 'ring', 'all_to_all' or None, got {strategy!r}")
-    for name, t in (("query", q), ("key", k), ("value", v)):
-        if isinstance(t, torch.Tensor) and t.ndim > _MAX_DIMS:
-            raise ValueError(f"{name}: at most {_MAX_DIMS} dims are supported, got {t.ndim}")
-    _explain(q, k, v, score=score, scale=scale)  # type: ignore[arg-type]
-    return resolve_score(score), _normalize_mask(mask)  # type: ignore[arg-type]
-
-
 def prepare(
     q: object,
     k: object,
@@ -233,8 +183,10 @@ def prepare(
     layout: object,
     strategy: object,
     backend: str | Sequence[str] | None,
+    problem: Exception | None = None,
 ) -> CallPlan:
-    """Check the call on every rank together and plan it (a collective)."""
+    """Check the call on every rank together and plan it (a collective). ``problem``:
+    an error the caller found with this rank's call, shipped in the agreement."""
     if not dist.is_available() or not dist.is_initialized():
         raise ContextParallelError(
             "group: torch.distributed is not initialized; call "
@@ -247,42 +199,14 @@ def prepare(
             f"group: context parallelism needs a process group of at least 2 ranks, got {P}; "
             "on one process call attnkit.attention on the full sequence"
         )
-    local_error: Exception | None = None
-    sc: Score | None = None
-    m: _masks.Mask | None = None
-    try:
-        sc, m = _check_local(q, k, v, score, mask, scale, layout, strategy)
-    except (TypeError, ValueError) as exc:
-        local_error = exc
-    ok = local_error is None
-    meta = [0 if ok else 1]
-    if ok:
-        assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
-        assert isinstance(v, torch.Tensor) and sc is not None
-        meta += _padded(q.shape) + _padded(k.shape) + _padded(v.shape)
-        meta += [
-            _DTYPES.index(q.dtype),
-            LAYOUTS.index(str(layout)),
-            -1 if strategy is None else STRATEGIES.index(str(strategy)),
-            _score_code(sc),
-            mask_fingerprint(m),
-            -1 if scale is None else int(float(scale) * 2**40),  # type: ignore[arg-type]
-        ]
-    meta += [0] * (1 + 3 * (_MAX_DIMS + 1) + 6 - len(meta))
-    everyone = exchange_metadata(meta, group, metadata_device(group, q))
-    bad = [r for r, row in enumerate(everyone) if row[0] != 0]
-    if local_error is not None:
-        raise local_error
-    if bad:
-        raise ContextParallelError(
-            f"context_parallel_attention: rank(s) {bad} rejected their arguments (see the "
-            "error raised there); no rank computed anything"
-        )
-    assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and sc is not None
-    _check_agreement(everyone, rank)
-    q_lens = [row[1 + (len(q.shape) - 2) + 1] for row in everyone]
-    k_off = 1 + _MAX_DIMS + 1
-    kv_lens = [row[k_off + (len(k.shape) - 2) + 1] for row in everyone]
+    agreed = agree(
+        q, k, v, group=group, score=score, mask=mask, scale=scale, layout=layout,
+        strategy=strategy, backend=backend, problem=problem,
+    )  # fmt: skip
+    assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
+    sc, m = agreed.score, agreed.mask
+    q_lens = [agreed.shape(r, "query")[-2] for r in range(P)]
+    kv_lens = [agreed.shape(r, "key")[-2] for r in range(P)]
     total_L, total_S = sum(q_lens), sum(kv_lens)
     lay: Layout = layout  # type: ignore[assignment]
     q_segs, kv_segs = segments(total_L, P, lay), segments(total_S, P, lay)
@@ -328,35 +252,3 @@ def prepare(
         blocks=blocks,
         last_hop=last_hop,
     )
-
-
-_FIELDS = ["query shape", "key shape", "value shape"]
-
-
-def _check_agreement(everyone: list[list[int]], rank: int) -> None:
-    """Raise the same error on every rank unless all ranks agree on everything but the
-    sequence lengths."""
-    width = _MAX_DIMS + 1
-    first = everyone[0]
-    for r, row in enumerate(everyone[1:], start=1):
-        for f, name in enumerate(_FIELDS):
-            a, b = (
-                first[1 + f * width : 1 + (f + 1) * width],
-                row[1 + f * width : 1 + (f + 1) * width],
-            )
-            na, nb = a[0], b[0]
-            shape_a, shape_b = a[1 : 1 + na], b[1 : 1 + nb]
-            if na != nb or shape_a[:-2] != shape_b[:-2] or shape_a[-1] != shape_b[-1]:
-                raise ContextParallelError(
-                    f"{name.split()[0]}: rank 0 has a shard of shape {tuple(shape_a)} and rank "
-                    f"{r} has {tuple(shape_b)}; expected the same shape on every rank except "
-                    "the sequence dim (-2)"
-                )
-        tail_a, tail_b = first[1 + 3 * width :], row[1 + 3 * width :]
-        names = ["dtype", "layout", "strategy", "score", "mask", "scale"]
-        for name, x, y in zip(names, tail_a, tail_b, strict=True):
-            if x != y:
-                raise ContextParallelError(
-                    f"{name}: rank 0 and rank {r} passed different {name}s; every rank must "
-                    "pass the same arguments (the mask and score defined on the full sequence)"
-                )

@@ -108,7 +108,7 @@ def _forward(
     for t in range(P):
         o = (r - t) % P
         ops, incoming = _kv_transfers(plan, t, held, k, v, (_TAG_K, _TAG_V))
-        requests = p2p(ops, plan.group)
+        requests = p2p(ops, plan.group, f"ring forward, step {t} (K/V)")
         for blk in plan.blocks[r][o]:
             assert held is not None
             block = _block_call(plan, blk, q, *held)
@@ -203,7 +203,7 @@ def _backward(
     for t in range(P):
         o = (r - t) % P
         kv_ops, incoming = _kv_transfers(plan, t, held, k, v, (_TAG_K, _TAG_V))
-        requests = p2p(kv_ops, plan.group)
+        requests = p2p(kv_ops, plan.group, f"ring backward, step {t} (K/V)")
         for blk in _row_pieces(plan.blocks[r][o]):
             assert held is not None and grads is not None
             g = _block_grads(plan, blk, q, held, out, lse, d_out, d_lse, params, want)
@@ -231,7 +231,7 @@ def _backward(
             mine = (_resized(k, n, acc_dtype), _resized(v, n, acc_dtype))
             home = (r + t) % P
             ops += [("recv", mine[0], home, _TAG_HOME_DK), ("recv", mine[1], home, _TAG_HOME_DV)]
-        wait_all(p2p(ops, plan.group))
+        wait_all(p2p(ops, plan.group, f"ring backward, step {t} (dK/dV)"))
         held, grads = incoming, incoming_grads
     assert mine is not None
     return dq.to(q.dtype), mine[0].to(k.dtype), mine[1].to(v.dtype), d_params
