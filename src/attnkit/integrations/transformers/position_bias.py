@@ -1,0 +1,79 @@
+"""T5's ``position_bias`` as an attnkit score modifier instead of an (B, H, L, S) tensor.
+
+T5 (and the models built on its attention: mT5, UMT5, ...) passes the attention
+function a dense ``position_bias``. The first layer of a stack computes it from
+its ``relative_attention_bias`` table (an ``nn.Embedding`` of shape
+(num_buckets, heads)) and the following layers receive the same tensor object;
+a module without a table (T5's cross-attention) passes zeros.
+
+:func:`position_bias_mod` turns that into :func:`attnkit.mods.relative_position_bias`
+over the module's own table (so the table gets its gradient through attnkit), and
+remembers the answer for that tensor object, so the later layers of the stack,
+given the same object, reuse it without reading the tensor. Zeros become no
+modifier. Any other bias is kept as it is, as an additive ``masks.bias``.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+
+import torch
+from torch import nn
+
+from ... import masks, mods
+
+__all__ = ["position_bias_mod"]
+
+# id(position_bias) -> (a weak reference to it, its modifier or None for zeros)
+_SEEN: dict[int, tuple[weakref.ref[torch.Tensor], mods.Mod | None]] = {}
+
+
+def _forget(key: int, _ref: object) -> None:
+    _SEEN.pop(key, None)
+
+
+def _table_mod(module: nn.Module, q0: int, k0: int) -> mods.Mod | None:
+    """The relative position bias of a T5-style module with its own table, else None."""
+    table = getattr(module, "relative_attention_bias", None)
+    if not getattr(module, "has_relative_attention_bias", False) or not isinstance(
+        table, nn.Embedding
+    ):
+        return None
+    buckets = getattr(module, "relative_attention_num_buckets", None)
+    distance = getattr(module, "relative_attention_max_distance", None)
+    if not isinstance(buckets, int) or not isinstance(distance, int):
+        return None
+    bidirectional = not bool(getattr(module, "is_decoder", False))
+    return mods.relative_position_bias(
+        table.weight, buckets, distance, bidirectional, q_offset=q0, k_offset=k0
+    )
+
+
+def position_bias_mod(
+    module: nn.Module, position_bias: torch.Tensor, S: int, q0: int, k0: int
+) -> tuple[mods.Mod | None, masks.Mask | None]:
+    """The modifier (or, failing that, the additive mask) for a call's ``position_bias``.
+
+    Args:
+        module: the attention module that made the call.
+        position_bias: (1 or B, H, L, >= S) float, what the model passed.
+        S: the call's number of keys.
+        q0, k0: global positions of the call's first query and key.
+
+    Returns:
+        (modifier, None) for a table-made bias or zeros (modifier None), else
+        (None, ``masks.bias`` of the tensor).
+    """
+    key = id(position_bias)
+    seen = _SEEN.get(key)
+    if seen is not None and seen[0]() is position_bias:
+        return seen[1], None
+    mod = _table_mod(module, q0, k0)
+    if mod is None:
+        with torch.no_grad():
+            zero = not bool(position_bias.any())
+        if not zero:
+            return None, masks.bias(position_bias[..., :S])  # (1 or B, H, L, S)
+    _SEEN[key] = (weakref.ref(position_bias, functools.partial(_forget, key)), mod)
+    return mod, None

@@ -1,0 +1,227 @@
+"""attn_implementation="attnkit" against "eager" on tiny random transformers models.
+
+Each family is built from a config (no download): logits, the weights returned
+with output_attentions, the gradients of a loss and 20 greedy tokens of
+generate() must agree with the model's own eager attention, and every attention
+call must reach attnkit with symbolic masks and the family's score modifiers.
+Tolerances (float32): logits and weights atol 1e-5, rtol 1e-4; gradients atol
+1e-5, rtol 1e-3 (they add up over every layer and position).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import attnkit.integrations.transformers as hf_attnkit  # noqa: E402
+from attnkit.integrations.transformers import attention as hf_attention  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+
+TOL = {"atol": 1e-5, "rtol": 1e-4}
+GRAD_TOL = {"atol": 1e-5, "rtol": 1e-3}
+VOCAB, LENGTH, PAD = 100, 13, 3
+DECODER = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 64,
+           "vocab_size": VOCAB, "initializer_range": 0.2}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    build: Callable[[], torch.nn.Module]
+    expect: frozenset[str]  # mask kinds and modifier kinds its calls must show
+    kind: str = "decoder"  # "decoder", "encoder" or "seq2seq"
+
+
+def _causal_lm(config_cls: str, **extra: object) -> Callable[[], torch.nn.Module]:
+    def build() -> torch.nn.Module:
+        cfg = getattr(transformers, config_cls)(**{**DECODER, **extra})
+        return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+
+    return build
+
+
+def _gpt_oss() -> torch.nn.Module:
+    model = _causal_lm("GptOssConfig", sliding_window=4, num_local_experts=4,
+                       num_experts_per_tok=2, intermediate_size=32)()  # fmt: skip
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 2.0)  # sinks that take a real share
+    return model
+
+
+def _gpt2() -> torch.nn.Module:
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB,
+                                  initializer_range=0.2, resid_pdrop=0.0, embd_pdrop=0.0,
+                                  attn_pdrop=0.0)  # fmt: skip
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+
+
+def _bert() -> torch.nn.Module:
+    cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+                                  intermediate_size=64, vocab_size=VOCAB, initializer_range=0.2,
+                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+    return transformers.AutoModel.from_config(cfg, attn_implementation="eager")
+
+
+def _t5() -> torch.nn.Module:
+    cfg = transformers.T5Config(num_layers=2, num_decoder_layers=2, d_model=32, d_kv=8, d_ff=64,
+                                num_heads=4, vocab_size=VOCAB, relative_attention_num_buckets=8,
+                                relative_attention_max_distance=16, dropout_rate=0.0,
+                                decoder_start_token_id=0)  # fmt: skip
+    return transformers.AutoModelForSeq2SeqLM.from_config(cfg, attn_implementation="eager")
+
+
+FAMILIES = {
+    f.name: f
+    for f in (
+        Family("llama", _causal_lm("LlamaConfig"), frozenset({"causal", "key_padding"})),
+        Family("qwen3", _causal_lm("Qwen3Config"), frozenset({"causal"})),
+        Family("mistral", _causal_lm("MistralConfig", sliding_window=4), frozenset({"window"})),
+        Family(
+            "gemma2",
+            _causal_lm(
+                "Gemma2Config",
+                sliding_window=4,
+                attn_logit_softcapping=2.0,
+                query_pre_attn_scalar=8,
+            ),
+            frozenset({"window", "causal", "softcap"}),
+        ),
+        Family("gpt_oss", _gpt_oss, frozenset({"window", "causal", "sinks"})),
+        Family("gpt2", _gpt2, frozenset({"causal"})),
+        Family("bert", _bert, frozenset({"key_padding"}), "encoder"),
+        Family(
+            "t5", _t5, frozenset({"causal", "key_padding", "relative_position_bias"}), "seq2seq"
+        ),
+    )
+}
+
+
+class Spy:
+    """Every attnkit.attention call the integration makes: mask and modifier kinds."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, object]] = []
+
+    def __call__(self, q, k, v, *, mask=None, mods=None, dropout_p=0.0, **kw):  # type: ignore[no-untyped-def]
+        self.calls.append({
+            "kinds": set() if mask is None else set(mask.kinds()),
+            "mods": {m.kind for m in mods or ()},
+            "heads": (q.shape[1], k.shape[1]),
+            "dropout_p": dropout_p,
+        })  # fmt: skip
+        return hf_attention_attention(q, k, v, mask=mask, mods=mods, dropout_p=dropout_p, **kw)
+
+
+hf_attention_attention = hf_attention.attention
+
+
+def _models(family: Family) -> tuple[torch.nn.Module, torch.nn.Module]:
+    torch.manual_seed(0)
+    eager = family.build().eval()
+    ours = copy.deepcopy(eager)
+    ours.set_attn_implementation(hf_attnkit.IMPLEMENTATION)
+    assert ours.config._attn_implementation == "attnkit"
+    return eager, ours
+
+
+def _inputs(family: Family) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Model inputs with padding, and which output positions are real (B, L) bool."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, VOCAB, (2, LENGTH), generator=g)
+    mask = torch.ones_like(ids)
+    if family.kind == "decoder":
+        mask[1, :PAD] = 0  # left padding, as generate() pads
+    else:
+        mask[1, -PAD:] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if family.kind == "seq2seq":
+        inputs["decoder_input_ids"] = torch.randint(1, VOCAB, (2, 7), generator=g)
+        return inputs, torch.ones(2, 7, dtype=torch.bool)
+    return inputs, mask.bool()
+
+
+def _attention_sets(out: object) -> list[tuple[torch.Tensor, ...]]:
+    names = ("attentions", "encoder_attentions", "decoder_attentions", "cross_attentions")
+    return [getattr(out, n) for n in names if getattr(out, n, None)]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_logits_weights_and_gradients_equal_eager(name: str, monkeypatch) -> None:
+    family = FAMILIES[name]
+    eager, ours = _models(family)
+    inputs, real = _inputs(family)
+    spy = Spy()
+    monkeypatch.setattr(hf_attention, "attention", spy)
+    outs = []
+    for model in (eager, ours):
+        out = model(**inputs, output_attentions=True)
+        main = out.logits if hasattr(out, "logits") else out.last_hidden_state
+        weights = torch.Generator().manual_seed(2)
+        loss = (main[real] * torch.randn(main[real].shape, generator=weights)).sum()
+        loss.backward()
+        outs.append((main.detach(), out))
+    (e_main, e_out), (a_main, a_out) = outs
+    assert len(_attention_sets(a_out)) == (3 if family.kind == "seq2seq" else 1)
+    torch.testing.assert_close(a_main[real], e_main[real], **TOL)
+    for e_set, a_set in zip(_attention_sets(e_out), _attention_sets(a_out), strict=True):
+        assert len(a_set) == len(e_set)
+        for e_w, a_w in zip(e_set, a_set, strict=True):
+            rows = (
+                real
+                if family.kind == "decoder"
+                else torch.ones(e_w.shape[0], e_w.shape[2], dtype=torch.bool)
+            )
+            e_w, a_w = e_w.permute(0, 2, 1, 3)[rows], a_w.permute(0, 2, 1, 3)[rows]  # (rows, H, S)
+            torch.testing.assert_close(a_w, e_w, **TOL)
+    for (n, p_e), (_, p_a) in zip(eager.named_parameters(), ours.named_parameters(), strict=True):
+        if p_e.grad is None:
+            assert p_a.grad is None, n
+            continue
+        torch.testing.assert_close(p_a.grad, p_e.grad, **GRAD_TOL, msg=lambda m, n=n: f"{n}: {m}")
+    # Every call went through attnkit with symbolic masks and the family's modifiers.
+    assert spy.calls
+    seen = set().union(*(c["kinds"] | c["mods"] for c in spy.calls))  # type: ignore[operator]
+    assert family.expect <= seen, seen
+    assert not seen & {"keep", "bias"}, seen
+    if family.kind == "decoder" and name not in ("gpt2",):
+        assert all(c["heads"] == (4, 2) for c in spy.calls)  # grouped K/V heads stay grouped
+
+
+@pytest.mark.parametrize("name", sorted(n for n, f in FAMILIES.items() if f.kind != "encoder"))
+def test_generate_gives_eager_tokens(name: str) -> None:
+    family = FAMILIES[name]
+    eager, ours = _models(family)
+    inputs, _ = _inputs(family)
+    inputs.pop("decoder_input_ids", None)
+    tokens = []
+    with torch.no_grad():
+        for model in (eager, ours):
+            tokens.append(model.generate(**inputs, max_new_tokens=20, min_new_tokens=20,
+                                         do_sample=False, pad_token_id=0))  # fmt: skip
+    assert tokens[0].shape[1] >= 20
+    assert torch.equal(tokens[1], tokens[0])
+
+
+def test_from_pretrained_and_dropout_in_training(tmp_path, monkeypatch) -> None:
+    eager, _ = _models(FAMILIES["llama"])
+    eager.config.attention_dropout = 0.25
+    eager.save_pretrained(tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, attn_implementation="attnkit"
+    )
+    assert model.config._attn_implementation == "attnkit"
+    spy = Spy()
+    monkeypatch.setattr(hf_attention, "attention", spy)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    model.train()(ids)
+    model.eval()(ids)
+    assert [c["dropout_p"] for c in spy.calls] == [0.25, 0.25, 0.0, 0.0]
