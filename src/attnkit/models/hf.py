@@ -2,9 +2,10 @@
 
 Encoders (DistilBERT, ...), decoders (GPT-2, ...: causal) and encoder-decoders
 (T5, BART, ...: encoder self-attention, decoder self-attention and
-cross-attention) are loaded with ``attn_implementation="eager"`` and run with streaming capture
-(:mod:`attnkit.models.hf_capture`): each layer's weights are reduced while they
-are produced. Nothing is downloaded (``local_files_only``) and no code from
+cross-attention) are loaded with ``attn_implementation="eager"`` and run on
+``attn_implementation="attnkit"`` with streaming capture
+(:mod:`attnkit.models.hf_capture`): each layer's exact weights are reduced while
+they are produced (a model whose attention cannot switch returns its eager weights). Nothing is downloaded (``local_files_only``) and no code from
 the folder ever runs (``trust_remote_code=False``; a config with ``auto_map`` is
 refused).
 BERT-family checkpoints are better served by :mod:`attnkit.models.bert`, which

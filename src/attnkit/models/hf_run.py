@@ -76,9 +76,12 @@ def _forward(model: nn.Module, router: Router, **inputs: Any) -> Any:
     """One forward with streaming capture (or, for models that cannot switch, collected weights)."""
     with torch.no_grad():
         if supports_streaming(model):
+            calls = router.calls
             with streaming_attention(model, router):
-                return model(**inputs)
-        out = model(**inputs, output_attentions=True)
+                out = model(**inputs)
+            if router.calls > calls:
+                return out
+        out = model(**inputs, output_attentions=True)  # its attention never reached attnkit
     _feed_collected(out, router)
     return out
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .. import _recording, scores
+from .. import _recording, mods, scores
 from ..functional import attention
 from .reduce import SetReducer
 
@@ -166,12 +166,14 @@ class StreamRecorder:
         row0 = self.router.first_row(name, r, S)
         g = max(1, H // k.shape[-3])  # grouped-query attention: g query heads per key head
         step = max(g, (HEAD_CHUNK_CELLS // max(1, r * S)) // g * g)
+        if head_terms(inputs, slice(0, H)) is None or _per_head_mask(inputs, H):
+            step = H  # a modifier or a mask whose heads cannot be taken apart: all at once
         token = _recording.ACTIVE.set(None)
         try:
             for h0 in range(0, H, step):
                 hs = slice(h0, min(H, h0 + step))
                 ks = slice(h0 // g, -(-hs.stop // g))
-                w = self._weights(inputs, q[..., hs, :, :], k[..., ks, :, :], v[..., ks, :, :])
+                w = self._weights(inputs, hs, q[..., hs, :, :], k[..., ks, :, :], v[..., ks, :, :])
                 reducer.add(layer, row0, w, h0)
                 del w
                 q0 = q[0] if q.ndim == 4 else q  # (H, L, E)
@@ -183,15 +185,60 @@ class StreamRecorder:
 
     @staticmethod
     def _weights(
-        inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        inputs: AttentionInputs, hs: slice, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        """Exact weights (h, L, S) of batch element 0 for a slice of heads, without dropout."""
+        """Exact weights (h, L, S) of batch element 0 for the heads ``hs``, without dropout."""
+        terms = head_terms(inputs, hs)
+        scale, mod_list = terms if terms is not None else (inputs.scale, list(inputs.mods))
         with torch.no_grad():
             _, w = attention(
-                q, k, v, score=inputs.score, mask=inputs.mask, scale=inputs.scale,
-                return_weights=True,
+                q, k, v, score=inputs.score, mask=inputs.mask, scale=scale,
+                mods=mod_list or None, return_weights=True,
             )  # fmt: skip
         return w[0] if w.ndim == 4 else w  # (h, L, S)
+
+
+def _per_head_mask(inputs: AttentionInputs, H: int) -> bool:
+    """Whether the call's mask holds a dense tensor with one slice per head."""
+    if inputs.mask is None or H == 1:
+        return False
+    return any(t.ndim >= 3 and t.shape[-3] == H for t in inputs.mask.dense_tensors())
+
+
+def head_terms(
+    inputs: AttentionInputs, hs: slice
+) -> tuple[float | torch.Tensor, list[mods.Mod]] | None:
+    """The scale and score modifiers of a call restricted to its query heads ``hs``;
+    None when a modifier holds per-head tensors of a kind not known here."""
+    scale: float | torch.Tensor = inputs.scale
+    if inputs.head_scale is not None:
+        hscale = inputs.head_scale
+        scale = hscale if hscale.shape[0] == 1 else hscale[hs]
+    out: list[mods.Mod] = []
+    for m in inputs.mods:
+        part = _mod_heads(m, hs)
+        if part is None:
+            return None
+        out.append(part)
+    return scale, out
+
+
+def _mod_heads(m: mods.Mod, hs: slice) -> mods.Mod | None:
+    """``m`` for the query heads ``hs`` (itself when it is the same for every head)."""
+    head_dim = 1 if isinstance(m, mods.RelativePositionBias) else 0  # its table: (buckets, H)
+    if all(t.shape[head_dim] == 1 for t in m.tensors()):
+        return m
+    if isinstance(m, mods.Sinks):
+        return mods.sinks(m.sink[hs])
+    if isinstance(m, mods.ALiBi):
+        return mods.ALiBi(m.slopes[hs], causal=m.causal, align=m.align, q_offset=m.q_offset,
+                          k_offset=m.k_offset)  # fmt: skip
+    if isinstance(m, mods.RelativePositionBias):
+        return mods.RelativePositionBias(
+            m.table[:, hs], m.num_buckets, m.max_distance, m.bidirectional, align=m.align,
+            q_offset=m.q_offset, k_offset=m.k_offset,
+        )  # fmt: skip
+    return None
 
 
 @contextmanager
