@@ -11,6 +11,8 @@ Tolerances (float32): logits and weights atol 1e-5, rtol 1e-4; gradients atol
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -225,3 +227,23 @@ def test_from_pretrained_and_dropout_in_training(tmp_path, monkeypatch) -> None:
     model.train()(ids)
     model.eval()(ids)
     assert [c["dropout_p"] for c in spy.calls] == [0.25, 0.25, 0.0, 0.0]
+
+
+def test_static_cache_generate_gives_eager_tokens() -> None:
+    eager, ours = _models(FAMILIES["llama"])
+    inputs, _ = _inputs(FAMILIES["llama"])
+    with torch.no_grad():
+        tokens = [
+            m.generate(**inputs, max_new_tokens=6, min_new_tokens=6, do_sample=False,
+                       pad_token_id=0, cache_implementation="static")
+            for m in (eager, ours)
+        ]  # fmt: skip
+    assert torch.equal(tokens[1], tokens[0])
+
+
+def test_importing_attnkit_imports_no_transformers() -> None:
+    code = (
+        "import sys, attnkit, attnkit.integrations, attnkit.models.hf_capture, attnkit.viz; "
+        "sys.exit('transformers' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -1,0 +1,61 @@
+"""ALiBi against BLOOM's own formula.
+
+BLOOM and MPT compute their attention themselves in transformers (they do not
+call the AttentionInterface), so attn_implementation="attnkit" cannot reach
+them. Instead attnkit's ``mods.alibi`` is held to BLOOM's definition: its slopes
+(``_get_alibi_slopes``) and its bias (``build_alibi_tensor``: slope * key position,
+counted over the unpadded keys) added to the scaled logits under a causal and
+padding mask, for a prefill and for new queries against a KV cache.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from transformers.models.bloom import modeling_bloom
+
+import attnkit
+from attnkit import masks, mods
+
+
+@pytest.mark.parametrize("heads", [1, 3, 4, 6, 8, 12, 16])
+def test_standard_slopes_are_blooms(heads: int) -> None:
+    want = modeling_bloom._get_alibi_slopes(heads, torch.device("cpu"))
+    torch.testing.assert_close(mods.alibi_slopes(heads), want)
+
+
+@pytest.mark.parametrize("L", [11, 3], ids=["prefill", "cached"])
+def test_causal_alibi_is_blooms_attention(L: int) -> None:
+    B, H, S, E = 2, 6, 11, 8
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, L, E, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(B, H, S, E, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(B, H, S, E, generator=g, dtype=torch.float64, requires_grad=True)
+    keep = torch.ones(B, S, dtype=torch.long)
+    keep[1, :4] = 0  # left padding
+    scale = E**-0.5
+
+    # BLOOM: alibi (B*H, 1, S) + scale * q·k, then its causal and padding mask, softmax.
+    alibi = modeling_bloom.build_alibi_tensor(keep, H, torch.float64).view(B, H, 1, S)
+    logits = alibi + q @ k.transpose(-1, -2) * scale  # (B, H, L, S)
+    rows = torch.arange(L).view(L, 1) + (S - L)  # queries are the last positions
+    allowed = (torch.arange(S).view(1, S) <= rows) & keep.bool().view(B, 1, 1, S)
+    blocked = torch.finfo(logits.dtype).min  # BLOOM's mask value: padded rows stay finite
+    want_w = torch.softmax(logits.masked_fill(~allowed, blocked), dim=-1)
+    want = want_w @ v
+
+    mask = masks.causal("bottom_right") & masks.key_padding(keep == 0)
+    alibi_mod = mods.alibi(H, causal=True, align="bottom_right")  # the standard slopes
+    out, w = attnkit.attention(q, k, v, mask=mask, scale=scale, mods=alibi_mod,
+                               return_weights=True)  # fmt: skip
+    real = allowed.any(-1).view(B, 1, L).expand(B, H, L)  # rows with a key to attend
+    torch.testing.assert_close(w[real], want_w[real])
+    torch.testing.assert_close(out[real], want[real])
+    grad = torch.randn(out[real].shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad((out[real] * grad).sum(), (q, k, v))
+    exp = torch.autograd.grad((want[real] * grad).sum(), (q, k, v))
+    for a, e in zip(got, exp, strict=True):
+        torch.testing.assert_close(a, e)
