@@ -1,9 +1,11 @@
 """Which cases each ``attnkit bench --suite NAME`` runs, per device.
 
 On the CPU: ``all`` is every throughput case of :mod:`attnkit.bench.cases`, each
-of their groups (``dense``, ``ragged``, ...) is a suite of its own, and
+of their groups (``dense``, ``ragged``, ...) is a suite of its own,
 ``overhead`` is the four cases of :mod:`attnkit.bench.overhead` (not part of
-``all``: it compiles with torch.compile). On CUDA (``--device cuda``): ``all`` is
+``all``: it compiles with torch.compile), and ``models`` the cases of
+:mod:`attnkit.bench.models` (not part of ``all``: transformers models and score
+modifiers at 4k tokens). On CUDA (``--device cuda``): ``all`` is
 every case of :mod:`attnkit.bench.gpu_cases`, with their groups, and ``overhead``
 the overhead cases with their inputs on the GPU.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from .cases import CASES, BenchCase
 from .gpu_cases import GPU_CASES, GpuCase
+from .models import MODEL_CASES
 from .overhead import OVERHEAD_CASES, overhead_cases
 
 __all__ = ["DEVICES", "SUITES", "all_suite_names", "cpu_case", "suite_cases"]
@@ -30,7 +33,7 @@ def _grouped(cases: tuple[Case, ...]) -> dict[str, tuple[Case, ...]]:
 
 def _suites(device: str) -> dict[str, tuple[Case, ...]]:
     if device == "cpu":
-        return {**_grouped(CASES), "overhead": OVERHEAD_CASES}
+        return {**_grouped(CASES), "overhead": OVERHEAD_CASES, "models": MODEL_CASES}
     if device == "cuda":
         return {**_grouped(GPU_CASES), "overhead": overhead_cases("cuda")}
     raise ValueError(f"device: expected one of {DEVICES}, got {device!r}")
@@ -54,13 +57,14 @@ def all_suite_names() -> list[str]:
         *(c.suite for c in GPU_CASES),
         "all",
         "overhead",
+        "models",
     }
     return sorted(names)
 
 
 def cpu_case(name: str) -> BenchCase | None:
     """The CPU case (throughput or overhead) called ``name``, or None."""
-    for case in (*CASES, *OVERHEAD_CASES):
+    for case in (*CASES, *OVERHEAD_CASES, *MODEL_CASES):
         if case.name == name:
             return case
     return None
