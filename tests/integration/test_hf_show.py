@@ -64,8 +64,11 @@ def no_fallback(monkeypatch) -> None:
     monkeypatch.setattr(hf_run, "_feed_collected", refuse)
 
 
-@pytest.mark.parametrize("name", ["gemma2", "gpt_oss", "qwen3"])
-@pytest.mark.parametrize("chunked", [False, True], ids=["all_heads", "head_chunks"])
+@pytest.mark.parametrize(
+    ("name", "chunked"),
+    [("gemma2", False), ("gemma2", True), ("gpt_oss", True), ("qwen3", False)],
+    ids=["gemma2-all_heads", "gemma2-head_chunks", "gpt_oss-head_chunks", "qwen3-all_heads"],
+)
 def test_decoders_stream_their_eager_weights(name: str, chunked: bool, tok, monkeypatch) -> None:
     if chunked:
         monkeypatch.setattr(stream, "HEAD_CHUNK_CELLS", 1)  # two query heads (one group) at a time
