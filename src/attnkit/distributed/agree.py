@@ -173,14 +173,16 @@ def _backend_problem(
     mask: _masks.Mask | None,
     scale: Any,
     backend: Any,
+    strategy: object = None,
 ) -> tuple[str | None, Explanation]:
     """Why the attention calls this rank will make cannot run (None when they can).
 
     The blocks of a call differ only in their sizes and the mask's offsets, which no
     backend's reasons depend on, so one stand-in block answers for all: the rank's
     own shards with the mask restricted to them. It is asked without gradients (the
-    ring's forward) and, when gradients are needed, with them (the ring's backward
-    recomputation; the all-to-all's single call). Raises for bad arguments."""
+    ring's forward, whose backend also gives the ring's backward from (out, lse)) and,
+    for the all-to-all's single call when gradients are needed, with them. Raises for
+    bad arguments."""
     stand_in = None
     if mask is not None:
         try:
@@ -188,7 +190,7 @@ def _backend_problem(
         except (TypeError, ValueError, IndexError, RuntimeError):
             stand_in = None  # checked against the full sizes once the ranks agree
     phases = [("in the forward", False)]
-    if _gradient_bits(q, k, v, score):
+    if strategy == "all_to_all" and _gradient_bits(q, k, v, score):
         phases.append(("with gradients (the backward)", True))
     ex: Explanation | None = None
     for phase, grad in phases:
@@ -225,7 +227,7 @@ def _check_local(
     assert isinstance(v, torch.Tensor)
     sc = resolve_score(score)  # type: ignore[arg-type]
     m = normalize_mask(mask)
-    problem, ex = _backend_problem(q, k, v, sc, m, scale, backend)
+    problem, ex = _backend_problem(q, k, v, sc, m, scale, backend, strategy)
     if problem is not None:
         raise ContextParallelError(problem)
     return sc, m, ex
@@ -419,7 +421,7 @@ def _disagreement(name: str, rows: list[list[int]], odd: list[int]) -> str:
         )
     if name == "mask":
         return (
-            f"mask: {who} passes another mask (kinds, bands, tensor shapes, lengths or padding) "
+            f"mask: {who} passes another mask (kinds, bands, offsets or tensor shapes) "
             "than rank 0" + same
         )
     if name == "score values":

@@ -104,9 +104,7 @@ def t5_buckets(
     exact = n // 2
     small = rel < exact
     big = exact + (
-        torch.log(rel.float().clamp(min=1) / exact)
-        / math.log(max_distance / exact)
-        * (n - exact)
+        torch.log(rel.float().clamp(min=1) / exact) / math.log(max_distance / exact) * (n - exact)
     ).to(torch.long)
     big = torch.clamp(big, max=n - 1)
     return out + torch.where(small, rel, big)
@@ -143,7 +141,9 @@ class RelativePositionBias(PositionMod):
             )
         for name, val in (("num_buckets", num_buckets), ("max_distance", max_distance)):
             if isinstance(val, bool) or not isinstance(val, int) or val < 2:
-                raise ValueError(f"mods.relative_position_bias: {name} must be an int >= 2, got {val!r}")
+                raise ValueError(
+                    f"mods.relative_position_bias: {name} must be an int >= 2, got {val!r}"
+                )
         if table.shape[0] != num_buckets:
             raise ValueError(
                 f"mods.relative_position_bias: table has {table.shape[0]} rows, expected "
