@@ -15,8 +15,8 @@ import torch
 
 from . import masks as _masks
 from ._host import readable
-from .mods.base import Mod, as_list
 from .blockplan import BlockPlan, build_plan
+from .mods.base import Mod, as_list
 from .scores import Score, is_shared_score, resolve_score
 
 __all__ = ["AttentionInputs", "validate_inputs"]
