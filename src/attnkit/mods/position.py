@@ -61,7 +61,7 @@ class ALiBi(PositionMod):
             )
         if not isinstance(causal, bool):
             raise TypeError(f"mods.alibi: causal must be a bool, got {causal!r}")
-        self.slopes = t if isinstance(t, nn.Parameter) else t
+        self.slopes = t  # an nn.Parameter registers with this module
         self.causal = causal
 
     def check(self, heads: int, where: str = "mods") -> None:
