@@ -350,3 +350,7 @@ def check_case(case: Case, backend: str) -> None:
         i += 1
     if want_lse:
         assert_within_tolerance(np_of(res[i]), ref_lse, np_of(p_lse), f"{backend} lse")
+
+
+CPU_BACKENDS = matrix_backends("cpu")
+"""The backends the conformance matrix runs on the CPU."""

@@ -68,10 +68,12 @@ def _inputs(L: int, S: int, mask: masks.Mask | None, **kw: Any) -> Any:
 def test_decoding_routes() -> None:
     br = masks.causal("bottom_right")
     one = _inputs(1, 40, br)
-    assert plan.causal_route(one, br) == "none"  # one new token sees its whole cache
+    assert plan.causal_shift(one) == 39
+    assert plan.causal_route(one, 39) == "none"  # one new token sees its whole cache
     assert plan.is_direct(one)
     few = _inputs(4, 40, br)
-    assert plan.causal_route(few, br) == "dense"  # CPU: torch would build the mask too
+    assert plan.causal_shift(few) == 36
+    assert plan.causal_route(few, 36) == "dense"  # CPU: torch would build the mask too
     assert SDPABackend().materialized_masks(few) == []
     many = _inputs(plan.DECODE_ROWS + 1, 200, br)
     assert SDPABackend().materialized_masks(many)

@@ -99,8 +99,8 @@ class PositionMod(Mod):
 
     def offset_bias(self, heads: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """The bias of each head for each relative position: heads (H,) long, offsets (n,)
-        long (key position - query position); returns (H, n) float32, differentiable in
-        the mod's parameters."""
+        long (key position - query position); returns (H, n) in float32 or the
+        parameters' own wider dtype, differentiable in the mod's parameters."""
         raise NotImplementedError
 
     def offsets(self, L: int, S: int, device: torch.device) -> tuple[torch.Tensor, int]:

@@ -11,6 +11,11 @@ from .base import Align, PositionMod
 __all__ = ["ALiBi", "RelativePositionBias", "alibi_slopes", "t5_buckets"]
 
 
+def _at_least_float32(t: torch.Tensor) -> torch.dtype:
+    """float32 for half tensors, else their own dtype (float64 stays float64)."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
 def alibi_slopes(heads: int) -> torch.Tensor:
     """The standard ALiBi slopes for ``heads`` heads, (heads,) float32: a geometric
     sequence starting at 2^(-8/n) for the largest power of two n <= heads, the rest
@@ -74,11 +79,11 @@ class ALiBi(PositionMod):
         return (self.slopes,)
 
     def slope_of(self, heads: torch.Tensor) -> torch.Tensor:
-        s = self.slopes.to(device=heads.device, dtype=torch.float32)
+        s = self.slopes.to(device=heads.device, dtype=_at_least_float32(self.slopes))
         return s[heads] if s.shape[0] != 1 else s.expand(heads.shape[0])  # (H,)
 
     def offset_bias(self, heads: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        d = offsets.to(torch.float32)  # key position - query position
+        d = offsets.to(_at_least_float32(self.slopes))  # key position - query position
         d = d if self.causal else -d.abs()  # -(i - j) = j - i; symmetric: -|i - j|
         return self.slope_of(heads).view(-1, 1) * d.view(1, -1)  # (H, n)
 
@@ -169,7 +174,7 @@ class RelativePositionBias(PositionMod):
         return (self.table,)
 
     def offset_bias(self, heads: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        table = self.table.to(device=heads.device, dtype=torch.float32)  # (nb, H)
+        table = self.table.to(device=heads.device, dtype=_at_least_float32(self.table))  # (nb, H)
         cols = table[:, heads] if table.shape[1] != 1 else table.expand(-1, heads.shape[0])
         buckets = t5_buckets(offsets, self.num_buckets, self.max_distance, self.bidirectional)
         return cols.t()[:, buckets]  # (H, n)
