@@ -16,11 +16,12 @@ from attnkit.backends.sdpa import SDPABackend, plan
 from attnkit.backends.sdpa.lse import cuda_lse_op
 from attnkit.backends.sdpa.run import HAS_LOWER_RIGHT, call
 
+from cases import qkv
 
-def _qkv(*shape_l_s: int, E: int = 4, seed: int = 0, dtype: torch.dtype = torch.float64):
-    B, H, L, S = shape_l_s
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, H, n, E, generator=g, dtype=dtype) for n in (L, S, S))
+
+def _qkv(B: int, H: int, L: int, S: int, E: int = 4, seed: int = 0,
+         dtype: torch.dtype = torch.float64):  # type: ignore[no-untyped-def]  # fmt: skip
+    return qkv(B, H, L, S, E, seed=seed, dtype=dtype)
 
 
 @pytest.mark.parametrize(

@@ -10,15 +10,11 @@ import attnkit
 from attnkit import masks, scores
 from attnkit.backends import varlen
 
+from cases import qkv
 
-def _qkv(
-    B: int, H: int, Hk: int, L: int, S: int, E: int, Ev: int, seed: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, L, E, generator=g)
-    k = torch.randn(B, Hk, S, E, generator=g)
-    v = torch.randn(B, Hk, S, Ev, generator=g)
-    return q, k, v
+
+def _qkv(B: int, H: int, Hk: int, L: int, S: int, E: int, Ev: int, seed: int):  # type: ignore[no-untyped-def]
+    return qkv(B, H, L, S, E, Ev, Hk=Hk, seed=seed)
 
 
 def _mask(name: str, B: int, L: int, S: int) -> masks.Mask:
