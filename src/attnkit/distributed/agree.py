@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from .. import masks as _masks
+from .._inputs import normalize_mask as normalize_call_mask
 from ..backends.dispatch import Explanation
 from ..functional import explain as _explain
 from ..scores import Score, is_shared_score, resolve_score
@@ -134,16 +135,9 @@ def _shape(words: Sequence[int]) -> tuple[int, ...]:
 
 
 def normalize_mask(mask: object) -> _masks.Mask | None:
-    """A mask object, a float tensor (a bias) or None, as a mask or None."""
-    if mask is None or isinstance(mask, _masks.Mask):
-        return mask
-    if isinstance(mask, torch.Tensor) and mask.is_floating_point():
-        return _masks.bias(mask)
-    raise TypeError(
-        "mask: expected an attnkit mask on the full sequence (masks.causal(), "
-        f"masks.valid_lens(...), ...), a float bias tensor or None, got {type(mask).__name__}"
-        + (f" of dtype {mask.dtype}" if isinstance(mask, torch.Tensor) else "")
-    )
+    """A mask object, a float tensor (a bias) or None, as a mask or None (the same rules
+    and messages as :func:`attnkit.attention`'s ``mask=``)."""
+    return normalize_call_mask(mask)
 
 
 def _trainable(score: Score) -> bool:
