@@ -82,6 +82,59 @@ def shapes_for(device: str) -> tuple[tuple[int, ...], ...]:
     return SHAPES if device == "cpu" else SHAPES + LARGE_SHAPES
 
 
+def qkv(
+    B: int,
+    H: int,
+    L: int,
+    S: int,
+    E: int,
+    Ev: int | None = None,
+    *,
+    Hk: int | None = None,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random q (B, H, L, E), k (B, Hk, S, E), v (B, Hk, S, Ev) from one seeded generator
+    (Hk defaults to H, Ev to E)."""
+    g = torch.Generator().manual_seed(seed)
+    kv_heads = H if Hk is None else Hk
+    q = torch.randn(B, H, L, E, generator=g, dtype=dtype)
+    k = torch.randn(B, kv_heads, S, E, generator=g, dtype=dtype)
+    v = torch.randn(B, kv_heads, S, E if Ev is None else Ev, generator=g, dtype=dtype)
+    return q, k, v
+
+
+def structured_masks(B: int, L: int, S: int) -> dict[str, masks.Mask]:
+    """Every structured mask kind and combination for (B, ..., L, S), with an element
+    that keeps no key and one whose keys are all padding."""
+    g = torch.Generator().manual_seed(5)
+    lens = torch.randint(0, min(L, S) + 1, (B,), generator=g)
+    lens[0] = 0  # a batch element with no keys at all
+    row_lens = torch.randint(0, S + 1, (B, L), generator=g)
+    pad = torch.rand(B, S, generator=g) < 0.4
+    pad[-1] = True  # every key padded
+    keep = torch.rand(B, 1, L, S, generator=g) < 0.7
+    ids = packed_ids(B, max(L, S), g)
+    return {
+        "causal": masks.causal(),
+        "causal_br": masks.causal("bottom_right"),
+        "window": masks.window(2, 1),
+        "window_br": masks.window(3, 0, "bottom_right"),
+        "window_left_only": masks.window(None, 2),
+        "valid_lens": masks.valid_lens(lens),
+        "valid_lens_queries": masks.valid_lens(lens, queries=True),
+        "valid_lens_2d": masks.valid_lens(row_lens),
+        "key_padding": masks.key_padding(pad),
+        "causal_and_padding": masks.causal("bottom_right") & masks.key_padding(pad),
+        "window_and_lens": masks.window(4, 4) & masks.valid_lens(lens, queries=True),
+        "keep_and_causal": masks.keep(keep) & masks.causal(),
+        "document": masks.document(ids[:, :L], key_ids=ids[:, :S]),
+        "prefix_lm": masks.prefix_lm(lens),
+        "window_or_padding": masks.window(1, 1) | masks.key_padding(pad),
+        "not_causal_and_lens": ~masks.causal() & masks.valid_lens(lens),
+    }
+
+
 @dataclass
 class Case:
     q: torch.Tensor
@@ -350,3 +403,7 @@ def check_case(case: Case, backend: str) -> None:
         i += 1
     if want_lse:
         assert_within_tolerance(np_of(res[i]), ref_lse, np_of(p_lse), f"{backend} lse")
+
+
+CPU_BACKENDS = matrix_backends("cpu")
+"""The backends the conformance matrix runs on the CPU."""

@@ -15,7 +15,16 @@ Mask specs (tuples), dense result broadcastable to batch + (L, S):
     ("valid_lens", lens, queries)   lens (B,) or (B, L)
     ("key_padding", pad)            pad (B, S), True = padding
     ("causal", align) / ("window", left, right, align)
-    ("and", spec, spec, ...)
+    ("document", q_ids, k_ids) / ("prefix_lm", prefix, align)
+    ("and", spec, spec, ...) / ("or", spec, spec, ...) / ("not", spec)
+
+Modifier specs (a list, applied in order to the scaled logits, before the mask):
+    ("alibi", slopes, causal, q0, k0)      -slope_h |p_i - p_j| (causal: -slope_h (p_i - p_j))
+    ("relpos", table, buckets, max_distance, bidirectional, q0, k0)   table[bucket(p_j - p_i), h]
+    ("softcap", cap)                       cap tanh(s / cap)
+    ("sinks", logits)                      a logit per head joining the softmax, no value
+with query row i at position p_i = q0 + i and key column j at p_j = k0 + j. A
+per-head scale is ``scale`` given as an array (H,).
 """
 
 from __future__ import annotations
@@ -140,7 +149,8 @@ def oracle(
     *,
     score: Spec = ("scaled_dot",),
     mask: Spec | None = None,
-    scale: float | None = None,
+    scale: float | np.ndarray | None = None,
+    mods: list[Spec] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Attention in float64: returns output (*B, L, Ev), weights (*B, L, S), lse (*B, L).
 
@@ -157,7 +167,15 @@ def oracle(
     L, S = q.shape[-2], k.shape[-2]
     if scale is None:
         scale = 1.0 / np.sqrt(q.shape[-1]) if score[0] == "scaled_dot" else 1.0
+    if np.ndim(scale) == 1:
+        scale = np.asarray(scale, dtype=np.float64)[:, None, None]  # (H, 1, 1)
     logits = oracle_logits(q, k, score) * scale
+    sinks = None
+    for mod in mods or []:
+        if mod[0] == "sinks":
+            sinks = np.asarray(mod[1], dtype=np.float64)
+        else:
+            logits = _modified(logits, mod, L, S)
     batch_ndim = max(q.ndim, k.ndim) - 2
     keep, bias = oracle_mask(mask, L, S, batch_ndim)
     if bias is not None:
@@ -174,5 +192,46 @@ def oracle(
     weights = np.where(denom > 0, e / np.where(denom > 0, denom, 1.0), 0.0)
     with np.errstate(divide="ignore"):
         lse = np.where(denom[..., 0] > 0, m[..., 0] + np.log(denom[..., 0]), -np.inf)
+    if sinks is not None:  # sum_j exp(s_j) + exp(sink): the sink takes its share, no value
+        sink = np.broadcast_to(sinks[:, None], lse.shape)  # (..., H, L)
+        total = np.logaddexp(lse, sink)
+        weights = weights * np.exp(np.where(np.isinf(lse), -np.inf, lse - total))[..., None]
+        lse = total
     out = weights @ v
     return out, weights, lse
+
+
+def t5_bucket(
+    rel: np.ndarray, num_buckets: int, max_distance: int, bidirectional: bool
+) -> np.ndarray:
+    """T5's bucket of a relative position (key position - query position)."""
+    n = num_buckets
+    out = np.zeros_like(rel)
+    if bidirectional:
+        n //= 2
+        out = out + (rel > 0) * n
+        rel = np.abs(rel)
+    else:
+        rel = -np.minimum(rel, 0)
+    exact = n // 2
+    with np.errstate(divide="ignore"):
+        log_ratio = np.log(np.maximum(rel, 1) / exact) / np.log(max_distance / exact)
+    large = np.minimum(exact + (log_ratio * (n - exact)).astype(np.int64), n - 1)
+    return out + np.where(rel < exact, rel, large)
+
+
+def _modified(logits: np.ndarray, mod: Spec, L: int, S: int) -> np.ndarray:
+    """One modifier applied to the scaled logits (..., H, L, S)."""
+    if mod[0] == "softcap":
+        return mod[1] * np.tanh(logits / mod[1])
+    q0, k0 = mod[-2], mod[-1]
+    rel = (k0 + np.arange(S))[None, :] - (q0 + np.arange(L))[:, None]  # (L, S): p_j - p_i
+    if mod[0] == "alibi":
+        slopes, causal = np.asarray(mod[1], dtype=np.float64), mod[2]
+        dist = -rel if causal else np.abs(rel)  # p_i - p_j, or |p_i - p_j|
+        return logits - slopes[:, None, None] * dist
+    if mod[0] == "relpos":
+        table, buckets, max_distance, bidirectional = mod[1:5]
+        b = t5_bucket(rel, buckets, max_distance, bidirectional)  # (L, S)
+        return logits + np.asarray(table, dtype=np.float64).T[:, b]  # (H, L, S)
+    raise ValueError(f"unknown modifier spec {mod[0]!r}")

@@ -15,11 +15,11 @@ import torch
 
 from . import masks as _masks
 from ._host import readable
-from .mods.base import Mod, as_list
 from .blockplan import BlockPlan, build_plan
+from .mods.base import Mod, as_list
 from .scores import Score, is_shared_score, resolve_score
 
-__all__ = ["AttentionInputs", "validate_inputs"]
+__all__ = ["AttentionInputs", "normalize_mask", "validate_inputs"]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -193,7 +193,9 @@ def _broadcast_batch(
     return tuple(int(d) for d in shape), groups
 
 
-def _normalize_mask(mask: object) -> _masks.Mask | None:
+def normalize_mask(mask: object) -> _masks.Mask | None:
+    """``mask=`` of :func:`attnkit.attention`: a mask object, a float tensor (an additive
+    bias) or None, as a mask or None; anything ambiguous is refused, naming the fix."""
     if mask is None or isinstance(mask, _masks.Mask):
         return mask
     if isinstance(mask, torch.Tensor):
@@ -328,7 +330,7 @@ def validate_inputs(
         if not (0.0 <= float(dropout_p) < 1.0):
             raise ValueError(f"dropout_p: expected a float in [0, 1), got {dropout_p!r}")
 
-    m = _normalize_mask(mask)
+    m = normalize_mask(mask)
     if m is not None:
         m.validate(batch_shape, L, S)
         if device.type != "meta" and any(t.device.type == "meta" for t in m.tensors()):

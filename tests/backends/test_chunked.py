@@ -12,45 +12,18 @@ from attnkit import masks, scores
 from attnkit.backends import chunked
 from attnkit.kernels import additive
 
+from cases import qkv, structured_masks
+
 # (block_q, block_k): dividing nothing, a single row/column, larger than the sequence.
 BLOCKS = ((3, 5), (1, 7), (16, 4), (64, 64))
 
 
-def _qkv(
-    B: int, H: int, L: int, S: int, E: int, Ev: int, seed: int, dtype: torch.dtype = torch.float64
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, L, E, generator=g, dtype=dtype)
-    k = torch.randn(B, H, S, E, generator=g, dtype=dtype)
-    v = torch.randn(B, H, S, Ev, generator=g, dtype=dtype)
-    return q, k, v
+def _qkv(B: int, H: int, L: int, S: int, E: int, Ev: int, seed: int):  # type: ignore[no-untyped-def]
+    return qkv(B, H, L, S, E, Ev, seed=seed, dtype=torch.float64)
 
 
-def _masks(B: int, L: int, S: int) -> dict[str, masks.Mask]:
-    g = torch.Generator().manual_seed(5)
-    lens = torch.randint(0, min(L, S) + 1, (B,), generator=g)
-    lens[0] = 0  # a batch element with no keys at all
-    row_lens = torch.randint(0, S + 1, (B, L), generator=g)
-    pad = torch.rand(B, S, generator=g) < 0.4
-    pad[-1] = True  # every key padded
-    keep = torch.rand(B, 1, L, S, generator=g) < 0.7
-    return {
-        "causal": masks.causal(),
-        "causal_br": masks.causal("bottom_right"),
-        "window": masks.window(2, 1),
-        "window_br": masks.window(3, 0, "bottom_right"),
-        "window_left_only": masks.window(None, 2),
-        "valid_lens": masks.valid_lens(lens),
-        "valid_lens_queries": masks.valid_lens(lens, queries=True),
-        "valid_lens_2d": masks.valid_lens(row_lens),
-        "key_padding": masks.key_padding(pad),
-        "causal_and_padding": masks.causal("bottom_right") & masks.key_padding(pad),
-        "window_and_lens": masks.window(4, 4) & masks.valid_lens(lens, queries=True),
-        "keep_and_causal": masks.keep(keep) & masks.causal(),
-    }
-
-
-MASK_NAMES = tuple(_masks(2, 4, 4))
+_masks = structured_masks
+MASK_NAMES = tuple(structured_masks(2, 4, 4))
 
 
 def _reference(q, k, v, **kw):  # type: ignore[no-untyped-def]

@@ -16,11 +16,12 @@ from attnkit.backends.sdpa import SDPABackend, plan
 from attnkit.backends.sdpa.lse import cuda_lse_op
 from attnkit.backends.sdpa.run import HAS_LOWER_RIGHT, call
 
+from cases import qkv
 
-def _qkv(*shape_l_s: int, E: int = 4, seed: int = 0, dtype: torch.dtype = torch.float64):
-    B, H, L, S = shape_l_s
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, H, n, E, generator=g, dtype=dtype) for n in (L, S, S))
+
+def _qkv(B: int, H: int, L: int, S: int, E: int = 4, seed: int = 0,
+         dtype: torch.dtype = torch.float64):  # type: ignore[no-untyped-def]  # fmt: skip
+    return qkv(B, H, L, S, E, seed=seed, dtype=dtype)
 
 
 @pytest.mark.parametrize(
@@ -68,10 +69,12 @@ def _inputs(L: int, S: int, mask: masks.Mask | None, **kw: Any) -> Any:
 def test_decoding_routes() -> None:
     br = masks.causal("bottom_right")
     one = _inputs(1, 40, br)
-    assert plan.causal_route(one, br) == "none"  # one new token sees its whole cache
+    assert plan.causal_shift(one) == 39
+    assert plan.causal_route(one, 39) == "none"  # one new token sees its whole cache
     assert plan.is_direct(one)
     few = _inputs(4, 40, br)
-    assert plan.causal_route(few, br) == "dense"  # CPU: torch would build the mask too
+    assert plan.causal_shift(few) == 36
+    assert plan.causal_route(few, 36) == "dense"  # CPU: torch would build the mask too
     assert SDPABackend().materialized_masks(few) == []
     many = _inputs(plan.DECODE_ROWS + 1, 200, br)
     assert SDPABackend().materialized_masks(many)

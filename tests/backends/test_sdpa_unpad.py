@@ -10,15 +10,11 @@ import attnkit
 from attnkit import masks, scores
 from attnkit.backends import varlen
 
+from cases import qkv
 
-def _qkv(
-    B: int, H: int, Hk: int, L: int, S: int, E: int, Ev: int, seed: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, L, E, generator=g)
-    k = torch.randn(B, Hk, S, E, generator=g)
-    v = torch.randn(B, Hk, S, Ev, generator=g)
-    return q, k, v
+
+def _qkv(B: int, H: int, Hk: int, L: int, S: int, E: int, Ev: int, seed: int):  # type: ignore[no-untyped-def]
+    return qkv(B, H, L, S, E, Ev, Hk=Hk, seed=seed)
 
 
 def _mask(name: str, B: int, L: int, S: int) -> masks.Mask:
@@ -99,12 +95,24 @@ def test_three_dim_inputs_and_weights_from_lse() -> None:
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_lse_with_grad_goes_to_chunked() -> None:
-    q = torch.randn(2, 5, 4, requires_grad=True)
-    ex = attnkit.explain(q, q, q, return_lse=True)
-    assert any("lse" in r for r in ex.reasons["sdpa"]) and ex.chosen == "chunked"
-    with torch.no_grad():
-        assert attnkit.explain(q, q, q, return_lse=True).chosen == "sdpa"
+def test_lse_with_grad_stays_on_sdpa_with_its_backward_from_the_lse() -> None:
+    """The fused kernel's lse has no autograd; sdpa's own backward from (out, lse) gives
+    it one (the lse's gradient included), so the call stays on sdpa."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    mask = masks.valid_lens(torch.tensor([3, 0]), queries=True)
+    assert attnkit.explain(q, q, q, return_lse=True, mask=mask).chosen == "sdpa"
+
+    def fn(x: torch.Tensor, backend: str) -> torch.Tensor:
+        out, lse = attnkit.attention(x, x, x, mask=mask, return_lse=True, backend=backend)
+        return out.sum() + torch.where(torch.isfinite(lse), lse, 0.0).square().sum()
+
+    got = torch.autograd.grad(fn(q, "sdpa"), q)[0]
+    want = torch.autograd.grad(fn(q, "reference"), q)[0]
+    torch.testing.assert_close(got, want)
+    assert torch.autograd.gradcheck(lambda x: fn(x, "sdpa"), (q,))
+    with pytest.raises(attnkit.BackendNotSupportedError, match="dropout"):
+        attnkit.attention(q, q, q, return_lse=True, dropout_p=0.1, backend="sdpa")
 
 
 def test_weights_with_dropout_are_the_weights_before_dropout() -> None:

@@ -19,14 +19,11 @@ from attnkit import _inputs, _plans, masks
 from attnkit.backends import dispatch
 from attnkit.backends.reference import ReferenceBackend
 
+from cases import qkv
+
 
 def _qkv(L: int = 8, S: int = 8, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(seed)
-    return (
-        torch.randn(2, 3, L, 16, generator=g),
-        torch.randn(2, 3, S, 16, generator=g),
-        torch.randn(2, 3, S, 16, generator=g),
-    )
+    return qkv(2, 3, L, S, 16, seed=seed)
 
 
 @pytest.fixture

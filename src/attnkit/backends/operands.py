@@ -29,17 +29,18 @@ builds a shallow copy), so a score shared by threads is never changed under them
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from .._host import readable
 from .._inputs import AttentionInputs
+from ..mods import ALiBi, PositionMod, Softcap
 from ..scores import Additive, Dot, Score
-from ._common import all_finite, clean_keys, restore_nonfinite_keys
+from ._common import all_finite, clean_keys, expand_kv, restore_nonfinite_keys
 
-__all__ = ["ScoreOperands", "cast_score", "lower_score"]
+__all__ = ["ScoreOperands", "alibi_folds", "cast_score", "lower_score"]
 
 
 def cast_score(score: Score, dtype: torch.dtype) -> Score:
@@ -75,6 +76,10 @@ class ScoreOperands:
         row_constant: None or (..., L), unscaled; softmax ignores it.
         excluded: None or (..., S) bool: keys whose logit is -inf by construction.
         scale: multiplier of the logits.
+        pos: None or (H, L + S - 1) float32: the position biases (ALiBi, T5's) by
+            relative position, ``pos[h, j - i + L - 1]`` added to head h's scaled logits;
+            differentiable in the modifiers' parameters.
+        softcap: None or the cap: ``s -> cap * tanh(s / cap)`` after the position bias.
     """
 
     kind: str
@@ -85,6 +90,8 @@ class ScoreOperands:
     row_constant: torch.Tensor | None
     excluded: torch.Tensor | None
     scale: float
+    pos: torch.Tensor | None = None
+    softcap: float | None = None
 
     def finish_lse(self, lse: torch.Tensor) -> torch.Tensor:
         """The lse of the score's logits from the lse of the lowered ones, (..., L): the
@@ -126,6 +133,7 @@ def lower_score(
     row_constant: bool,
     query: torch.Tensor | None = None,
     key: torch.Tensor | None = None,
+    fold_alibi: bool = False,
 ) -> ScoreOperands:
     """The call's score as :class:`ScoreOperands`.
 
@@ -136,6 +144,8 @@ def lower_score(
         row_constant: compute the row constant (only needed when an lse is returned).
         query, key: replace the call's query (..., L, E) and key (..., S, Ek), e.g.
             leaves of a recomputation.
+        fold_alibi: fold ALiBi into the key bias and the row constant where that is
+            exact (:func:`alibi_folds`), for kernels without a position table.
     """
     score = inputs.score
     q = inputs.query if query is None else query
@@ -146,7 +156,8 @@ def lower_score(
         assert isinstance(sc, Additive)
         qa, ka = sc.project(q.to(dtype), key.to(dtype))  # (..., L, h), (..., S, h)
         w = sc.w_v.weight.reshape(-1)  # (h,)
-        return ScoreOperands("additive", qa, ka, None, w, None, None, inputs.scale)
+        ops = ScoreOperands("additive", qa, ka, None, w, None, None, inputs.scale)
+        return _with_mods(inputs, ops, fold_alibi=False)
     far: torch.Tensor | None = None
     nan_keys: torch.Tensor | None = None
     if type(score).dot_form is not Dot.dot_form and not (
@@ -158,4 +169,58 @@ def lower_score(
     excluded: torch.Tensor | None = None
     if far is not None and nan_keys is not None:
         kd, kb, excluded = restore_nonfinite_keys(kd, kb, far, nan_keys)
-    return ScoreOperands("dot", qd, kd, kb, None, rc, excluded, inputs.scale)
+    if inputs.head_scale is not None:  # (hs q')·k' + hs b: the scale folds into the operands
+        hs = inputs.head_scale.to(qd.dtype).view(-1, 1, 1)  # (H, 1, 1)
+        qd = qd * hs  # (..., H, L, E')
+        if kb is not None:
+            kb = expand_kv(kb, inputs.groups) * hs if kb.ndim >= 3 else kb * hs  # (..., H, 1, S)
+        if rc is not None:
+            rc = rc * hs.view(-1, 1)  # (..., H, L)
+    ops = ScoreOperands("dot", qd, kd, kb, None, rc, excluded, inputs.scale)
+    return _with_mods(inputs, ops, fold_alibi=fold_alibi)
+
+
+def alibi_folds(inputs: AttentionInputs, mod: ALiBi) -> bool:
+    """True when ALiBi is exactly a key bias plus a row constant for this call: its
+    causal form always; the symmetric form when the mask keeps only keys at or before
+    each query's position (a causal band aligned with the ALiBi positions); and no
+    softcap after it (which would not ignore the row constant)."""
+    if any(m.kind == "softcap" for m in inputs.mods):
+        return False
+    if mod.causal:
+        return True
+    if inputs.mask is None:
+        return False
+    band = inputs.block_plan().band()
+    if band is None or band[0] is not None or band[1] is None:
+        return False
+    pos = mod.positions(inputs.L, inputs.S)
+    return band[1] + pos.k0 - pos.q0 <= 0  # every kept key at or before its query
+
+
+def _with_mods(inputs: AttentionInputs, ops: ScoreOperands, *, fold_alibi: bool) -> ScoreOperands:
+    """The call's score modifiers added to its operands: folded ALiBi in the key bias and
+    row constant, other position biases in one table, the softcap as a number."""
+    if not inputs.mods:
+        return ops
+    L, S, dev = inputs.L, inputs.S, ops.q.device
+    heads = torch.arange(inputs.heads, device=dev)
+    kb, rc = ops.key_bias, ops.row_constant
+    pos: torch.Tensor | None = None
+    softcap: float | None = None
+    for m in inputs.mods:
+        if isinstance(m, Softcap):
+            softcap = m.cap
+        elif isinstance(m, ALiBi) and fold_alibi and alibi_folds(inputs, m):
+            # -slope (p_i - p_j) = slope p_j (per key) - slope p_i (per query)
+            p = m.positions(L, S)
+            slope = m.slope_of(heads).to(ops.q.dtype).view(-1, 1, 1) / ops.scale  # (H, 1, 1)
+            key_term = slope * p.cols(S, dev).to(ops.q.dtype).view(1, 1, S)  # (H, 1, S)
+            row_term = -(slope * p.rows(L, dev).to(ops.q.dtype).view(1, 1, L))[:, 0]  # (H, L)
+            kb = key_term if kb is None else kb + key_term
+            rc = row_term if rc is None else rc + row_term
+        elif isinstance(m, PositionMod):
+            offs, _ = m.offsets(L, S, dev)
+            table = m.offset_bias(heads, offs)  # (H, L + S - 1)
+            pos = table if pos is None else pos + table
+    return replace(ops, key_bias=kb, row_constant=rc, pos=pos, softcap=softcap)

@@ -7,24 +7,14 @@ Defaults: bfloat16, B=4 H=16 E=128. The definitions build on any device, so thei
 shapes and FLOP counts are checked without a GPU; :mod:`attnkit.bench.gpu_runner`
 times them on CUDA.
 
-FLOP counts (the work a call needs, not what a kernel spends on skipped tiles):
-
-- dot-product attention, forward: ``4 · B · H · E · pairs`` (Q·Kᵀ and P·V, two
-  FLOPs per multiply-add), ``pairs`` the kept (query, key) pairs: L·S dense,
-  N(N+1)/2 causal, Σ len_b² for ragged ``valid_lens(lens, queries=True)``,
-  Σ_i (min(i, W) + 1) for ``window(W, 0)``;
-- forward+backward: 3.5 × the forward (the backward's five products against the
-  forward's two, FlashAttention's convention);
-- Bilinear adds the projection q·W: ``2 · B · H · L · E²``; Gaussian counts as dot;
-- Additive: ``B · L · S · (4 · hidden + 2 · Ev)`` (add, tanh, multiply-add with
-  w_v over the hidden dim, then P·V) plus the projections ``2 · B · (L + S) · E · hidden``.
+Shapes and FLOP counts are in :mod:`attnkit.bench.gpu_shapes`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -34,6 +24,19 @@ import attnkit
 from attnkit import masks, scores
 
 from .cases import Sides, d2l_additive
+from .gpu_shapes import (
+    BWD_FACTOR,
+    GpuCase,
+    GpuShape,
+    additive_flops,
+    attention_flops,
+    bilinear_flops,
+    causal_pairs,
+    dense_pairs,
+    ragged_lengths,
+    ragged_pairs,
+    window_pairs,
+)
 
 __all__ = [
     "BWD_FACTOR",
@@ -45,114 +48,6 @@ __all__ = [
     "ragged_lengths",
     "window_pairs",
 ]
-
-BWD_FACTOR = 3.5
-"""FLOPs of forward+backward over the forward's."""
-
-
-@dataclass(frozen=True)
-class GpuShape:
-    """Sizes of one GPU case: batch B, heads H, L queries, S keys, feature dim E, dtype.
-
-    ``hidden``: the Additive score's hidden size; ``window``: W of ``window(W, 0)``.
-    """
-
-    B: int = 4
-    H: int = 16
-    L: int = 4096
-    S: int = 4096
-    E: int = 128
-    dtype: torch.dtype = torch.bfloat16
-    hidden: int = 0
-    window: int = 0
-
-    def small(self) -> GpuShape:
-        """The same case at tiny sizes in float32 (to check the builders anywhere)."""
-        return replace(
-            self,
-            B=min(self.B, 2),
-            H=min(self.H, 2),
-            L=min(self.L, 64),
-            S=min(self.S, 64),
-            E=16,
-            dtype=torch.float32,
-            hidden=min(self.hidden, 8),
-            window=min(self.window, 8),
-        )
-
-
-@dataclass(frozen=True)
-class GpuCase:
-    """One GPU benchmark: attnkit against one peer.
-
-    ``build(shape, device)`` returns the sides on that device; ``flops(shape)`` the
-    useful FLOPs of one call; ``goal`` the minimum speedup (peer time / attnkit
-    time) of the target; ``mem_goal`` the largest attnkit/peer peak-memory ratio.
-    ``weights_floor``: the target is total time ≤ 1.3 × (the peer's time + the time
-    to write the weights at the device's copy bandwidth).
-    """
-
-    name: str
-    suite: str
-    peer: str
-    target: str
-    goal: float | None
-    shape: GpuShape
-    flops: Callable[[GpuShape], float]
-    build: Callable[[GpuShape, str], Sides]
-    mem_goal: float | None = None
-    needs_flex: bool = False
-    weights_floor: bool = False
-
-
-# ------------------------------------------------------------------ FLOP counts
-
-
-def attention_flops(shape: GpuShape, pairs: float, *, backward: bool = False) -> float:
-    """4 · B · H · E · pairs, times 3.5 with the backward."""
-    fwd = 4.0 * shape.B * shape.H * shape.E * pairs
-    return fwd * BWD_FACTOR if backward else fwd
-
-
-def ragged_lengths(B: int, N: int, seed: int = 3) -> torch.Tensor:
-    """(B,) lengths uniform in [N/10, N], stratified (one per B-quantile) in a fixed
-    shuffled order, so the batch carries the distribution's mean work."""
-    strata = (torch.arange(B, dtype=torch.float64) + 0.5) / B  # (B,)
-    lens = (N / 10 + (N - N / 10) * strata).round().long()  # (B,)
-    return lens[torch.randperm(B, generator=torch.Generator().manual_seed(seed))]  # (B,)
-
-
-def window_pairs(N: int, W: int) -> int:
-    """Kept pairs of ``window(W, 0)`` on N positions: Σ_i (min(i, W) + 1)."""
-    full = max(N - W, 0)  # rows that see W + 1 keys
-    ramp = min(N, W)  # rows 0 .. ramp-1 see i + 1 keys
-    return full * (W + 1) + ramp * (ramp + 1) // 2
-
-
-def _dense_pairs(s: GpuShape) -> float:
-    return float(s.L * s.S)
-
-
-def _causal_pairs(s: GpuShape) -> float:
-    return float(s.L * (s.L + 1) // 2)
-
-
-def _ragged_pairs(s: GpuShape) -> float:
-    lens = ragged_lengths(s.B, s.L)  # (B,)
-    # mean pairs per batch element: attention_flops multiplies by B
-    return float((lens.double() ** 2).sum()) / s.B
-
-
-def _bilinear_flops(s: GpuShape) -> float:
-    return attention_flops(s, _dense_pairs(s)) + 2.0 * s.B * s.H * s.L * s.E * s.E
-
-
-def _additive_flops(s: GpuShape, backward: bool = False) -> float:
-    fwd = s.B * s.L * s.S * (4.0 * s.hidden + 2.0 * s.E) + 2.0 * s.B * (s.L + s.S) * s.E * s.hidden
-    return fwd * BWD_FACTOR if backward else fwd
-
-
-# ------------------------------------------------------------------ inputs and peers
 
 
 def _qkv(s: GpuShape, device: str, *, grad: bool = False, seed: int = 0) -> list[torch.Tensor]:
@@ -444,7 +339,7 @@ GPU_CASES: tuple[GpuCase, ...] = (
         "≥ 0.98×",
         0.98,
         _N4K,
-        _dot(_dense_pairs),
+        _dot(dense_pairs),
         _dense(False, False),
     ),
     GpuCase(
@@ -454,7 +349,7 @@ GPU_CASES: tuple[GpuCase, ...] = (
         "≥ 0.98×",
         0.98,
         _N4K,
-        _dot(_dense_pairs, True),
+        _dot(dense_pairs, True),
         _dense(False, True),
     ),
     GpuCase(
@@ -464,7 +359,7 @@ GPU_CASES: tuple[GpuCase, ...] = (
         "≥ 0.98×",
         0.98,
         _N4K,
-        _dot(_causal_pairs),
+        _dot(causal_pairs),
         _dense(True, False),
     ),
     GpuCase(
@@ -474,7 +369,7 @@ GPU_CASES: tuple[GpuCase, ...] = (
         "≥ 0.98×",
         0.98,
         _N4K,
-        _dot(_causal_pairs, True),
+        _dot(causal_pairs, True),
         _dense(True, True),
     ),
     GpuCase(
@@ -484,7 +379,7 @@ GPU_CASES: tuple[GpuCase, ...] = (
         "≥ 2.5×",
         2.5,
         _RAGGED,
-        _dot(_ragged_pairs),
+        _dot(ragged_pairs),
         _ragged("sdpa"),
     ),
     GpuCase(
@@ -494,7 +389,7 @@ GPU_CASES: tuple[GpuCase, ...] = (
         "≥ 1.0×",
         1.0,
         _RAGGED,
-        _dot(_ragged_pairs),
+        _dot(ragged_pairs),
         _ragged("flex"),
         needs_flex=True,
     ),
@@ -520,9 +415,9 @@ GPU_CASES: tuple[GpuCase, ...] = (
         _window("sdpa"),
     ),
     GpuCase(
-        "gaussian", "scores", "SDPA", "≥ 0.9×", 0.9, _N4K, _dot(_dense_pairs), _score("gaussian")
+        "gaussian", "scores", "SDPA", "≥ 0.9×", 0.9, _N4K, _dot(dense_pairs), _score("gaussian")
     ),
-    GpuCase("bilinear", "scores", "SDPA", "≥ 0.9×", 0.9, _N4K, _bilinear_flops, _score("bilinear")),
+    GpuCase("bilinear", "scores", "SDPA", "≥ 0.9×", 0.9, _N4K, bilinear_flops, _score("bilinear")),
     GpuCase(
         "additive_bf16",
         "additive",
@@ -530,7 +425,7 @@ GPU_CASES: tuple[GpuCase, ...] = (
         "≥ 5×, ≤ 1/20 memory",
         5.0,
         _ADD_BF16,
-        _additive_flops,
+        additive_flops,
         _additive(False),
         mem_goal=1 / 20,
     ),
@@ -541,7 +436,7 @@ GPU_CASES: tuple[GpuCase, ...] = (
         "≥ 5×, ≤ 1/20 memory",
         5.0,
         _ADD_FP32,
-        _additive_flops,
+        additive_flops,
         _additive(False),
         mem_goal=1 / 20,
     ),
@@ -552,7 +447,7 @@ GPU_CASES: tuple[GpuCase, ...] = (
         "≥ 3×",
         3.0,
         _ADD_BF16,
-        lambda s: _additive_flops(s, backward=True),
+        lambda s: additive_flops(s, backward=True),
         _additive(True),
     ),
     GpuCase(
@@ -562,7 +457,7 @@ GPU_CASES: tuple[GpuCase, ...] = (
         "≤ 1.3 × (plain + copy floor)",
         None,
         _WEIGHTS,
-        _dot(_dense_pairs),
+        _dot(dense_pairs),
         _weights("plain"),
         weights_floor=True,
     ),
@@ -573,7 +468,7 @@ GPU_CASES: tuple[GpuCase, ...] = (
         "-",
         None,
         _WEIGHTS,
-        _dot(_dense_pairs),
+        _dot(dense_pairs),
         _weights("materialized"),
     ),
 )

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from .. import masks as _masks
+from .._inputs import normalize_mask as normalize_call_mask
 from ..backends.dispatch import Explanation
 from ..functional import explain as _explain
 from ..scores import Score, is_shared_score, resolve_score
@@ -134,16 +135,9 @@ def _shape(words: Sequence[int]) -> tuple[int, ...]:
 
 
 def normalize_mask(mask: object) -> _masks.Mask | None:
-    """A mask object, a float tensor (a bias) or None, as a mask or None."""
-    if mask is None or isinstance(mask, _masks.Mask):
-        return mask
-    if isinstance(mask, torch.Tensor) and mask.is_floating_point():
-        return _masks.bias(mask)
-    raise TypeError(
-        "mask: expected an attnkit mask on the full sequence (masks.causal(), "
-        f"masks.valid_lens(...), ...), a float bias tensor or None, got {type(mask).__name__}"
-        + (f" of dtype {mask.dtype}" if isinstance(mask, torch.Tensor) else "")
-    )
+    """A mask object, a float tensor (a bias) or None, as a mask or None (the same rules
+    and messages as :func:`attnkit.attention`'s ``mask=``)."""
+    return normalize_call_mask(mask)
 
 
 def _trainable(score: Score) -> bool:
@@ -173,14 +167,16 @@ def _backend_problem(
     mask: _masks.Mask | None,
     scale: Any,
     backend: Any,
+    strategy: object = None,
 ) -> tuple[str | None, Explanation]:
     """Why the attention calls this rank will make cannot run (None when they can).
 
     The blocks of a call differ only in their sizes and the mask's offsets, which no
     backend's reasons depend on, so one stand-in block answers for all: the rank's
     own shards with the mask restricted to them. It is asked without gradients (the
-    ring's forward) and, when gradients are needed, with them (the ring's backward
-    recomputation; the all-to-all's single call). Raises for bad arguments."""
+    ring's forward, whose backend also gives the ring's backward from (out, lse)) and,
+    for the all-to-all's single call when gradients are needed, with them. Raises for
+    bad arguments."""
     stand_in = None
     if mask is not None:
         try:
@@ -188,7 +184,7 @@ def _backend_problem(
         except (TypeError, ValueError, IndexError, RuntimeError):
             stand_in = None  # checked against the full sizes once the ranks agree
     phases = [("in the forward", False)]
-    if _gradient_bits(q, k, v, score):
+    if strategy == "all_to_all" and _gradient_bits(q, k, v, score):
         phases.append(("with gradients (the backward)", True))
     ex: Explanation | None = None
     for phase, grad in phases:
@@ -225,7 +221,7 @@ def _check_local(
     assert isinstance(v, torch.Tensor)
     sc = resolve_score(score)  # type: ignore[arg-type]
     m = normalize_mask(mask)
-    problem, ex = _backend_problem(q, k, v, sc, m, scale, backend)
+    problem, ex = _backend_problem(q, k, v, sc, m, scale, backend, strategy)
     if problem is not None:
         raise ContextParallelError(problem)
     return sc, m, ex
@@ -419,7 +415,7 @@ def _disagreement(name: str, rows: list[list[int]], odd: list[int]) -> str:
         )
     if name == "mask":
         return (
-            f"mask: {who} passes another mask (kinds, bands, tensor shapes, lengths or padding) "
+            f"mask: {who} passes another mask (kinds, bands, offsets or tensor shapes) "
             "than rank 0" + same
         )
     if name == "score values":

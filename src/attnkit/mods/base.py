@@ -99,8 +99,8 @@ class PositionMod(Mod):
 
     def offset_bias(self, heads: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """The bias of each head for each relative position: heads (H,) long, offsets (n,)
-        long (key position - query position); returns (H, n) float32, differentiable in
-        the mod's parameters."""
+        long (key position - query position); returns (H, n) in float32 or the
+        parameters' own wider dtype, differentiable in the mod's parameters."""
         raise NotImplementedError
 
     def offsets(self, L: int, S: int, device: torch.device) -> tuple[torch.Tensor, int]:
@@ -114,7 +114,9 @@ class PositionMod(Mod):
         H = s.shape[-3] if s.ndim >= 3 else 1
         offs, _ = self.offsets(L, S, s.device)
         table = self.offset_bias(torch.arange(H, device=s.device), offs)  # (H, L + S - 1)
-        idx = torch.arange(S, device=s.device).view(1, S) - torch.arange(L, device=s.device).view(L, 1)
+        idx = torch.arange(S, device=s.device).view(1, S) - torch.arange(L, device=s.device).view(
+            L, 1
+        )
         bias = table[:, idx + (L - 1)]  # (H, L, S)
         return s + bias.to(s.dtype).view(*([1] * (s.ndim - 3)), H, L, S)
 

@@ -43,7 +43,11 @@ class Sinks(Mod):
 
     def __init__(self, logits: torch.Tensor) -> None:
         super().__init__()
-        if not isinstance(logits, torch.Tensor) or logits.ndim != 1 or not logits.is_floating_point():
+        if (
+            not isinstance(logits, torch.Tensor)
+            or logits.ndim != 1
+            or not logits.is_floating_point()
+        ):
             raise ValueError(
                 "mods.sinks: logits must be a 1-D float tensor (H,), one sink per query head, "
                 f"got {getattr(logits, 'shape', type(logits).__name__)}"
@@ -67,9 +71,7 @@ class Sinks(Mod):
             return sink.reshape(*([1] * lse.ndim)) if sink.shape[0] == 1 else sink
         return sink.view(*([1] * (lse.ndim - 2)), -1, 1)  # (..., H, 1)
 
-    def join(
-        self, out: torch.Tensor, lse: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def join(self, out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(out (*batch, L, Ev), lse (*batch, L)) with the sink joined to the softmax."""
         sink = self.per_row(lse)
         keep = torch.sigmoid(lse - sink)  # (*batch, L): exp(lse) / (exp(lse) + exp(sink))

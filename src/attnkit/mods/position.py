@@ -5,11 +5,15 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
 from .base import Align, PositionMod
 
 __all__ = ["ALiBi", "RelativePositionBias", "alibi_slopes", "t5_buckets"]
+
+
+def _at_least_float32(t: torch.Tensor) -> torch.dtype:
+    """float32 for half tensors, else their own dtype (float64 stays float64)."""
+    return torch.promote_types(t.dtype, torch.float32)
 
 
 def alibi_slopes(heads: int) -> torch.Tensor:
@@ -61,7 +65,7 @@ class ALiBi(PositionMod):
             )
         if not isinstance(causal, bool):
             raise TypeError(f"mods.alibi: causal must be a bool, got {causal!r}")
-        self.slopes = t if isinstance(t, nn.Parameter) else t
+        self.slopes = t  # an nn.Parameter registers with this module
         self.causal = causal
 
     def check(self, heads: int, where: str = "mods") -> None:
@@ -75,11 +79,11 @@ class ALiBi(PositionMod):
         return (self.slopes,)
 
     def slope_of(self, heads: torch.Tensor) -> torch.Tensor:
-        s = self.slopes.to(device=heads.device, dtype=torch.float32)
+        s = self.slopes.to(device=heads.device, dtype=_at_least_float32(self.slopes))
         return s[heads] if s.shape[0] != 1 else s.expand(heads.shape[0])  # (H,)
 
     def offset_bias(self, heads: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        d = offsets.to(torch.float32)  # key position - query position
+        d = offsets.to(_at_least_float32(self.slopes))  # key position - query position
         d = d if self.causal else -d.abs()  # -(i - j) = j - i; symmetric: -|i - j|
         return self.slope_of(heads).view(-1, 1) * d.view(1, -1)  # (H, n)
 
@@ -104,9 +108,7 @@ def t5_buckets(
     exact = n // 2
     small = rel < exact
     big = exact + (
-        torch.log(rel.float().clamp(min=1) / exact)
-        / math.log(max_distance / exact)
-        * (n - exact)
+        torch.log(rel.float().clamp(min=1) / exact) / math.log(max_distance / exact) * (n - exact)
     ).to(torch.long)
     big = torch.clamp(big, max=n - 1)
     return out + torch.where(small, rel, big)
@@ -143,7 +145,9 @@ class RelativePositionBias(PositionMod):
             )
         for name, val in (("num_buckets", num_buckets), ("max_distance", max_distance)):
             if isinstance(val, bool) or not isinstance(val, int) or val < 2:
-                raise ValueError(f"mods.relative_position_bias: {name} must be an int >= 2, got {val!r}")
+                raise ValueError(
+                    f"mods.relative_position_bias: {name} must be an int >= 2, got {val!r}"
+                )
         if table.shape[0] != num_buckets:
             raise ValueError(
                 f"mods.relative_position_bias: table has {table.shape[0]} rows, expected "
@@ -170,7 +174,7 @@ class RelativePositionBias(PositionMod):
         return (self.table,)
 
     def offset_bias(self, heads: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        table = self.table.to(device=heads.device, dtype=torch.float32)  # (nb, H)
+        table = self.table.to(device=heads.device, dtype=_at_least_float32(self.table))  # (nb, H)
         cols = table[:, heads] if table.shape[1] != 1 else table.expand(-1, heads.shape[0])
         buckets = t5_buckets(offsets, self.num_buckets, self.max_distance, self.bidirectional)
         return cols.t()[:, buckets]  # (H, n)

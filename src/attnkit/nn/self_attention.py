@@ -172,8 +172,7 @@ class SelfAttention(nn.Module):
         xb = x if batched else x.unsqueeze(0)  # (B, S, hidden)
         B, S = xb.shape[0], xb.shape[1]
         if cache is not None:
-            self._check_cache(cache, mask, B)
-            m = mask if isinstance(mask, masks.Mask) else None
+            m = self._check_cache(cache, mask, B)
         else:
             m = self._mask(mask, B, S, batched)
         if self.causal:
@@ -208,8 +207,9 @@ class SelfAttention(nn.Module):
             return out
         return out, (weights if batched else weights.squeeze(0))  # (B, H, S, S) or (H, S, S)
 
-    def _check_cache(self, cache: object, mask: object, B: int) -> None:
-        """Raise unless ``cache`` is a :class:`KVCache` this causal layer can use for B sequences."""
+    def _check_cache(self, cache: object, mask: object, B: int) -> masks.Mask | None:
+        """Raise unless ``cache`` is a :class:`KVCache` this causal layer can use for B
+        sequences; returns the mask (an attnkit mask or None)."""
         if not isinstance(cache, KVCache):
             raise TypeError(
                 f"{_OWNER}: cache must be a KVCache (layer.new_cache(batch_size, max_len)), got "
@@ -224,16 +224,21 @@ class SelfAttention(nn.Module):
             raise ValueError(
                 f"{_OWNER}: the cache holds {cache.batch_size} sequences, x has batch size {B}"
             )
-        if mask is not None and not isinstance(mask, masks.Mask):
+        m = self._mask(mask, B, 0, True, cached=True)
+        return m
+
+    def _mask(
+        self, mask: object, B: int, S: int, batched: bool, *, cached: bool = False
+    ) -> masks.Mask | None:
+        """The ``mask`` argument as an attnkit mask over (B, H, S, S), or None; with a
+        cache only an attnkit mask (over (B, H, S, cache length)) or None."""
+        if mask is None or isinstance(mask, masks.Mask):
+            return mask
+        if cached:
             raise TypeError(
                 f"{_OWNER}: with a cache, mask must be None or an attnkit mask over (B, H, S, "
                 f"cache length), got {type(mask).__name__}"
             )
-
-    def _mask(self, mask: object, B: int, S: int, batched: bool) -> masks.Mask | None:
-        """The ``mask`` argument as an attnkit mask over (B, H, S, S), or None."""
-        if mask is None or isinstance(mask, masks.Mask):
-            return mask
         if not isinstance(mask, torch.Tensor):
             raise TypeError(
                 f"{_OWNER}: mask must be an attnkit mask or a keep tensor (B, S) / (B, S, S), "

@@ -29,9 +29,9 @@ class ChunkedCall:
     """The tiles of one call as a :class:`attnkit.backends.autograd.KernelCall`.
 
     Operands, rows flattened to N: (qa (N, L, Eq), ka (N, S, Eq), w (hidden,) or None,
-    v (N, S, Ev), kb (N, 1, S) or None); out (N, L, Ev), lse (N, L), weights (N, L, S).
-    ``flags`` carries the non-finite markers of :class:`Operands` (``bad_v``,
-    ``nonfinite_qk``).
+    v (N, S, Ev), kb (N, 1, S) or None, pos (H, L + S - 1) or None); out (N, L, Ev),
+    lse (N, L), weights (N, L, S). ``flags`` carries the other fields of
+    :class:`Operands` (``bad_v``, ``nonfinite_qk``, ``heads``, ``softcap``).
     """
 
     plan: BlockPlan
@@ -40,10 +40,10 @@ class ChunkedCall:
     flags: dict[str, Any]
 
     def operands(self, t: Sequence[torch.Tensor | None]) -> Operands:
-        qa, ka, w, v, kb = t
+        qa, ka, w, v, kb, pos = t
         assert qa is not None and ka is not None and v is not None
         return Operands(kind=self.kind, qa=qa, ka=ka, w=w, v=v, kb=kb, scale=self.scale,
-                        **self.flags)  # fmt: skip
+                        pos=pos, **self.flags)  # fmt: skip
 
     def forward(
         self, operands: Sequence[torch.Tensor | None], want_weights: bool
@@ -63,12 +63,13 @@ class ChunkedCall:
     ) -> tuple[torch.Tensor | None, ...]:
         """Operand gradients; ``d_rows`` (N, L) accumulates each row's sum of the logits'
         gradient, for a per-row constant of the logits (see ``backward_tiles``)."""
+        ops = self.operands(operands)
+        d_pos = torch.zeros_like(ops.pos) if ops.pos is not None else None
         with torch.no_grad():
             dqa, dka, dw, dv, dkb = backward_tiles(
-                self.operands(operands), self.plan, out, lse, d_out, d_lse, weights, d_weights,
-                d_rows,
-            )  # fmt: skip
-        return dqa, dka, dw, dv, dkb
+                ops, self.plan, out, lse, d_out, d_lse, weights, d_weights, d_rows, d_pos
+            )
+        return dqa, dka, dw, dv, dkb, d_pos
 
     def differentiable_backward(
         self,
@@ -77,10 +78,7 @@ class ChunkedCall:
         d_lse: torch.Tensor | None,
         d_weights: torch.Tensor | None,
     ) -> tuple[torch.Tensor | None, ...]:
-        dqa, dka, dw, dv, dkb = _differentiable_grads(
-            self.operands(operands), self.plan, d_out, d_lse, d_weights
-        )
-        return dqa, dka, dw, dv, dkb
+        return _differentiable_grads(self.operands(operands), self.plan, d_out, d_lse, d_weights)
 
 
 def dense_logits(ops: Operands, plan: BlockPlan) -> torch.Tensor:
@@ -95,6 +93,12 @@ def dense_logits(ops: Operands, plan: BlockPlan) -> torch.Tensor:
         hidden = torch.tanh(ops.qa.unsqueeze(2) + ops.ka.unsqueeze(1))  # (N, L, S, h)
         s = (hidden @ ops.w) * ops.scale  # (N, L, S)
     dev = s.device
+    if ops.pos is not None:
+        idx = torch.arange(S, device=dev).view(1, S) - torch.arange(L, device=dev).view(L, 1)
+        tile = ops.pos[:, idx + (L - 1)].to(s.dtype)  # (H, L, S)
+        s = (s.view(-1, ops.heads, L, S) + tile).view(N, L, S)
+    if ops.softcap is not None:
+        s = torch.tanh(s / ops.softcap) * ops.softcap
     R = max(plan.R, 1)
     n = torch.arange(N, device=dev)
     b = (n // R).view(N, 1, 1)  # (N, 1, 1) batch element of each row
@@ -114,7 +118,7 @@ def _differentiable_grads(
     d_lse: torch.Tensor | None,
     d_weights: torch.Tensor | None,
 ) -> tuple[torch.Tensor | None, ...]:
-    """(dqa, dka, dw, dv, dkb) of the materialized computation, with create_graph.
+    """(dqa, dka, dw, dv, dkb, dpos) of the materialized computation, with create_graph.
 
     Recomputed from the saved tensors themselves, so the gradients stay connected to
     the graph that produced them (second derivatives flow back through it).
@@ -129,7 +133,7 @@ def _differentiable_grads(
         if d_weights is not None:
             outs.append(weights)
             grads_in.append(d_weights)
-        inputs = (ops.qa, ops.ka, ops.w, ops.v, ops.kb)
+        inputs = (ops.qa, ops.ka, ops.w, ops.v, ops.kb, ops.pos)
         wanted = [t for t in inputs if t is not None and t.requires_grad]
         got = iter(
             torch.autograd.grad(outs, wanted, grads_in, create_graph=True, allow_unused=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -13,11 +13,11 @@ from ..._host import readable
 from ..._inputs import AttentionInputs
 from ...blockplan import BlockPlan
 from ...kernels import additive as _additive
-from ...scores import Additive
+from ...scores import Additive, Score
 from .._backward import InputGrads
 from .._common import all_finite, clean_values, expand_kv
 from ..autograd import KernelFunction
-from ..base import AttentionResult, Backend
+from ..base import ALL_MOD_KINDS, AttentionResult, Backend
 from ..operands import ScoreOperands, lower_score
 from .autograd import ChunkedCall
 from .sizes import tile_shape
@@ -34,6 +34,8 @@ class ChunkedBackend(Backend):
     fused: ClassVar[bool] = False
     supports_dropout: ClassVar[bool] = False
     averages_heads: ClassVar[bool] = True
+    mod_kinds: ClassVar[frozenset[str]] = ALL_MOD_KINDS
+    supports_head_scale: ClassVar[bool] = True
 
     def not_supported_reasons(self, inputs: AttentionInputs) -> list[str]:
         reasons = [
@@ -58,6 +60,7 @@ class ChunkedBackend(Backend):
                 "per-batch block skipping reads the mask's lengths on the host, which would "
                 "wait for the device"
             )
+        reasons += _mod_reasons(inputs)
         if inputs.mask_needs_grad:
             reasons.append("a bias mask that requires grad (its gradient is L×S)")
         return reasons
@@ -76,10 +79,9 @@ class ChunkedBackend(Backend):
         plan = _plan(inputs)
         mean_only = inputs.weights_mean and not inputs.needs_grad
         want_weights = inputs.return_weights and not mean_only
-        flags = {"bad_v": ops.bad_v, "nonfinite_qk": ops.nonfinite_qk}
-        call = ChunkedCall(plan, ops.kind, ops.scale, flags)
+        call = ChunkedCall(plan, ops.kind, ops.scale, _flags(ops))
         out, lse, weights = KernelFunction.apply(
-            call, want_weights, ops.qa, ops.ka, ops.w, ops.v, ops.kb
+            call, want_weights, ops.qa, ops.ka, ops.w, ops.v, ops.kb, ops.pos
         )
         out = out.reshape(*batch, L, inputs.Ev).to(inputs.dtype)  # (*batch, L, Ev)
         lse_out: torch.Tensor | None = None
@@ -115,9 +117,8 @@ class ChunkedBackend(Backend):
             )  # fmt: skip  (the lse's frame needs the row constant)
             ops, lowered = _operands(rec)
         lse_l = lowered.lowered_lse(lse.detach().to(cd)).reshape(N, L)  # (N, L)
-        call = ChunkedCall(_plan(rec), ops.kind, ops.scale,
-                           {"bad_v": ops.bad_v, "nonfinite_qk": ops.nonfinite_qk})  # fmt: skip
-        tensors = (ops.qa, ops.ka, ops.w, ops.v, ops.kb)
+        call = ChunkedCall(_plan(rec), ops.kind, ops.scale, _flags(ops))
+        tensors = (ops.qa, ops.ka, ops.w, ops.v, ops.kb, ops.pos)
         d_lse = grad_lse.detach().to(cd).reshape(N, L) if grad_lse is not None else None
         d_rows = torch.zeros(N, L, dtype=cd, device=inputs.device)  # (N, L)
         grads = call.backward(
@@ -141,6 +142,28 @@ class ChunkedBackend(Backend):
             torch.zeros_like(t) if g is None else g for t, g in zip(leaves, got, strict=False)
         )
         return dq, dk, dv, list(got[3:])
+
+
+def _mod_reasons(inputs: AttentionInputs) -> list[str]:
+    """The score modifier combinations the tiles do not take (others run)."""
+    out: list[str] = []
+    kinds = [m.kind for m in inputs.mods]
+    if inputs.head_scale is not None and not inputs.score.dot_reducible:
+        out.append("a per-head scale with a score that is not a dot product")
+    if "softcap" in kinds:
+        if type(inputs.score).row_constant is not Score.row_constant:
+            out.append(
+                f"softcap with score {inputs.score.name!r}, whose per-query term the cap would not ignore"
+            )
+        if any(m.additive for m in inputs.mods[kinds.index("softcap") :]):
+            out.append("a position bias after softcap (the tiles add position biases first)")
+    return out
+
+
+def _flags(ops: Operands) -> dict[str, Any]:
+    """The fields of the tile operands that are not tensors of the autograd Function."""
+    return {"bad_v": ops.bad_v, "nonfinite_qk": ops.nonfinite_qk, "heads": ops.heads,
+            "softcap": ops.softcap}  # fmt: skip
 
 
 def _plan(inputs: AttentionInputs) -> BlockPlan:
@@ -207,5 +230,8 @@ def _operands(inputs: AttentionInputs) -> tuple[Operands, ScoreOperands]:
         scale=inputs.scale,
         bad_v=bad_v,
         nonfinite_qk=nonfinite_qk,
+        pos=lowered.pos.to(cd) if lowered.pos is not None else None,
+        heads=inputs.heads,
+        softcap=lowered.softcap,
     )
     return ops, lowered

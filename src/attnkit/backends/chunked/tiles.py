@@ -27,6 +27,10 @@ class Operands:
     kind "dot": s = scale * qa @ ka^T + kb (kb pre-scaled key bias or None);
     kind "additive": s = scale * sum_h w[h] tanh(qa[:, i, h] + ka[:, j, h]).
 
+    Score modifiers: ``pos`` (H, L + S - 1) adds ``pos[h, j - i + L - 1]`` to row
+    heads h after the scale, then ``softcap`` maps s to ``cap * tanh(s / cap)``; both
+    before the mask.
+
     Non-finite inputs (found on the host, where reading is free): ``bad_v`` (N, S)
     marks value rows holding NaN/inf, which ``v`` holds as zeros so that a masked-out
     key contributes nothing, and a row that uses such a key becomes NaN;
@@ -43,11 +47,19 @@ class Operands:
     scale: float
     bad_v: torch.Tensor | None = None  # (N, S) 1.0 where the value row is not finite
     nonfinite_qk: bool = False
+    pos: torch.Tensor | None = None  # (H, L + S - 1) position bias by offset j - i + L - 1
+    heads: int = 1  # H: rows cycle through the query heads (the last batch dim)
+    softcap: float | None = None
 
     @property
     def clean(self) -> bool:
         """True when every key and value is finite (the fast paths apply)."""
         return self.bad_v is None and not self.nonfinite_qk
+
+    @property
+    def plain(self) -> bool:
+        """True without score modifiers (no position bias, no softcap)."""
+        return self.pos is None and self.softcap is None
 
 
 def _nan_rows(ops: Operands, rows: slice, s: torch.Tensor, j0: int, j1: int) -> torch.Tensor | None:
@@ -68,12 +80,16 @@ def _tile_logits(
     i1: int,
     j0: int,
     j1: int,
+    softcap_tanh: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Masked logits of one tile: (rows, i1-i0, j1-j0), -inf where blocked."""
+    """Masked logits of one tile: (rows, i1-i0, j1-j0), -inf where blocked.
+
+    ``softcap_tanh``: a list that receives ``tanh(s / cap)`` of the tile (the softcap's
+    derivative is ``1 - tanh²``), for the backward."""
     qt = ops.qa[rows, i0:i1]  # (R, bi, Eq)
     kt = ops.ka[rows, j0:j1]  # (R, bj, Eq)
     keep, mask_bias = plan.tile_mask(b, i0, i1, j0, j1, qt.device)
-    bias = mask_bias
+    bias = mask_bias if ops.plain else None  # with modifiers the mask comes after them
     if ops.kind == "dot":
         if ops.kb is not None:
             kb = ops.kb[rows, :, j0:j1]  # (R, 1, bj)
@@ -88,11 +104,54 @@ def _tile_logits(
         s = _additive.logits(qt, kt, ops.w).mul_(ops.scale)  # (R, bi, bj)
         if bias is not None:
             s = s.add_(bias)
+    if not ops.plain:
+        s = _modified(ops, s, i0, i1, j0, j1, plan.L, softcap_tanh)
+        if mask_bias is not None:
+            s = s.add_(mask_bias)
     if ops.nonfinite_qk and mask_bias is not None:  # NaN + -inf stays blocked
         s = s.masked_fill_(mask_bias == float("-inf"), float("-inf"))
     if keep is not None:
         s = s.masked_fill_(~keep, float("-inf"))
     return s
+
+
+def _offsets(i0: int, i1: int, j0: int, j1: int, L: int, device: torch.device) -> torch.Tensor:
+    """(bi, bj) index into a position table: j - i + L - 1."""
+    i = torch.arange(i0, i1, device=device).unsqueeze(-1)  # (bi, 1)
+    return torch.arange(j0, j1, device=device) - i + (L - 1)  # (bi, bj)
+
+
+def _modified(
+    ops: Operands,
+    s: torch.Tensor,
+    i0: int,
+    i1: int,
+    j0: int,
+    j1: int,
+    L: int,
+    softcap_tanh: list[torch.Tensor] | None,
+) -> torch.Tensor:
+    """A tile's scaled logits s (R, bi, bj) with the position bias added and softcapped."""
+    R, bi, bj = s.shape
+    if ops.pos is not None:
+        tile = ops.pos[:, _offsets(i0, i1, j0, j1, L, s.device)].to(s.dtype)  # (H, bi, bj)
+        s = s.view(R // ops.heads, ops.heads, bi, bj).add_(tile).view(R, bi, bj)
+    if ops.softcap is not None:
+        t = torch.tanh(s / ops.softcap)  # (R, bi, bj)
+        if softcap_tanh is not None:
+            softcap_tanh.append(t)
+        s = t * ops.softcap
+    return s
+
+
+def diagonal_sums(ds: torch.Tensor) -> torch.Tensor:
+    """Sums of ds (R, bi, bj) along each diagonal j - i, (R, bi + bj - 1), index
+    ``j - i + bi - 1``: one strided view and one sum, in a fixed order (no atomics)."""
+    R, bi, bj = ds.shape
+    width = 2 * bi + bj
+    x = torch.nn.functional.pad(ds, (bi, bi)).contiguous()  # (R, bi, 2bi + bj)
+    y = x.as_strided((R, bi, bi + bj - 1), (x.stride(0), width + 1, 1), x.storage_offset() + 1)
+    return y.sum(dim=1)  # (R, bi + bj - 1)
 
 
 def _blocks(start: int, end: int, size: int) -> Iterator[tuple[int, int]]:
@@ -109,7 +168,7 @@ def forward_tiles(
     dt, dev = ops.qa.dtype, ops.qa.device
     out = torch.zeros(N, L, Ev, dtype=dt, device=dev)
     lse = torch.full((N, L), float("-inf"), dtype=dt, device=dev)
-    band = plan.band_offsets() if ops.kind == "dot" and ops.clean else None
+    band = plan.band_offsets() if ops.kind == "dot" and ops.clean and ops.plain else None
     for rows, b, q_start, q_end, k_start, k_end in plan.groups():
         done: set[int] = set()
         if band is not None:
@@ -250,13 +309,16 @@ def backward_tiles(
     weights: torch.Tensor | None,
     d_weights: torch.Tensor | None,
     d_rows: torch.Tensor | None = None,
+    d_pos: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
     """Gradients (dqa, dka, dw, dv, dkb) by recomputing each tile's probabilities.
 
     With p = exp(s - lse), the gradient of the logits of a tile is
     ``p * (dO @ V^T - rowsum(dO * O) + dlse)`` plus, when the weights were returned,
-    ``p * (dW - rowsum(dW * W))``. ``d_rows`` (N, L), when given, accumulates each row's
-    sum of the logits' gradient (what a per-row constant of the logits receives).
+    ``p * (dW - rowsum(dW * W))``, times ``1 - tanh²`` under a softcap. ``d_rows``
+    (N, L), when given, accumulates each row's sum of the logits' gradient (what a
+    per-row constant of the logits receives); ``d_pos`` (H, L + S - 1) the position
+    table's gradient, summed along each tile's diagonals per head.
     """
     dqa = torch.zeros_like(ops.qa)
     dka = torch.zeros_like(ops.ka)
@@ -279,7 +341,8 @@ def backward_tiles(
             rt = row_term[rows, i0:i1].unsqueeze(-1)  # (R, bi, 1)
             qt = ops.qa[rows, i0:i1]  # (R, bi, Eq)
             for j0, j1 in _blocks(lo, hi, plan.block_k):
-                p = _tile_logits(ops, plan, rows, b, i0, i1, j0, j1)  # (R, bi, bj)
+                tanh: list[torch.Tensor] = []
+                p = _tile_logits(ops, plan, rows, b, i0, i1, j0, j1, tanh)  # (R, bi, bj)
                 exp_rows_(p, shift, want_sum=False)  # p = exp(s - lse)
                 vt = ops.v[rows, j0:j1]  # (R, bj, Ev)
                 dv[rows, j0:j1] += torch.bmm(p.transpose(1, 2), do_t)  # (R, bj, Ev)
@@ -287,8 +350,15 @@ def backward_tiles(
                 if d_weights is not None:
                     dp += d_weights[rows, i0:i1, j0:j1]
                 ds = dp.sub_(rt).mul_(p)  # (R, bi, bj): gradient of the logits s
+                if tanh:  # through the softcap
+                    ds.mul_(1 - tanh[0] * tanh[0])
                 if d_rows is not None:
                     d_rows[rows, i0:i1] += ds.sum(dim=-1)  # (R, bi)
+                if d_pos is not None:
+                    diag = diagonal_sums(ds)  # (R, bi + bj - 1)
+                    t0 = j0 - (i1 - 1) + (plan.L - 1)
+                    heads = diag.view(-1, ops.heads, diag.shape[-1]).sum(0)  # (H, bi + bj - 1)
+                    d_pos[:, t0 : t0 + diag.shape[-1]] += heads.to(d_pos.dtype)
                 if dkb is not None:
                     dkb[rows, :, j0:j1] += ds.sum(dim=1, keepdim=True)  # (R, 1, bj)
                 kt = ops.ka[rows, j0:j1]  # (R, bj, Eq)

@@ -10,14 +10,16 @@ import torch
 
 from ..._host import readable
 from ..._inputs import AttentionInputs
+from ...mods import ALiBi
 from .. import varlen
 from .._backward import InputGrads
 from .._common import dense_mask, expand_kv
 from ..base import AttentionResult, Backend, PlainRunner
-from ..operands import lower_score
+from ..operands import alibi_folds, lower_score
 from . import plan
-from .backward import sdpa_backward
+from .backward import BACKWARD_OP, sdpa_backward
 from .lse import has_lse_kernel, weights_of_call
+from .lse_grad import differentiable_lse_forward
 from .run import HAS_GQA, call, direct, direct_runner
 
 __all__ = ["SDPABackend"]
@@ -30,13 +32,29 @@ class SDPABackend(Backend):
     device_types: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda"})
     fused: ClassVar[bool] = True
     any_score: ClassVar[bool] = False
+    mod_kinds: ClassVar[frozenset[str]] = frozenset({"alibi"})
+    supports_head_scale: ClassVar[bool] = True
 
     def not_supported_reasons(self, inputs: AttentionInputs) -> list[str]:
         reasons = super().not_supported_reasons(inputs)
         if (inputs.return_lse or inputs.return_weights) and not has_lse_kernel(inputs.device):
             reasons.append("no kernel returning the log-sum-exp on this device (weights/lse)")
         if inputs.return_lse and inputs.needs_grad:
-            reasons.append("the fused kernel's lse is not differentiable (return_lse with grad)")
+            if BACKWARD_OP is None or inputs.device.type != "cpu":
+                reasons.append(
+                    "the fused kernel's lse is not differentiable here (return_lse with grad; "
+                    "its backward from the lse is torch's CPU flash backward)"
+                )
+            elif inputs.dropout_p > 0:
+                reasons.append("dropout with a differentiable lse (the backward would replay it)")
+        for m in inputs.mods:
+            if isinstance(m, ALiBi) and not alibi_folds(inputs, m):
+                reasons.append(
+                    "symmetric ALiBi without a causal mask is not a dot product (chunked and "
+                    "triton compute it per tile)"
+                )
+            elif isinstance(m, ALiBi) and inputs.groups > 1:
+                reasons.append("ALiBi with grouped-query heads (its key bias is per query head)")
         return reasons
 
     def materialized_masks(self, inputs: AttentionInputs) -> list[str]:
@@ -67,6 +85,8 @@ class SDPABackend(Backend):
         )
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
+        if inputs.return_lse and inputs.needs_grad:  # the kernels' lse has no autograd
+            return differentiable_lse_forward(self, inputs)
         if plan.is_direct(inputs):
             return AttentionResult(output=_direct(inputs))
         if varlen.torch_varlen_route(inputs):
@@ -76,7 +96,7 @@ class SDPABackend(Backend):
         # plain same-dtype math; (scaled) dot scores keep the half kernel, with or without
         # weights (its lse is float32 either way)
         upcast = inputs.dtype != inputs.compute_dtype and plan.half_needs_float32(inputs)
-        ops = lower_score(inputs, row_constant=inputs.return_lse, upcast=upcast)
+        ops = lower_score(inputs, row_constant=inputs.return_lse, upcast=upcast, fold_alibi=True)
         q, k, key_bias, excluded = ops.q, ops.k, ops.key_bias, ops.excluded
         if key_bias is not None and inputs.mask is not None:
             # q'·k' + b == [q', 1]·[k', b]: one more feature instead of an (L, S) bias mask

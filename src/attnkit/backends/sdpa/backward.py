@@ -74,7 +74,7 @@ def sdpa_backward(
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_(True) for t in (inputs.query, inputs.key, inputs.value)]
         rec = replace(inputs, query=leaves[0], key=leaves[1], value=leaves[2])
-        ops = lower_score(rec, upcast=True, row_constant=True)
+        ops = lower_score(rec, upcast=True, row_constant=True, fold_alibi=True)
         if ops.excluded is not None:
             return materialized_backward(inputs, out, lse, grad_out, grad_lse, params)
         qd, kd, kb = ops.q, ops.k, ops.key_bias

@@ -83,7 +83,12 @@ def causal_route(inputs: AttentionInputs, shift: int) -> CausalRoute:
 def half_needs_float32(inputs: AttentionInputs) -> bool:
     """Half inputs whose dot form or bias would lose range or precision in half: a score
     other than (scaled) dot, or an additive bias mask."""
-    return type(inputs.score) not in DIRECT_SCORES or "bias" in inputs.mask_kinds
+    return (
+        type(inputs.score) not in DIRECT_SCORES
+        or "bias" in inputs.mask_kinds
+        or bool(inputs.mods)
+        or inputs.head_scale is not None
+    )
 
 
 def is_direct(inputs: AttentionInputs) -> bool:
@@ -92,6 +97,8 @@ def is_direct(inputs: AttentionInputs) -> bool:
     enable_gqa), one head size, no weights or lse, and no mask, a top-left causal mask,
     or a causal mask under which every query sees every key (decoding)."""
     if inputs.return_weights or inputs.return_lse or type(inputs.score) not in DIRECT_SCORES:
+        return False
+    if inputs.mods or inputs.head_scale is not None:
         return False
     q, k = inputs.query, inputs.key
     if q.ndim != 4 or inputs.E != inputs.Ev:
