@@ -8,7 +8,9 @@
 torch.Size([2, 4, 16, 32])
 """
 
-from . import masks, nn, scores, viz
+from typing import Any
+
+from . import masks, mods, nn, scores
 from .backends.dispatch import (
     BackendNotSupportedError,
     Explanation,
@@ -22,6 +24,16 @@ from .functional import attention, attention_backward, explain
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> Any:
+    """``attnkit.viz`` is imported on first use (it is not needed to compute attention)."""
+    if name == "viz":
+        import importlib
+
+        return importlib.import_module(".viz", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "BackendNotSupportedError",
     "Explanation",
@@ -32,6 +44,7 @@ __all__ = [
     "explain",
     "get_backend",
     "masks",
+    "mods",
     "nn",
     "register_backend",
     "scores",

@@ -14,7 +14,7 @@ from attnkit import _host, masks, scores
 from attnkit._inputs import validate_inputs
 from attnkit.backends.sdpa import SDPABackend, plan
 from attnkit.backends.sdpa.lse import cuda_lse_op
-from attnkit.backends.sdpa.run import HAS_LOWER_RIGHT, call
+from attnkit.backends.sdpa.run import call, has_lower_right
 
 from cases import qkv
 
@@ -90,7 +90,7 @@ def test_decoding_matches_reference(L: int) -> None:
     torch.testing.assert_close(got, want)
 
 
-@pytest.mark.skipif(not HAS_LOWER_RIGHT, reason="torch has no lower-right causal bias")
+@pytest.mark.skipif(not has_lower_right(), reason="torch has no lower-right causal bias")
 def test_lower_right_bias_call_matches_reference_and_keeps_the_policy() -> None:
     q, k, v = _qkv(1, 2, 3, 6, dtype=torch.float32)
     v[0, 0, 5] = float("nan")  # the last key: seen by the last query only

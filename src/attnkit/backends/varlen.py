@@ -50,7 +50,7 @@ def can_unpad(inputs: AttentionInputs) -> bool:
     :meth:`attnkit.blockplan.BlockPlan.ragged`) whose lengths may be read on the host."""
     if not inputs.batch_shape or inputs.mask is None:
         return False
-    return inputs.block_plan().ragged() is not None
+    return inputs.block_plan().ragged_ready()  # (decided without reading the lengths)
 
 
 def take_rows(t: torch.Tensor, start: int, n: int) -> torch.Tensor:

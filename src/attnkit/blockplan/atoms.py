@@ -33,6 +33,7 @@ __all__ = [
     "QueryRange",
     "RowRange",
     "conjoin",
+    "logical_not",
     "negate",
 ]
 
@@ -51,6 +52,16 @@ class Atom:
 
 DNF = list[list[Atom]]
 """A disjunction (outer list) of conjunctions (inner lists) of atoms."""
+
+
+def logical_not(t: torch.Tensor) -> torch.Tensor:
+    """``~t`` that keeps broadcast (zero-stride) dims broadcast: an expanded view is
+    negated at its compact size, never materialized."""
+    compact = t
+    for d in range(t.ndim):
+        if t.stride(d) == 0 and t.shape[d] > 1:
+            compact = compact.narrow(d, 0, 1)
+    return (~compact).expand(t.shape) if compact is not t else ~t
 
 
 def conjoin(a: DNF, b: DNF) -> DNF:
@@ -156,7 +167,7 @@ class KeyKeep(Atom):
         clause.intersect_key_keep(self.keep)
 
     def negate(self) -> DNF:
-        return [[KeyKeep(~self.keep)]]
+        return [[KeyKeep(logical_not(self.keep))]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -186,7 +197,7 @@ class DenseKeep(Atom):
         clause.dense_keep.append(self.keep)
 
     def negate(self) -> DNF:
-        return [[DenseKeep(~self.keep)]]
+        return [[DenseKeep(logical_not(self.keep))]]
 
 
 @dataclass(frozen=True, eq=False)

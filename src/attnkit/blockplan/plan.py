@@ -437,15 +437,22 @@ class BlockPlan:
             return False  # kept keys that are not a prefix would break the causal order
         return True
 
+    def ragged_ready(self) -> bool:
+        """True when :meth:`ragged` would give a layout: the structure is a ragged batch and
+        its tensors can be read on the host (decided without reading any value)."""
+        from .._host import readable
+
+        return (
+            self.ragged_structure()
+            and not torch.compiler.is_compiling()
+            and all(readable(t) for t in self.host_tensors())
+        )
+
     def ragged(self) -> tuple[list[RaggedSeq], bool] | None:
         """The sequences of a ragged batch and whether each is top-left causal; None when
         :meth:`ragged_structure` is False or a length lives on an accelerator (no sync).
         Reads the per-batch tensors on the host, once per plan."""
-        from .._host import readable
-
-        if not self.ragged_structure() or torch.compiler.is_compiling():
-            return None
-        if any(not readable(t) for t in self.host_tensors()):
+        if not self.ragged_ready():
             return None
         hit = self._host.get("ragged")
         if hit is None:

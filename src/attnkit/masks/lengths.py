@@ -8,7 +8,16 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .._host import readable
-from ..blockplan.atoms import DNF, Atom, Document, KeyKeep, KeyRange, QueryRange, RowRange
+from ..blockplan.atoms import (
+    DNF,
+    Atom,
+    Document,
+    KeyKeep,
+    KeyRange,
+    QueryRange,
+    RowRange,
+    logical_not,
+)
 from .base import DenseMask, Mask, shape_str
 
 __all__ = ["DocumentMask", "KeyPaddingMask", "ValidLensMask"]
@@ -192,7 +201,7 @@ class KeyPaddingMask(Mask):
         return DenseMask(keep=_per_batch(keep_t.unsqueeze(1), batch_shape), bias=None)
 
     def lower(self, L: int, S: int, device: torch.device) -> DNF:
-        return [[KeyKeep(~self.padding.to(device))]]
+        return [[KeyKeep(logical_not(self.padding.to(device)))]]
 
     def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
         return KeyPaddingMask(self.padding[:, k0 : k0 + S])  # (B, S) keys of this shard

@@ -21,7 +21,7 @@ from typing import Literal
 from ..._inputs import AttentionInputs
 from ...scores import Dot, ScaledDot
 from .. import varlen
-from .run import HAS_GQA, HAS_LOWER_RIGHT
+from .run import HAS_GQA, has_lower_right
 
 __all__ = [
     "DECODE_ROWS",
@@ -71,8 +71,8 @@ def causal_route(inputs: AttentionInputs, shift: int) -> CausalRoute:
     if sees_all(shift, S):
         return "none"
     lower_right = (
-        HAS_LOWER_RIGHT
-        and inputs.device.type == "cuda"
+        inputs.device.type == "cuda"
+        and has_lower_right()
         and L < S
         and shift == S - L
         and not (inputs.return_lse or inputs.return_weights or inputs.needs_grad)

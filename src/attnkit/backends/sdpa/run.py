@@ -25,21 +25,33 @@ from . import poison
 from .grad import fused_twice_differentiable, math_attention
 from .lse import lse_call
 
-__all__ = ["HAS_GQA", "HAS_LOWER_RIGHT", "call", "direct", "direct_runner", "to4d"]
+__all__ = [
+    "HAS_GQA",
+    "call",
+    "causal_lower_right",
+    "direct",
+    "direct_runner",
+    "has_lower_right",
+    "to4d",
+]
 
 HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")  # torch >= 2.5
 
 
-def _causal_lower_right() -> Any:
-    try:  # torch >= 2.2
-        from torch.nn.attention.bias import causal_lower_right
+@functools.cache
+def causal_lower_right() -> Any:
+    """torch's lower-right causal bias (torch >= 2.2), or None; imported on first use:
+    ``torch.nn.attention.bias`` pulls in ``torch._dynamo``, seconds at start-up."""
+    try:
+        from torch.nn.attention.bias import causal_lower_right as bias
     except ImportError:  # pragma: no cover - older torch
         return None
-    return causal_lower_right
+    return bias
 
 
-CAUSAL_LOWER_RIGHT = _causal_lower_right()
-HAS_LOWER_RIGHT = CAUSAL_LOWER_RIGHT is not None
+def has_lower_right() -> bool:
+    """True when torch has the lower-right causal bias."""
+    return causal_lower_right() is not None
 
 
 def to4d(t: torch.Tensor) -> torch.Tensor:
@@ -72,7 +84,7 @@ def call(
     ``excluded`` None or (..., S) bool: keys whose score is -inf by construction
     (carried in k), which no row counts as kept; ``lower_right``: a causal mask
     aligned to the bottom-right corner, given to the kernel as torch's lower-right
-    causal bias (needs :data:`HAS_LOWER_RIGHT`, no ``attn_mask`` and no lse).
+    causal bias (needs :func:`has_lower_right`, no ``attn_mask`` and no lse).
     Non-finite inputs follow the policy of :mod:`.poison`.
     """
     heads = q.shape[-3] if q.ndim >= 3 else 1
@@ -224,13 +236,14 @@ def _lower_right(
 ) -> torch.Tensor:
     """SDPA with torch's lower-right causal bias: out (..., L, Ev). On CUDA the bias
     reaches the efficient kernel without an (L, S) mask; elsewhere torch builds one."""
-    assert CAUSAL_LOWER_RIGHT is not None
+    make_bias = causal_lower_right()
+    assert make_bias is not None
     if gqa:
         g = q.shape[-3] // k.shape[-3]
         k, v = expand_kv(k, g), expand_kv(v, g)  # (..., Hq, S, D): the bias takes no enable_gqa
     lead = q.shape[:-2]
     q4, k4, v4 = to4d(q), to4d(k), to4d(v)  # (B', H, N, D)
-    bias = CAUSAL_LOWER_RIGHT(q4.shape[-2], k4.shape[-2])
+    bias = make_bias(q4.shape[-2], k4.shape[-2])
     out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=bias, dropout_p=dropout_p,
                                          scale=scale)  # fmt: skip
     return out.reshape(*lead, *out.shape[-2:])  # (..., L, Ev)
