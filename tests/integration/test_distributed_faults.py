@@ -161,18 +161,12 @@ def backend_fails_on_one_rank(g: Group) -> None:
         ranks=(1,),
         words=("rank 1 cannot make this call", "backend=['triton'] cannot run", "float64"),
     )
-    # the all-to-all's one call needs sdpa's lse with gradients, which sdpa cannot give
-    # (the ring's backward takes sdpa's own backward from (out, lse) and runs)
+    # sdpa forced on every rank with gradients: the ring's backward is sdpa's own backward
+    # from the global (out, lse), so the call runs (it used to be refused)
     _, leaf = _data(g, grad=True)
-    only_fwd = "sdpa" if g.rank == 1 else None
-
-    def train() -> None:
-        out = cp.context_parallel_attention(
-            leaf, leaf, leaf, backend=only_fwd, strategy="all_to_all"
-        )
-        out.sum().backward()
-
-    _refused(g, train, ranks=(1,), words=("rank 1 cannot make this call", "the backward"))
+    out = cp.context_parallel_attention(leaf, leaf, leaf, backend="sdpa", strategy="ring")
+    out.sum().backward()
+    assert leaf.grad is not None and torch.isfinite(leaf.grad).all()
     _still_works(g)
 
 
