@@ -204,10 +204,15 @@ def weights_of_call(
     elif attn_mask is not None and attn_mask.dtype == torch.bool:
         keep = attn_mask
     elif attn_mask is not None:
-        logits = logits + attn_mask.to(cd)
+        logits = (
+            logits.add_(attn_mask.to(cd)) if not logits.requires_grad else logits + attn_mask.to(cd)
+        )
         keep = attn_mask > float("-inf")
     if alive is not None:
         keep = alive if keep is None else keep & alive
     if keep is not None:
-        logits = logits.masked_fill(~keep, float("-inf"))
+        if logits.requires_grad:  # (autograd needs the unfilled logits kept intact)
+            logits = logits.masked_fill(~keep, float("-inf"))
+        else:  # in place: one pass, no copy of the (L, S) logits
+            logits = logits.masked_fill_(~keep, float("-inf"))
     return weights_from_lse(logits, lse.to(cd))
