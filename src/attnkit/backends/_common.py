@@ -20,6 +20,7 @@ __all__ = [
     "clean_values",
     "dense_mask",
     "expand_kv",
+    "graph_link",
     "masked_softmax",
     "restore_nonfinite_keys",
     "score_logits",
@@ -32,6 +33,19 @@ def expand_kv(t: torch.Tensor, groups: int) -> torch.Tensor:
     if groups == 1:
         return t
     return t.repeat_interleave(groups, dim=-3)  # (..., Hq, S, D)
+
+
+def graph_link(*tensors: torch.Tensor) -> torch.Tensor:
+    """A 0-d zero joined to the autograd graph of ``tensors``, whatever values they hold.
+
+    Added to a result that no input reaches (every row fully masked, an empty call), it
+    keeps the graph connected, so backward gives the inputs zero gradients rather than
+    "does not require grad". It is the sum of an empty slice of each tensor, never
+    ``t.sum() * 0``, which is NaN when ``t`` holds a NaN or an inf."""
+    link = torch.zeros((), dtype=tensors[0].dtype, device=tensors[0].device)
+    for t in tensors:
+        link = link + t.narrow(-1, 0, 0).sum().to(link.dtype)  # 0, differentiable
+    return link
 
 
 def all_finite(*tensors: torch.Tensor) -> bool:
