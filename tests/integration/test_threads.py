@@ -32,7 +32,7 @@ def run_threads(work: Callable[[int], None], threads: int = THREADS) -> list[Bas
         barrier.wait()
         try:
             work(i)
-        except BaseException as e:  # noqa: BLE001 - every failure is reported
+        except BaseException as e:
             with lock:
                 errors.append(e)
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from ..._inputs import AttentionInputs
 from ...kernels.softmax import exp_rows_
-from .._common import expand_kv, masked_softmax
+from .._common import clean_rows, expand_kv, masked_softmax
 
 __all__ = [
     "LSE_OP",
@@ -194,9 +194,16 @@ def weights_of_call(
     ``alive`` (..., L, 1) marking rows that keep at least one key.
     """
     cd = inputs.compute_dtype
+    # Non-finite rows zeroed, so a gradient never multiplies a NaN: a pair holding one is
+    # blocked or in a row whose lse is NaN (its weights are NaN), except a key holding
+    # -inf only (a Gaussian key infinitely far, its -inf in a bias feature): -inf below.
+    far = torch.isneginf(k).any(dim=-1) & ~(torch.isnan(k) | torch.isposinf(k)).any(dim=-1)
+    q, k = clean_rows(q)[0], clean_rows(k)[0]  # far: (..., S)
     kf = expand_kv(k, inputs.groups) if gqa else k  # (..., S, E')
     qs = q.to(cd) * inputs.scale  # (..., L, E'): scaled here, not on (L, S)
     logits = torch.matmul(qs, kf.to(cd).transpose(-2, -1))  # (..., L, S)
+    far = expand_kv(far.unsqueeze(-1), inputs.groups).squeeze(-1) if gqa else far
+    logits = logits.masked_fill(far.unsqueeze(-2), float("-inf"))
     keep: torch.Tensor | None = None
     if is_causal:
         L, S = logits.shape[-2], logits.shape[-1]
