@@ -8,15 +8,25 @@ masked-out NaN key or value reaches the row through ``NaN + (-inf)`` or ``0 * Na
 
 So every SDPA call of this backend:
 
-1. under a mask, replaces non-finite key and value rows by zeros
+1. under a mask, replaces non-finite query, key and value rows by zeros
    (:func:`sanitize`), so a masked-out one cannot reach any row;
 2. runs the kernel;
-3. adds NaN (:func:`apply`) to the rows that use a non-finite position: a query
-   row holding a NaN, the rows whose mask keeps a non-finite key (their output and
-   lse) or a non-finite value (their output only: values do not enter the lse).
+3. makes NaN (:func:`apply`) the rows that use a non-finite position: a query row
+   holding a NaN or an inf, the rows whose mask keeps a non-finite key (their output
+   and lse) or a non-finite value (their output only: values do not enter the lse).
+
+Gradients follow the same policy: the kernel only ever sees finite inputs, so its
+backward sends nothing from a pair it does not use into any gradient (no ``0 * NaN``),
+and the NaN rows of step 3 are selected with ``torch.where``, so their output gradient
+(NaN itself under most losses) never enters the kernel's backward. Every gradient entry
+that no non-finite input reaches is then exactly that of the same call with those
+inputs zeroed. The entries one reaches have no promise: under a mask they get the
+zeroed call's value less the reached rows' share (finite); without one, the kernel's
+own NaN propagation (every row uses every key).
 
 Flags are carried as addends that are NaN where a row is poisoned and 0 elsewhere
-(a cumulative sum carries a NaN forward: the rows of a causal mask that see it).
+(a cumulative sum carries a NaN forward: the rows of a causal mask that see it); the
+output takes them by a select.
 They are built with ``isnan``/``isfinite``, never as ``x * 0``: torch.compile
 simplifies ``x * 0`` to 0, which would lose every flag. Without a mask every key is used by every row,
 so the kernel's own propagation is kept, and only what it drops is put back: NaN
