@@ -32,11 +32,13 @@ class Operands:
     heads h after the scale, then ``softcap`` maps s to ``cap * tanh(s / cap)``; both
     before the mask.
 
-    Non-finite inputs (found on the host, where reading is free): ``bad_v`` (N, S)
-    marks value rows holding NaN/inf, which ``v`` holds as zeros so that a masked-out
-    key contributes nothing, and a row that uses such a key becomes NaN;
-    ``nonfinite_qk`` (a query or key holds NaN/inf) makes every ``-inf`` of the
-    mask's bias a hard mask, so a NaN logit cannot turn a blocked pair into NaN.
+    Non-finite inputs (looked for on the host where reading is free, else assumed):
+    ``bad_v`` (N, S) marks value rows holding NaN/inf, which ``v`` holds as zeros so
+    that a masked-out key contributes nothing, and a row that uses such a key becomes
+    NaN; ``nonfinite_qk`` (a query or key may hold NaN/inf) makes every ``-inf`` of the
+    mask's bias a hard mask, so a NaN logit cannot turn a blocked pair into NaN. The
+    backward then keeps every pair that is not used out of every gradient
+    (:func:`_backward_guard`).
     """
 
     kind: str
