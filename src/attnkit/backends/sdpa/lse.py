@@ -149,16 +149,20 @@ class _SoftmaxFromLse(torch.autograd.Function):
     def forward(ctx: Any, logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
         weights = logits.contiguous().clone()  # (..., L, S)
         exp_rows_(weights, _shift(lse), want_sum=False)
-        ctx.save_for_backward(weights, logits)
+        ctx.save_for_backward(weights, logits, lse)
         return weights
 
     @staticmethod
     def backward(ctx: Any, d_weights: torch.Tensor) -> tuple[torch.Tensor, None]:
-        weights, logits = ctx.saved_tensors
+        weights, logits, lse = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: weights as a function of the logits
             weights = masked_softmax(logits)[0]  # (..., L, S)
         row = (d_weights * weights).sum(dim=-1, keepdim=True)  # (..., L, 1)
-        return weights * (d_weights - row), None
+        grad = weights * (d_weights - row)  # (..., L, S)
+        # a row whose lse is NaN (it uses a non-finite input; its weights are NaN) passes
+        # no gradient, so a NaN never reaches the pairs it does not use (a row of padding
+        # that a caller drops has d_weights 0, and NaN * 0 is NaN)
+        return torch.where(torch.isnan(lse).unsqueeze(-1), 0.0, grad), None
 
 
 def _shift(lse: torch.Tensor) -> torch.Tensor:
