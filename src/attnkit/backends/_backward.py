@@ -11,6 +11,11 @@ since ``d f / d s_ij = p_ij (d_out_i · v_j - D_i)`` is the softmax backward and
 ``d f / d v_j = sum_i p_ij d_out_i``. For a whole call, pass its own (out, lse). Every
 score and mask works here; memory is O(L·S) per call (backends with their own
 backward avoid that).
+
+Non-finite inputs follow the policy of :mod:`._materialized`: a pair that is not used
+adds nothing to any gradient; the gradients that rows using a non-finite input reach
+are NaN, and so are those of rows whose given output gradient or ``D`` is not finite
+(their global output is NaN).
 """
 
 from __future__ import annotations
