@@ -393,18 +393,77 @@ def _check_head_scale(scale: torch.Tensor, heads: int, device: torch.device) -> 
     return scale
 
 
+SCALE_READ_ABOVE = 1e4
+"""A float ``scale`` above this is checked against the inputs' values where they can be
+read for free (:func:`_check_scale_range`); calls with such a scale are not planned
+(a plan skips validation, and the check depends on the values)."""
+
+
+def scale_ceiling(dtype: torch.dtype) -> float:
+    """The largest float ``scale`` accepted for logits computed in ``dtype`` (the compute
+    dtype: float32 for half inputs): the square root of the dtype's largest value, so the
+    scale takes at most half of its exponent range and the scores the other half."""
+    return math.sqrt(torch.finfo(dtype).max)
+
+
 def _check_scale_range(scale: float, q: torch.Tensor, k: torch.Tensor, score: Score) -> None:
-    """A scale so large that the logits overflow would give NaN: refuse it, naming the
-    largest usable scale, where the inputs can be read for free (CPU, no grad)."""
-    if scale <= 1e4 or not score.dot_reducible or not (readable(q) and readable(k)):
-        return
+    """Refuse a scale whose logits would overflow the compute dtype (they would give NaN,
+    or -inf everywhere for the Gaussian: a row treated as empty).
+
+    Two checks: a scale above :func:`scale_ceiling` is refused on every path (the same
+    answer eagerly, compiled and on any device); above :data:`SCALE_READ_ABOVE`, where
+    the inputs can be read on the host for free (CPU tensors, outside torch.compile), the
+    largest unscaled logit is bounded from the inputs (:func:`_logit_bound`) and a scale
+    that takes it past the dtype's range / 64 is refused, naming the largest usable one.
+    Where the inputs cannot be read (an accelerator, torch.compile) scales up to the
+    ceiling are taken on trust: there, logits that overflow give NaN rows."""
     cd = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    bound = float(q.detach().abs().amax()) * float(k.detach().abs().amax()) * q.shape[-1]
-    if score.name == "gaussian":
-        return  # its logits are -|q - k|^2 / 2 sigma^2: scaled up they only sharpen to -inf
-    limit = torch.finfo(cd).max / 64
-    if math.isfinite(bound) and bound > 0 and scale * bound > limit:
+    ceiling = scale_ceiling(cd)
+    if scale > ceiling:
         raise ValueError(
-            f"scale: {scale:g} times the largest |q·k| of these inputs (up to {bound:.3g}) "
-            f"overflows {cd}; the largest usable scale here is about {limit / bound:.3g}"
+            f"scale: expected at most {ceiling:.3g} for logits computed in {cd} (the square "
+            f"root of its range, the rest being the scores'), got {scale:g}; fold part of "
+            "it into the query, or use float64 inputs"
         )
+    if scale <= SCALE_READ_ABOVE or not (readable(q) and readable(k)):
+        return
+    bound = _logit_bound(q, k, score)
+    limit = torch.finfo(cd).max / 64
+    if bound is not None and math.isfinite(bound) and bound > 0 and scale * bound > limit:
+        raise ValueError(
+            f"scale: {scale:g} would overflow the logits, computed in {cd}: the score's "
+            f"largest |logit| for these inputs is up to {bound:.3g} before scaling, and "
+            f"scale x {bound:.3g} must stay below {limit:.3g}; the largest usable scale for "
+            f"these inputs is about {limit / bound:.3g}"
+        )
+
+
+def _logit_bound(q: torch.Tensor, k: torch.Tensor, score: Score) -> float | None:
+    """An upper bound of the unscaled |logit| (float64, on the host), or None where the
+    score gives no way to bound it (a score that only materializes its logits).
+
+    Dot-reducible scores: from the dot form, ``E' max|q'| max|k'| + max|key bias| +
+    max|row constant|`` (for the Gaussian that bounds ``‖q - k‖²/2σ²`` too); Additive:
+    ``sum |w_v|`` (its tanh is bounded). Non-finite inputs give a non-finite bound (the
+    non-finite policy handles them)."""
+    from .backends.operands import cast_score  # (operands imports this module)
+    from .scores import Additive
+
+    with torch.no_grad():
+        if isinstance(score, Additive):
+            return float(score.w_v.weight.detach().double().abs().sum())
+        if not score.dot_reducible:
+            return None
+        sc = cast_score(score, torch.float64)
+        q64, k64 = q.detach().double(), k.detach().double()
+        qd, kd, kb = sc.dot_form(q64, k64)
+        rc = sc.row_constant(q64, k64)
+        bound = qd.shape[-1] * _amax(qd) * _amax(kd) + _amax(kb) + _amax(rc)
+    return bound
+
+
+def _amax(t: torch.Tensor | None) -> float:
+    """max |t| as a float, 0 for None or an empty tensor."""
+    if t is None or t.numel() == 0:
+        return 0.0
+    return float(t.abs().amax())

@@ -25,7 +25,7 @@ import torch
 
 from . import _host
 from . import masks as _masks
-from ._inputs import AttentionInputs
+from ._inputs import SCALE_READ_ABOVE, AttentionInputs
 from .backends import dispatch
 from .backends.base import Backend, PlainRunner
 
@@ -89,6 +89,7 @@ def plan_key(
         or type(score) is not str
         or not (mask is None or type(mask) in _TENSOR_FREE_MASKS)
         or not (scale is None or type(scale) is float)  # (1 and True would share a key)
+        or (scale is not None and scale > SCALE_READ_ABOVE)  # checked against each call's values
         or type(dropout_p) is not float
         or not (backend is None or type(backend) is str)
         or not (

@@ -12,6 +12,7 @@ import torch
 from . import _plans, _recording
 from . import masks as _masks
 from ._inputs import AttentionInputs, validate_inputs
+from .backends._common import graph_link
 from .backends.base import AttentionResult
 from .backends.dispatch import Explanation, explain_inputs, normalize_backend_arg, select_backend
 from .mods import Mod, Sinks
@@ -221,7 +222,7 @@ def _empty_result(inputs: AttentionInputs) -> AttentionResult:
     dev = inputs.device
     out = torch.zeros(*batch, L, inputs.Ev, dtype=inputs.dtype, device=dev)
     # Keep the graph connected so backward gives zero gradients, not None.
-    link = (inputs.query.sum() + inputs.key.sum() + inputs.value.sum()) * 0
+    link = graph_link(inputs.query, inputs.key, inputs.value)  # 0 even for NaN inputs
     out = out + link.to(out.dtype)
     weights = torch.zeros(*batch, L, S, dtype=inputs.compute_dtype, device=dev)
     lse = torch.full((*batch, L), float("-inf"), dtype=inputs.compute_dtype, device=dev)

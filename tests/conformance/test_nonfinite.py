@@ -154,3 +154,104 @@ def test_property_poisoned_positions_follow_the_policy(
     shape = (Bn, Hq, Ln) if where == "query" else (Bn, Hk, Sn)
     positions = (torch.rand(shape, generator=gen) < 0.3).numpy()
     assume(check_poisoned(q, k, v, score, mask, keep, where, poison, positions, backend, "cpu"))
+
+
+# ---------------------------------------------------------------- fully masked rows
+
+
+def _every_key_masked() -> dict[str, masks.Mask]:
+    return {
+        "valid_lens": masks.valid_lens(torch.zeros(B, dtype=torch.long)),
+        "key_padding": masks.key_padding(torch.ones(B, S, dtype=torch.bool)),
+    }
+
+
+def _all_masked_call(
+    score_name: str, mask_name: str, where: str, backend: str | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    q, k, v = poison_inputs(score_name, seed=64)
+    {"query": q, "key": k, "value": v}[where][0, 0, 1, 0] = math.nan
+    score, _ = make_score(
+        score_name, q.shape[-1], k.shape[-1], torch.Generator().manual_seed(65), torch.float32
+    )
+    mask = _every_key_masked()[mask_name]
+    want_lse = backend is None or usable(score, mask, backend, q, k, v)[2]
+    res = attnkit.attention(q, k, v, score=score, mask=mask, backend=backend, return_lse=want_lse)
+    return (res[0], res[1]) if want_lse else (res, None)
+
+
+@pytest.mark.parametrize("where", ["key", "value", "query"])
+@pytest.mark.parametrize("mask_name", ["valid_lens", "key_padding"])
+@pytest.mark.parametrize("score_name", ["dot", "scaled_dot", "bilinear", "gaussian"])
+def test_every_key_masked_with_a_nan_gives_zero(
+    score_name: str, mask_name: str, where: str, backend: str
+) -> None:
+    """Issue 19, row 1: every key masked and a NaN in a masked key, value or query, in
+    grad mode (the default): output 0 and lse -inf everywhere, on every backend."""
+    out, lse = _all_masked_call(score_name, mask_name, where, backend)
+    assert (out == 0).all(), f"{backend}: {int(out.isnan().sum())} NaN in the output"
+    assert lse is None or lse.isneginf().all()
+
+
+@pytest.mark.parametrize("where", ["key", "value"])
+@pytest.mark.parametrize("mask_name", ["valid_lens", "key_padding"])
+@pytest.mark.parametrize("score_name", ["dot", "gaussian"])
+def test_every_key_masked_with_a_nan_gives_zero_on_the_default_path(
+    score_name: str, mask_name: str, where: str
+) -> None:
+    """The same on the default path (no backend named), where the issue found it."""
+    out, lse = _all_masked_call(score_name, mask_name, where, None)
+    assert (out == 0).all(), f"{int(out.isnan().sum())} NaN in the output"
+    assert lse is not None and lse.isneginf().all()
+
+
+@pytest.mark.parametrize("mask_name", ["keep", "valid_lens_queries", "causal_and_padding"])
+@pytest.mark.parametrize("score_name", ["dot", "bilinear", "gaussian"])
+def test_nan_query_in_a_fully_masked_row_has_zero_gradients(
+    score_name: str, mask_name: str, backend: str
+) -> None:
+    """Issue 19, row 2: a NaN query in a row that keeps no key gives that row output 0 and
+    contributes nothing to any gradient: its own query's gradient is 0, and every gradient
+    equals the one with that query zeroed (never NaN)."""
+    q, k, v = poison_inputs(score_name, seed=66)
+    score, _ = make_score(
+        score_name, q.shape[-1], k.shape[-1], torch.Generator().manual_seed(67), torch.float32
+    )
+    mask, keep = fixed_masks()[mask_name]
+    dead = ~np.broadcast_to(keep, (B, 2, q.shape[2], S)).any(-1)  # (B, H, L) rows keeping no key
+    assert dead.any()
+    if not usable(score, mask, backend, q, k, v)[0]:
+        pytest.skip(f"{backend} does not run {score_name}")
+    grads = []
+    for poison in (math.nan, 0.0):
+        qp = q.clone()
+        qp[..., 0][torch.from_numpy(dead)] = poison
+        leaves = [t.clone().requires_grad_(True) for t in (qp, k, v)]
+        out = attnkit.attention(*leaves, score=score, mask=mask, backend=backend)
+        assert not out.isnan().any()
+        grads.append(torch.autograd.grad(out.square().sum(), leaves))
+    for name, got, want in zip(("query", "key", "value"), *grads, strict=True):
+        assert not got.isnan().any(), f"{backend}: NaN in the {name} gradient"
+        torch.testing.assert_close(got, want, msg=lambda m, n=name: f"{backend} d{n}: {m}")
+
+
+def test_no_keys_at_all_with_a_nan_query_gives_zero() -> None:
+    """S == 0 (no key exists): output 0 whatever the queries hold, gradients 0."""
+    q = torch.full((1, 2, 3, 4), math.nan, requires_grad=True)
+    k, v = torch.zeros(1, 2, 0, 4, requires_grad=True), torch.zeros(1, 2, 0, 2)
+    out = attnkit.attention(q, k, v)
+    assert (out == 0).all()
+    (grad,) = torch.autograd.grad(out.sum(), q)
+    assert (grad == 0).all()
+
+
+@pytest.mark.slow  # one compilation: about 15 s
+def test_every_key_masked_with_a_nan_compiles_to_zero() -> None:
+    """Under torch.compile(fullgraph=True) the same call gives the same zeros."""
+    q, k, v = poison_inputs("dot", seed=68)
+    k[0, 0, 2, 1] = math.nan
+    v[1, 0, 3, 0] = math.nan
+    mask = _every_key_masked()["key_padding"]
+    compiled = torch.compile(lambda q, k, v: attnkit.attention(q, k, v, mask=mask), fullgraph=True)
+    out = compiled(q, k, v)
+    assert (out == 0).all()

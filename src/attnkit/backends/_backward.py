@@ -11,6 +11,11 @@ since ``d f / d s_ij = p_ij (d_out_i · v_j - D_i)`` is the softmax backward and
 ``d f / d v_j = sum_i p_ij d_out_i``. For a whole call, pass its own (out, lse). Every
 score and mask works here; memory is O(L·S) per call (backends with their own
 backward avoid that).
+
+Non-finite inputs follow the policy of :mod:`._materialized`: a pair that is not used
+adds nothing to any gradient; the gradients that rows using a non-finite input reach
+are NaN, and so are those of rows whose given output gradient or ``D`` is not finite
+(their global output is NaN).
 """
 
 from __future__ import annotations
@@ -21,14 +26,21 @@ from dataclasses import replace
 import torch
 
 from .. import _lse
+from .._host import readable
 from .._inputs import AttentionInputs
-from ._common import expand_kv
-from ._materialized import materialized_logits
+from ._materialized import materialized
 
 __all__ = ["InputGrads", "materialized_backward"]
 
 InputGrads = tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor | None]]
 """(d query, d key, d value, [d param for each parameter asked for])."""
+
+
+def _maybe(rows: torch.Tensor) -> torch.Tensor | None:
+    """``rows`` when one of them is set (read where that is free), else None."""
+    if readable(rows) and not bool(rows.any()):
+        return None
+    return rows
 
 
 def materialized_backward(
@@ -46,23 +58,29 @@ def materialized_backward(
     differentiate too.
     """
     cd = inputs.compute_dtype
+    d_out = grad_out.detach().to(cd)
+    D = (d_out * out.detach().to(cd)).sum(-1)  # (*batch, L)
+    if grad_lse is not None:
+        D = D - grad_lse.detach().to(cd)
+    # rows whose output gradient is not finite (their global output is NaN) pass a NaN to
+    # the pairs they use, and nothing through the others
+    odd = ~(torch.isfinite(D) & torch.isfinite(d_out).all(dim=-1))  # (*batch, L)
     with torch.enable_grad():
         q, k, v = (
             t.detach().requires_grad_(True) for t in (inputs.query, inputs.key, inputs.value)
         )
         rec = replace(inputs, query=q, key=k, value=v, dropout_p=0.0)
-        logits = materialized_logits(rec)  # (*batch, L, S), -inf where blocked
+        m = materialized(rec, extra_rows=_maybe(odd))
+        logits = m.logits  # (*batch, L, S), -inf where blocked
         lse_c = lse.detach().to(cd)
         dead = torch.isneginf(lse_c)
         p = torch.exp(logits - _lse.safe_max(lse_c).unsqueeze(-1))  # (*batch, L, S)
-        p = p.masked_fill(dead.unsqueeze(-1), 0.0)
-        vv = expand_kv(v.to(cd), inputs.groups)  # (..., Hq, S, Ev)
-        vv = torch.where(torch.isfinite(vv), vv, torch.zeros((), dtype=cd))  # unused keys: 0
-        d_out = grad_out.detach().to(cd)
-        D = (d_out * out.detach().to(cd)).sum(-1)  # (*batch, L)
-        if grad_lse is not None:
-            D = D - grad_lse.detach().to(cd)
-        f = ((p @ vv) * d_out).sum() - (p.sum(-1) * D).sum()
+        zero = torch.zeros((), dtype=p.dtype, device=p.device)
+        p = torch.where(dead.unsqueeze(-1) | torch.isneginf(logits), zero, p)  # blocked: 0
+        if m.reached is not None:  # their gradients are NaN already; drop their d_out
+            d_out = torch.where(m.reached.unsqueeze(-1), 0.0, d_out)
+            D = torch.where(m.reached, 0.0, D)
+        f = ((p @ m.value) * d_out).sum() - (p.sum(-1) * D).sum()
         grads = torch.autograd.grad(f, [q, k, v, *params], allow_unused=True)
     dq, dk, dv = (
         torch.zeros_like(t) if g is None else g for t, g in zip((q, k, v), grads, strict=False)

@@ -17,10 +17,13 @@ from ..masks import DenseMask
 __all__ = [
     "all_finite",
     "clean_keys",
+    "clean_rows",
     "clean_values",
     "dense_mask",
     "expand_kv",
+    "graph_link",
     "masked_softmax",
+    "nan_rows",
     "restore_nonfinite_keys",
     "score_logits",
 ]
@@ -32,6 +35,19 @@ def expand_kv(t: torch.Tensor, groups: int) -> torch.Tensor:
     if groups == 1:
         return t
     return t.repeat_interleave(groups, dim=-3)  # (..., Hq, S, D)
+
+
+def graph_link(*tensors: torch.Tensor) -> torch.Tensor:
+    """A 0-d zero joined to the autograd graph of ``tensors``, whatever values they hold.
+
+    Added to a result that no input reaches (every row fully masked, an empty call), it
+    keeps the graph connected, so backward gives the inputs zero gradients rather than
+    "does not require grad". It is the sum of an empty slice of each tensor, never
+    ``t.sum() * 0``, which is NaN when ``t`` holds a NaN or an inf."""
+    link = torch.zeros((), dtype=tensors[0].dtype, device=tensors[0].device)
+    for t in tensors:
+        link = link + t.narrow(-1, 0, 0).sum().to(link.dtype)  # 0, differentiable
+    return link
 
 
 def all_finite(*tensors: torch.Tensor) -> bool:
@@ -58,6 +74,20 @@ def clean_keys(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     inf_rows = torch.isinf(k).any(dim=-1) & ~nan_rows  # (..., S)
     bad = (nan_rows | inf_rows).unsqueeze(-1)  # (..., S, 1)
     return torch.where(bad, torch.zeros((), dtype=k.dtype), k), inf_rows, nan_rows
+
+
+def clean_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``t`` (..., N, D) with its rows holding a NaN or an inf zeroed, and those rows
+    (..., N) bool. Computed from the cleaned rows, a row-wise map (a projection, a
+    score's dot form) sends no ``0 * NaN`` into its parameters' gradients; the caller
+    puts the rows back as NaN (:func:`nan_rows`)."""
+    bad = ~torch.isfinite(t).all(dim=-1)  # (..., N)
+    return torch.where(bad.unsqueeze(-1), torch.zeros((), dtype=t.dtype, device=t.device), t), bad
+
+
+def nan_rows(t: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    """``t`` (..., N, D) with the rows ``bad`` (..., N) set to NaN (no gradient there)."""
+    return torch.where(bad.unsqueeze(-1), torch.full((), float("nan"), dtype=t.dtype), t)
 
 
 def clean_values(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -126,16 +156,20 @@ def masked_softmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax over the last dim where ``-inf`` means blocked.
 
     Returns weights (..., L, S) and lse (..., L). A row with every entry ``-inf``
-    gets weights 0 and lse ``-inf``, with zero gradients. A NaN logit makes its whole
-    row NaN, weights and lse (a used NaN propagates).
+    gets weights 0 and lse ``-inf``, with zero gradients. A NaN logit makes its row's
+    weights NaN on every pair that is not blocked, and its lse NaN (a used NaN
+    propagates); a blocked pair keeps weight 0 and passes no gradient.
     """
     m = logits.amax(dim=-1, keepdim=True).detach()  # (..., L, 1)
     m = torch.where(torch.isinf(m), torch.zeros((), dtype=m.dtype, device=m.device), m)
     e = torch.exp(logits - m)  # (..., L, S)
+    blocked = torch.isneginf(logits)
+    zero = torch.zeros((), dtype=e.dtype, device=e.device)
+    e = torch.where(blocked, zero, e)  # a blocked pair: exactly 0, no gradient
     denom = e.sum(dim=-1, keepdim=True)  # (..., L, 1)
     dead = denom == 0  # NaN rows are not dead: their NaN reaches weights and lse
     safe = torch.where(dead, torch.ones((), dtype=denom.dtype, device=denom.device), denom)
-    weights = e / safe
+    weights = torch.where(blocked, zero, e / safe)  # 0, not 0 / NaN, in a NaN row
     neg_inf = torch.full((), float("-inf"), dtype=m.dtype, device=m.device)
     lse = torch.where(dead, neg_inf, m + torch.log(safe)).squeeze(-1)  # (..., L)
     return weights, lse

@@ -9,57 +9,191 @@ The reference backend is this module:
 
 Non-finite inputs follow one policy: a NaN (or inf) in a position that is used
 propagates to the rows that use it; a position masked out never contributes,
-whatever it holds. So a blocked pair is -inf whatever its logit, and the values are
-taken with non-finite rows zeroed, a row that uses such a value being set to NaN.
-Half-precision inputs are computed in float32 and the output cast back.
+whatever it holds. A pair whose query or key holds a NaN or an inf scores NaN (an
+inf makes no promise beyond that), except that under a score whose dot form has a key
+bias (the Gaussian) a key holding an inf is infinitely far: it scores -inf against a
+finite query. A pair is *used* when its logit is not -inf after the mask. A row is
+*reached* when it uses a pair whose query, key or value row is not finite.
+
+- Forward: a blocked pair is -inf whatever its logit, and gets weight exactly 0; the
+  values are taken with non-finite rows zeroed, and a reached row's output is NaN.
+- Gradients, pair by pair as well: a pair that is not used contributes nothing to any
+  gradient, whatever its query, key, value or output gradient holds (no ``0 * NaN``).
+  So every gradient entry the non-finite inputs do not reach is that of the same call
+  with those inputs zeroed, and the entries they do reach are NaN: the query of a
+  reached row, the keys and values that reached rows use, and the score's parameters.
+  (A reached row's output is NaN, so its output gradient is not used: it may be NaN.)
+
+The work of that policy is skipped when every input is finite (read on the host where
+that is free). Half-precision inputs are computed in float32 and the output cast back.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
+from .._host import readable
 from .._inputs import AttentionInputs
-from ._common import dense_mask, expand_kv, masked_softmax, score_logits
+from ._common import all_finite, dense_mask, expand_kv, masked_softmax, score_logits
 from .base import AttentionResult
+from .operands import cast_score
 
-__all__ = ["materialized_attention", "materialized_logits"]
+__all__ = ["Materialized", "materialized", "materialized_attention", "materialized_logits"]
 
 
-def materialized_logits(inputs: AttentionInputs) -> torch.Tensor:
-    """Masked, scaled logits (*batch, L, S) in the compute dtype; -inf where blocked."""
-    cd = inputs.compute_dtype
-    q = inputs.query.to(cd)
-    k = expand_kv(inputs.key.to(cd), inputs.groups)  # (..., Hq, S, E)
+@dataclass(frozen=True)
+class Materialized:
+    """The call's operands, materialized under the non-finite policy.
+
+    Attributes:
+        logits: (*batch, L, S) masked, scaled logits in the compute dtype, -inf where
+            blocked; their gradient is NaN on the pairs that reached rows use.
+        value: (..., Hq, S, Ev) values in the compute dtype, non-finite rows zeroed;
+            their gradient is NaN on the keys that reached rows use.
+        reached: None when every input is finite, else (*batch, L) bool: rows that use a
+            non-finite query, key or value.
+    """
+
+    logits: torch.Tensor
+    value: torch.Tensor
+    reached: torch.Tensor | None
+
+
+class _Zeroed(torch.autograd.Function):
+    """Forward: ``t`` (..., N, D) with the rows ``bad`` (..., N) zeroed. Backward: the
+    gradient passes unchanged (a zeroed row still receives what its uses send it), plus
+    ``addend`` (..., N), NaN where a row's gradient is to be NaN."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, bad: torch.Tensor, addend: torch.Tensor | None) -> Any:
+        ctx.addend = addend
+        return torch.where(bad.unsqueeze(-1), torch.zeros((), dtype=t.dtype, device=t.device), t)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        if ctx.addend is not None:
+            g = g + ctx.addend.unsqueeze(-1).to(g.dtype)
+        return g, None, None
+
+
+class _NanGrad(torch.autograd.Function):
+    """Identity forward; backward adds ``addend`` (NaN where the gradient is to be NaN)."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, addend: torch.Tensor) -> Any:
+        ctx.addend = addend
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        return g + ctx.addend.to(g.dtype), None
+
+
+def _nan_where(flags: torch.Tensor) -> torch.Tensor:
+    """NaN where ``flags`` is True, 0 elsewhere (float32)."""
+    return torch.where(flags, float("nan"), 0.0)
+
+
+def _bad_rows(t: torch.Tensor) -> torch.Tensor:
+    """(..., N, D) -> (..., N) True where the row holds a NaN or an inf."""
+    return ~torch.isfinite(t).all(dim=-1)
+
+
+def _far_keys(inputs: AttentionInputs, k: torch.Tensor, k_bad: torch.Tensor) -> torch.Tensor | None:
+    """Key rows (..., Hk, S) that are infinitely far, or None: under a score whose dot
+    form has a key bias (the Gaussian: ``-‖q - k‖²/2σ²``), a key holding an inf but no
+    NaN scores -inf against every finite query, as the kernels compute it."""
+    score = inputs.score
+    if not score.dot_reducible:
+        return None
+    probe_q = torch.zeros(1, inputs.E, dtype=k.dtype, device=k.device)  # (1, E)
+    probe_k = torch.zeros(1, k.shape[-1], dtype=k.dtype, device=k.device)  # (1, Ek)
+    with torch.no_grad():
+        _, _, key_bias = cast_score(score, k.dtype).dot_form(probe_q, probe_k)
+    if key_bias is None:
+        return None
+    return k_bad & ~torch.isnan(k).any(dim=-1)
+
+
+def _scored(inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """mods(scale * score(q, k)) (..., L, S), before the mask."""
     logits = score_logits(inputs, q, k) * inputs.scale  # (..., L, S)
     if inputs.head_scale is not None:
-        hs = inputs.head_scale.to(cd)
+        hs = inputs.head_scale.to(logits.dtype)
         logits = logits * hs.view(-1, 1, 1)  # (..., H, L, S): one scale per query head
     for mod in inputs.mods:
         logits = mod.logits(logits, inputs.L, inputs.S)
+    return logits
+
+
+def _masked(inputs: AttentionInputs, logits: torch.Tensor) -> torch.Tensor:
+    """The mask applied: -inf where blocked, whatever the logit; (*batch, L, S)."""
     dm = dense_mask(inputs)
     if dm.bias is not None:
-        bias = dm.bias.to(cd)
+        bias = dm.bias.to(logits.dtype)
         logits = (logits + bias).masked_fill(bias == float("-inf"), float("-inf"))
     if dm.keep is not None:
         logits = logits.masked_fill(~dm.keep, float("-inf"))
     return logits.expand(*inputs.batch_shape, inputs.L, inputs.S)
 
 
+def materialized(inputs: AttentionInputs, extra_rows: torch.Tensor | None = None) -> Materialized:
+    """The call's logits and values under the non-finite policy (see the module docstring).
+
+    ``extra_rows``: None or (*batch, L) bool, more rows to treat as reached (a backward
+    whose output gradient is not finite there)."""
+    cd = inputs.compute_dtype
+    q, k = inputs.query.to(cd), inputs.key.to(cd)
+    v = expand_kv(inputs.value.to(cd), inputs.groups)  # (..., Hq, S, Ev)
+    if extra_rows is None and readable(q) and all_finite(q.detach(), k.detach(), v.detach()):
+        logits = _masked(inputs, _scored(inputs, q, expand_kv(k, inputs.groups)))
+        return Materialized(logits=logits, value=v, reached=None)
+    q_bad, k_bad = _bad_rows(q), _bad_rows(k)  # (..., L), (..., Hk, S)
+    far = _far_keys(inputs, k, k_bad)  # (..., Hk, S) or None
+    if far is not None:
+        k_bad = k_bad & ~far
+    qc = _Zeroed.apply(q, q_bad, None)
+    kc = _Zeroed.apply(k, _bad_rows(k), None)
+    clean = _scored(inputs, qc, expand_kv(kc, inputs.groups))  # (..., L, S), differentiable
+    k_bad = expand_kv(k_bad.unsqueeze(-1), inputs.groups).squeeze(-1)  # (..., Hq, S)
+    v_bad = _bad_rows(v)  # (..., Hq, S)
+    bad_pair = q_bad.unsqueeze(-1) | k_bad.unsqueeze(-2)  # (..., L, S)
+    logits = clean + _nan_where(bad_pair).to(clean.dtype)  # NaN there, gradient to clean
+    if far is not None:  # infinitely far: -inf whatever the (finite) query
+        far_q = expand_kv(far.unsqueeze(-1), inputs.groups).squeeze(-1)  # (..., Hq, S)
+        logits = logits.masked_fill(far_q.unsqueeze(-2) & ~q_bad.unsqueeze(-1), float("-inf"))
+    logits = _masked(inputs, logits)
+    used = ~torch.isneginf(logits.detach())  # (*batch, L, S); NaN pairs are used
+    reached = (used & (bad_pair | v_bad.unsqueeze(-2))).any(dim=-1)  # (*batch, L)
+    if extra_rows is not None:
+        reached = reached | extra_rows
+    by_reached = used & reached.unsqueeze(-1)  # (*batch, L, S)
+    logits = _NanGrad.apply(logits, _nan_where(by_reached))
+    keys = by_reached.any(dim=-2)  # (*batch, S): keys a reached row uses
+    value = _Zeroed.apply(v.expand(*keys.shape, v.shape[-1]), v_bad.expand_as(keys),
+                          _nan_where(keys))  # fmt: skip
+    return Materialized(logits=logits, value=value, reached=reached)
+
+
+def materialized_logits(inputs: AttentionInputs) -> torch.Tensor:
+    """Masked, scaled logits (*batch, L, S) in the compute dtype; -inf where blocked."""
+    return materialized(inputs).logits
+
+
 def materialized_attention(inputs: AttentionInputs) -> AttentionResult:
     """The whole call, materialized: output, weights and lse (as asked)."""
-    cd = inputs.compute_dtype
-    logits = materialized_logits(inputs)  # (*batch, L, S)
-    weights, lse = masked_softmax(logits)
+    m = materialized(inputs)
+    weights, lse = masked_softmax(m.logits)
     probs = F.dropout(weights, p=inputs.dropout_p) if inputs.dropout_p > 0 else weights
-    v = expand_kv(inputs.value.to(cd), inputs.groups)  # (..., Hq, S, Ev)
-    finite = torch.isfinite(v)
-    out = probs @ torch.where(finite, v, torch.zeros((), dtype=cd, device=v.device))
-    bad = (~finite).any(dim=-1, keepdim=True).to(cd)  # (..., S, 1) non-finite value rows
-    used_bad = (logits > float("-inf")).to(cd) @ bad  # (*batch, L, 1)
-    out = out.masked_fill(used_bad > 0, float("nan")).to(inputs.dtype)  # (*batch, L, Ev)
+    out = probs @ m.value  # (*batch, L, Ev)
+    if m.reached is not None:  # NaN, and no gradient through it (it may be NaN)
+        out = torch.where(m.reached.unsqueeze(-1), float("nan"), out)
     return AttentionResult(
-        output=out,
+        output=out.to(inputs.dtype),
         weights=weights if inputs.return_weights else None,
         lse=lse if inputs.return_lse else None,
     )

@@ -38,7 +38,14 @@ from .._host import readable
 from .._inputs import AttentionInputs
 from ..mods import ALiBi, PositionMod, Softcap
 from ..scores import Additive, Dot, Score
-from ._common import all_finite, clean_keys, expand_kv, restore_nonfinite_keys
+from ._common import (
+    all_finite,
+    clean_keys,
+    clean_rows,
+    expand_kv,
+    nan_rows,
+    restore_nonfinite_keys,
+)
 
 __all__ = ["ScoreOperands", "alibi_folds", "cast_score", "lower_score"]
 
@@ -152,23 +159,35 @@ def lower_score(
     key = inputs.key if key is None else key
     dtype = inputs.compute_dtype if upcast else q.dtype
     sc = cast_score(score, dtype)
+    q, key = q.to(dtype), key.to(dtype)
     if isinstance(score, Additive):
         assert isinstance(sc, Additive)
-        qa, ka = sc.project(q.to(dtype), key.to(dtype))  # (..., L, h), (..., S, h)
+        guard = not (readable(q) and all_finite(q.detach(), key.detach()))
+        if guard:  # project finite rows only (see clean_rows), non-finite rows back as NaN
+            (q, bad_q), (key, bad_k) = clean_rows(q), clean_rows(key)
+        qa, ka = sc.project(q, key)  # (..., L, h), (..., S, h)
+        if guard:
+            qa, ka = nan_rows(qa, bad_q), nan_rows(ka, bad_k)
         w = sc.w_v.weight.reshape(-1)  # (h,)
         ops = ScoreOperands("additive", qa, ka, None, w, None, None, inputs.scale)
         return _with_mods(inputs, ops, fold_alibi=False)
     far: torch.Tensor | None = None
     nan_keys: torch.Tensor | None = None
+    q_bad: torch.Tensor | None = None
     if type(score).dot_form is not Dot.dot_form and not (
-        readable(key) and all_finite(key.detach())
+        readable(key) and all_finite(q.detach(), key.detach())
     ):
         key, far, nan_keys = clean_keys(key)
-    qd, kd, kb = sc.dot_form(q.to(dtype), key.to(dtype))
-    rc = sc.row_constant(q.to(dtype), key.to(dtype)) if row_constant else None
+        q, q_bad = clean_rows(q)
+    qd, kd, kb = sc.dot_form(q, key)
+    rc = sc.row_constant(q, key) if row_constant else None
     excluded: torch.Tensor | None = None
     if far is not None and nan_keys is not None:
         kd, kb, excluded = restore_nonfinite_keys(kd, kb, far, nan_keys)
+    if q_bad is not None:  # a non-finite query row scores NaN against every key
+        qd = nan_rows(qd, q_bad)
+        if rc is not None:
+            rc = torch.where(q_bad, float("nan"), rc)  # (..., L)
     if inputs.head_scale is not None:  # (hs q')·k' + hs b: the scale folds into the operands
         hs = inputs.head_scale.to(qd.dtype).view(-1, 1, 1)  # (H, 1, 1)
         qd = qd * hs  # (..., H, L, E')

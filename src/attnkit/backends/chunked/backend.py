@@ -214,12 +214,11 @@ def _operands(inputs: AttentionInputs) -> tuple[Operands, ScoreOperands]:
     v = v.expand(*batch, S, v.shape[-1]).reshape(N, S, v.shape[-1])  # (N, S, Ev)
     if kb is not None:
         kb = (kb.to(cd) * inputs.scale).expand(*batch, 1, S).reshape(N, 1, S)  # (N, 1, S)
-    bad_v: torch.Tensor | None = None
-    nonfinite_qk = False
-    if readable(v):  # free on the CPU; elsewhere non-finite inputs are not looked for
-        v, bad = clean_values(v)  # (N, S, Ev), (N, S) or None
-        bad_v = bad.to(cd) if bad is not None else None  # (N, S)
-        nonfinite_qk = not all_finite(qa.detach(), ka.detach())
+    # non-finite inputs: looked for on the host where that is free; elsewhere the tiles
+    # take the policy's tensor-op path (values cleaned, -inf of the mask kept hard)
+    v, bad = clean_values(v)  # (N, S, Ev), (N, S) or None
+    bad_v = bad.to(cd) if bad is not None else None  # (N, S)
+    nonfinite_qk = not all_finite(qa.detach(), ka.detach()) if readable(v) else True
     ops = Operands(
         kind=lowered.kind,
         qa=qa.contiguous(),

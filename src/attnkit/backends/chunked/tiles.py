@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ... import _lse
+from ..._host import readable
 from ...blockplan import BlockPlan
 from ...kernels import additive as _additive
 from ...kernels.softmax import exp_rows_
@@ -31,11 +32,13 @@ class Operands:
     heads h after the scale, then ``softcap`` maps s to ``cap * tanh(s / cap)``; both
     before the mask.
 
-    Non-finite inputs (found on the host, where reading is free): ``bad_v`` (N, S)
-    marks value rows holding NaN/inf, which ``v`` holds as zeros so that a masked-out
-    key contributes nothing, and a row that uses such a key becomes NaN;
-    ``nonfinite_qk`` (a query or key holds NaN/inf) makes every ``-inf`` of the
-    mask's bias a hard mask, so a NaN logit cannot turn a blocked pair into NaN.
+    Non-finite inputs (looked for on the host where reading is free, else assumed):
+    ``bad_v`` (N, S) marks value rows holding NaN/inf, which ``v`` holds as zeros so
+    that a masked-out key contributes nothing, and a row that uses such a key becomes
+    NaN; ``nonfinite_qk`` (a query or key may hold NaN/inf) makes every ``-inf`` of the
+    mask's bias a hard mask, so a NaN logit cannot turn a blocked pair into NaN. The
+    backward then keeps every pair that is not used out of every gradient
+    (:func:`_backward_guard`).
     """
 
     kind: str
@@ -299,6 +302,34 @@ def weights_tiles(
     return weights
 
 
+def _backward_guard(
+    ops: Operands,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    d_out: torch.Tensor,
+    row_term: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The non-finite policy of the backward, or None when there is nothing to guard.
+
+    A pair that is not used (its logit is -inf) must add nothing to any gradient, so a
+    NaN or inf held by its query, key or output gradient cannot reach the others through
+    ``0 * NaN``. When the operands, the output or its gradient are not all finite this
+    returns ``(reached, qa, ka)``: the rows (N, L) whose output, lse or output gradient
+    is not finite (rows that use a non-finite input: their gradients may be NaN, the
+    others are exact; their output gradient is dropped), and the operands with their
+    non-finite rows zeroed for the gradient products (a used pair of such a row has a
+    NaN logit, so its gradient is NaN anyway).
+    """
+    reached = ~(torch.isfinite(row_term) & ~torch.isposinf(lse) & ~torch.isnan(lse))  # (N, L)
+    reached |= ~torch.isfinite(out).all(dim=-1) | ~torch.isfinite(d_out).all(dim=-1)
+    if ops.clean and readable(reached) and not bool(reached.any()):
+        return None
+    zero = torch.zeros((), dtype=ops.qa.dtype, device=ops.qa.device)
+    qa = torch.where(torch.isfinite(ops.qa).all(dim=-1, keepdim=True), ops.qa, zero)
+    ka = torch.where(torch.isfinite(ops.ka).all(dim=-1, keepdim=True), ops.ka, zero)
+    return reached, qa, ka
+
+
 def backward_tiles(
     ops: Operands,
     plan: BlockPlan,
@@ -330,6 +361,12 @@ def backward_tiles(
         row_term = row_term - d_lse
     if d_weights is not None and weights is not None:
         row_term = row_term + (d_weights * weights).sum(dim=-1)
+    guard = _backward_guard(ops, out, lse, d_out, row_term)
+    qa, ka = ops.qa, ops.ka
+    if guard is not None:  # see _backward_guard
+        reached, qa, ka = guard
+        d_out = d_out.masked_fill(reached.unsqueeze(-1), 0.0)
+        row_term = row_term.masked_fill(reached, 0.0)
     lse_safe = _lse.safe_max(lse)
     for rows, b, q_start, q_end, k_start, k_end in plan.groups():
         for i0, i1 in _blocks(q_start, q_end, plan.block_q):
@@ -339,11 +376,14 @@ def backward_tiles(
             do_t = d_out[rows, i0:i1]  # (R, bi, Ev)
             shift = lse_safe[rows, i0:i1]  # (R, bi)
             rt = row_term[rows, i0:i1].unsqueeze(-1)  # (R, bi, 1)
-            qt = ops.qa[rows, i0:i1]  # (R, bi, Eq)
+            qt = qa[rows, i0:i1]  # (R, bi, Eq)
             for j0, j1 in _blocks(lo, hi, plan.block_k):
                 tanh: list[torch.Tensor] = []
                 p = _tile_logits(ops, plan, rows, b, i0, i1, j0, j1, tanh)  # (R, bi, bj)
+                blocked = torch.isneginf(p) if guard is not None else None
                 exp_rows_(p, shift, want_sum=False)  # p = exp(s - lse)
+                if blocked is not None:  # exactly 0, even in a row whose lse is NaN
+                    p.masked_fill_(blocked, 0.0)
                 vt = ops.v[rows, j0:j1]  # (R, bj, Ev)
                 dv[rows, j0:j1] += torch.bmm(p.transpose(1, 2), do_t)  # (R, bj, Ev)
                 dp = torch.bmm(do_t, vt.transpose(1, 2))  # (R, bi, bj)
@@ -352,6 +392,8 @@ def backward_tiles(
                 ds = dp.sub_(rt).mul_(p)  # (R, bi, bj): gradient of the logits s
                 if tanh:  # through the softcap
                     ds.mul_(1 - tanh[0] * tanh[0])
+                if blocked is not None:
+                    ds.masked_fill_(blocked, 0.0)
                 if d_rows is not None:
                     d_rows[rows, i0:i1] += ds.sum(dim=-1)  # (R, bi)
                 if d_pos is not None:
@@ -361,7 +403,7 @@ def backward_tiles(
                     d_pos[:, t0 : t0 + diag.shape[-1]] += heads.to(d_pos.dtype)
                 if dkb is not None:
                     dkb[rows, :, j0:j1] += ds.sum(dim=1, keepdim=True)  # (R, 1, bj)
-                kt = ops.ka[rows, j0:j1]  # (R, bj, Eq)
+                kt = ka[rows, j0:j1]  # (R, bj, Eq)
                 if ops.kind == "dot":
                     ds.mul_(ops.scale)
                     dqa[rows, i0:i1] += torch.bmm(ds, kt)  # (R, bi, Eq)

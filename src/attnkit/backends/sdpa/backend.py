@@ -13,7 +13,7 @@ from ..._inputs import AttentionInputs
 from ...mods import ALiBi
 from .. import varlen
 from .._backward import InputGrads
-from .._common import dense_mask, expand_kv
+from .._common import dense_mask, expand_kv, graph_link
 from ..base import AttentionResult, Backend, PlainRunner
 from ..operands import alibi_folds, lower_score
 from . import plan
@@ -312,7 +312,7 @@ class SDPABackend(Backend):
         if not live and torch.is_grad_enabled():
             # Every element is fully masked: keep the graph connected so backward gives
             # zero gradients (the policy for masked rows), not "does not require grad".
-            link = (q.sum() + k.sum() + v.sum()) * 0  # a 0-d zero
+            link = graph_link(q, k, v)  # a 0-d zero, whatever q, k, v hold
             out_full = out_full + link.to(out_full.dtype)
             if w_full is not None:
                 w_full = w_full + link.to(w_full.dtype)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from ..._inputs import AttentionInputs
 from ...kernels.softmax import exp_rows_
-from .._common import expand_kv, masked_softmax
+from .._common import clean_rows, expand_kv, masked_softmax
 
 __all__ = [
     "LSE_OP",
@@ -149,16 +149,20 @@ class _SoftmaxFromLse(torch.autograd.Function):
     def forward(ctx: Any, logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
         weights = logits.contiguous().clone()  # (..., L, S)
         exp_rows_(weights, _shift(lse), want_sum=False)
-        ctx.save_for_backward(weights, logits)
+        ctx.save_for_backward(weights, logits, lse)
         return weights
 
     @staticmethod
     def backward(ctx: Any, d_weights: torch.Tensor) -> tuple[torch.Tensor, None]:
-        weights, logits = ctx.saved_tensors
+        weights, logits, lse = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: weights as a function of the logits
             weights = masked_softmax(logits)[0]  # (..., L, S)
         row = (d_weights * weights).sum(dim=-1, keepdim=True)  # (..., L, 1)
-        return weights * (d_weights - row), None
+        grad = weights * (d_weights - row)  # (..., L, S)
+        # a row whose lse is NaN (it uses a non-finite input; its weights are NaN) passes
+        # no gradient, so a NaN never reaches the pairs it does not use (a row of padding
+        # that a caller drops has d_weights 0, and NaN * 0 is NaN)
+        return torch.where(torch.isnan(lse).unsqueeze(-1), 0.0, grad), None
 
 
 def _shift(lse: torch.Tensor) -> torch.Tensor:
@@ -194,9 +198,16 @@ def weights_of_call(
     ``alive`` (..., L, 1) marking rows that keep at least one key.
     """
     cd = inputs.compute_dtype
+    # Non-finite rows zeroed, so a gradient never multiplies a NaN: a pair holding one is
+    # blocked or in a row whose lse is NaN (its weights are NaN), except a key holding
+    # -inf only (a Gaussian key infinitely far, its -inf in a bias feature): -inf below.
+    far = torch.isneginf(k).any(dim=-1) & ~(torch.isnan(k) | torch.isposinf(k)).any(dim=-1)
+    q, k = clean_rows(q)[0], clean_rows(k)[0]  # far: (..., S)
     kf = expand_kv(k, inputs.groups) if gqa else k  # (..., S, E')
     qs = q.to(cd) * inputs.scale  # (..., L, E'): scaled here, not on (L, S)
     logits = torch.matmul(qs, kf.to(cd).transpose(-2, -1))  # (..., L, S)
+    far = expand_kv(far.unsqueeze(-1), inputs.groups).squeeze(-1) if gqa else far
+    logits = logits.masked_fill(far.unsqueeze(-2), float("-inf"))
     keep: torch.Tensor | None = None
     if is_causal:
         L, S = logits.shape[-2], logits.shape[-1]

@@ -8,15 +8,25 @@ masked-out NaN key or value reaches the row through ``NaN + (-inf)`` or ``0 * Na
 
 So every SDPA call of this backend:
 
-1. under a mask, replaces non-finite key and value rows by zeros
+1. under a mask, replaces non-finite query, key and value rows by zeros
    (:func:`sanitize`), so a masked-out one cannot reach any row;
 2. runs the kernel;
-3. adds NaN (:func:`apply`) to the rows that use a non-finite position: a query
-   row holding a NaN, the rows whose mask keeps a non-finite key (their output and
-   lse) or a non-finite value (their output only: values do not enter the lse).
+3. makes NaN (:func:`apply`) the rows that use a non-finite position: a query row
+   holding a NaN or an inf, the rows whose mask keeps a non-finite key (their output
+   and lse) or a non-finite value (their output only: values do not enter the lse).
+
+Gradients follow the same policy: the kernel only ever sees finite inputs, so its
+backward sends nothing from a pair it does not use into any gradient (no ``0 * NaN``),
+and the NaN rows of step 3 are selected with ``torch.where``, so their output gradient
+(NaN itself under most losses) never enters the kernel's backward. Every gradient entry
+that no non-finite input reaches is then exactly that of the same call with those
+inputs zeroed. The entries one reaches have no promise: under a mask they get the
+zeroed call's value less the reached rows' share (finite); without one, the kernel's
+own NaN propagation (every row uses every key).
 
 Flags are carried as addends that are NaN where a row is poisoned and 0 elsewhere
-(a cumulative sum carries a NaN forward: the rows of a causal mask that see it).
+(a cumulative sum carries a NaN forward: the rows of a causal mask that see it); the
+output takes them by a select.
 They are built with ``isnan``/``isfinite``, never as ``x * 0``: torch.compile
 simplifies ``x * 0`` to 0, which would lose every flag. Without a mask every key is used by every row,
 so the kernel's own propagation is kept, and only what it drops is put back: NaN
@@ -81,8 +91,8 @@ def sanitize(
     k: torch.Tensor,
     v: torch.Tensor,
     excluded: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Zero the non-finite entries of a masked call's keys and values.
+) -> tuple[torch.Tensor, ...]:
+    """Zero the non-finite rows of a masked call's queries, keys and values.
 
     Args:
         q: (..., L, E) queries; k: (..., S, E) keys; v: (..., S, Ev) values.
@@ -91,10 +101,11 @@ def sanitize(
             they keep their -inf and are not counted as non-finite.
 
     Returns:
-        k and v cleaned, and three NaN-or-0 addends: query rows holding a NaN (..., L),
-        non-finite keys (..., S) and non-finite values (..., S).
+        q, k and v cleaned, and three NaN-or-0 addends: non-finite query rows (..., L),
+        keys (..., S) and values (..., S). The kernel then sees finite inputs only, so
+        its backward sends no ``0 * NaN`` from a pair it does not use into a gradient.
     """
-    q_add = _nan_addend(q)  # (..., L)
+    q_add = _row_addend(q)  # (..., L)
     k_add = _row_addend(k)  # (..., S)
     v_add = _row_addend(v)  # (..., S)
     if excluded is not None:  # an excluded key keeps its -inf
@@ -102,9 +113,10 @@ def sanitize(
     # a flagged row is zeroed whole (a row that uses it becomes NaN anyway); one select per
     # element, which torch.compile fuses with the flags' reductions
     zero = torch.zeros((), dtype=k.dtype, device=k.device)
+    q = torch.where(torch.isnan(q_add).unsqueeze(-1), zero, q)  # (..., L, E)
     k = torch.where(torch.isnan(k_add).unsqueeze(-1), zero, k)  # (..., S, E)
     v = torch.where(torch.isnan(v_add).unsqueeze(-1), zero, v)  # (..., S, Ev)
-    return k, v, q_add, k_add, v_add
+    return q, k, v, q_add, k_add, v_add
 
 
 def rows_using(
@@ -167,9 +179,12 @@ def unmasked_addend(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 def apply(
     out: torch.Tensor, lse: torch.Tensor | None, poison: Poison
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Add the NaN-or-0 addends to out (..., L, Ev) and lse (..., L)."""
+    """Make NaN the rows of out (..., L, Ev) and lse (..., L) the addends flag."""
     rows = poison.scores if poison.values is None else poison.scores + poison.values
-    out = out + rows.unsqueeze(-1).to(out.dtype)  # (..., L, Ev)
+    nan = torch.full((), float("nan"), dtype=out.dtype, device=out.device)
+    # a select, not an addition: the output gradient of a NaN row (often NaN itself)
+    # does not reach the kernel's backward
+    out = torch.where(torch.isnan(rows).unsqueeze(-1), nan, out)  # (..., L, Ev)
     if lse is not None:
         lse = lse + poison.scores.to(lse.dtype)  # (..., L)
     return out, lse

@@ -105,7 +105,16 @@ def call(
         return _kernel(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                        dropout_p=dropout_p, scale=scale, gqa=gqa, want_lse=want_lse)  # fmt: skip
     if masked:
-        k, v, q_bad, k_bad, v_bad = poison.sanitize(q, k, v, excluded)
+        q, k, v, q_bad, k_bad, v_bad = poison.sanitize(q, k, v, excluded)
+    causal = is_causal or lower_right
+    alive: torch.Tensor | None = None
+    policy_mask = attn_mask  # the call's own mask, for the flags
+    if excluded is not None:
+        # rows whose every kept key is excluded (infinitely far) are empty rows
+        kept = poison.to_query_heads(~excluded, heads)  # (..., S)
+        alive = poison.rows_keeping(kept, attn_mask, causal, L, offset)  # (..., L or 1)
+        if attn_mask is not None:
+            attn_mask, k = _exclude_by_mask(attn_mask, k, kept, excluded, alive)
     if lower_right:
         out, lse = _lower_right(q, k, v, dropout_p=dropout_p, scale=scale, gqa=gqa), None
     else:
@@ -113,18 +122,38 @@ def call(
                            dropout_p=dropout_p, scale=scale, gqa=gqa, want_lse=want_lse)  # fmt: skip
     if not masked:
         return poison.apply(out, lse, poison.Poison(scores=poison.unmasked_addend(q, k)))
-    causal = is_causal or lower_right
-    if excluded is not None:
-        # rows whose every kept key is excluded (infinitely far) are empty rows
-        kept = poison.to_query_heads(~excluded, heads)  # (..., S)
-        alive = poison.rows_keeping(kept, attn_mask, causal, L, offset)  # (..., L or 1)
+    if alive is not None:
         out = torch.where(alive.unsqueeze(-1), out, torch.zeros((), dtype=out.dtype))
         if lse is not None:
             lse = torch.where(alive, lse, float("-inf"))
     flags = poison.flags_for_call(
-        q, k_bad, v_bad, q_bad, attn_mask, causal, heads, offset, split=lse is not None
+        q, k_bad, v_bad, q_bad, policy_mask, causal, heads, offset, split=lse is not None
     )
     return poison.apply(out, lse, flags)
+
+
+def _exclude_by_mask(
+    attn_mask: torch.Tensor,
+    k: torch.Tensor,
+    kept: torch.Tensor,
+    excluded: torch.Tensor,
+    alive: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Excluded keys leave through the mask instead of their -inf feature in k, and rows
+    with no key left attend everywhere (their output is zeroed after): the kernel then
+    never sees a row of -inf logits, whose backward is NaN.
+
+    attn_mask (..., L or 1, S) bool or float; k (..., S, E'); kept (..., S) per query
+    head; excluded (..., S) per key head; alive (..., L or 1). Returns (attn_mask, k).
+    """
+    gone = ~kept.unsqueeze(-2)  # (..., 1, S)
+    dead = ~alive.unsqueeze(-1)  # (..., L or 1, 1)
+    if attn_mask.dtype == torch.bool:
+        attn_mask = (attn_mask & ~gone) | dead  # (..., L or 1, S)
+    else:
+        attn_mask = attn_mask.masked_fill(gone, float("-inf")).masked_fill(dead, 0.0)
+    k = torch.where(excluded.unsqueeze(-1), torch.zeros((), dtype=k.dtype), k)  # (..., S, E')
+    return attn_mask, k
 
 
 def direct(
