@@ -53,6 +53,9 @@ class AttentionInputs:
     head_scale: torch.Tensor | None = None
     """(H,) per-head multipliers of the logits when ``scale=`` was a tensor (``scale``
     is then 1.0), else None."""
+    check_finite: bool = True
+    """False when the caller guarantees finite inputs (``check_finite=False``): the
+    non-finite policy's checks and cleaning are skipped."""
 
     @property
     def mod_kinds(self) -> frozenset[str]:
@@ -140,6 +143,7 @@ class AttentionInputs:
             torch.is_grad_enabled(),
             self.needs_grad,
             tuple(m.signature() for m in self.mods),
+            self.check_finite,
             None if self.head_scale is None else tuple(self.head_scale.shape),
         )
 
@@ -249,6 +253,7 @@ def validate_inputs(
     return_weights: object = False,
     return_lse: object = False,
     mods: object = None,
+    check_finite: object = True,
 ) -> AttentionInputs:
     """Check every argument of ``attention()`` and return the canonical record."""
     q = _check_tensor("query", query, "(..., L, E)")
@@ -364,6 +369,7 @@ def validate_inputs(
         groups=groups,
         mods=mod_list,
         head_scale=head_scale,
+        check_finite=_check_flag("check_finite", check_finite),
     )
 
 

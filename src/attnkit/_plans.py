@@ -37,7 +37,18 @@ _PLANS: dict[tuple[object, ...], CallPlan] = {}
 _PLANS_MAX = 256
 
 
-_PLANNED = ("score", "scale", "dropout_p", "batch_shape", "L", "S", "E", "Ev", "groups")
+_PLANNED = (
+    "score",
+    "scale",
+    "dropout_p",
+    "batch_shape",
+    "L",
+    "S",
+    "E",
+    "Ev",
+    "groups",
+    "check_finite",
+)
 """The fields of :class:`AttentionInputs` a plan fixes (besides the flags, all off)."""
 
 
@@ -79,6 +90,7 @@ def plan_key(
     scale: object,
     dropout_p: object,
     backend: object,
+    check_finite: object = True,
 ) -> tuple[object, ...] | None:
     """The plan key of a plain call's arguments, or None when the call is not plain.
 
@@ -92,6 +104,7 @@ def plan_key(
         or (scale is not None and scale > SCALE_READ_ABOVE)  # checked against each call's values
         or type(dropout_p) is not float
         or not (backend is None or type(backend) is str)
+        or type(check_finite) is not bool
         or not (
             type(query) is torch.Tensor
             and type(key) is torch.Tensor
@@ -124,6 +137,7 @@ def plan_key(
         backend,
         dispatch.forced_backends(),
         _host.strict(),
+        check_finite,
     )
 
 

@@ -39,6 +39,7 @@ def attention(
     return_lse: bool = False,
     backend: BackendArg = None,
     mods: ModsArg = None,
+    check_finite: bool = True,
 ) -> Any:
     """Exact attention with any score and any mask convention.
 
@@ -67,6 +68,11 @@ def attention(
         mods: score modifiers (:mod:`attnkit.mods`: ALiBi, T5's relative position
             bias, softcap, sinks), one or a list, applied in order after the scale and
             before the mask.
+        check_finite: True (default): the non-finite policy holds (a NaN or inf in a
+            position a row does not use never reaches it), at the cost of checking the
+            inputs. False: the caller guarantees finite inputs (like scipy's
+            ``check_finite=False``); the checks are skipped and non-finite inputs give
+            whatever the kernel gives.
 
     Returns:
         output (..., L, Ev); with ``return_weights``/``return_lse`` a tuple
@@ -75,7 +81,9 @@ def attention(
     """
     plan_key = None
     if return_weights is False and return_lse is False and mods is None:
-        plan_key = _plans.plan_key(query, key, value, score, mask, scale, dropout_p, backend)
+        plan_key = _plans.plan_key(
+            query, key, value, score, mask, scale, dropout_p, backend, check_finite
+        )
         if plan_key is not None and _recording.ACTIVE.get() is None:
             plan = _plans.lookup(plan_key)
             if plan is not None:  # validated and dispatched before: same shapes and flags
@@ -94,6 +102,7 @@ def attention(
         return_weights=return_weights,
         return_lse=return_lse,
         mods=mods,
+        check_finite=check_finite,
     )
     core, sinks = _split_sinks(inputs)
     chosen = select_backend(core, normalize_backend_arg(backend))
@@ -129,6 +138,7 @@ def explain(
     return_lse: bool = False,
     backend: BackendArg = None,
     mods: ModsArg = None,
+    check_finite: bool = True,
 ) -> Explanation:
     """Which backend :func:`attention` would run for these arguments, and why.
 
@@ -147,6 +157,7 @@ def explain(
         return_weights=return_weights,
         return_lse=return_lse,
         mods=mods,
+        check_finite=check_finite,
     )
     return explain_inputs(_split_sinks(inputs)[0], normalize_backend_arg(backend))
 

@@ -162,7 +162,7 @@ def lower_score(
     q, key = q.to(dtype), key.to(dtype)
     if isinstance(score, Additive):
         assert isinstance(sc, Additive)
-        guard = not (readable(q) and all_finite(q.detach(), key.detach()))
+        guard = inputs.check_finite and not (readable(q) and all_finite(q.detach(), key.detach()))
         if guard:  # project finite rows only (see clean_rows), non-finite rows back as NaN
             (q, bad_q), (key, bad_k) = clean_rows(q), clean_rows(key)
         qa, ka = sc.project(q, key)  # (..., L, h), (..., S, h)
@@ -174,8 +174,10 @@ def lower_score(
     far: torch.Tensor | None = None
     nan_keys: torch.Tensor | None = None
     q_bad: torch.Tensor | None = None
-    if type(score).dot_form is not Dot.dot_form and not (
-        readable(key) and all_finite(q.detach(), key.detach())
+    if (
+        inputs.check_finite
+        and type(score).dot_form is not Dot.dot_form
+        and not (readable(key) and all_finite(q.detach(), key.detach()))
     ):
         key, far, nan_keys = clean_keys(key)
         q, q_bad = clean_rows(q)

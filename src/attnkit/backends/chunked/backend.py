@@ -216,9 +216,12 @@ def _operands(inputs: AttentionInputs) -> tuple[Operands, ScoreOperands]:
         kb = (kb.to(cd) * inputs.scale).expand(*batch, 1, S).reshape(N, 1, S)  # (N, 1, S)
     # non-finite inputs: looked for on the host where that is free; elsewhere the tiles
     # take the policy's tensor-op path (values cleaned, -inf of the mask kept hard)
-    v, bad = clean_values(v)  # (N, S, Ev), (N, S) or None
-    bad_v = bad.to(cd) if bad is not None else None  # (N, S)
-    nonfinite_qk = not all_finite(qa.detach(), ka.detach()) if readable(v) else True
+    bad_v: torch.Tensor | None = None
+    nonfinite_qk = False
+    if inputs.check_finite:  # (check_finite=False: the caller guarantees finite inputs)
+        v, bad = clean_values(v)  # (N, S, Ev), (N, S) or None
+        bad_v = bad.to(cd) if bad is not None else None  # (N, S)
+        nonfinite_qk = not all_finite(qa.detach(), ka.detach()) if readable(v) else True
     ops = Operands(
         kind=lowered.kind,
         qa=qa.contiguous(),

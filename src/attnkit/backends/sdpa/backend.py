@@ -190,6 +190,7 @@ class SDPABackend(Backend):
             want_lse=want_lse,
             excluded=excluded,
             lower_right=lower_right,
+            assume_finite=not inputs.check_finite,
         )  # (*batch, L, Ev), (*batch, L)
         zero = torch.zeros((), dtype=out.dtype, device=out.device)
         if alive is not None:  # no host sync: stays torch.compile friendly
@@ -285,6 +286,7 @@ class SDPABackend(Backend):
                 gqa=gqa,
                 want_lse=want_lse,
                 excluded=far_g,
+                assume_finite=not inputs.check_finite,
             )  # (G, ..., qm, Ev), (G, ..., qm)
             w_g: torch.Tensor | None = None
             if w_full is not None and lse_g is not None:
@@ -335,6 +337,7 @@ def _direct_options(inputs: AttentionInputs) -> dict[str, Any]:
         "dropout_p": inputs.dropout_p,
         "scale": inputs.scale,
         "gqa": inputs.groups > 1,
+        "assume_finite": not inputs.check_finite,
     }
 
 

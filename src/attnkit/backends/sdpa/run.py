@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from ..._host import readable
 from .._common import all_finite, expand_kv
 from . import poison
+from .flash import can_flash, flash_attention
 from .grad import fused_twice_differentiable, math_attention
 from .lse import lse_call
 
@@ -76,6 +77,7 @@ def call(
     want_lse: bool,
     excluded: torch.Tensor | None = None,
     lower_right: bool = False,
+    assume_finite: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """SDPA on equal leading dims: out (..., L, Ev) and, with ``want_lse``, lse (..., L).
 
@@ -85,19 +87,22 @@ def call(
     (carried in k), which no row counts as kept; ``lower_right``: a causal mask
     aligned to the bottom-right corner, given to the kernel as torch's lower-right
     causal bias (needs :func:`has_lower_right`, no ``attn_mask`` and no lse).
-    Non-finite inputs follow the policy of :mod:`.poison`.
+    Non-finite inputs follow the policy of :mod:`.poison`, unless ``assume_finite``
+    (the caller guarantees finite inputs: ``check_finite=False``).
     """
     heads = q.shape[-3] if q.ndim >= 3 else 1
     L, S = q.shape[-2], k.shape[-2]
     offset = S - L if lower_right else 0
     masked = attn_mask is not None or is_causal or excluded is not None or lower_right
-    if (
-        excluded is None
-        and readable(q)
-        and (
-            all_finite(q.detach(), k.detach(), v.detach())
-            if masked
-            else _finite_for_kernel(q.detach(), k.detach(), v.detach(), is_causal=False)
+    if excluded is None and (
+        assume_finite
+        or (
+            readable(q)
+            and (
+                all_finite(q.detach(), k.detach(), v.detach())
+                if masked
+                else _finite_for_kernel(q.detach(), k.detach(), v.detach(), is_causal=False)
+            )
         )
     ):  # nothing for the policy to do (on the CPU, where the check reads for free)
         if lower_right:
@@ -166,6 +171,7 @@ def direct(
     dropout_p: float,
     scale: float,
     gqa: bool,
+    assume_finite: bool = False,
 ) -> torch.Tensor:
     """A call torch's SDPA takes as it is: 4-D q (B, H, L, E), k and v (B, Hk, S, E),
     no mask, ``is_causal`` or (``lower_right``) torch's lower-right causal bias.
@@ -177,10 +183,13 @@ def direct(
     twice-differentiable wrapper.
     """
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if not (lower_right or needs_grad) and readable(q) and _finite_for_kernel(q, k, v, is_causal):
+    if not (lower_right or needs_grad) and (
+        assume_finite or (readable(q) and _finite_for_kernel(q, k, v, is_causal))
+    ):
         return _sdpa(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale, gqa=gqa)
     out, _ = call(q, k, v, attn_mask=None, is_causal=is_causal, dropout_p=dropout_p,
-                  scale=scale, gqa=gqa, want_lse=False, lower_right=lower_right)  # fmt: skip
+                  scale=scale, gqa=gqa, want_lse=False, lower_right=lower_right,
+                  assume_finite=assume_finite)  # fmt: skip
     return out
 
 
@@ -193,13 +202,15 @@ def direct_runner(
     gqa: bool,
     head_dim: int,
     readable_no_grad: bool,
+    assume_finite: bool = False,
 ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """:func:`direct` for repeated calls of one plan with query head size ``head_dim``,
     (q, k, v) -> out. With ``readable_no_grad`` (the plan's tensors are host-readable
     and need no gradient, as every call of the plan) those checks are not repeated per
     call."""
     slow = functools.partial(direct, is_causal=is_causal, lower_right=lower_right,
-                             dropout_p=dropout_p, scale=scale, gqa=gqa)  # fmt: skip
+                             dropout_p=dropout_p, scale=scale, gqa=gqa,
+                             assume_finite=assume_finite)  # fmt: skip
     if lower_right or not readable_no_grad:
         return slow
     sdpa = F.scaled_dot_product_attention
@@ -212,6 +223,9 @@ def direct_runner(
         options["scale"] = scale
     if gqa:
         options["enable_gqa"] = True
+
+    if assume_finite:  # the caller guarantees finite inputs: the op and nothing else
+        return functools.partial(sdpa, **options) if options else sdpa
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if _finite_for_kernel(q, k, v, is_causal):
@@ -308,6 +322,10 @@ def _kernel(
         groups = q.shape[-3] // k.shape[-3] if gqa else 1
         recompute = functools.partial(math_attention, is_causal=is_causal, scale=scale,
                                       groups=groups)  # fmt: skip
+        if not want_lse and q.ndim == 4 and can_flash(q, k, v, attn_mask):
+            # torch's fused ops directly: no inner graph, no nested autograd.grad
+            return flash_attention(q, k, v, attn_mask, is_causal=is_causal, scale=scale,
+                                   recompute=recompute), None  # fmt: skip
         return fused_twice_differentiable(run, recompute, q, k, v, attn_mask)
     return run(q, k, v, attn_mask)
 
