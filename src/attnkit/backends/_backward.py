@@ -21,6 +21,7 @@ are NaN, and so are those of rows whose given output gradient or ``D`` is not fi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 from dataclasses import replace
 
 import torch
@@ -30,7 +31,7 @@ from .._host import readable
 from .._inputs import AttentionInputs
 from ._materialized import materialized
 
-__all__ = ["InputGrads", "materialized_backward"]
+__all__ = ["InputGrads", "leaf_call", "materialized_backward", "pull_back"]
 
 InputGrads = tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor | None]]
 """(d query, d key, d value, [d param for each parameter asked for])."""
@@ -41,6 +42,30 @@ def _maybe(rows: torch.Tensor) -> torch.Tensor | None:
     if readable(rows) and not bool(rows.any()):
         return None
     return rows
+
+
+def leaf_call(
+    inputs: AttentionInputs, **changes: Any
+) -> tuple[list[torch.Tensor], AttentionInputs]:
+    """Detached copies of the call's query, key and value that require grad, and the call
+    on them (with ``changes`` to other fields): what a backward differentiates through."""
+    leaves = [t.detach().requires_grad_(True) for t in (inputs.query, inputs.key, inputs.value)]
+    return leaves, replace(inputs, query=leaves[0], key=leaves[1], value=leaves[2], **changes)
+
+
+def pull_back(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    leaves: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor],
+) -> InputGrads:
+    """Gradients of the leaves and params from (tensor, gradient) pairs of tensors computed
+    from them (a kernel's operands and their gradients): zeros for a leaf nothing reached."""
+    got = torch.autograd.grad([t for t, _ in pairs], [*leaves, *params],
+                              [g for _, g in pairs], allow_unused=True)  # fmt: skip
+    dq, dk, dv = (
+        torch.zeros_like(t) if g is None else g for t, g in zip(leaves, got, strict=False)
+    )
+    return dq, dk, dv, list(got[3:])
 
 
 def materialized_backward(
@@ -66,10 +91,7 @@ def materialized_backward(
     # the pairs they use, and nothing through the others
     odd = ~(torch.isfinite(D) & torch.isfinite(d_out).all(dim=-1))  # (*batch, L)
     with torch.enable_grad():
-        q, k, v = (
-            t.detach().requires_grad_(True) for t in (inputs.query, inputs.key, inputs.value)
-        )
-        rec = replace(inputs, query=q, key=k, value=v, dropout_p=0.0)
+        leaves, rec = leaf_call(inputs, dropout_p=0.0)
         m = materialized(rec, extra_rows=_maybe(odd))
         logits = m.logits  # (*batch, L, S), -inf where blocked
         lse_c = lse.detach().to(cd)
@@ -81,8 +103,4 @@ def materialized_backward(
             d_out = torch.where(m.reached.unsqueeze(-1), 0.0, d_out)
             D = torch.where(m.reached, 0.0, D)
         f = ((p @ m.value) * d_out).sum() - (p.sum(-1) * D).sum()
-        grads = torch.autograd.grad(f, [q, k, v, *params], allow_unused=True)
-    dq, dk, dv = (
-        torch.zeros_like(t) if g is None else g for t, g in zip((q, k, v), grads, strict=False)
-    )
-    return dq, dk, dv, list(grads[3:])
+    return pull_back([(f, torch.ones((), dtype=f.dtype))], leaves, params)

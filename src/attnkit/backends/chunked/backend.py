@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -14,7 +13,7 @@ from ..._inputs import AttentionInputs
 from ...blockplan import BlockPlan
 from ...kernels import additive as _additive
 from ...scores import Additive, Score
-from .._backward import InputGrads
+from .._backward import InputGrads, leaf_call, pull_back
 from .._common import all_finite, clean_values, expand_kv
 from ..autograd import KernelFunction
 from ..base import ALL_MOD_KINDS, AttentionResult, Backend
@@ -110,11 +109,7 @@ class ChunkedBackend(Backend):
         batch, L = inputs.batch_shape, inputs.L
         N, cd = math.prod(batch), inputs.compute_dtype
         with torch.enable_grad():
-            leaves = [t.detach().requires_grad_(True)
-                      for t in (inputs.query, inputs.key, inputs.value)]  # fmt: skip
-            rec = replace(
-                inputs, query=leaves[0], key=leaves[1], value=leaves[2], return_lse=True
-            )  # fmt: skip  (the lse's frame needs the row constant)
+            leaves, rec = leaf_call(inputs, return_lse=True)  # (the lse's frame: row constant)
             ops, lowered = _operands(rec)
         lse_l = lowered.lowered_lse(lse.detach().to(cd)).reshape(N, L)  # (N, L)
         call = ChunkedCall(_plan(rec), ops.kind, ops.scale, _flags(ops))
@@ -135,13 +130,7 @@ class ChunkedBackend(Backend):
             (t, g) for t, g in zip(tensors, grads, strict=True) if t is not None and g is not None
         ]
         pairs += lowered.row_constant_pairs(lse, d_rows.reshape(*inputs.batch_shape, L))
-        wanted = [*leaves, *params]
-        got = torch.autograd.grad([t for t, _ in pairs], wanted, [g for _, g in pairs],
-                                  allow_unused=True)  # fmt: skip
-        dq, dk, dv = (
-            torch.zeros_like(t) if g is None else g for t, g in zip(leaves, got, strict=False)
-        )
-        return dq, dk, dv, list(got[3:])
+        return pull_back(pairs, leaves, params)
 
 
 def _mod_reasons(inputs: AttentionInputs) -> list[str]:

@@ -20,14 +20,13 @@ devices) use the materialized backward.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
 from ..._host import readable
 from ..._inputs import AttentionInputs
-from .._backward import InputGrads, materialized_backward
+from .._backward import InputGrads, leaf_call, materialized_backward, pull_back
 from .._common import all_finite, dense_mask, expand_kv
 from ..operands import lower_score
 from .lse import _aten_op
@@ -72,8 +71,7 @@ def sdpa_backward(
         return materialized_backward(inputs, out, lse, grad_out, grad_lse, params)
     cd, batch, L, S = inputs.compute_dtype, inputs.batch_shape, inputs.L, inputs.S
     with torch.enable_grad():
-        leaves = [t.detach().requires_grad_(True) for t in (inputs.query, inputs.key, inputs.value)]
-        rec = replace(inputs, query=leaves[0], key=leaves[1], value=leaves[2])
+        leaves, rec = leaf_call(inputs)
         ops = lower_score(rec, upcast=True, row_constant=True, fold_alibi=True)
         if ops.excluded is not None:
             return materialized_backward(inputs, out, lse, grad_out, grad_lse, params)
@@ -140,13 +138,4 @@ def sdpa_backward(
         extra = ops.row_constant_pairs(lse, row_grad)
         dq = torch.cat([dq[..., :-1], torch.zeros_like(dq[..., -1:])], dim=-1)
     dq, dk, dv = _reduce_to(dq, qd.shape), _reduce_to(dk, kd.shape), _reduce_to(dv, vd.shape)
-    got = torch.autograd.grad(
-        [qd, kd, vd, *(t for t, _ in extra)],
-        [*leaves, *params],
-        [dq, dk, dv, *(g for _, g in extra)],
-        allow_unused=True,
-    )
-    dq_, dk_, dv_ = (
-        torch.zeros_like(t) if x is None else x for t, x in zip(leaves, got, strict=False)
-    )
-    return dq_, dk_, dv_, list(got[3:])
+    return pull_back([(qd, dq), (kd, dk), (vd, dv), *extra], leaves, params)

@@ -43,10 +43,13 @@ def can_flash(
     )
 
 
-def _additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    if mask is None or mask.dtype != torch.bool:
-        return None if mask is None else mask.to(dtype)
-    return torch.where(mask, torch.zeros((), dtype=dtype), float("-inf"))
+def _mask4(mask: torch.Tensor | None, q: torch.Tensor, S: int) -> torch.Tensor | None:
+    """SDPA's mask as the ops take it: additive in q's dtype, (B, H, L, S), contiguous."""
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        mask = torch.where(mask, torch.zeros((), dtype=q.dtype), float("-inf"))
+    return mask.to(q.dtype).expand(*q.shape[:3], S).contiguous()  # (B, H, L, S)
 
 
 class _Flash(torch.autograd.Function):
@@ -63,9 +66,7 @@ class _Flash(torch.autograd.Function):
     ) -> torch.Tensor:
         groups = q.shape[1] // k.shape[1]
         ke, ve = expand_kv(k, groups), expand_kv(v, groups)  # (B, H, S, D)
-        mask = _additive(attn_mask, q.dtype)
-        if mask is not None:
-            mask = mask.expand(*q.shape[:2], q.shape[2], k.shape[2]).contiguous()  # (B, H, L, S)
+        mask = _mask4(attn_mask, q, k.shape[2])
         qc, kc, vc = q.contiguous(), ke.contiguous(), ve.contiguous()
         out, lse = LSE_OP(qc, kc, vc, 0.0, is_causal, attn_mask=mask, scale=scale)[:2]
         ctx.save_for_backward(q, k, v, attn_mask, out, lse)
@@ -82,9 +83,7 @@ class _Flash(torch.autograd.Function):
             got = iter(torch.autograd.grad(again, src, d_out, create_graph=True))
             return (*(next(got) if w else None for w in wants), None, None, None, None)
         g = ctx.groups
-        mask = _additive(attn_mask, q.dtype)
-        if mask is not None:
-            mask = mask.expand(*q.shape[:2], q.shape[2], k.shape[2]).contiguous()
+        mask = _mask4(attn_mask, q, k.shape[2])
         ke, ve = expand_kv(k, g).contiguous(), expand_kv(v, g).contiguous()
         dq, dk, dv = FLASH_BACKWARD_OP(
             d_out.contiguous(), q.contiguous(), ke, ve, out, lse, 0.0, ctx.is_causal,
