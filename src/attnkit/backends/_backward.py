@@ -21,8 +21,8 @@ are NaN, and so are those of rows whose given output gradient or ``D`` is not fi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 from dataclasses import replace
+from typing import Any
 
 import torch
 
