@@ -1,0 +1,76 @@
+"""The triton kernels compile for every NVIDIA target, without a GPU.
+
+The interpreter accepts code that the Triton compiler refuses, and knows nothing of
+a GPU's limits. Here ``python -m attnkit.backends.triton.targets`` compiles, in one
+fresh process without ``TRITON_INTERPRET``, every kernel specialization that a set of
+calls makes attnkit's host code pick, for sm_75, sm_80, sm_86, sm_89 and sm_90, and
+reads shared memory (Triton's metadata) and register spills (``ptxas -v``). Per
+target: every call compiles; every kernel fits the per-block shared memory; no
+half-precision kernel spills on sm_80 or newer (float32 kernels and the Additive
+backward may; they are reported). Triton's cache and a cache of the ptxas reports
+make reruns cheap. The default run compiles a representative subset; the whole
+matrix is marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+LIMITS = {75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+
+
+def _reports(*flags: str) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "attnkit.backends.triton.targets", "--json", *flags],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=3600,
+    )
+    if proc.returncode == 3:
+        pytest.skip(proc.stderr.strip())
+    assert proc.returncode in (0, 1), proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _check(reports: list[dict]) -> None:
+    assert sorted(r["arch"] for r in reports) == sorted(LIMITS)
+    for r in reports:
+        arch, kernels = r["arch"], r["kernels"]
+        assert not r["errors"], f"sm_{arch}: {r['errors']}"
+        assert r["compiled"] == r["calls"] > 0
+        names = {k["name"] for k in kernels}
+        assert names >= {
+            "attention_forward_kernel",
+            "attention_weights_kernel",
+            "attention_backward_dkdv_kernel",
+            "attention_backward_dq_kernel",
+        }, f"sm_{arch}: {names}"
+        for k in kernels:
+            where = f"sm_{arch} {k['name']} ({k['call']})"
+            assert 0 < k["shared"] <= LIMITS[arch], f"{where}: {k['shared']} B of shared memory"
+            assert k["registers"] > 0, f"{where}: no ptxas report"
+            exempt = k["dtype"] == "fp32" or (k["score"] == "additive" and "backward" in k["name"])
+            if arch >= 80 and not exempt:
+                spilled = k["spill_stores"] + k["spill_loads"]
+                assert spilled == 0, f"{where}: {spilled} B of register spills"
+        assert r["passed"]
+
+
+def test_every_target_compiles_fits_and_keeps_half_precision_in_registers() -> None:
+    _check(_reports())
+
+
+@pytest.mark.slow
+def test_the_whole_matrix_on_every_target() -> None:
+    """Every score, mask kind and dtype, head dims 16..256 (odd ones too), weights and
+    the backward."""
+    _check(_reports("--full"))
