@@ -58,6 +58,8 @@ def _check(reports: list[dict]) -> None:
             where = f"sm_{arch} {k['name']} ({k['call']})"
             assert 0 < k["shared"] <= LIMITS[arch], f"{where}: {k['shared']} B of shared memory"
             assert k["registers"] > 0, f"{where}: no ptxas report"
+            if arch >= 80 and k["score"] != "additive" and k["dtype"] != "fp32":
+                assert k["mma"] > 0, f"{where}: no tensor-core instruction"
             exempt = k["dtype"] == "fp32" or (k["score"] == "additive" and "backward" in k["name"])
             if arch >= 80 and not exempt:
                 spilled = k["spill_stores"] + k["spill_loads"]
@@ -74,3 +76,39 @@ def test_the_whole_matrix_on_every_target() -> None:
     """Every score, mask kind and dtype, head dims 16..256 (odd ones too), weights and
     the backward."""
     _check(_reports("--full"))
+
+
+def test_the_table_and_the_command() -> None:
+    from attnkit.backends.triton.targets import TargetReport, table
+    from attnkit.cli import main
+
+    report = TargetReport(86, calls=2, compiled=2)
+    report.kernels.append(
+        {"name": "attention_backward_dkdv_kernel", "shared": 120 * 1024, "registers": 255,
+         "spill_stores": 8, "spill_loads": 4, "call": "c", "dtype": "fp16", "score": "dot",
+         "mma": 12}
+    )  # fmt: skip
+    text = table([report])
+    assert "| sm_86 (RTX 30xx, A10, 99 KiB) | 2/2 | 1 | 1: attention_backward_dkdv_kernel 120 KiB" in text
+    assert "backward_dkdv_kernel fp16 8+4 B | yes | NO |" in text
+    assert not report.passed and report.forbidden_spills()
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        assert main(["explain", "--gpu-targets"]) == 2  # the interpreter compiles nothing
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+def test_bfloat16_is_refused_on_sm75_with_a_reason() -> None:
+    import torch
+
+    from attnkit.backends.triton.backend import arch_reason
+
+    assert "float16" in str(arch_reason(torch.bfloat16, 75))
+    assert arch_reason(torch.float16, 75) is None
+    assert arch_reason(torch.bfloat16, 80) is None
+    assert arch_reason(torch.bfloat16, 0) is None  # the interpreter

@@ -70,15 +70,11 @@ class TritonBackend(Backend):
             )
         if inputs.device.type == "cpu" and not interpreting():
             reasons.append("the CPU runs Triton kernels only under TRITON_INTERPRET=1")
-        if (
-            inputs.device.type == "cuda"
-            and inputs.dtype == torch.bfloat16
-            and arch_of(inputs.device) < 80
-        ):
-            reasons.append(
-                "bfloat16 on sm_75 (T4): no bfloat16 tensor cores; use float16 there "
-                "(another backend runs bfloat16)"
-            )
+        if inputs.device.type == "cuda":
+            dims = max(_dot_dims(inputs)) if score.dot_reducible else inputs.Ev
+            why = arch_reason(inputs.dtype, arch_of(inputs.device), dims, inputs.needs_grad)
+            if why is not None:
+                reasons.append(why)
         if torch.is_grad_enabled() and any(
             isinstance(p, _masks.BiasMask) and p.tensor.requires_grad for p in inputs.mask_parts
         ):
@@ -93,7 +89,10 @@ class TritonBackend(Backend):
         if inputs.device.type == "cpu":
             where = "Triton interpreter (CPU)"
         else:
-            where = f"Triton on CUDA sm_{arch_of(inputs.device)}"
+            arch = arch_of(inputs.device)
+            where = f"Triton on CUDA sm_{arch}"
+            if arch < 80:  # e.g. Triton 3.9: see `attnkit explain --gpu-targets`
+                where += " (products may run on CUDA cores, not tensor cores, below sm_80)"
         if isinstance(inputs.score, Additive):
             return f"{where}: fused Additive tiles, tanh over the hidden dim in registers"
         return f"{where}: fused dot-form tiles, online softmax, backward from lse"
@@ -142,6 +141,25 @@ class TritonBackend(Backend):
                 # (*batch, L); an empty row stays -inf whatever its query holds
                 lse_out = torch.where(torch.isneginf(lse), lse, lse + rc)
         return AttentionResult(output=out, weights=weights, lse=lse_out)
+
+
+def arch_reason(dtype: torch.dtype, arch: int, head_dim: int = 0, grad: bool = False) -> str | None:
+    """Why the kernels do not run a call on sm_``arch`` (0: the interpreter), or None.
+
+    bfloat16 needs sm_80: sm_75 (T4) has no bfloat16 arithmetic in its tensor cores or
+    its ALUs, so the kernels would emulate every product; float16 runs there. The
+    backward of head dims over 128 needs 65 KiB of shared memory on sm_75 (64 there)."""
+    if 0 < arch < 80 and dtype == torch.bfloat16:
+        return (
+            f"bfloat16 on sm_{arch} (T4 class): no native bfloat16 before sm_80; "
+            "use float16 here (another backend takes bfloat16)"
+        )
+    if 0 < arch < 80 and grad and head_dim > 128:
+        return (
+            f"the backward of feature sizes over 128 on sm_{arch}: 65 KiB of shared memory "
+            "a block, 64 KiB there"
+        )
+    return None
 
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:

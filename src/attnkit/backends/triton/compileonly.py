@@ -46,6 +46,9 @@ class CompiledKernel:
     spill_stores: int = 0
     spill_loads: int = 0
     ptxas: str = ""
+    mma: int = 0
+    """Tensor-core instructions (``mma``/``wgmma``) in the PTX: 0 means every product
+    runs on CUDA cores (FMA)."""
 
     @property
     def spills(self) -> int:
@@ -177,4 +180,5 @@ def ptxas_report(kernel: CompiledKernel, arch: int, ptxas: tuple[Path, str]) -> 
     kernel.registers = int(regs.group(1)) if regs else -1
     kernel.spill_stores = int(spills.group(1)) if spills else 0
     kernel.spill_loads = int(spills.group(2)) if spills else 0
+    kernel.mma = len(re.findall(r"\b(?:wgmma|mma)\.", ptx))
     kernel.ptxas = version

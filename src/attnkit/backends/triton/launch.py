@@ -222,23 +222,26 @@ def run_backward(
 
     B, H, Hk, L, S, E, Ev = op.B, op.H, op.Hk, op.L, op.S, op.E, op.Ev
     dev, f32 = op.q.device, torch.float32
-    args, tiles = op.args("backward")
+    args, tiles = op.args("dkdv")
+    dq_args, dq_tiles = op.args("dq")
+    ops_bits = args["OPS"]
     delta = torch.zeros(B, H, L, dtype=f32, device=dev)
     if d_out is not None and out is not None:
         delta = (d_out.float() * out.float()).sum(dim=-1)  # (B, H, L)
-        args["OPS"] |= _b.HAS_DO
+        ops_bits |= _b.HAS_DO
     if d_lse is not None:
         delta = delta - d_lse.float()
     if d_weights is not None:
-        args["OPS"] |= _b.HAS_DW
+        ops_bits |= _b.HAS_DW
         if weights is not None:
             delta = delta + (d_weights.float() * weights.float()).sum(dim=-1)
-    args.update(
-        DO=d_out.contiguous() if d_out is not None else op.records,
-        LSE=lse.contiguous(),
-        DELTA=delta.contiguous(),
-        DWG=d_weights.contiguous() if d_weights is not None else op.records,
-    )
+    shared = {
+        "OPS": ops_bits,
+        "DO": d_out.contiguous() if d_out is not None else op.records,
+        "LSE": lse.contiguous(),
+        "DELTA": delta.contiguous(),
+        "DWG": d_weights.contiguous() if d_weights is not None else op.records,
+    }
     additive = op.w is not None
     new = torch.zeros if additive else torch.empty
     dq = new(B, H, L, E, dtype=f32, device=dev)
@@ -250,10 +253,11 @@ def run_backward(
     launch(
         attention_backward_dkdv_kernel,
         (n_blocks, B * H),
-        {**args, "DK": dk, "DV": dv, "DKB": dkb if dkb is not None else dv,
+        {**args, **shared, "DK": dk, "DV": dv, "DKB": dkb if dkb is not None else dv,
          "DWV": dwv if dwv is not None else dv},
     )  # fmt: skip
-    launch(attention_backward_dq_kernel, (_cdiv(L, tiles.block_m), B * H), {**args, "DQ": dq})
+    grid = (_cdiv(L, dq_tiles.block_m), B * H)
+    launch(attention_backward_dq_kernel, grid, {**dq_args, **shared, "DQ": dq})
     groups = H // Hk
 
     def per_kv_head(g: torch.Tensor) -> torch.Tensor:  # (B, H, ...) -> (B, Hk, ...)

@@ -101,38 +101,57 @@ class Tiles:
     num_stages: int
 
 
-# (kernel, family, operand bytes, head-dim bucket) -> (block_m, block_n, num_warps, num_stages)
-# Buckets: 64 (E <= 64), 128 (E <= 128), 256 (E <= 256).
-_HALF = {
-    ("forward", 90): {64: (128, 64, 4, 3), 128: (128, 64, 8, 2), 256: (64, 64, 8, 2)},
-    ("forward", 80): {64: (128, 64, 4, 3), 128: (128, 64, 8, 2), 256: (64, 64, 8, 2)},
-    ("forward", 86): {64: (128, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 8, 1)},
-    ("forward", 75): {64: (64, 64, 4, 2), 128: (64, 32, 4, 1), 256: (32, 32, 4, 1)},
-    ("backward", 90): {64: (64, 64, 4, 2), 128: (64, 64, 8, 1), 256: (32, 32, 8, 1)},
-    ("backward", 80): {64: (64, 64, 4, 2), 128: (64, 64, 8, 1), 256: (32, 32, 8, 1)},
-    ("backward", 86): {64: (64, 64, 4, 1), 128: (32, 64, 4, 1), 256: (32, 32, 8, 1)},
-    ("backward", 75): {64: (32, 64, 4, 1), 128: (32, 32, 4, 1), 256: (16, 32, 4, 1)},
-    ("weights", 90): {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 8, 1)},
-    ("weights", 80): {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 8, 1)},
-    ("weights", 86): {64: (64, 64, 4, 2), 128: (64, 64, 4, 1), 256: (64, 32, 8, 1)},
-    ("weights", 75): {64: (64, 64, 4, 1), 128: (64, 32, 4, 1), 256: (32, 32, 4, 1)},
+# kernel -> family -> head-dim bucket -> (block_m, block_n, num_warps, num_stages).
+# Buckets: 64 (E <= 64), 128 (E <= 128), 256 (E <= 256). Chosen from compile reports
+# of the heaviest specializations (every mask field, the weights' gradient): the largest
+# tiles that fit the target's shared memory without spilling registers. sm_75: Triton
+# 3.9 emits no tensor-core instruction below sm_80 (products on FMA), so small tiles
+# with the fewest spills (none at E <= 64).
+_HALF: dict[str, dict[int, dict[int, tuple[int, int, int, int]]]] = {
+    "forward": {
+        90: {64: (128, 64, 8, 2), 128: (128, 64, 8, 2), 256: (64, 64, 8, 2)},
+        80: {64: (128, 64, 8, 2), 128: (128, 64, 8, 2), 256: (64, 64, 8, 2)},
+        86: {64: (128, 64, 8, 2), 128: (128, 64, 8, 2), 256: (64, 32, 8, 1)},
+        75: {64: (32, 16, 4, 1), 128: (16, 16, 4, 1), 256: (16, 16, 4, 1)},
+    },
+    "weights": {
+        90: {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 8, 1)},
+        80: {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 8, 1)},
+        86: {64: (64, 64, 4, 2), 128: (64, 64, 4, 1), 256: (64, 32, 8, 1)},
+        75: {64: (32, 16, 4, 1), 128: (16, 16, 4, 1), 256: (16, 16, 4, 1)},
+    },
+    "dkdv": {
+        90: {64: (64, 64, 8, 1), 128: (32, 32, 4, 1), 256: (32, 32, 8, 1)},
+        80: {64: (32, 32, 8, 1), 128: (32, 32, 4, 1), 256: (32, 32, 8, 1)},
+        86: {64: (32, 32, 8, 1), 128: (32, 32, 4, 1), 256: (32, 32, 8, 1)},
+        75: {64: (32, 16, 4, 1), 128: (16, 16, 4, 1), 256: (16, 16, 4, 1)},
+    },
+    "dq": {
+        90: {64: (64, 64, 8, 1), 128: (64, 64, 8, 1), 256: (32, 32, 8, 1)},
+        80: {64: (64, 32, 4, 1), 128: (64, 64, 8, 1), 256: (32, 32, 8, 1)},
+        86: {64: (64, 32, 4, 1), 128: (64, 64, 8, 1), 256: (32, 32, 8, 1)},
+        75: {64: (32, 16, 4, 1), 128: (16, 16, 4, 1), 256: (16, 32, 4, 1)},
+    },
 }
-_WIDE = {  # float32 operands: twice the bytes and registers per element
+_WIDE = {  # float32 operands: twice the bytes and registers per element (spills allowed)
     "forward": {64: (64, 32, 4, 2), 128: (64, 32, 8, 1), 256: (32, 32, 8, 1)},
-    "backward": {64: (32, 32, 4, 1), 128: (32, 32, 8, 1), 256: (16, 32, 8, 1)},
     "weights": {64: (64, 32, 4, 1), 128: (64, 32, 4, 1), 256: (32, 32, 8, 1)},
+    "dkdv": {64: (32, 32, 4, 1), 128: (32, 32, 8, 1), 256: (16, 32, 8, 1)},
+    "dq": {64: (32, 32, 4, 1), 128: (32, 32, 8, 1), 256: (16, 32, 8, 1)},
 }
-_ADDITIVE = {  # the (rows, keys, hidden step) tanh block lives in registers
-    "forward": (32, 32, 4, 1),
-    "backward": (32, 32, 4, 1),
-    "weights": (32, 32, 4, 1),
+_ADDITIVE = {  # (block_m, block_n, block_h, num_warps, num_stages): a (rows, keys, hidden
+    # step) tanh block lives in registers
+    "forward": (32, 32, 8, 4, 1),
+    "weights": (32, 32, 8, 4, 1),
+    "dkdv": (32, 32, 8, 4, 1),
+    "dq": (32, 32, 8, 4, 1),
 }
 
 
 def tiles_for(
     kernel: str, head_dim: int, *, arch: int, additive: bool, hidden: int = 0, wide: bool = False
 ) -> Tiles:
-    """Tile sizes for ``kernel`` ("forward", "backward" or "weights") on ``arch``.
+    """Tile sizes for ``kernel`` ("forward", "weights", "dkdv" or "dq") on ``arch``.
 
     The interpreter (arch 0) gets 16 x 16 tiles, so small test shapes still span several
     blocks. ``wide``: float32 operands. ``head_dim``: the larger of the query/key and
@@ -141,10 +160,9 @@ def tiles_for(
     if arch == 0:
         return Tiles(16, 16, min(next_pow2(hidden), 32) if additive else 16, 4, 1)
     if additive:
-        block_h = 16 if hidden > 16 else next_pow2(hidden)
-        m, n, w, s = _ADDITIVE[kernel]
-        return Tiles(m, n, block_h, w, s)
+        m, n, h, w, s = _ADDITIVE[kernel]
+        return Tiles(m, n, min(h, next_pow2(hidden, minimum=1)), w, s)
     bucket = 64 if head_dim <= 64 else 128 if head_dim <= 128 else 256
-    table = _WIDE[kernel] if wide else _HALF[(kernel, family(arch))]
+    table = _WIDE[kernel] if wide else _HALF[kernel][family(arch)]
     m, n, w, s = table[bucket]
     return Tiles(m, n, 16, w, s)
