@@ -149,7 +149,7 @@ def _run(call: Call) -> None:
     q = torch.randn(B, H, L, call.E, dtype=dtype, requires_grad=grad)
     k = torch.randn(B, Hk, S, Ek, dtype=dtype, requires_grad=grad)
     v = torch.randn(B, Hk, S, Ev, dtype=dtype, requires_grad=grad)
-    weights: bool | str = {"none": False, "heads": True, "mean": "mean"}[call.weights]
+    weights: bool | str = "mean" if call.weights == "mean" else call.weights == "heads"
     inputs = validate_inputs(
         q, k, v, score=_score(call.score, call.E, Ek, dtype), mask=_mask(call.mask, B, L, S),
         return_weights=weights,
