@@ -89,7 +89,10 @@ def test_the_table_and_the_command() -> None:
          "mma": 12}
     )  # fmt: skip
     text = table([report])
-    assert "| sm_86 (RTX 30xx, A10, 99 KiB) | 2/2 | 1 | 1: attention_backward_dkdv_kernel 120 KiB" in text
+    assert (
+        "| sm_86 (RTX 30xx, A10, 99 KiB) | 2/2 | 1 | 1: attention_backward_dkdv_kernel 120 KiB"
+        in text
+    )
     assert "backward_dkdv_kernel fp16 8+4 B | yes | NO |" in text
     assert not report.passed and report.forbidden_spills()
     old = os.environ.get("TRITON_INTERPRET")
