@@ -230,6 +230,60 @@ def check(targets: tuple[int, ...] = TARGETS, *, full: bool = False) -> list[Tar
     return reports
 
 
+def trace_check(arch: int = 90) -> dict[str, list[str]] | None:
+    """How ``torch.compile`` sees the ops: each op is traced as AOTAutograd traces it
+    (fake tensors, functionalized) for sm_``arch``; returns, per kernel the graph
+    launches, the arguments Triton's mutation analysis found written (what the compiler
+    must treat as outputs). None where the ops are not ``triton_op``s (opaque
+    ``custom_op``s: nothing to see into)."""
+    from torch._functorch.aot_autograd import aot_function
+    from triton.runtime.driver import driver
+
+    from .compileonly import _StandInDriver
+    from .maskargs import Clause, MaskSpec, pack_mask
+    from .ops import attention_backward, attention_forward, uses_triton_op
+    from .runtime import TARGET_ARCH
+
+    if not uses_triton_op():
+        return None
+    B, H, L, S, E = 2, 2, 64, 64, 64
+    q, k, v = (torch.randn(B, H, n, E, dtype=torch.float16) for n in (L, S, S))
+    kb = torch.zeros(B, H, S)
+    packed = pack_mask(MaskSpec([Clause(hi=0)]), L, S, (B, H), q.device)
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kb: torch.Tensor, rec: Any) -> Any:
+        margs = (rec, None, None, packed.ints, 0.125)
+        out, lse, weights = attention_forward(q, k, v, kb, None, None, *margs, True)
+        grads = attention_backward(
+            q, k, v, kb, None, *margs, out, lse, out, lse, weights, weights
+        )  # the tensors only stand for gradients here: traced, never run
+        return (out, lse, weights, *grads)
+
+    found: dict[str, list[str]] = {}
+
+    def compiler(gm: torch.fx.GraphModule, inputs: Any) -> Any:
+        from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+        for node in gm.graph.nodes:
+            if "triton_kernel_wrapper" in str(node.target):
+                kernel = kernel_side_table.get_kernel(node.kwargs["kernel_idx"])
+                name = getattr(getattr(kernel, "fn", kernel), "__name__", str(kernel))
+                found[name] = sorted(node.kwargs.get("tensors_to_clone", []))
+        n_out = len(next(n for n in gm.graph.nodes if n.op == "output").args[0])
+        return lambda *a: [torch.zeros(1)] * n_out  # traced only: nothing runs
+
+    saved = dict(driver.__dict__)
+    driver.set_active(_StandInDriver(arch))
+    token = TARGET_ARCH.set(arch)
+    try:
+        aot_function(run, fw_compiler=compiler)(q, k, v, kb, packed.records)  # type: ignore[arg-type]
+    finally:
+        TARGET_ARCH.reset(token)
+        driver.__dict__.clear()
+        driver.__dict__.update(saved)
+    return found
+
+
 def _bytes(k: dict[str, Any]) -> str:
     return f"{k['name'].removeprefix('attention_')} {k['dtype']} {k['spill_stores']}+{k['spill_loads']} B"
 
@@ -301,10 +355,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ImportError, RuntimeError) as exc:
         print(f"cannot compile for GPU targets here: {exc}", file=sys.stderr)
         return 3
+    traced = trace_check(targets[-1])
     if args.json:
-        print(json.dumps([{**asdict(r), "passed": r.passed} for r in reports]))
+        rows = [{**asdict(r), "passed": r.passed} for r in reports]
+        print(json.dumps({"targets": rows, "traced": traced}))
     else:
         print(table(reports))
+        if traced is not None:
+            print(f"\ntorch.compile sees the kernels (triton ops); written arguments: {traced}")
     return 0 if all(r.passed for r in reports) else 1
 
 
