@@ -46,6 +46,7 @@ class CompiledKernel:
     spill_stores: int = 0
     spill_loads: int = 0
     ptxas: str = ""
+    """The ptxas version that reported (before :func:`ptxas_report`: the PTX itself)."""
     mma: int = 0
     """Tensor-core instructions (``mma``/``wgmma``) in the PTX: 0 means every product
     runs on CUDA cores (FMA)."""
@@ -95,7 +96,7 @@ class _Sink:
             self.kernels[key] = CompiledKernel(
                 name=kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel),
                 shared=int(compiled.metadata.shared),
-                ptxas=compiled.asm["ptx"],  # replaced by the report below
+                ptxas=compiled.asm["ptx"],  # replaced by ptxas_report's version
             )
 
 

@@ -38,7 +38,8 @@ Tensor = torch.Tensor
 
 def uses_triton_op() -> bool:
     """True when the ops are ``torch.library.triton_op``s (compiled kernels, torch >= 2.6)."""
-    return hasattr(torch.library, "triton_op") and not interpreting()
+    lib = torch.library
+    return hasattr(lib, "triton_op") and hasattr(lib, "wrap_triton") and not interpreting()
 
 
 def _register(name: str, fn: Any) -> Any:
