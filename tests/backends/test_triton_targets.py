@@ -84,7 +84,7 @@ def test_every_target_compiles_fits_and_keeps_half_precision_in_registers() -> N
 def test_the_whole_matrix_on_every_target() -> None:
     """Every score, mask kind and dtype, head dims 16..256 (odd ones too), weights and
     the backward."""
-    _check(_reports("--full"))
+    _check(_reports("--full", "--jobs", str(max(1, min(5, os.cpu_count() or 1)))))
 
 
 def test_the_table_and_the_command() -> None:

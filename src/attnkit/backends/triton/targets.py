@@ -34,6 +34,7 @@ from .runtime import SHARED_MEMORY
 __all__ = ["TARGETS", "Call", "TargetReport", "calls", "check", "main", "table"]
 
 TARGETS = (75, 80, 86, 89, 90)
+_MODULE = "attnkit.backends.triton.targets"
 CARDS = {75: "T4", 80: "A100", 86: "RTX 30xx, A10", 89: "L4, RTX 40xx", 90: "H100, H200"}
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 MASK_KINDS = (
@@ -327,6 +328,24 @@ def table(reports: list[TargetReport]) -> str:
     return "\n".join(rows)
 
 
+def _in_parallel(targets: tuple[int, ...], full: bool, jobs: int) -> list[TargetReport]:
+    """:func:`check` with one child process per target, ``jobs`` at a time."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(arch: int) -> TargetReport:
+        cmd = [sys.executable, "-W", "ignore", "-m", _MODULE, "--json", "--targets", str(arch)]
+        proc = subprocess.run(cmd + (["--full"] if full else []), capture_output=True, text=True)
+        if proc.returncode not in (0, 1):
+            raise RuntimeError(proc.stderr.strip()[-2000:])
+        row = json.loads(proc.stdout.strip().splitlines()[-1])["targets"][0]
+        row.pop("passed")
+        return TargetReport(**row)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, targets))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m attnkit.backends.triton.targets",
@@ -336,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
     parser.add_argument(
         "--targets", default=",".join(map(str, TARGETS)), help="e.g. 80,90 (default: all)"
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="targets compiled at once, in child processes"
     )
     args = parser.parse_args(argv)
     try:
@@ -351,7 +373,10 @@ def main(argv: list[str] | None = None) -> int:
         print("unset TRITON_INTERPRET: the interpreter compiles nothing", file=sys.stderr)
         return 2
     try:
-        reports = check(targets, full=args.full)
+        if args.jobs > 1 and len(targets) > 1:
+            reports = _in_parallel(targets, args.full, args.jobs)
+        else:
+            reports = check(targets, full=args.full)
     except (ImportError, RuntimeError) as exc:
         print(f"cannot compile for GPU targets here: {exc}", file=sys.stderr)
         return 3
