@@ -28,8 +28,9 @@ LIMITS = {75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 *
 
 def _reports(*flags: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, "-W", "ignore", "-m", "attnkit.backends.triton.targets", "--json"]
     proc = subprocess.run(
-        [sys.executable, "-W", "ignore", "-m", "attnkit.backends.triton.targets", "--json", *flags],
+        [*cmd, *flags],
         capture_output=True,
         text=True,
         env=env,
@@ -84,7 +85,8 @@ def test_every_target_compiles_fits_and_keeps_half_precision_in_registers() -> N
 def test_the_whole_matrix_on_every_target() -> None:
     """Every score, mask kind and dtype, head dims 16..256 (odd ones too), weights and
     the backward."""
-    _check(_reports("--full", "--jobs", str(max(1, min(5, os.cpu_count() or 1)))))
+    jobs = str(max(1, min(5, os.cpu_count() or 1)))  # one child process per target
+    _check(_reports("--full", "--jobs", jobs))
 
 
 def test_the_table_and_the_command() -> None:
