@@ -33,7 +33,23 @@ import attnkit  # noqa: E402
 from attnkit import masks  # noqa: E402
 from attnkit.backends import dispatch  # noqa: E402
 from attnkit.backends.triton import TritonBackend  # noqa: E402
+from attnkit.backends.triton.kmask import record, tile_state  # noqa: E402
 from attnkit.backends.triton.maskargs import Clause, MaskSpec, pack_mask  # noqa: E402
+
+triton = pytest.importorskip("triton")
+tl = triton_language
+
+
+@triton.jit
+def _states_kernel(MASK, OUT, L, S, LO0, HI0, LO1, HI1, MB: tl.constexpr, BM: tl.constexpr,
+                   BN: tl.constexpr):  # fmt: skip
+    """Every tile's :func:`tile_state` into OUT (B0, cdiv(L, BM), cdiv(S, BN))."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    b0 = tl.program_id(2)
+    rec = record(MASK, MB, b0, L, S)
+    state = tile_state(rec, MB, pid_m * BM, pid_n * BN, L, S, LO0, HI0, LO1, HI1, BM, BN)
+    tl.store(OUT + (b0 * tl.num_programs(0) + pid_m) * tl.num_programs(1) + pid_n, state)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -194,7 +210,7 @@ def _specs(B: int, L: int, S: int) -> dict[str, MaskSpec]:
 
 @pytest.mark.parametrize("name", sorted(_specs(2, 40, 40)))
 def test_mask_fields_and_or_clauses_match_dense_masks(name: str) -> None:
-    B, H, L, S, E = 2, 2, 40, 40, 8  # 16 x 16 tiles: FULL, PARTIAL and EMPTY ones
+    B, H, L, S, E = 2, 1, 40, 40, 8  # 16 x 16 tiles: FULL, PARTIAL and EMPTY ones
     spec = _specs(B, L, S)[name]
     gen = torch.Generator().manual_seed(7)
     q = torch.randn(B, H, L, E, generator=gen, requires_grad=True)
@@ -219,3 +235,34 @@ def test_mask_fields_and_or_clauses_match_dense_masks(name: str) -> None:
     want = torch.autograd.grad((ref_out * loss_w).sum() + ref_w.sum(), [q, k, v])
     for g, w_ in zip(got, want, strict=True):
         torch.testing.assert_close(g.double(), w_.double(), atol=1e-5, rtol=0)
+
+
+def test_tile_states_are_sound_and_not_trivial() -> None:
+    """Every tile's state against the dense mask: FULL only where every pair is kept (and
+    the tile is inside (L, S)), EMPTY only where none is; for each spec some tiles are
+    FULL or EMPTY, so the kernels do skip work."""
+    B, L, S, T = 2, 40, 40, 16
+    n_m, n_n = -(-L // T), -(-S // T)
+    specs = _specs(B, L, S)
+    specs["causal"] = MaskSpec([Clause(hi=0)])
+    for name, spec in specs.items():
+        packed = pack_mask(spec, L, S, (B, 1), torch.device("cpu"))
+        _, MB, *bands = packed.ints
+        out = torch.full((B, n_m, n_n), -1, dtype=torch.int32)
+        _states_kernel[(n_m, n_n, B)](packed.records, out, L, S, *bands, MB, T, T)
+        keep = _dense(spec, B, L, S)
+        for b in range(B):
+            for i in range(n_m):
+                for j in range(n_n):
+                    tile = keep[b, i * T : (i + 1) * T, j * T : (j + 1) * T]
+                    state = int(out[b, i, j])
+                    inside = (i + 1) * T <= L and (j + 1) * T <= S
+                    assert state in (0, 1, 2), (name, state)
+                    if state == 2:
+                        assert inside and tile.all(), (name, b, i, j)
+                    if state == 0:
+                        assert not tile.any(), (name, b, i, j)
+        if name in ("causal", "documents"):
+            assert (out == 2).any(), f"{name}: no FULL tile"
+        if name in ("causal", "documents", "window_or_global", "nothing"):
+            assert (out == 0).any(), f"{name}: no EMPTY tile"
