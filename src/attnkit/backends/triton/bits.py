@@ -9,19 +9,15 @@ conjunction of fields; clause ``c`` owns the :data:`CLAUSE_WIDTH` bits at
 ``CLAUSE_WIDTH * c``. Per batch element (the call's first batch dim, ``b0``) the
 clauses' per-batch data lie in one int32 record of the packed mask tensor, clause
 after clause and, inside a clause, field after field in the order of their bits
-(widths in :data:`FIELD_WIDTHS`). The record layout is written twice, and only
-twice: :func:`attnkit.backends.triton.maskargs.pack_mask` on the host and
-``kmask.field_offset`` in the kernels.
+(widths: KRANGE and QRANGE 2, RRANGE 2·L, KKEEP S, DOC and DOC_NE L + S). The
+record layout is written twice, and only twice: in
+:func:`attnkit.backends.triton.maskargs.pack_mask` on the host and in ``kmask._fields``
+in the kernels.
 """
 
 from __future__ import annotations
 
-__all__ = [
-    "CLAUSE_WIDTH",
-    "FIELD_WIDTHS",
-    "MAX_CLAUSES",
-    "clause_bits",
-]
+__all__ = ["CLAUSE_WIDTH", "MAX_CLAUSES", "NC_SHIFT"]
 
 # -- OPS: operand flags -------------------------------------------------------------
 ADDITIVE = 1
@@ -65,11 +61,6 @@ DOC_NE = 128
 DENSE = 256
 """The clause includes the dense keep tensor KEEP (one per call)."""
 
-RECORD_FIELDS = (KRANGE, QRANGE, RRANGE, KKEEP, DOC, DOC_NE)
-"""Fields with per-batch data in the record, in record order."""
-FIELD_WIDTHS = {KRANGE: (2, 0, 0), QRANGE: (2, 0, 0), RRANGE: (0, 2, 0), KKEEP: (0, 0, 1)}
-"""Record width of a field as (constant, times L, times S); DOC and DOC_NE: (0, 1, 1)."""
-
 NC_SHIFT = 20
 """Bits 20-21: the number of clauses (1 or 2)."""
 KEEP_SHIFT = 22
@@ -80,16 +71,3 @@ RECORD_B1 = 1 << 31
 """Every per-batch tensor has one row shared by the whole batch (record stride 0)."""
 
 DIM_B, DIM_H, DIM_L, DIM_S = 1, 2, 4, 8
-
-
-def clause_bits(mb: int, c: int) -> int:
-    """The field bits of clause ``c`` in the mask bits ``mb``."""
-    return (mb >> (CLAUSE_WIDTH * c)) & ((1 << CLAUSE_WIDTH) - 1)
-
-
-def field_width(field: int, L: int, S: int) -> int:
-    """Record width of one field of a clause."""
-    if field in (DOC, DOC_NE):
-        return L + S
-    c, per_l, per_s = FIELD_WIDTHS[field]
-    return c + per_l * L + per_s * S

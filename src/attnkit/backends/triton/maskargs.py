@@ -143,9 +143,9 @@ def _compact(
     return t4.contiguous(), dims
 
 
-def _clause_record(c: Clause, L: int, S: int, B0: int) -> tuple[int, list[torch.Tensor]]:
+def _clause_record(c: Clause, L: int, S: int) -> tuple[int, list[torch.Tensor]]:
     """A clause's field bits and its record pieces, each (B0 or 1, width) int32, in the
-    order of :data:`.bits.RECORD_FIELDS`."""
+    record order of :mod:`.bits` (the order of the field bits)."""
     i32 = torch.int32
     bits = 0
     pieces: list[torch.Tensor] = []
@@ -210,7 +210,7 @@ def pack_mask(
     pieces: list[torch.Tensor] = []
     keep: torch.Tensor | None = None
     for n, c in enumerate(clauses):
-        bits, parts = _clause_record(c, L, S, B0)
+        bits, parts = _clause_record(c, L, S)
         mb |= bits << (_b.CLAUSE_WIDTH * n)
         bands[2 * n] = c.lo if c.lo is not None else 0
         bands[2 * n + 1] = c.hi if c.hi is not None else 0
