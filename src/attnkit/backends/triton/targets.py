@@ -199,8 +199,11 @@ class TargetReport:
         return not self.errors and not self.over_limit() and not self.forbidden_spills()
 
 
-def check(targets: tuple[int, ...] = TARGETS, *, full: bool = False) -> list[TargetReport]:
-    """Compile every call for every target; see the module docstring."""
+def check(
+    targets: tuple[int, ...] = TARGETS, *, full: bool = False, only: list[Call] | None = None
+) -> list[TargetReport]:
+    """Compile every call (of :func:`calls`, or ``only``) for every target; see the
+    module docstring."""
     from .compileonly import compile_only, newest_ptxas, ptxas_report
 
     ptxas = newest_ptxas()
@@ -210,7 +213,7 @@ def check(targets: tuple[int, ...] = TARGETS, *, full: bool = False) -> list[Tar
     for arch in targets:
         report = TargetReport(arch)
         seen: set[str] = set()
-        for call in calls(full, arch=arch):
+        for call in only if only is not None else calls(full, arch=arch):
             report.calls += 1
             with compile_only(arch) as sink:
                 try:
