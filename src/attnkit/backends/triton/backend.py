@@ -13,7 +13,7 @@ from .._common import clean_values
 from .._dotform import clean_dot_form
 from ..base import AttentionResult, Backend
 from .layout import bh_shape, bh_view, kv_lead
-from .maskargs import pack_mask, spec_from_mask, unsupported
+from .maskargs import mask_reason, pack_mask, spec_from_mask
 from .runtime import arch_of, interpreting, missing_reason
 
 __all__ = ["MAX_HEAD_DIM", "TritonBackend"]
@@ -79,10 +79,9 @@ class TritonBackend(Backend):
             isinstance(p, _masks.BiasMask) and p.tensor.requires_grad for p in inputs.mask_parts
         ):
             reasons.append("a bias mask that requires grad (its gradient is L×S)")
-        if inputs.mask is not None:
-            why = unsupported(spec_from_mask(inputs.mask, inputs.L, inputs.S, inputs.device))
-            if why is not None:
-                reasons.append(why)
+        why = mask_reason(inputs.mask)
+        if why is not None:
+            reasons.append(why)
         return reasons
 
     def describe(self, inputs: AttentionInputs) -> str:

@@ -19,7 +19,23 @@ from ... import masks as _masks
 from . import bits as _b
 from .layout import bh_view
 
-__all__ = ["Clause", "MaskSpec", "PackedMask", "pack_mask", "spec_from_mask", "unsupported"]
+__all__ = [
+    "Clause",
+    "MaskSpec",
+    "PackedMask",
+    "mask_reason",
+    "pack_mask",
+    "spec_from_mask",
+    "unsupported",
+]
+
+_KINDS = (
+    _masks.WindowMask,
+    _masks.ValidLensMask,
+    _masks.KeyPaddingMask,
+    _masks.KeepMask,
+    _masks.BiasMask,
+)
 
 
 @dataclass
@@ -109,6 +125,15 @@ def spec_from_mask(mask: _masks.Mask | None, L: int, S: int, device: torch.devic
         else:
             raise TypeError(f"triton backend: no kernel form for mask {type(part).__name__}")
     return MaskSpec([clause], bias)
+
+
+def mask_reason(mask: _masks.Mask | None) -> str | None:
+    """Why :func:`spec_from_mask` has no kernel form for ``mask``, from its parts' types
+    alone (no tensor is touched: ``explain`` of any size allocates nothing)."""
+    for part in mask.parts() if mask is not None else ():
+        if not isinstance(part, _KINDS):
+            return f"no kernel form for mask {type(part).__name__}"
+    return None
 
 
 def unsupported(spec: MaskSpec) -> str | None:
