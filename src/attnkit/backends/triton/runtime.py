@@ -65,11 +65,11 @@ def _device_arch(index: int) -> int:
 
 def arch_of(device: torch.device) -> int:
     """The CUDA architecture tiles are chosen for (e.g. 80 for sm_80); 0 for the CPU
-    (Triton's interpreter)."""
+    (Triton's interpreter) and wherever torch has no CUDA to ask."""
     target = TARGET_ARCH.get()
     if target is not None:
         return target
-    if device.type != "cuda":
+    if device.type != "cuda" or not torch.cuda.is_available():
         return 0
     return _device_arch(device.index if device.index is not None else torch.cuda.current_device())
 
