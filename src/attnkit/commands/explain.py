@@ -10,6 +10,10 @@ Nothing the size of the call is ever allocated, so any sizes can be asked about:
    CPU answer comes from shape-only CPU views: one element per tensor, expanded
    to the full shape with zero strides (dispatch reads shapes, dtypes and flags,
    never values or strides).
+
+``--gpu-targets`` answers another question: whether the triton backend's kernels
+compile and fit on each NVIDIA GPU generation (see
+:mod:`attnkit.backends.triton.targets`; needs triton, not a GPU).
 """
 
 from __future__ import annotations
@@ -61,6 +65,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", action="store_true", help="ask for the attention weights")
     parser.add_argument("--lse", action="store_true", help="ask for the log-sum-exp")
     parser.add_argument("--grad", action="store_true", help="inputs require gradients")
+    parser.add_argument(
+        "--gpu-targets",
+        action="store_true",
+        help="instead: compile the triton kernels for every NVIDIA target (sm_75 to sm_90, "
+        "no GPU needed) and print shared memory and register spills per target",
+    )
+    parser.add_argument(
+        "--full", action="store_true", help="with --gpu-targets: the whole matrix (slow)"
+    )
 
 
 def _fail(message: str) -> int:
@@ -137,6 +150,10 @@ def _only_meta_missing(ex: Explanation) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.gpu_targets:
+        from ..backends.triton.targets import main as targets_main
+
+        return targets_main(["--full"] if args.full else [])
     for name in ("batch", "heads", "queries", "dim"):
         if getattr(args, name) < 1:
             return _fail(f"--{name} must be >= 1, got {getattr(args, name)}")

@@ -1,8 +1,8 @@
-"""The Triton backend class: capabilities, reasons, and a call turned into kernel operands."""
+"""The Triton backend class: capabilities, reasons, and a call turned into op operands."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -12,9 +12,9 @@ from ...scores import Additive, Dot
 from .._common import clean_values
 from .._dotform import clean_dot_form
 from ..base import AttentionResult, Backend
-from .autograd import TritonAttentionFunction
-from .launch import KernelCall
-from .runtime import interpreting, missing_reason
+from .layout import bh_shape, bh_view, kv_lead
+from .maskargs import mask_reason, pack_mask, spec_from_mask
+from .runtime import arch_of, interpreting, missing_reason
 
 __all__ = ["MAX_HEAD_DIM", "TritonBackend"]
 
@@ -27,12 +27,14 @@ def _device_types() -> frozenset[str]:
 
 
 class TritonBackend(Backend):
-    """Fused FlashAttention-2-style Triton kernels, forward and backward.
+    """Fused FlashAttention-2-style Triton kernels, forward and backward, as torch ops.
 
     Dot-reducible scores run as ``q'·k' + key_bias`` (plus the per-query constant in
     lse), the Additive score as ``w_v · tanh(qa + ka)`` over the hidden dim in
-    registers; every mask kind stays symbolic (see :mod:`.maskargs`). Runs on CUDA,
-    and on the CPU when ``TRITON_INTERPRET=1`` (Triton's interpreter, for tests).
+    registers; every mask kind stays symbolic (see :mod:`.maskargs`). Runs on CUDA
+    (tiles per architecture, sm_75 to sm_90), and on the CPU when
+    ``TRITON_INTERPRET=1`` (Triton's interpreter, for tests). Traceable by
+    ``torch.compile`` (the kernels are torch ops, see :mod:`.ops`).
     """
 
     name: ClassVar[str] = "triton"
@@ -53,7 +55,10 @@ class TritonBackend(Backend):
         setattr(self, "device_types", _device_types())  # noqa: B010
 
     def is_available(self) -> str | None:
-        return missing_reason()
+        reason = missing_reason()
+        if reason is None and not hasattr(torch.library, "custom_op"):
+            reason = "torch.library.custom_op is missing (torch >= 2.4 is needed)"
+        return reason
 
     def not_supported_reasons(self, inputs: AttentionInputs) -> list[str]:
         reasons = super().not_supported_reasons(inputs)
@@ -68,60 +73,100 @@ class TritonBackend(Backend):
             )
         if inputs.device.type == "cpu" and not interpreting():
             reasons.append("the CPU runs Triton kernels only under TRITON_INTERPRET=1")
-        if torch.compiler.is_compiling():
-            reasons.append("under torch.compile: the kernels' host code is not traced")
+        if inputs.device.type == "cuda":
+            dims = max(_dot_dims(inputs)) if score.dot_reducible else inputs.Ev
+            why = arch_reason(inputs.dtype, arch_of(inputs.device), dims, inputs.needs_grad)
+            if why is not None:
+                reasons.append(why)
         if torch.is_grad_enabled() and any(
             isinstance(p, _masks.BiasMask) and p.tensor.requires_grad for p in inputs.mask_parts
         ):
             reasons.append("a bias mask that requires grad (its gradient is L×S)")
+        why = mask_reason(inputs.mask)
+        if why is not None:
+            reasons.append(why)
         return reasons
 
     def describe(self, inputs: AttentionInputs) -> str:
-        where = "Triton interpreter (CPU)" if inputs.device.type == "cpu" else "Triton on CUDA"
+        if inputs.device.type == "cpu":
+            where = "Triton interpreter (CPU)"
+        else:
+            arch = arch_of(inputs.device)
+            where = f"Triton on CUDA sm_{arch}"
+            if arch < 80:  # e.g. Triton 3.9: see `attnkit explain --gpu-targets`
+                where += " (products may run on CUDA cores, not tensor cores, below sm_80)"
         if isinstance(inputs.score, Additive):
             return f"{where}: fused Additive tiles, tanh over the hidden dim in registers"
         return f"{where}: fused dot-form tiles, online softmax, backward from lse"
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
+        from . import ops
+
+        batch, L, S = inputs.batch_shape, inputs.L, inputs.S
+        B, H = bh_shape(batch)
+        lead_kv = kv_lead(batch, inputs.groups)
+        Hk = H // inputs.groups
         qa, ka, kb, w, row_const = _operands(inputs)
         value, bad = clean_values(inputs.value)  # (..., S, Ev), (..., S) or None
-        vbad = bad.unsqueeze(-1).to(torch.float32) if bad is not None else None  # (..., S, 1)
-        mean_only = inputs.weights_mean and not inputs.needs_grad
-        config: dict[str, Any] = {
-            "scale": inputs.scale,
-            "mask": inputs.mask,
-            "batch_shape": inputs.batch_shape,
-            "groups": inputs.groups,
-            "want_weights": inputs.return_weights and not mean_only,
-            "out_dtype": inputs.dtype,
-            "vbad": vbad,
-        }
-        out, lse, weights = TritonAttentionFunction.apply(config, qa, ka, value, kb, w)
-        if weights is not None and inputs.weights_mean:
-            weights = weights.mean(dim=-3)  # (*batch[:-1], L, S)
+        q4 = _unit_stride(bh_view(qa, batch))  # (B, H, L, E)
+        k4 = _unit_stride(bh_view(ka, lead_kv))  # (B, Hk, S, E)
+        v4 = _unit_stride(bh_view(value, lead_kv))  # (B, Hk, S, Ev)
+        kb3 = None
+        if kb is not None:
+            kb3 = bh_view(kb, lead_kv).reshape(B, Hk, S).float().contiguous()  # (B, Hk, S)
+        vbad3 = None
+        if bad is not None:
+            flags = bad.unsqueeze(-1).to(torch.float32)  # (..., S, 1)
+            vbad3 = bh_view(flags, lead_kv).reshape(B, Hk, S).contiguous()  # (B, Hk, S)
+        spec = spec_from_mask(inputs.mask, L, S, inputs.device)
+        mask = pack_mask(spec, L, S, batch, inputs.device)
+        margs = (mask.records, mask.keep, mask.bias, mask.ints, float(inputs.scale))
+        mean_only = inputs.return_weights and inputs.weights_mean and not inputs.needs_grad
+        per_head = inputs.return_weights and not mean_only
+        out4, lse3, w4 = ops.attention_forward(q4, k4, v4, kb3, w, vbad3, *margs, per_head)
+        out = out4.reshape(*batch, L, inputs.Ev)  # (*batch, L, Ev)
+        lse = lse3.reshape(*batch, L)  # (*batch, L)
+        weights: torch.Tensor | None = None
+        if per_head:
+            weights = w4.reshape(*batch, L, S)  # (*batch, L, S)
+            if inputs.weights_mean:
+                weights = weights.mean(dim=-3)  # (*batch[:-1], L, S)
         elif mean_only:
-            call = KernelCall.build(
-                qa.detach(),
-                ka.detach(),
-                inputs.value.detach(),
-                kb.detach() if kb is not None else None,
-                w.detach() if w is not None else None,
-                scale=inputs.scale,
-                mask=inputs.mask,
-                batch_shape=inputs.batch_shape,
-                groups=inputs.groups,
-            )
-            B, H = call.BH
-            mean = call.weights(lse.detach().reshape(B, H, inputs.L), mean=True)  # (B, L, S)
-            weights = mean.reshape(*inputs.batch_shape[:-1], inputs.L, inputs.S)  # (..., L, S)
+            with torch.no_grad():
+                mean = ops.attention_weights(q4, k4, kb3, w, *margs, lse3, True)  # (B, L, S)
+            weights = mean.reshape(*batch[:-1], L, S)  # (..., L, S)
         lse_out: torch.Tensor | None = None
         if inputs.return_lse:
             lse_out = lse
             if row_const is not None:
-                rc = (row_const.float() * inputs.scale).expand(*inputs.batch_shape, inputs.L)
+                rc = (row_const.float() * inputs.scale).expand(*batch, L)
                 # (*batch, L); an empty row stays -inf whatever its query holds
                 lse_out = torch.where(torch.isneginf(lse), lse, lse + rc)
         return AttentionResult(output=out, weights=weights, lse=lse_out)
+
+
+def arch_reason(dtype: torch.dtype, arch: int, head_dim: int = 0, grad: bool = False) -> str | None:
+    """Why the kernels do not run a call on sm_``arch`` (0: the interpreter), or None.
+
+    bfloat16 needs sm_80: sm_75 (T4) has no bfloat16 arithmetic in its tensor cores or
+    its ALUs, so the kernels would emulate every product; float16 runs there. The
+    backward of head dims over 128 needs 65 KiB of shared memory on sm_75 (64 there)."""
+    if 0 < arch < 80 and dtype == torch.bfloat16:
+        return (
+            f"bfloat16 on sm_{arch} (T4 class): no native bfloat16 before sm_80; "
+            "use float16 here (another backend takes bfloat16)"
+        )
+    if 0 < arch < 80 and grad and head_dim > 128:
+        return (
+            f"the backward of feature sizes over 128 on sm_{arch}: 65 KiB of shared memory "
+            "a block, 64 KiB there"
+        )
+    return None
+
+
+def _unit_stride(t: torch.Tensor) -> torch.Tensor:
+    """The kernels read feature rows with unit stride."""
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
 def _dot_dims(inputs: AttentionInputs) -> tuple[int, int]:

@@ -1,260 +1,272 @@
-"""Host side of the kernels: 4-D views, shared keyword arguments, grids and launches.
+"""Host side of the kernels, run inside the torch ops: arguments, grids and launches.
 
-:class:`KernelCall` holds one call's operands as (B, H, X, D) strided views (see
-:mod:`.layout`), the mask's kernel arguments (see :mod:`.maskargs`) and the
-shapes; its methods launch the forward, weights and backward kernels. Kernel
-modules are imported here, on first use, so that ``TRITON_INTERPRET`` is read when
-the kernels are built.
+:class:`Operands` holds one call in kernel form (4-D strided views, the packed mask);
+:func:`run_forward`, :func:`run_weights` and :func:`run_backward` launch the kernels
+through :func:`launch`, the one place a kernel is launched. Kernel modules are
+imported on first use, so that ``TRITON_INTERPRET`` is read when they are built.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ... import masks as _masks
-from .layout import bh_shape, bh_view, kv_lead
-from .maskargs import mask_arguments
-from .runtime import interpreting, next_pow2, tiles_for
+from . import bits as _b
+from .runtime import arch_of, interpreting, next_pow2, tiles_for
 
-__all__ = ["KernelCall"]
+__all__ = ["LAUNCH_HOOK", "Operands", "launch", "run_backward", "run_forward", "run_weights"]
+
+LaunchHook = Callable[[Any, tuple[int, ...], dict[str, Any]], None]
+LAUNCH_HOOK: ContextVar[LaunchHook | None] = ContextVar("attnkit_triton_launch", default=None)
+"""When set, :func:`launch` hands (kernel, grid, arguments) to it instead of launching
+(the compile-only check of :mod:`.targets` compiles them for a GPU target)."""
+
+WRAP_KERNELS: list[bool] = [False]
+"""True when the ops are ``torch.library.triton_op``s: launches go through
+``torch.library.wrap_triton`` so that tracing sees the kernels."""
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-@dataclass
-class KernelCall:
-    """One attention call in kernel form.
+def launch(kernel: Any, grid: tuple[int, ...], args: dict[str, Any]) -> None:
+    """Launch ``kernel`` on ``grid`` with keyword ``args`` (or hand it to the hook)."""
+    hook = LAUNCH_HOOK.get()
+    if hook is not None:
+        hook(kernel, grid, args)
+        return
+    if WRAP_KERNELS[0]:
+        kernel = torch.library.wrap_triton(kernel)
+    kernel[grid](**args)
 
-    Operands (rows flattened to (B, H) by :func:`.layout.bh_view`, not copied):
-    qa (B, H, L, E), ka (B, Hk, S, E), v (B, Hk, S, Ev), kb (B, Hk, 1, S) or None
-    (pre-scaled key bias), w (hidden,) or None (the Additive score's w_v, with
-    ``E`` its hidden size). ``scale`` multiplies the dot or Additive logits.
+
+@dataclass
+class Operands:
+    """One call in kernel form.
+
+    q (B, H, L, E), k (B, Hk, S, E), v (B, Hk, S, Ev): strided, unit stride on the last
+    dim; kb (B, Hk, S) float32 (pre-scaled key bias) or None; w (hidden,) or None (the
+    Additive score's w_v, q/k then hold the projections and E is the hidden size);
+    vbad (B, Hk, S) float32 or None (1: that value row was not finite and was zeroed);
+    records/keep/bias/ints: the packed mask (see :mod:`.maskargs`); scale multiplies
+    the dot or Additive logits.
     """
 
-    qa: torch.Tensor
-    ka: torch.Tensor
-    v: torch.Tensor
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor | None
     kb: torch.Tensor | None
     w: torch.Tensor | None
+    vbad: torch.Tensor | None
+    records: torch.Tensor
+    keep: torch.Tensor | None
+    bias: torch.Tensor | None
+    ints: list[int]
     scale: float
-    batch_shape: tuple[int, ...]
-    groups: int
-    L: int
-    S: int
-    mask_args: dict[str, Any] = field(default_factory=dict)
-    vbad: torch.Tensor | None = None
-
-    @classmethod
-    def build(
-        cls,
-        qa: torch.Tensor,
-        ka: torch.Tensor,
-        v: torch.Tensor,
-        kb: torch.Tensor | None,
-        w: torch.Tensor | None,
-        *,
-        scale: float,
-        mask: _masks.Mask | None,
-        batch_shape: tuple[int, ...],
-        groups: int,
-        vbad: torch.Tensor | None = None,
-    ) -> KernelCall:
-        """Views of qa (*Bq, L, E), ka (*Bk, S, E), v (*Bk, S, Ev), kb (*Bk, 1, S), and
-        vbad (*Bk, S, 1) float32 (1 where a value row was not finite and was zeroed) or
-        None (every value finite)."""
-        lead_kv = kv_lead(batch_shape, groups)
-        L, S = qa.shape[-2], ka.shape[-2]
-        q4 = bh_view(qa, batch_shape)  # (B, H, L, E)
-        return cls(
-            qa=q4,
-            ka=bh_view(ka, lead_kv),  # (B, Hk, S, E)
-            v=bh_view(v, lead_kv),  # (B, Hk, S, Ev)
-            kb=bh_view(kb, lead_kv) if kb is not None else None,  # (B, Hk, 1, S)
-            w=w.contiguous() if w is not None else None,
-            scale=float(scale),
-            batch_shape=batch_shape,
-            groups=groups,
-            L=L,
-            S=S,
-            mask_args=mask_arguments(mask, L, S, batch_shape, qa.device, q4),
-            vbad=bh_view(vbad, lead_kv) if vbad is not None else None,  # (B, Hk, S, 1)
-        )
-
-    # ------------------------------------------------------------------ shared
 
     @property
-    def BH(self) -> tuple[int, int]:
-        return bh_shape(self.batch_shape)
+    def B(self) -> int:
+        return int(self.q.shape[0])
 
     @property
-    def additive(self) -> bool:
-        return self.w is not None
+    def H(self) -> int:
+        return int(self.q.shape[1])
+
+    @property
+    def Hk(self) -> int:
+        return int(self.k.shape[1])
+
+    @property
+    def L(self) -> int:
+        return int(self.q.shape[2])
+
+    @property
+    def S(self) -> int:
+        return int(self.k.shape[2])
 
     @property
     def E(self) -> int:
-        return int(self.qa.shape[-1])
+        return int(self.q.shape[3])
 
     @property
     def Ev(self) -> int:
-        return int(self.v.shape[-1])
+        return int(self.v.shape[3]) if self.v is not None else self.E
 
-    def _precision(self) -> str:
-        # float32 operands: full-precision products (no TF32), like torch's own matmul
-        return "ieee" if self.qa.dtype == torch.float32 else "tf32"
+    def _ops(self) -> int:
+        ops = 0
+        if self.w is not None:
+            ops |= _b.ADDITIVE
+        if self.kb is not None:
+            ops |= _b.HAS_KB
+        if self.vbad is not None:
+            ops |= _b.HAS_VBAD
+        if self.q.dtype == torch.float32:
+            ops |= _b.IEEE
+        if interpreting() and self.q.dtype == torch.bfloat16:
+            ops |= _b.EMULATE_BF16
+        return ops
 
-    def _common(self, kernel: str) -> tuple[dict[str, Any], Any]:
-        H = self.BH[1]
-        q, k = self.qa, self.ka
-        kb = self.kb if self.kb is not None else q
+    def args(self, kernel: str, *, values: bool = True) -> tuple[dict[str, Any], Any]:
+        """Keyword arguments every kernel shares, and its tiles."""
+        q, k = self.q, self.k
+        R, MB, LO0, HI0, LO1, HI1 = self.ints
+        dummy = self.records
         tiles = tiles_for(
             kernel,
             max(self.E, self.Ev),
-            additive=self.additive,
+            arch=arch_of(q.device),
+            additive=self.w is not None,
             hidden=self.E,
             wide=q.dtype == torch.float32,
         )
         args: dict[str, Any] = {
             "Q": q,
             "K": k,
-            "KB": kb,
-            "W": self.w if self.w is not None else q,
+            "KB": self.kb if self.kb is not None else dummy,
+            "W": self.w if self.w is not None else dummy,
+            "MASK": self.records,
+            "KEEP": self.keep if self.keep is not None else dummy,
+            "BIAS": self.bias if self.bias is not None else dummy,
             "s_q_b": q.stride(0),
             "s_q_h": q.stride(1),
             "s_q_l": q.stride(2),
-            "s_q_e": q.stride(3),
             "s_k_b": k.stride(0),
             "s_k_h": k.stride(1),
             "s_k_s": k.stride(2),
-            "s_k_e": k.stride(3),
-            "s_kb_b": kb.stride(0) if self.kb is not None else 0,
-            "s_kb_h": kb.stride(1) if self.kb is not None else 0,
-            "s_kb_s": kb.stride(3) if self.kb is not None else 0,
-            "H": H,
+            "H": self.H,
             "L": self.L,
             "S": self.S,
             "E": self.E,
-            "GROUPS": self.groups,
-            "scale": self.scale,
-            "ADDITIVE": self.additive,
-            "HAS_KB": self.kb is not None,
-            "PRECISION": self._precision(),
-            "UPCAST": interpreting() and q.dtype == torch.bfloat16,
+            "GROUPS": self.H // self.Hk,
+            "R": R,
+            "scale": float(self.scale),
+            "LO0": LO0,
+            "HI0": HI0,
+            "LO1": LO1,
+            "HI1": HI1,
+            "OPS": self._ops(),
+            "MB": MB,
             "E_P2": next_pow2(self.E),
             "BLOCK_M": tiles.block_m,
             "BLOCK_N": tiles.block_n,
             "BLOCK_H": tiles.block_h,
             "num_warps": tiles.num_warps,
             "num_stages": tiles.num_stages,
-            **self.mask_args,
         }
+        if values:
+            v = self.v if self.v is not None else q
+            args.update(
+                V=v,
+                s_v_b=v.stride(0),
+                s_v_h=v.stride(1),
+                s_v_s=v.stride(2),
+                EV=self.Ev,
+                EV_P2=next_pow2(self.Ev),
+            )
         return args, tiles
 
-    def _value_args(self) -> dict[str, Any]:
-        v = self.v
-        return {
-            "V": v,
-            "s_v_b": v.stride(0),
-            "s_v_h": v.stride(1),
-            "s_v_s": v.stride(2),
-            "s_v_e": v.stride(3),
-            "EV": self.Ev,
-            "EV_P2": next_pow2(self.Ev),
-        }
 
-    # ------------------------------------------------------------------ kernels
+def run_forward(op: Operands) -> tuple[torch.Tensor, torch.Tensor]:
+    """Output (B, H, L, Ev) in v's dtype and lse (B, H, L) float32 (natural log)."""
+    from .forward import attention_forward_kernel
 
-    def forward(self, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Output (B, H, L, Ev) in ``out_dtype`` and lse (B, H, L) float32 (natural log)."""
-        from .forward import attention_forward_kernel
+    assert op.v is not None
+    B, H, L = op.B, op.H, op.L
+    args, tiles = op.args("forward")
+    out = torch.empty(B, H, L, op.Ev, dtype=op.v.dtype, device=op.q.device)
+    lse = torch.empty(B, H, L, dtype=torch.float32, device=op.q.device)
+    args.update(VBAD=op.vbad if op.vbad is not None else op.records, OUT=out, LSE=lse)
+    launch(attention_forward_kernel, (_cdiv(L, tiles.block_m), B * H), args)
+    return out, lse
 
-        B, H = self.BH
-        args, tiles = self._common("forward")
-        dev = self.qa.device
-        out = torch.empty(B, H, self.L, self.Ev, dtype=out_dtype, device=dev)
-        lse = torch.empty(B, H, self.L, dtype=torch.float32, device=dev)
-        args.update(self._value_args())
-        vb = self.vbad if self.vbad is not None else lse
-        args.update(
-            OUT=out,
-            LSE=lse,
-            VBAD=vb,
-            s_vb_b=vb.stride(0) if self.vbad is not None else 0,
-            s_vb_h=vb.stride(1) if self.vbad is not None else 0,
-            s_vb_s=vb.stride(2) if self.vbad is not None else 0,
-            HAS_VBAD=self.vbad is not None,
-        )
-        for axis, st in zip(("b", "h", "l", "e"), out.stride(), strict=True):
-            args[f"s_o_{axis}"] = st
-        grid = (_cdiv(self.L, tiles.block_m), B * H)
-        attention_forward_kernel[grid](**args)
-        return out, lse
 
-    def weights(self, lse: torch.Tensor, *, mean: bool) -> torch.Tensor:
-        """Exact weights exp(s - lse): (B, H, L, S) float32, or with ``mean`` the average
-        over H, (B, L, S), accumulated per tile inside the kernel."""
-        from .weights import attention_weights_kernel
+def run_weights(op: Operands, lse: torch.Tensor, *, mean: bool) -> torch.Tensor:
+    """Exact weights exp(s - lse): (B, H, L, S) float32, or with ``mean`` the average
+    over H, (B, L, S), accumulated per tile inside the kernel."""
+    from .weights import attention_weights_kernel
 
-        B, H = self.BH
-        args, tiles = self._common("weights")
-        shape = (B, self.L, self.S) if mean else (B, H, self.L, self.S)
-        out = torch.empty(shape, dtype=torch.float32, device=self.qa.device)
-        args.update(LSE=lse.contiguous(), OUT=out, MEAN=mean)
-        grid = (_cdiv(self.L, tiles.block_m), _cdiv(self.S, tiles.block_n), B if mean else B * H)
-        attention_weights_kernel[grid](**args)
-        return out
+    B, H, L, S = op.B, op.H, op.L, op.S
+    args, tiles = op.args("weights", values=False)
+    if mean:
+        args["OPS"] |= _b.MEAN
+    shape = (B, L, S) if mean else (B, H, L, S)
+    out = torch.empty(shape, dtype=torch.float32, device=op.q.device)
+    args.update(LSE=lse.contiguous(), OUT=out)
+    grid = (_cdiv(L, tiles.block_m), _cdiv(S, tiles.block_n), B if mean else B * H)
+    launch(attention_weights_kernel, grid, args)
+    return out
 
-    def backward(
-        self,
-        d_out: torch.Tensor,
-        lse: torch.Tensor,
-        delta: torch.Tensor,
-        d_weights: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Per-query-head float32 gradients: dqa (B, H, L, E), dka (B, H, S, E),
-        dv (B, H, S, Ev), dkb (B, H, 1, S) or None, dw (hidden,) or None.
 
-        d_out (B, H, L, Ev); lse, delta (B, H, L) float32; d_weights (B, H, L, S) or None.
-        """
-        from .backward import attention_backward_dkdv_kernel, attention_backward_dq_kernel
+def run_backward(
+    op: Operands,
+    out: torch.Tensor | None,
+    lse: torch.Tensor,
+    d_out: torch.Tensor | None,
+    d_lse: torch.Tensor | None,
+    d_weights: torch.Tensor | None,
+    weights: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Gradients of q, k, v, kb and w from (out, lse) and the gradients of the output
+    (B, H, L, Ev), of the lse (B, H, L) and of the weights (B, H, L, S), each optional
+    (``weights``, the forward's, go with ``d_weights``).
 
-        B, H = self.BH
-        L, S, E, Ev = self.L, self.S, self.E, self.Ev
-        dev = self.qa.device
-        args, tiles = self._common("backward")
-        args.update(self._value_args())
-        dw_out = d_weights if d_weights is not None else self.qa
-        args.update(
-            DO=d_out,
-            LSE=lse.contiguous(),
-            DELTA=delta.contiguous(),
-            DW_OUT=dw_out,
-            HAS_DW=d_weights is not None,
-        )
-        for axis, st in zip(("b", "h", "l", "e"), d_out.stride(), strict=True):
-            args[f"s_do_{axis}"] = st
-        dw_strides = d_weights.stride() if d_weights is not None else (0, 0, 0, 0)
-        for axis, st in zip(("b", "h", "l", "s"), dw_strides, strict=True):
-            args[f"s_dw_{axis}"] = st
-        f32 = torch.float32
-        additive = self.additive
-        dq = (torch.zeros if additive else torch.empty)(B, H, L, E, dtype=f32, device=dev)
-        dk = (torch.zeros if additive else torch.empty)(B, H, S, E, dtype=f32, device=dev)
-        dv = torch.empty(B, H, S, Ev, dtype=f32, device=dev)
-        dkb = torch.empty(B, H, 1, S, dtype=f32, device=dev) if self.kb is not None else None
-        n_blocks = _cdiv(S, tiles.block_n)
-        dwv = torch.zeros(B * H, n_blocks, E, dtype=f32, device=dev) if additive else None
-        attention_backward_dkdv_kernel[(n_blocks, B * H)](
-            DK=dk,
-            DV=dv,
-            DKB=dkb if dkb is not None else dv,
-            DWV=dwv if dwv is not None else dv,
-            **args,
-        )
-        attention_backward_dq_kernel[(_cdiv(L, tiles.block_m), B * H)](DQ=dq, **args)
-        dw = dwv.sum(dim=(0, 1)) if dwv is not None else None  # (hidden,)
-        return dq, dk, dv, dkb, dw
+    Returns dq (B, H, L, E), dk (B, Hk, S, E), dv (B, Hk, S, Ev) in the operands'
+    dtypes (dv float32 zeros without v), dkb (B, Hk, S) float32 or None, dw (hidden,) or
+    None."""
+    from .backward import attention_backward_dkdv_kernel, attention_backward_dq_kernel
+
+    B, H, Hk, L, S, E, Ev = op.B, op.H, op.Hk, op.L, op.S, op.E, op.Ev
+    dev, f32 = op.q.device, torch.float32
+    args, tiles = op.args("dkdv")
+    dq_args, dq_tiles = op.args("dq")
+    ops_bits = args["OPS"]
+    delta = torch.zeros(B, H, L, dtype=f32, device=dev)
+    if d_out is not None and out is not None:
+        delta = (d_out.float() * out.float()).sum(dim=-1)  # (B, H, L)
+        ops_bits |= _b.HAS_DO
+    if d_lse is not None:
+        delta = delta - d_lse.float()
+    if d_weights is not None:
+        ops_bits |= _b.HAS_DW
+        if weights is not None:
+            delta = delta + (d_weights.float() * weights.float()).sum(dim=-1)
+    shared = {
+        "OPS": ops_bits,
+        "DO": d_out.contiguous() if d_out is not None else op.records,
+        "LSE": lse.contiguous(),
+        "DELTA": delta.contiguous(),
+        "DWG": d_weights.contiguous() if d_weights is not None else op.records,
+    }
+    additive = op.w is not None
+    new = torch.zeros if additive else torch.empty
+    dq = new(B, H, L, E, dtype=f32, device=dev)
+    dk = new(B, H, S, E, dtype=f32, device=dev)
+    dv = torch.empty(B, H, S, Ev, dtype=f32, device=dev)
+    dkb = torch.empty(B, H, S, dtype=f32, device=dev) if op.kb is not None else None
+    n_blocks = _cdiv(S, tiles.block_n)
+    dwv = torch.zeros(B * H, n_blocks, E, dtype=f32, device=dev) if additive else None
+    launch(
+        attention_backward_dkdv_kernel,
+        (n_blocks, B * H),
+        {**args, **shared, "DK": dk, "DV": dv, "DKB": dkb if dkb is not None else dv,
+         "DWV": dwv if dwv is not None else dv},
+    )  # fmt: skip
+    grid = (_cdiv(L, dq_tiles.block_m), B * H)
+    launch(attention_backward_dq_kernel, grid, {**dq_args, **shared, "DQ": dq})
+    groups = H // Hk
+
+    def per_kv_head(g: torch.Tensor) -> torch.Tensor:  # (B, H, ...) -> (B, Hk, ...)
+        return g.reshape(B, Hk, groups, *g.shape[2:]).sum(dim=2) if groups > 1 else g
+
+    return (
+        dq.to(op.q.dtype),
+        per_kv_head(dk).to(op.k.dtype),
+        per_kv_head(dv).to(op.v.dtype if op.v is not None else f32),
+        per_kv_head(dkb) if dkb is not None else None,
+        dwv.sum(dim=(0, 1)).to(op.w.dtype) if dwv is not None and op.w is not None else None,
+    )

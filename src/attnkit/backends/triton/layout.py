@@ -1,4 +1,4 @@
-"""Host-side layout: any batch rank as (B, H) rows with strides, and gradients back.
+"""Host-side layout: any batch rank as (B, H) rows with strides.
 
 Kernels see every tensor as 4-D (B, H, X, D) with strides: B is the product of the
 leading dims but the last, H the last leading dim (the head dim). Broadcast dims
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["bh_shape", "bh_view", "kv_lead", "reduce_grad"]
+__all__ = ["bh_shape", "bh_view", "kv_lead"]
 
 
 def bh_shape(batch_shape: Sequence[int]) -> tuple[int, int]:
@@ -43,21 +43,3 @@ def bh_view(t: torch.Tensor, lead: Sequence[int]) -> torch.Tensor:
     if not lead:
         return full.reshape(1, 1, X, D)  # (1, 1, X, D)
     return full.reshape(-1, int(lead[-1]), X, D)  # (B, H, X, D)
-
-
-def reduce_grad(
-    grad: torch.Tensor, batch_shape: Sequence[int], groups: int, target: torch.Size
-) -> torch.Tensor:
-    """Sum a per-query-head gradient (B, H, X, D) back to an input of shape ``target``.
-
-    Undoes the views of :func:`bh_view`: query heads sharing a key/value head
-    (``groups`` > 1) are summed, then every broadcast dim.
-    """
-    X, D = grad.shape[-2], grad.shape[-1]
-    g = grad.reshape(*batch_shape, X, D)  # (*batch, X, D)
-    if groups > 1:
-        hk = batch_shape[-1] // groups
-        g = g.reshape(*batch_shape[:-1], hk, groups, X, D).sum(dim=-3)  # (*lead, Hk, X, D)
-    if g.shape != target:
-        g = g.sum_to_size(target)
-    return g

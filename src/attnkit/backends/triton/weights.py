@@ -12,71 +12,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import LOG2E, add_bias, additive_logits, key_bounds, mm, tile_keep
+from .kmask import record, tile_state
+from .logits import ADDITIVE, LOG2E, MEAN, logits_tile
 
 
 @triton.jit
 def attention_weights_kernel(
-    Q,
-    K,
-    KB,
-    W,
-    LSE,
-    OUT,
-    s_q_b,
-    s_q_h,
-    s_q_l,
-    s_q_e,
-    s_k_b,
-    s_k_h,
-    s_k_s,
-    s_k_e,
-    s_kb_b,
-    s_kb_h,
-    s_kb_s,
-    H,
-    L,
-    S,
-    E,
-    GROUPS,
-    scale,
-    LO,
-    HI,
-    R,
-    KLEN,
-    QLEN,
-    RLEN,
-    s_rlen_b,
-    KKEEP,
-    s_kkeep_b,
-    KEEP,
-    s_keep_b,
-    s_keep_h,
-    s_keep_l,
-    s_keep_s,
-    BIAS,
-    s_bias_b,
-    s_bias_h,
-    s_bias_l,
-    s_bias_s,
-    MEAN: tl.constexpr,
-    ADDITIVE: tl.constexpr,
-    HAS_KB: tl.constexpr,
-    HAS_LO: tl.constexpr,
-    HAS_HI: tl.constexpr,
-    HAS_KLEN: tl.constexpr,
-    HAS_QLEN: tl.constexpr,
-    HAS_RLEN: tl.constexpr,
-    HAS_KKEEP: tl.constexpr,
-    HAS_KEEP: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-    E_P2: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-):
+    Q, K, KB, W, MASK, KEEP, BIAS, LSE, OUT,
+    s_q_b, s_q_h, s_q_l, s_k_b, s_k_h, s_k_s,
+    H, L, S, E, GROUPS, R, scale, LO0, HI0, LO1, HI1,
+    OPS: tl.constexpr, MB: tl.constexpr, E_P2: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_z = tl.program_id(2)
@@ -85,7 +32,7 @@ def attention_weights_kernel(
     offs_m = i0 + tl.arange(0, BLOCK_M)
     offs_n = j0 + tl.arange(0, BLOCK_N)
     offs_e = tl.arange(0, E_P2)
-    if MEAN:
+    if (MEAN & OPS) != 0:
         b = pid_z
         h_first = pid_z * 0
         n_heads = H
@@ -99,49 +46,35 @@ def attention_weights_kernel(
         h = h_first + h_step  # a tensor in compiled code and in the interpreter alike
         row = b * H + h
         hk = h // GROUPS
-        b0 = row // R
-        start, end = key_bounds(
-            i0, L, S, b0, LO, HI, KLEN, QLEN, RLEN, s_rlen_b,
-            HAS_LO, HAS_HI, HAS_KLEN, HAS_QLEN, HAS_RLEN, BLOCK_M, BLOCK_N,
-        )  # fmt: skip
-        if (j0 < end) & (j0 + BLOCK_N > start):  # else the tile is empty for this head
+        rec = record(MASK, MB, row // R, L, S)
+        state = tile_state(rec, MB, i0, j0, L, S, LO0, HI0, LO1, HI1, BLOCK_M, BLOCK_N)
+        if state != 0:  # else the tile is empty for this head
             q_base = Q + b.to(tl.int64) * s_q_b + h.to(tl.int64) * s_q_h
             k_base = K + b.to(tl.int64) * s_k_b + hk.to(tl.int64) * s_k_h
-            if ADDITIVE:
-                s = additive_logits(
-                    q_base, s_q_l, s_q_e, k_base, s_k_s, s_k_e, W, offs_m, offs_n, L, S, E,
-                    BLOCK_M, BLOCK_N, BLOCK_H,
-                ) * qk_scale  # fmt: skip
+            kb_base = KB + (b * (H // GROUPS) + hk).to(tl.int64) * S
+            if (ADDITIVE & OPS) != 0:
+                q = tl.zeros((BLOCK_M, E_P2), dtype=tl.float32)  # unused: logits read qa
+                k = tl.zeros((BLOCK_N, E_P2), dtype=tl.float32)
             else:
                 q = tl.load(
-                    q_base + offs_m[:, None] * s_q_l + offs_e[None, :] * s_q_e,
+                    q_base + offs_m[:, None] * s_q_l + offs_e[None, :],
                     mask=(offs_m[:, None] < L) & (offs_e[None, :] < E),
                     other=0.0,
                 )  # (BLOCK_M, E_P2)
                 k = tl.load(
-                    k_base + offs_n[:, None] * s_k_s + offs_e[None, :] * s_k_e,
+                    k_base + offs_n[:, None] * s_k_s + offs_e[None, :],
                     mask=(offs_n[:, None] < S) & (offs_e[None, :] < E),
                     other=0.0,
                 )  # (BLOCK_N, E_P2)
-                s = mm(q, tl.trans(k), PRECISION, UPCAST) * qk_scale
-            if HAS_KB:
-                kb_base = KB + b.to(tl.int64) * s_kb_b + hk.to(tl.int64) * s_kb_h
-                kb = tl.load(kb_base + offs_n * s_kb_s, mask=offs_n < S, other=0.0)
-                s += kb.to(tl.float32)[None, :] * LOG2E
-            if HAS_BIAS:
-                s = add_bias(
-                    s, offs_m, offs_n, L, S, b, h, BIAS, s_bias_b, s_bias_h, s_bias_l, s_bias_s
-                )
-            keep = tile_keep(
-                offs_m, offs_n, L, S, b, h, b0, LO, HI, KLEN, QLEN, RLEN, s_rlen_b, KKEEP,
-                s_kkeep_b, KEEP, s_keep_b, s_keep_h, s_keep_l, s_keep_s,
-                HAS_LO, HAS_HI, HAS_KLEN, HAS_QLEN, HAS_RLEN, HAS_KKEEP, HAS_KEEP,
+            s = logits_tile(
+                q, k, q_base, k_base, W, kb_base, BIAS, rec, KEEP, b, h, H, offs_m,
+                offs_n, L, S, E, s_q_l, s_k_s, qk_scale, LO0, HI0, LO1, HI1, state,
+                OPS, MB, BLOCK_M, BLOCK_N, BLOCK_H,
             )  # fmt: skip
             lse = tl.load(LSE + row.to(tl.int64) * L + offs_m, mask=offs_m < L, other=0.0)
             shift = tl.where(lse == float("-inf"), 0.0, lse * LOG2E)
-            p = tl.exp2(s - shift[:, None])
-            total += tl.where(keep, p, 0.0)
-    if MEAN:
+            total += tl.exp2(s - shift[:, None])
+    if (MEAN & OPS) != 0:
         total = total / H
     out_base = OUT + pid_z.to(tl.int64) * L * S
     tl.store(
