@@ -6,14 +6,13 @@ from typing import ClassVar
 
 import torch
 
-from ... import masks as _masks
 from ..._inputs import AttentionInputs
 from ...scores import Additive, Dot
 from .._common import clean_values
-from .._dotform import clean_dot_form
 from ..base import AttentionResult, Backend
+from ..operands import ScoreOperands, lower_score
 from .layout import bh_shape, bh_view, kv_lead
-from .maskargs import mask_reason, pack_mask, spec_from_mask
+from .maskargs import pack_mask, plan_reason, spec_from_plan
 from .runtime import arch_of, interpreting, missing_reason
 
 __all__ = ["MAX_HEAD_DIM", "TritonBackend"]
@@ -45,10 +44,6 @@ class TritonBackend(Backend):
     fused: ClassVar[bool] = True
     supports_dropout: ClassVar[bool] = False
     averages_heads: ClassVar[bool] = True
-    mask_kinds: ClassVar[frozenset[str]] = frozenset(
-        {"keep", "bias", "valid_lens", "key_padding", "causal", "window"}
-    )
-
     def __init__(self) -> None:
         # The interpreter may be switched on after this module was imported (tests):
         # each instance reads it when it is made.
@@ -78,11 +73,9 @@ class TritonBackend(Backend):
             why = arch_reason(inputs.dtype, arch_of(inputs.device), dims, inputs.needs_grad)
             if why is not None:
                 reasons.append(why)
-        if torch.is_grad_enabled() and any(
-            isinstance(p, _masks.BiasMask) and p.tensor.requires_grad for p in inputs.mask_parts
-        ):
-            reasons.append("a bias mask that requires grad (its gradient is L×S)")
-        why = mask_reason(inputs.mask)
+        if inputs.mask_needs_grad:
+            reasons.append("a mask tensor that requires grad (its gradient is L×S)")
+        why = plan_reason(inputs.block_plan())
         if why is not None:
             reasons.append(why)
         return reasons
@@ -106,7 +99,7 @@ class TritonBackend(Backend):
         B, H = bh_shape(batch)
         lead_kv = kv_lead(batch, inputs.groups)
         Hk = H // inputs.groups
-        qa, ka, kb, w, row_const = _operands(inputs)
+        qa, ka, kb, w, lowered = _operands(inputs)
         value, bad = clean_values(inputs.value)  # (..., S, Ev), (..., S) or None
         q4 = _unit_stride(bh_view(qa, batch))  # (B, H, L, E)
         k4 = _unit_stride(bh_view(ka, lead_kv))  # (B, Hk, S, E)
@@ -118,7 +111,7 @@ class TritonBackend(Backend):
         if bad is not None:
             flags = bad.unsqueeze(-1).to(torch.float32)  # (..., S, 1)
             vbad3 = bh_view(flags, lead_kv).reshape(B, Hk, S).contiguous()  # (B, Hk, S)
-        spec = spec_from_mask(inputs.mask, L, S, inputs.device)
+        spec = spec_from_plan(inputs.block_plan())
         mask = pack_mask(spec, L, S, batch, inputs.device)
         margs = (mask.records, mask.keep, mask.bias, mask.ints, float(inputs.scale))
         mean_only = inputs.return_weights and inputs.weights_mean and not inputs.needs_grad
@@ -137,11 +130,7 @@ class TritonBackend(Backend):
             weights = mean.reshape(*batch[:-1], L, S)  # (..., L, S)
         lse_out: torch.Tensor | None = None
         if inputs.return_lse:
-            lse_out = lse
-            if row_const is not None:
-                rc = (row_const.float() * inputs.scale).expand(*batch, L)
-                # (*batch, L); an empty row stays -inf whatever its query holds
-                lse_out = torch.where(torch.isneginf(lse), lse, lse + rc)
+            lse_out = lowered.finish_lse(lse)  # (*batch, L)
         return AttentionResult(output=out, weights=weights, lse=lse_out)
 
 
@@ -178,23 +167,16 @@ def _dot_dims(inputs: AttentionInputs) -> tuple[int, int]:
 
 def _operands(
     inputs: AttentionInputs,
-) -> tuple[
-    torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None
-]:
-    """(qa, ka, kb, w, row_constant) for the kernels.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, ScoreOperands]:
+    """(qa, ka, kb, w, lowered) for the kernels, from the one score lowering.
 
-    Dot and scaled dot use the inputs as they are (no copy). Other dot-reducible
-    scores are reduced in the compute dtype (differentiably), their products cast
-    back to the input dtype for the kernel's matrix units, the key bias kept in
-    float32 and pre-scaled. The Additive score projects q and k with W_q and W_k
-    here, under autograd, so those weights get their gradients from d(qa), d(ka).
+    Dot and scaled dot use the inputs as they are (no copy). Other scores are lowered
+    in the compute dtype (differentiably, so the score's parameters get their
+    gradients through it), their products cast back to the input dtype for the
+    kernel's matrix units, the key bias kept in float32 and pre-scaled.
     """
     score, dtype = inputs.score, inputs.dtype
-    if isinstance(score, Additive):
-        qa, ka = score.project(inputs.query, inputs.key)  # (..., L, hidden), (..., S, hidden)
-        return qa, ka, None, score.w_v.weight.reshape(-1), None  # w_v: (hidden,)
-    if type(score).dot_form is Dot.dot_form and type(score).row_constant is Dot.row_constant:
-        return inputs.query, inputs.key, None, None, None
-    qd, kd, kb, row_const, _ = clean_dot_form(inputs, row_constant=inputs.return_lse, upcast=True)
-    kb_scaled = kb * inputs.scale if kb is not None else None  # (..., 1, S)
-    return qd.to(dtype), kd.to(dtype), kb_scaled, None, row_const
+    plain = type(score).dot_form is Dot.dot_form and type(score).row_constant is Dot.row_constant
+    lowered = lower_score(inputs, upcast=not plain, row_constant=inputs.return_lse)
+    kb = lowered.key_bias * inputs.scale if lowered.key_bias is not None else None  # (..., 1, S)
+    return lowered.q.to(dtype), lowered.k.to(dtype), kb, lowered.w, lowered

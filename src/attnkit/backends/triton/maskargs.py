@@ -4,8 +4,8 @@
 summed bias) and returns a :class:`PackedMask`: an int32 tensor of per-batch records,
 the dense keep and bias in a compact layout, four band ints, the rows per batch
 element and the compile-time mask bits (layout in :mod:`.bits`, read in the kernels
-by :mod:`.kmask`). :func:`spec_from_mask` builds the spec from a mask's parts; it is
-the only function that knows the mask classes.
+by :mod:`.kmask`). :func:`spec_from_plan` builds the spec from the call's block plan
+(the one lowering of masks every backend reads); nothing here knows a mask class.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ... import masks as _masks
+from ...blockplan import BlockPlan
 from . import bits as _b
 from .layout import bh_view
 
@@ -23,19 +23,11 @@ __all__ = [
     "Clause",
     "MaskSpec",
     "PackedMask",
-    "mask_reason",
     "pack_mask",
-    "spec_from_mask",
+    "plan_reason",
+    "spec_from_plan",
     "unsupported",
 ]
-
-_KINDS = (
-    _masks.WindowMask,
-    _masks.ValidLensMask,
-    _masks.KeyPaddingMask,
-    _masks.KeepMask,
-    _masks.BiasMask,
-)
 
 
 @dataclass
@@ -92,47 +84,45 @@ def _max(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
     return b if a is None else torch.maximum(a, b)
 
 
-def spec_from_mask(mask: _masks.Mask | None, L: int, S: int, device: torch.device) -> MaskSpec:
-    """The mask's parts (all and-ed) as one clause, its bias parts summed."""
-    clause = Clause()
+def spec_from_plan(plan: BlockPlan) -> MaskSpec:
+    """The call's block plan (:mod:`attnkit.blockplan`, the one lowering of masks) as a
+    spec: each plan clause one kernel clause, the plan's biases summed."""
+    clauses = []
+    for c in plan.clauses:
+        keep: torch.Tensor | None = None
+        for t in c.dense_keep:
+            keep = t if keep is None else keep & t
+        clauses.append(
+            Clause(
+                lo=c.lo,
+                hi=c.hi,
+                key_lo=c.key_lo,
+                key_hi=c.key_hi,
+                query_lo=c.query_lo,
+                query_hi=c.query_hi,
+                row_lo=c.row_lo,
+                row_hi=c.row_hi,
+                key_keep=c.key_keep,
+                docs=[(d.q_ids, d.k_ids, d.equal) for d in c.docs],
+                dense_keep=keep,
+            )
+        )
     bias: torch.Tensor | None = None
-    for part in mask.parts() if mask is not None else ():
-        if isinstance(part, _masks.WindowMask):  # causal included
-            shift = part.offset(L, S)
-            if part.left is not None:
-                lo = shift - part.left
-                clause.lo = lo if clause.lo is None else max(clause.lo, lo)
-            if part.right is not None:
-                hi = shift + part.right
-                clause.hi = hi if clause.hi is None else min(clause.hi, hi)
-        elif isinstance(part, _masks.ValidLensMask):
-            lens = part.lens.to(device)
-            if lens.ndim == 2:
-                clause.row_hi = _min(clause.row_hi, lens)  # (B0, L)
-            else:
-                clause.key_hi = _min(clause.key_hi, lens)  # (B0,)
-            if part.query_lens is not None:
-                clause.query_hi = _min(clause.query_hi, part.query_lens.to(device))  # (B0,)
-        elif isinstance(part, _masks.KeyPaddingMask):
-            kept = ~part.padding.to(device)  # (B0, S)
-            clause.key_keep = kept if clause.key_keep is None else clause.key_keep & kept
-        elif isinstance(part, _masks.KeepMask):
-            t = part.tensor.to(device)
-            clause.dense_keep = t if clause.dense_keep is None else clause.dense_keep & t
-        elif isinstance(part, _masks.BiasMask):
-            t = part.tensor.to(device)
-            bias = t if bias is None else bias + t
-        else:
-            raise TypeError(f"triton backend: no kernel form for mask {type(part).__name__}")
-    return MaskSpec([clause], bias)
+    for t in plan.biases:
+        bias = t if bias is None else bias + t
+    return MaskSpec(clauses, bias)
 
 
-def mask_reason(mask: _masks.Mask | None) -> str | None:
-    """Why :func:`spec_from_mask` has no kernel form for ``mask``, from its parts' types
-    alone (no tensor is touched: ``explain`` of any size allocates nothing)."""
-    for part in mask.parts() if mask is not None else ():
-        if not isinstance(part, _KINDS):
-            return f"no kernel form for mask {type(part).__name__}"
+def plan_reason(plan: BlockPlan) -> str | None:
+    """Why the kernels cannot hold a plan, from its structure alone (no tensor value is
+    read: ``explain`` of any size allocates nothing), or None."""
+    if len(plan.clauses) > _b.MAX_CLAUSES:
+        return f"a mask of {len(plan.clauses)} OR-ed clauses (the kernels take {_b.MAX_CLAUSES})"
+    if sum(bool(c.dense_keep) for c in plan.clauses) > 1:
+        return "dense keep tensors in more than one OR-ed clause"
+    for c in plan.clauses:
+        if sum(d.equal for d in c.docs) > 1 or sum(not d.equal for d in c.docs) > 1:
+            return "two document-id conditions of one kind in one clause"
     return None
 
 
