@@ -320,3 +320,44 @@ def test_cpu_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     q = torch.randn(1, 3, 4)
     reasons = backend.not_supported_reasons(validate_inputs(q, q, q))
     assert any("TRITON_INTERPRET" in r for r in reasons)
+
+
+@pytest.mark.parametrize(
+    "score_name, mask_name",
+    [("scaled_dot", "causal"), ("gaussian", "key_padding"), ("additive", "document")],
+)
+def test_backward_from_the_global_lse_adds_up_over_key_blocks(
+    score_name: str, mask_name: str
+) -> None:
+    """``TritonBackend.backward`` given the global (out, lse) of two key blocks: their
+    gradients add up to the whole call's (as a context-parallel ring uses them)."""
+    from attnkit._inputs import validate_inputs
+
+    case = make_case(score_name, mask_name, (2, 4, 2, 6, 6, 5, 3), seed=4)
+    leaves = [t.clone().requires_grad_(True) for t in (case.q, case.k, case.v)]
+    params = list(case.score.parameters())
+    out, lse = attnkit.attention(*leaves, score=case.score, mask=case.mask, return_lse=True,
+                                 backend="reference")  # fmt: skip
+    gen = torch.Generator().manual_seed(2)
+    d_out, d_lse = torch.randn(out.shape, generator=gen), torch.randn(lse.shape, generator=gen)
+    live = torch.isfinite(lse)
+    ref = torch.autograd.grad([out, torch.where(live, lse, 0.0)], [*leaves, *params],
+                              [d_out, d_lse], allow_unused=True)  # fmt: skip
+    be = attnkit.get_backend("triton")
+    L, S = case.q.shape[-2], case.k.shape[-2]
+    got_q = torch.zeros_like(case.q)
+    got_k, got_v, got_p = [], [], [torch.zeros_like(p) for p in params]
+    for k0, k1 in ((0, 4), (4, S)):
+        mask = case.mask.shard(0, k0, L, k1 - k0, L, S) if case.mask is not None else None
+        inputs = validate_inputs(case.q, case.k[..., k0:k1, :], case.v[..., k0:k1, :],
+                                 score=case.score, mask=mask)  # fmt: skip
+        dq, dk, dv, dp = be.backward(inputs, out.detach(), lse.detach(), d_out, d_lse, params)
+        got_q += dq
+        got_k.append(dk)
+        got_v.append(dv)
+        for acc, x in zip(got_p, dp, strict=True):
+            if x is not None:
+                acc += x
+    got = [got_q, torch.cat(got_k, -2), torch.cat(got_v, -2), *got_p]
+    for a, r in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, torch.zeros_like(a) if r is None else r, atol=1e-5, rtol=1e-4)

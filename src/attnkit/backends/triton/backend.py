@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
 from ..._inputs import AttentionInputs
 from ...scores import Additive, Dot
+from .._backward import InputGrads, leaf_call, pull_back
 from .._common import clean_values
 from ..base import AttentionResult, Backend
 from ..operands import ScoreOperands, lower_score
@@ -44,6 +47,7 @@ class TritonBackend(Backend):
     fused: ClassVar[bool] = True
     supports_dropout: ClassVar[bool] = False
     averages_heads: ClassVar[bool] = True
+
     def __init__(self) -> None:
         # The interpreter may be switched on after this module was imported (tests):
         # each instance reads it when it is made.
@@ -96,24 +100,9 @@ class TritonBackend(Backend):
         from . import ops
 
         batch, L, S = inputs.batch_shape, inputs.L, inputs.S
-        B, H = bh_shape(batch)
-        lead_kv = kv_lead(batch, inputs.groups)
-        Hk = H // inputs.groups
-        qa, ka, kb, w, lowered = _operands(inputs)
-        value, bad = clean_values(inputs.value)  # (..., S, Ev), (..., S) or None
-        q4 = _unit_stride(bh_view(qa, batch))  # (B, H, L, E)
-        k4 = _unit_stride(bh_view(ka, lead_kv))  # (B, Hk, S, E)
-        v4 = _unit_stride(bh_view(value, lead_kv))  # (B, Hk, S, Ev)
-        kb3 = None
-        if kb is not None:
-            kb3 = bh_view(kb, lead_kv).reshape(B, Hk, S).float().contiguous()  # (B, Hk, S)
-        vbad3 = None
-        if bad is not None:
-            flags = bad.unsqueeze(-1).to(torch.float32)  # (..., S, 1)
-            vbad3 = bh_view(flags, lead_kv).reshape(B, Hk, S).contiguous()  # (B, Hk, S)
-        spec = spec_from_plan(inputs.block_plan())
-        mask = pack_mask(spec, L, S, batch, inputs.device)
-        margs = (mask.records, mask.keep, mask.bias, mask.ints, float(inputs.scale))
+        k_ops = _kernel_operands(inputs)
+        q4, k4, v4, kb3, w, vbad3, lowered = k_ops.tensors
+        margs = k_ops.mask_args
         mean_only = inputs.return_weights and inputs.weights_mean and not inputs.needs_grad
         per_head = inputs.return_weights and not mean_only
         out4, lse3, w4 = ops.attention_forward(q4, k4, v4, kb3, w, vbad3, *margs, per_head)
@@ -132,6 +121,92 @@ class TritonBackend(Backend):
         if inputs.return_lse:
             lse_out = lowered.finish_lse(lse)  # (*batch, L)
         return AttentionResult(output=out, weights=weights, lse=lse_out)
+
+    def backward(
+        self,
+        inputs: AttentionInputs,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        grad_out: torch.Tensor,
+        grad_lse: torch.Tensor | None,
+        params: Sequence[torch.Tensor] = (),
+    ) -> InputGrads:
+        """The backward kernels from a given (out, lse) (the backward op, no recomputation
+        of the forward), then back through the score's lowering. A score with a per-query
+        term (the Gaussian) gets one more feature of ones in q and k: the logits shift by
+        the scale, the given lse with them, and that feature's query gradient is each
+        row's sum of the logits' gradient, which the per-query term receives."""
+        from . import ops
+
+        batch, L = inputs.batch_shape, inputs.L
+        B, H = bh_shape(batch)
+        with torch.enable_grad():
+            leaves, rec = leaf_call(inputs, return_lse=True)
+            k_ops = _kernel_operands(rec, row_feature=True)
+        q4, k4, v4, kb3, w, _, lowered = k_ops.tensors
+        rows = lowered.row_constant is not None
+        lse_l = lowered.lowered_lse(lse.detach().float()).reshape(B, H, L)  # (B, H, L)
+        dead = torch.isneginf(lse_l)
+        lse_l = torch.where(dead, torch.zeros((), dtype=lse_l.dtype), lse_l)
+        if rows:
+            lse_l = lse_l + inputs.scale  # every logit is one scale larger (the ones feature)
+        d_out = grad_out.detach().to(inputs.dtype).reshape(B, H, L, -1)  # (B, H, L, Ev)
+        d_out = d_out.masked_fill(dead.unsqueeze(-1), 0.0)
+        d_lse = grad_lse.detach().float().reshape(B, H, L) if grad_lse is not None else None
+        out4 = out.detach().to(inputs.dtype).reshape(B, H, L, -1)  # (B, H, L, Ev)
+        dq, dk, dv, dkb, dw = ops.attention_backward(
+            q4.detach(), k4.detach(), v4.detach(), None if kb3 is None else kb3.detach(),
+            None if w is None else w.detach(), *k_ops.mask_args, out4, lse_l, d_out, d_lse,
+            None, None,
+        )  # fmt: skip
+        pairs = [(q4, dq), (k4, dk), (v4, dv)]
+        if kb3 is not None:
+            pairs.append((kb3, dkb))
+        if w is not None:
+            pairs.append((w, dw))
+        if rows:
+            row_grad = dq[..., -1].float().reshape(*batch, L) / inputs.scale  # rows' sums of dS
+            pairs[0] = (q4, torch.cat([dq[..., :-1], torch.zeros_like(dq[..., -1:])], -1))
+            pairs += lowered.row_constant_pairs(lse, row_grad)
+        return pull_back([(t, g.to(t.dtype)) for t, g in pairs], leaves, params)
+
+
+@dataclass
+class _KernelOperands:
+    """A call's kernel operands: tensors (q4 (B, H, L, E), k4 (B, Hk, S, E), v4
+    (B, Hk, S, Ev), kb3 (B, Hk, S) or None, w (hidden,) or None, vbad3 (B, Hk, S) or
+    None, the lowered score) and the packed mask's arguments."""
+
+    tensors: tuple[Any, ...]
+    mask_args: tuple[Any, ...]
+
+
+def _kernel_operands(inputs: AttentionInputs, *, row_feature: bool = False) -> _KernelOperands:
+    """The call as kernel operands, from the one score and mask lowering. With
+    ``row_feature``, a score with a per-query term gets one more feature of ones in q
+    and k (see :meth:`TritonBackend.backward`)."""
+    batch, L, S = inputs.batch_shape, inputs.L, inputs.S
+    B, H = bh_shape(batch)
+    lead_kv = kv_lead(batch, inputs.groups)
+    Hk = H // inputs.groups
+    qa, ka, kb, w, lowered = _operands(inputs)
+    if row_feature and lowered.row_constant is not None:
+        qa = torch.cat([qa, qa.new_ones(*qa.shape[:-1], 1)], dim=-1)  # (..., L, E + 1)
+        ka = torch.cat([ka, ka.new_ones(*ka.shape[:-1], 1)], dim=-1)  # (..., S, E + 1)
+    value, bad = clean_values(inputs.value)  # (..., S, Ev), (..., S) or None
+    q4 = _unit_stride(bh_view(qa, batch))  # (B, H, L, E)
+    k4 = _unit_stride(bh_view(ka, lead_kv))  # (B, Hk, S, E)
+    v4 = _unit_stride(bh_view(value, lead_kv))  # (B, Hk, S, Ev)
+    kb3 = None
+    if kb is not None:
+        kb3 = bh_view(kb, lead_kv).reshape(B, Hk, S).float().contiguous()  # (B, Hk, S)
+    vbad3 = None
+    if bad is not None:
+        flags = bad.unsqueeze(-1).to(torch.float32)  # (..., S, 1)
+        vbad3 = bh_view(flags, lead_kv).reshape(B, Hk, S).contiguous()  # (B, Hk, S)
+    mask = pack_mask(spec_from_plan(inputs.block_plan()), L, S, batch, inputs.device)
+    margs = (mask.records, mask.keep, mask.bias, mask.ints, float(inputs.scale))
+    return _KernelOperands((q4, k4, v4, kb3, w, vbad3, lowered), margs)
 
 
 def arch_reason(dtype: torch.dtype, arch: int, head_dim: int = 0, grad: bool = False) -> str | None:
