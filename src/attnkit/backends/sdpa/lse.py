@@ -22,9 +22,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ... import _host
 from ..._inputs import AttentionInputs
 from ...kernels.softmax import exp_rows_
-from .._common import clean_rows, expand_kv, masked_softmax
+from .._common import all_finite, clean_rows, expand_kv, masked_softmax
 
 __all__ = [
     "LSE_OP",
@@ -201,26 +202,34 @@ def weights_of_call(
     # Non-finite rows zeroed, so a gradient never multiplies a NaN: a pair holding one is
     # blocked or in a row whose lse is NaN (its weights are NaN), except a key holding
     # -inf only (a Gaussian key infinitely far, its -inf in a bias feature): -inf below.
-    far = torch.isneginf(k).any(dim=-1) & ~(torch.isnan(k) | torch.isposinf(k)).any(dim=-1)
-    q, k = clean_rows(q)[0], clean_rows(k)[0]  # far: (..., S)
+    # (Finite q and k, known without a device sync or promised by check_finite=False,
+    # skip all of it.)
+    keep: torch.Tensor | None = None
+    finite = not inputs.check_finite or (
+        _host.readable(q) and _host.readable(k) and all_finite(q.detach(), k.detach())
+    )
+    if not finite:
+        far = torch.isneginf(k).any(dim=-1) & ~(torch.isnan(k) | torch.isposinf(k)).any(dim=-1)
+        q, k = clean_rows(q)[0], clean_rows(k)[0]  # far: (..., S)
+        far = expand_kv(far.unsqueeze(-1), inputs.groups).squeeze(-1) if gqa else far
+        keep = ~far.unsqueeze(-2)  # (..., 1, S): joins the mask below, one pass in all
     kf = expand_kv(k, inputs.groups) if gqa else k  # (..., S, E')
     qs = q.to(cd) * inputs.scale  # (..., L, E'): scaled here, not on (L, S)
     logits = torch.matmul(qs, kf.to(cd).transpose(-2, -1))  # (..., L, S)
-    far = expand_kv(far.unsqueeze(-1), inputs.groups).squeeze(-1) if gqa else far
-    logits = logits.masked_fill(far.unsqueeze(-2), float("-inf"))
-    keep: torch.Tensor | None = None
+    call_keep: torch.Tensor | None = None
     if is_causal:
         L, S = logits.shape[-2], logits.shape[-1]
-        keep = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()  # (L, S)
+        call_keep = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()  # (L, S)
     elif attn_mask is not None and attn_mask.dtype == torch.bool:
-        keep = attn_mask
+        call_keep = attn_mask
     elif attn_mask is not None:
         logits = (
             logits.add_(attn_mask.to(cd)) if not logits.requires_grad else logits + attn_mask.to(cd)
         )
-        keep = attn_mask > float("-inf")
-    if alive is not None:
-        keep = alive if keep is None else keep & alive
+        call_keep = attn_mask > float("-inf")
+    for part in (call_keep, alive):
+        if part is not None:
+            keep = part if keep is None else keep & part
     if keep is not None:
         if logits.requires_grad:  # (autograd needs the unfilled logits kept intact)
             logits = logits.masked_fill(~keep, float("-inf"))
