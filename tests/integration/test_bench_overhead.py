@@ -1,4 +1,4 @@
-"""`attnkit bench --suite overhead`: the four cases run, compare equal results, and count
+"""`attnkit bench --suite overhead`: the seven cases run, compare equal results, and count
 graph breaks and recompiles."""
 
 from __future__ import annotations
@@ -10,21 +10,26 @@ from attnkit.bench import OVERHEAD_CASES, run_case, suite_cases
 from attnkit.bench.overhead import compile_counts
 
 
-def test_overhead_suite_names_its_five_cases_and_targets() -> None:
+def test_overhead_suite_names_its_seven_cases_and_targets() -> None:
     cases = {c.name: c for c in suite_cases("overhead")}
     assert list(cases) == [
         "call_overhead",
+        "call_overhead_causal",
         "layer_mha",
         "layer_mha_train",
         "decode_step",
         "compiled",
+        "compiled_unchecked",
     ]
-    assert cases["call_overhead"].max_extra_s == 10e-6 and cases["call_overhead"].goal is None
+    for name in ("call_overhead", "call_overhead_causal"):
+        assert cases[name].max_extra_s == 10e-6 and cases[name].goal is None
     assert abs(cases["layer_mha"].goal - 1 / 1.2) < 1e-12  # type: ignore[operator]
     assert abs(cases["layer_mha_train"].goal - 1 / 1.1) < 1e-12  # type: ignore[operator]
     assert abs(cases["decode_step"].goal - 1 / 1.1) < 1e-12  # type: ignore[operator]
     assert abs(cases["compiled"].goal - 1 / 1.05) < 1e-12  # type: ignore[operator]
-    assert dict(cases["compiled"].count_limits) == {"graph_breaks": 0, "recompiles": 0}
+    for name in ("compiled", "compiled_unchecked"):
+        assert abs(cases[name].goal - 1 / 1.05) < 1e-12  # type: ignore[operator]
+        assert dict(cases[name].count_limits) == {"graph_breaks": 0, "recompiles": 0}
 
 
 def test_overhead_cases_run_and_agree_with_torch() -> None:
@@ -36,9 +41,9 @@ def test_overhead_cases_run_and_agree_with_torch() -> None:
         assert res.extra_s is not None
         assert res.max_abs_diff is not None and res.max_abs_diff < 1e-4, res
         assert res.met is None  # quick shapes are not judged
-    compiled = results["compiled"]
-    assert set(compiled.counts) == {"graph_breaks", "recompiles"}
-    assert compiled.backend is not None
+    for name in ("compiled", "compiled_unchecked"):
+        assert set(results[name].counts) == {"graph_breaks", "recompiles"}
+        assert results[name].backend is not None
 
 
 def test_compile_counts_sees_a_recompile() -> None:

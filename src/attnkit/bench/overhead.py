@@ -1,10 +1,11 @@
 """The overhead suite (``attnkit bench --suite overhead``): attnkit inside a real model.
 
-Five cases, each against torch's own equivalent on the same inputs:
+Seven cases, each against torch's own equivalent on the same inputs:
 
 - ``call_overhead``: host cost of one ``attention()`` call at a tiny shape
   (B=1 H=8 L=S=16 E=64 float32), where the arithmetic is negligible; target:
   at most 10 µs more per call than ``F.scaled_dot_product_attention``.
+- ``call_overhead_causal``: the same with ``masks.causal()`` against ``is_causal=True``.
 - ``layer_mha``: ``attnkit.nn.MultiheadAttention`` forward against
   ``torch.nn.MultiheadAttention`` (same weights, eval, no grad, B=1 L=S=16 E=64);
   target: at most 1.2× torch's time.
@@ -18,6 +19,8 @@ Five cases, each against torch's own equivalent on the same inputs:
   ``attention(mask=masks.causal())`` against compiled SDPA with ``is_causal=True``
   at B=1 H=8 L=S=128 E=64; target: at most 1.05× its time, no graph break and no
   recompile over the first 100 calls (torch._dynamo's counters).
+- ``compiled_unchecked``: the same with ``check_finite=False`` (the caller promises
+  finite inputs, so the graph holds no non-finite policy).
 
 Microsecond calls are timed in samples of many calls (``Sides.repeat``), the two
 sides interleaved sample by sample; on CUDA each sample ends with one device sync.
@@ -61,20 +64,26 @@ def _sync(device: str) -> Callable[[], None] | None:
     return torch.cuda.synchronize if device.startswith("cuda") else None
 
 
-def _call_overhead(device: str) -> Callable[[bool], Sides]:
+def _call_overhead(device: str, causal: bool = False) -> Callable[[bool], Sides]:
     def build(quick: bool) -> Sides:
         B, H, N, E = 1, 8, 16, 64
         q, k, v = _qkv(B, H, N, N, E, device, 11)
+        mask = masks.causal() if causal else None
+
+        def ours() -> torch.Tensor:
+            return attnkit.attention(q, k, v, mask=mask)
+
+        def theirs() -> torch.Tensor:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
         return Sides(
-            attnkit=lambda: attnkit.attention(q, k, v),
-            baseline=lambda: F.scaled_dot_product_attention(q, k, v),
-            baseline_name="torch SDPA",
-            shape=f"B={B} H={H} L=S={N} E={E} float32, per call",
-            check=lambda: _maxdiff(
-                attnkit.attention(q, k, v), F.scaled_dot_product_attention(q, k, v)
-            ),
+            attnkit=ours,
+            baseline=theirs,
+            baseline_name="torch SDPA" + (", is_causal=True" if causal else ""),
+            shape=f"B={B} H={H} L=S={N} E={E} float32{' causal' if causal else ''}, per call",
+            check=lambda: _maxdiff(ours(), theirs()),
             repeat=20 if quick else 200,
-            backend=_chosen(q, k, v),
+            backend=_chosen(q, k, v, mask=mask),
             sync=_sync(device),
         )
 
@@ -187,14 +196,14 @@ def compile_counts(fn: Callable[[], Any], calls: int) -> dict[str, int]:
     return {"graph_breaks": breaks() - breaks0, "recompiles": graphs() - graphs1}
 
 
-def _compiled(device: str) -> Callable[[bool], Sides]:
+def _compiled(device: str, check_finite: bool = True) -> Callable[[bool], Sides]:
     def build(quick: bool) -> Sides:
         B, H, N, E = (1, 2, 32, 16) if quick else (1, 8, 128, 64)
         q, k, v = _qkv(B, H, N, N, E, device, 14)
         mask = masks.causal()
 
         def ours_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return attnkit.attention(q, k, v, mask=mask)
+            return attnkit.attention(q, k, v, mask=mask, check_finite=check_finite)
 
         def theirs_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -208,7 +217,9 @@ def _compiled(device: str) -> Callable[[bool], Sides]:
             attnkit=lambda: ours(q, k, v),
             baseline=lambda: theirs(q, k, v),
             baseline_name="compiled torch SDPA",
-            shape=f"B={B} H={H} L=S={N} E={E} causal, torch.compile(fullgraph=True), per call",
+            shape=f"B={B} H={H} L=S={N} E={E} causal, torch.compile(fullgraph=True)"
+            + ("" if check_finite else ", check_finite=False")
+            + ", per call",
             check=lambda: _maxdiff(ours(q, k, v), theirs(q, k, v)),
             repeat=10 if quick else 100,
             counts=lambda: counts,
@@ -220,7 +231,7 @@ def _compiled(device: str) -> Callable[[bool], Sides]:
 
 
 def overhead_cases(device: str = "cpu") -> tuple[BenchCase, ...]:
-    """The five overhead cases with their inputs on ``device`` ("cpu" or "cuda")."""
+    """The seven overhead cases with their inputs on ``device`` ("cpu" or "cuda")."""
     zero = (("graph_breaks", 0), ("recompiles", 0))
     return (
         BenchCase(
@@ -229,6 +240,16 @@ def overhead_cases(device: str = "cpu") -> tuple[BenchCase, ...]:
             "≤ SDPA + 10 µs",
             None,
             _call_overhead(device),
+            max_extra_s=10e-6,
+            max_pairs=41,
+            memory=False,
+        ),
+        BenchCase(
+            "call_overhead_causal",
+            "overhead",
+            "≤ SDPA + 10 µs",
+            None,
+            _call_overhead(device, causal=True),
             max_extra_s=10e-6,
             max_pairs=41,
             memory=False,
@@ -266,6 +287,16 @@ def overhead_cases(device: str = "cpu") -> tuple[BenchCase, ...]:
             "≤ 1.05× compiled SDPA, 0 breaks, 0 recompiles",
             1 / 1.05,
             _compiled(device),
+            count_limits=zero,
+            max_pairs=31,
+            memory=False,
+        ),
+        BenchCase(
+            "compiled_unchecked",
+            "overhead",
+            "≤ 1.05× compiled SDPA, 0 breaks, 0 recompiles",
+            1 / 1.05,
+            _compiled(device, check_finite=False),
             count_limits=zero,
             max_pairs=31,
             memory=False,
