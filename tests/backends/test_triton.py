@@ -31,8 +31,8 @@ if type(triton_language.zeros).__name__ != "InterpretedFunction":
 
 import attnkit  # noqa: E402
 from attnkit import BackendNotSupportedError, masks, scores  # noqa: E402
-from attnkit.backends import dispatch  # noqa: E402
 from attnkit.backends.triton import TritonBackend  # noqa: E402
+from interpreted_triton import interpreted_triton  # noqa: E402
 
 if str(Path(__file__).resolve().parents[1]) not in sys.path:  # tests/ for the shared oracle
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -78,28 +78,9 @@ SHAPE = (2, 2, 1, 3, 17, 12, 8)  # (B, H, Hk, L, S, E, Ev): GQA, L < S, E padded
 
 @pytest.fixture(scope="module", autouse=True)
 def triton_registered() -> Iterator[None]:
-    """Register the backend (under the interpreter) for this module only; the environment
-    and the dispatch tables are restored after. Kernels built here stay interpreted for
-    the rest of the process."""
-    os.environ["TRITON_INTERPRET"] = "1"
-    saved = (
-        dict(dispatch._REGISTRY),
-        list(dispatch._ORDER),
-        {k: list(v) for k, v in dispatch.PRIORITY.items()},
-    )
-    dispatch.register_backend(TritonBackend())
-    yield
-    dispatch._REGISTRY.clear()
-    dispatch._REGISTRY.update(saved[0])
-    dispatch._ORDER[:] = saved[1]
-    dispatch.PRIORITY.clear()
-    dispatch.PRIORITY.update(saved[2])
-    dispatch._NAME_CACHE.clear()
-    dispatch._CHOICES.clear()
-    if _ENV_BEFORE is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _ENV_BEFORE
+    """The backend under the interpreter for this module only (tests/interpreted_triton.py)."""
+    with interpreted_triton(_ENV_BEFORE):
+        yield
 
 
 _assert_close = assert_within_tolerance  # the suite's one tolerance rule (tests/cases.py)

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 _ENV_BEFORE = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
@@ -28,29 +29,16 @@ if type(triton_language.zeros).__name__ != "InterpretedFunction":
     )
 
 import attnkit  # noqa: E402
-from attnkit.backends import dispatch  # noqa: E402
-from attnkit.backends.triton import TritonBackend  # noqa: E402
+from interpreted_triton import interpreted_triton  # noqa: E402
 
 from cases import MASKS, SCORES, check_case, make_case  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
-def triton_registered():
-    saved = (dict(dispatch._REGISTRY), list(dispatch._ORDER))
-    saved_priority = {k: list(v) for k, v in dispatch.PRIORITY.items()}
-    dispatch.register_backend(TritonBackend())
-    yield
-    dispatch._REGISTRY.clear()
-    dispatch._REGISTRY.update(saved[0])
-    dispatch._ORDER[:] = saved[1]
-    dispatch.PRIORITY.clear()
-    dispatch.PRIORITY.update(saved_priority)
-    dispatch._NAME_CACHE.clear()
-    dispatch._CHOICES.clear()
-    if _ENV_BEFORE is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _ENV_BEFORE
+def triton_registered() -> Iterator[None]:
+    """The backend under the interpreter for this module only (tests/interpreted_triton.py)."""
+    with interpreted_triton(_ENV_BEFORE):
+        yield
 
 
 def test_bfloat16_output_is_rounded_to_nearest_even() -> None:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 _ENV_BEFORE = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
@@ -31,10 +32,9 @@ import torch._dynamo.utils  # noqa: E402
 
 import attnkit  # noqa: E402
 from attnkit import masks  # noqa: E402
-from attnkit.backends import dispatch  # noqa: E402
-from attnkit.backends.triton import TritonBackend  # noqa: E402
 from attnkit.backends.triton.kmask import record, tile_state  # noqa: E402
 from attnkit.backends.triton.maskargs import Clause, MaskSpec, pack_mask  # noqa: E402
+from interpreted_triton import interpreted_triton  # noqa: E402
 
 triton = pytest.importorskip("triton")
 tl = triton_language
@@ -53,22 +53,10 @@ def _states_kernel(MASK, OUT, L, S, LO0, HI0, LO1, HI1, MB: tl.constexpr, BM: tl
 
 
 @pytest.fixture(scope="module", autouse=True)
-def triton_registered():
-    saved = (dict(dispatch._REGISTRY), list(dispatch._ORDER))
-    saved_priority = {k: list(v) for k, v in dispatch.PRIORITY.items()}
-    dispatch.register_backend(TritonBackend())
-    yield
-    dispatch._REGISTRY.clear()
-    dispatch._REGISTRY.update(saved[0])
-    dispatch._ORDER[:] = saved[1]
-    dispatch.PRIORITY.clear()
-    dispatch.PRIORITY.update(saved_priority)
-    dispatch._NAME_CACHE.clear()
-    dispatch._CHOICES.clear()
-    if _ENV_BEFORE is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _ENV_BEFORE
+def triton_registered() -> Iterator[None]:
+    """The backend under the interpreter for this module only (tests/interpreted_triton.py)."""
+    with interpreted_triton(_ENV_BEFORE):
+        yield
 
 
 def _ops():
