@@ -44,7 +44,7 @@ from attnkit import masks
 from attnkit._host import device_semantics
 
 from cases import MASKS, SCORES, make_mask, make_score, matrix_backends
-from reference import oracle_mask
+from nonfinite_cases import random_poison_case
 
 BACKENDS: tuple[str, ...] = matrix_backends("cpu")
 ALL_MASKED = ("valid_lens", "key_padding", "keep", "bias", "queries", "causal_padding", "tf")
@@ -191,19 +191,10 @@ def run_poison(case: Case, report: Report) -> None:
     want_w, want_lse = rng.random() < 0.3, rng.random() < 0.4
     loss_kind = rng.choice(["linear", "square", "drop"])
     gen = torch.Generator().manual_seed(case.seed)
-    Ek = E + 2 if score_name in ("bilinear", "additive") else E
-    q = torch.randn(Bn, Hq, Ln, E, generator=gen)
-    k = torch.randn(Bn, Hk, Sn, Ek, generator=gen)
-    v = torch.randn(Bn, Hk, Sn, EV, generator=gen)
-    score, _ = make_score(score_name, E, Ek, gen, torch.float32)
-    mask, spec = make_mask(mask_name, Bn, Hq, Ln, Sn, gen, torch.float32)
-    keep, bias = oracle_mask(spec, Ln, Sn, 2)
-    keep = np.ones((Ln, Sn), dtype=bool) if keep is None else keep
-    if bias is not None:
-        keep = keep & (bias > -np.inf)
+    q, k, v, score, mask, keep, positions = random_poison_case(
+        score_name, mask_name, where, (Bn, Hq, Hk, Ln, Sn), gen
+    )
     keep = np.broadcast_to(keep, (Bn, Hq, Ln, Sn))
-    shape = (Bn, Hq, Ln) if where == "query" else (Bn, Hk, Sn)
-    positions = (torch.rand(shape, generator=gen) < 0.3).numpy()
     kw = {"score": score, "mask": mask, "return_weights": want_w, "return_lse": want_lse}
     if not runs(backend, q, k, v, strict, **kw) or (
         grad and not runs(backend, q.requires_grad_(True), k, v, strict, **kw)

@@ -16,7 +16,8 @@ import torch
 import attnkit
 from attnkit import masks
 
-from cases import mask_to
+from cases import make_mask, make_score, mask_to
+from reference import oracle_mask
 
 B, H, HK, L, S, E, EV = 2, 2, 1, 6, 7, 4, 3  # GQA: both query heads share one kv head
 POISON_QUERY_ROWS = (1, 3, 4)
@@ -179,3 +180,33 @@ def key_positions() -> np.ndarray:
     pos = np.zeros((B, HK, S), dtype=bool)
     pos[:, :, list(POISON_KEYS)] = True
     return pos
+
+
+def random_poison_case(
+    score_name: str,
+    mask_name: str,
+    where: str,
+    shape: tuple[int, int, int, int, int],
+    gen: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, object, object, np.ndarray, np.ndarray]:
+    """One random call to poison: (q, k, v, score, mask, keep, positions).
+
+    ``shape`` is (B, Hq, Hk, L, S) (head size E, value size EV); ``keep`` (L, S) or
+    broadcastable to (B, Hq, L, S) is the pairs the mask keeps (a -inf bias removes a
+    pair like a keep mask), ``positions`` a random 30 % of the rows of ``where``
+    ("query": (B, Hq, L), else (B, Hk, S)) to poison.
+    """
+    Bn, Hq, Hk, Ln, Sn = shape
+    Ek = E + 2 if score_name in ("bilinear", "additive") else E
+    q = torch.randn(Bn, Hq, Ln, E, generator=gen)
+    k = torch.randn(Bn, Hk, Sn, Ek, generator=gen)
+    v = torch.randn(Bn, Hk, Sn, EV, generator=gen)
+    score, _ = make_score(score_name, E, Ek, gen, torch.float32)
+    mask, spec = make_mask(mask_name, Bn, Hq, Ln, Sn, gen, torch.float32)
+    keep, bias = oracle_mask(spec, Ln, Sn, 2)
+    keep = np.ones((Ln, Sn), dtype=bool) if keep is None else keep
+    if bias is not None:
+        keep = keep & (bias > -np.inf)
+    rows = (Bn, Hq, Ln) if where == "query" else (Bn, Hk, Sn)
+    positions = (torch.rand(rows, generator=gen) < 0.3).numpy()
+    return q, k, v, score, mask, keep, positions

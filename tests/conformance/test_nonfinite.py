@@ -33,12 +33,10 @@ from hypothesis import strategies as st
 import attnkit
 from attnkit import masks
 
-from cases import MASKS, SCORES, make_mask, make_score, mask_to, matrix_backends
+from cases import MASKS, SCORES, make_score, mask_to, matrix_backends
 from nonfinite_cases import (
-    EV,
     FIXED_MASKS,
     B,
-    E,
     S,
     check_poisoned,
     fixed_masks,
@@ -46,9 +44,9 @@ from nonfinite_cases import (
     poison_inputs,
     poisoned_call,
     query_positions,
+    random_poison_case,
     usable,
 )
-from reference import oracle_mask
 
 CPU_BACKENDS = matrix_backends("cpu")
 
@@ -141,18 +139,9 @@ def test_property_poisoned_positions_follow_the_policy(
 ) -> None:
     Hq = 2 * Hk if gqa else Hk
     gen = torch.Generator().manual_seed(seed)
-    Ek = E + 2 if score_name in ("bilinear", "additive") else E
-    q = torch.randn(Bn, Hq, Ln, E, generator=gen)
-    k = torch.randn(Bn, Hk, Sn, Ek, generator=gen)
-    v = torch.randn(Bn, Hk, Sn, EV, generator=gen)
-    score, _ = make_score(score_name, E, Ek, gen, torch.float32)
-    mask, spec = make_mask(mask_name, Bn, Hq, Ln, Sn, gen, torch.float32)
-    keep, bias = oracle_mask(spec, Ln, Sn, 2)
-    keep = np.ones((Ln, Sn), dtype=bool) if keep is None else keep
-    if bias is not None:
-        keep = keep & (bias > -np.inf)  # a -inf bias removes the pair like a keep mask
-    shape = (Bn, Hq, Ln) if where == "query" else (Bn, Hk, Sn)
-    positions = (torch.rand(shape, generator=gen) < 0.3).numpy()
+    q, k, v, score, mask, keep, positions = random_poison_case(
+        score_name, mask_name, where, (Bn, Hq, Hk, Ln, Sn), gen
+    )
     assume(check_poisoned(q, k, v, score, mask, keep, where, poison, positions, backend, "cpu"))
 
 
