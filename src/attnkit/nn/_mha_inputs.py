@@ -29,6 +29,19 @@ __all__ = ["OWNER", "build_mask", "check_inputs", "check_params"]
 OWNER = "MultiheadAttention"
 
 
+def check_inputs_dtype(
+    layer: MultiheadAttention, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> None:
+    """Raise unless query, key and value share one dtype, and the parameters the query's
+    (see :func:`check_params`)."""
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(
+            f"{OWNER}: query, key and value must share a dtype, got {query.dtype}, "
+            f"{key.dtype}, {value.dtype}"
+        )
+    check_params(layer, query)
+
+
 def check_params(layer: MultiheadAttention, query: torch.Tensor) -> None:
     """Raise unless the parameters share the query's dtype and device.
 
@@ -117,12 +130,7 @@ def _check_inputs_once(
                 f"batch_first={layer.batch_first}), got query {shape_str(query)} and key "
                 f"{shape_str(key)}"
             )
-    if not (query.dtype == key.dtype == value.dtype):
-        raise TypeError(
-            f"{OWNER}: query, key and value must share a dtype, got {query.dtype}, "
-            f"{key.dtype}, {value.dtype}"
-        )
-    check_params(layer, query)
+    check_inputs_dtype(layer, query, key, value)
     return batched
 
 

@@ -23,7 +23,7 @@ import torch
 from .. import masks
 from .._host import readable
 from ._common import InputShapeError, shape_str
-from ._mha_inputs import OWNER, build_mask, check_params, check_query_dims
+from ._mha_inputs import OWNER, build_mask, check_inputs_dtype, check_query_dims
 
 if TYPE_CHECKING:
     from .multihead import MultiheadAttention
@@ -178,12 +178,7 @@ def _check(
                 f"{OWNER}: {name} has {t.size(-1)} features (last dim of the nested "
                 f"(N, L*, features) {name}), expected {what}={want}"
             )
-    if not (query.dtype == key.dtype == value.dtype):
-        raise TypeError(
-            f"{OWNER}: query, key and value must share a dtype, got {query.dtype}, "
-            f"{key.dtype}, {value.dtype}"
-        )
-    check_params(layer, query)
+    check_inputs_dtype(layer, query, key, value)
     if key_padding_mask is not None:
         raise ValueError(
             f"{OWNER}: key_padding_mask is not taken with nested inputs: the nested key already "
