@@ -369,3 +369,50 @@ def test_backward_from_the_global_lse_adds_up_over_key_blocks(
     got = [got_q, torch.cat(got_k, -2), torch.cat(got_v, -2), *got_p]
     for a, r in zip(got, ref, strict=True):
         torch.testing.assert_close(a, torch.zeros_like(a) if r is None else r, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("where", ["query", "key", "value"])
+def test_gradients_out_of_a_poisons_reach_equal_the_zeroed_call(where: str) -> None:
+    """The backward keeps NaN to the pairs that use it: a NaN in row 2 of head 0 (a
+    query, key or value) under a causal mask reaches that head's rows from 2 on (a key or
+    value) or row 2 only (a query), and the keys and values those rows use; every other
+    gradient entry equals the same call's with the NaN zeroed."""
+    g = torch.Generator().manual_seed(81)
+    q, k, v = (torch.randn(1, 2, 6, 8, generator=g) for _ in range(3))
+    d_out = torch.randn(1, 2, 6, 8, generator=g)
+    poisoned = {"query": q, "key": k, "value": v}[where]
+
+    def grads(value: float) -> list[torch.Tensor]:
+        inputs = [t.clone() for t in (q, k, v)]
+        inputs[["query", "key", "value"].index(where)][0, 0, 2] = value
+        leaves = [t.requires_grad_() for t in inputs]
+        out = attnkit.attention(*leaves, mask=masks.causal(), backend="triton")
+        return list(torch.autograd.grad(out, leaves, d_out))
+
+    assert poisoned is not None
+    got, want = grads(float("nan")), grads(0.0)
+    rows = slice(2, 3) if where == "query" else slice(2, None)  # rows the NaN reaches
+    keys = slice(0, rows.stop)  # keys and values those rows use (causal)
+    reached = [torch.zeros(1, 2, 6, 8, dtype=torch.bool) for _ in range(3)]
+    reached[0][0, 0, rows] = True
+    reached[1][0, 0, keys] = True
+    reached[2][0, 0, keys] = True
+    for n, (a, b, r) in enumerate(zip(got, want, reached, strict=True)):
+        assert torch.isfinite(a[~r]).all(), f"gradient {n}: NaN outside the poison's reach"
+        torch.testing.assert_close(a[~r], b[~r], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("S", [1, 3])
+@pytest.mark.parametrize("value", [False, True])
+def test_a_keep_of_one_value_for_every_pair(S: int, value: bool) -> None:
+    """A keep mask with no real dim ((1, 1): one value broadcast to every pair) is read,
+    not dropped: all False blocks every pair."""
+    g = torch.Generator().manual_seed(82)
+    q, k, v = (
+        torch.randn(1, 1, 7, 4, generator=g),
+        *(torch.randn(1, 1, S, 4, generator=g) for _ in range(2)),
+    )
+    mask = masks.keep(torch.full((1, 1), value))
+    got = attnkit.attention(q, k, v, mask=mask, backend="triton")
+    want = attnkit.attention(q, k, v, mask=mask, backend="reference")
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)

@@ -8,9 +8,10 @@ imported on first use, so that ``TRITON_INTERPRET`` is read when they are built.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -42,7 +43,16 @@ def launch(kernel: Any, grid: tuple[int, ...], args: dict[str, Any]) -> None:
         return
     if WRAP_KERNELS[0]:
         kernel = torch.library.wrap_triton(kernel)
+    if interpreting():  # Triton's interpreter patches module state while a kernel runs
+        with _INTERPRETER_LOCK:
+            kernel[grid](**args)
+        return
     kernel[grid](**args)
+
+
+_INTERPRETER_LOCK = threading.Lock()
+"""One interpreted launch at a time: the interpreter is not thread-safe (launches on a
+GPU are)."""
 
 
 @dataclass
@@ -202,6 +212,47 @@ def run_weights(op: Operands, lse: torch.Tensor, *, mean: bool) -> torch.Tensor:
     return out
 
 
+def _finite_backward(
+    op: Operands,
+    out: torch.Tensor | None,
+    lse: torch.Tensor,
+    d_out: torch.Tensor | None,
+    d_lse: torch.Tensor | None,
+    d_weights: torch.Tensor | None,
+    weights: torch.Tensor | None,
+) -> tuple[Any, ...]:
+    """The backward's inputs under the non-finite policy, with tensor operations only.
+
+    A row whose lse is NaN (its scores use a non-finite query or key) or whose output
+    is not finite (it uses a non-finite value) passes no gradient: its output, output
+    and lse gradients and weights become 0 and its lse +inf, so every P of the row is 0
+    and no ``0 * NaN`` of the row reaches a key it does not use. Non-finite rows of q
+    and k are zeroed, so a pair that is masked out multiplies no NaN or inf. What such
+    a row itself receives is within the poison's reach, where the policy makes no
+    promise (the reference backend gives NaN, this one 0).
+    """
+    bad = torch.isnan(lse)  # (B, H, L)
+    if out is not None:
+        bad = bad | ~torch.isfinite(out).all(dim=-1)
+    zero = torch.zeros((), dtype=torch.float32, device=lse.device)
+
+    def rows_zeroed(t: torch.Tensor | None) -> torch.Tensor | None:  # (B, H, L, ...) or None
+        if t is None:
+            return None
+        flags = bad.reshape(*bad.shape, *([1] * (t.ndim - 3)))  # (B, H, L, 1...)
+        return torch.where(flags, zero.to(t.dtype), t)
+
+    def clean(t: torch.Tensor) -> torch.Tensor:  # (..., N, D): non-finite rows zeroed
+        return torch.where(torch.isfinite(t).all(dim=-1, keepdim=True), t, zero.to(t.dtype))
+
+    op = replace(op, q=clean(op.q), k=clean(op.k))
+    lse = torch.where(bad, float("inf"), lse)
+    return (
+        op, rows_zeroed(out), lse, rows_zeroed(d_out), rows_zeroed(d_lse),
+        rows_zeroed(d_weights), rows_zeroed(weights),
+    )  # fmt: skip
+
+
 def run_backward(
     op: Operands,
     out: torch.Tensor | None,
@@ -220,6 +271,9 @@ def run_backward(
     None."""
     from .backward import attention_backward_dkdv_kernel, attention_backward_dq_kernel
 
+    op, out, lse, d_out, d_lse, d_weights, weights = _finite_backward(
+        op, out, lse, d_out, d_lse, d_weights, weights
+    )
     B, H, Hk, L, S, E, Ev = op.B, op.H, op.Hk, op.L, op.S, op.E, op.Ev
     dev, f32 = op.q.device, torch.float32
     args, tiles = op.args("dkdv")

@@ -232,6 +232,9 @@ def pack_mask(
         pieces += parts
         if c.dense_keep is not None:
             keep, dims = _compact(c.dense_keep, batch_shape, L, S)
+            if dims == 0:  # one value for every pair: the kernels read a keep by its dims
+                keep = keep.reshape(1, 1, 1, 1).expand(1, 1, 1, S).contiguous()  # (1, 1, 1, S)
+                dims = _b.DIM_S
             mb |= dims << _b.KEEP_SHIFT
     bias: torch.Tensor | None = None
     if spec.bias is not None:
