@@ -33,6 +33,8 @@ from attnkit import masks, scores
 from attnkit.distributed import ring
 from attnkit.nn import MultiheadAttention, SelfAttention
 
+from cases import packed_ids
+
 RTOL, ATOL = 1e-9, 1e-10  # float64, as the oracle tests
 GROUP_DEADLINE_S = 240
 B, H, E = 2, 4, 3
@@ -52,6 +54,14 @@ MASKS = (
     "bias",
     "combined",
 )
+PACKED_MASKS = (
+    "document",
+    "document_causal",
+    "prefix_lm",
+    "window_or_padding",
+    "not_causal_and_lens",
+)
+"""The kinds packed training needs (documents, prefix LM, | and ~), L = S."""
 
 
 def _make_score(name: str) -> str | scores.Score:
@@ -89,6 +99,15 @@ def _make_mask(name: str, L: int, S: int, seed: int) -> masks.Mask | None:
         return masks.key_padding(pad)
     if name == "keep":
         return masks.keep(torch.rand(B, 1, L, S, generator=gen) < 0.7)
+    if name in ("document", "document_causal"):
+        doc = masks.document(packed_ids(B, L, gen))  # (B, N): the queries' and keys' ids
+        return doc & masks.causal() if name == "document_causal" else doc
+    if name == "prefix_lm":
+        return masks.prefix_lm(torch.tensor([L // 2, 0]))
+    if name == "window_or_padding":
+        return masks.window(1, 1) | masks.key_padding(torch.rand(B, S, generator=gen) < 0.8)
+    if name == "not_causal_and_lens":
+        return ~masks.causal() & masks.valid_lens(torch.tensor([S - 2, S // 2]))
     bias = torch.randn(B, H, L, S, generator=gen, dtype=torch.float64)
     bias = bias.masked_fill(torch.rand(B, H, L, S, generator=gen) < 0.2, float("-inf"))
     if name == "bias":
@@ -288,7 +307,9 @@ def _cases(world: int) -> list[tuple[str, str, str, str, int, int]]:
     layout. The all-to-all runs one call over the full sequence: every mask kind with
     two scores and every score with the combined mask. On 4 ranks (the same code with
     longer rings, uneven hops and K/V gradients coming home from further away) every
-    mask kind with one score and every score with the combined mask, per strategy."""
+    mask kind with one score and every score with the combined mask, per strategy.
+    The packed-training kinds (documents, prefix LM, | and ~): on 2 ranks with three
+    scores on the ring and one on the all-to-all, on 4 ranks two of them with one."""
     n = 4 * world + 3
     out = []
     for layout in ("zigzag", "contiguous"):
@@ -303,6 +324,14 @@ def _cases(world: int) -> list[tuple[str, str, str, str, int, int]]:
                         wanted = score == "additive" or mask == "combined"
                     if wanted:
                         out.append((score, mask, layout, strategy, n, n))
+            for mask in PACKED_MASKS:
+                if world == 2 and strategy == "ring":
+                    wanted_scores: tuple[str, ...] = ("scaled_dot", "additive", "gaussian")
+                elif world == 2 or mask in ("document_causal", "window_or_padding"):
+                    wanted_scores = ("scaled_dot",)
+                else:
+                    wanted_scores = ()
+                out += [(score, mask, layout, strategy, n, n) for score in wanted_scores]
             for mask in ("causal_bottom_right", "window_bottom_right", "combined"):
                 out.append(("scaled_dot", mask, layout, strategy, n - 2, n + 2))  # L != S
             out.append(("scaled_dot", "valid_lens_queries", layout, strategy, n + 2, n - 2))
