@@ -1,6 +1,8 @@
 """attention() under torch.compile(fullgraph=True) with the default inductor backend.
 
-Every mask kind compiles without a graph break, gives the reference result (also
+Every mask kind compiles without a graph break (four of them through inductor in the
+default run, the rest through AOTAutograd without code generation; all through
+inductor under ``slow``), gives the reference result (also
 for non-finite inputs), and 100 further calls at fixed shapes trigger no
 recompilation.
 """
@@ -41,8 +43,27 @@ def _fresh_dynamo() -> None:
     torch._dynamo.utils.counters.clear()
 
 
-@pytest.mark.parametrize("name", sorted(_masks()))
-def test_every_mask_kind_compiles_fullgraph_without_recompiles(name: str) -> None:
+INDUCTOR_KINDS = ("none", "causal", "key_padding", "causal_and_padding")
+"""Kinds compiled by inductor in the default run; the others are traced the same way
+(dynamo, AOTAutograd) without inductor's C++ code generation, and by inductor too
+under ``slow``."""
+
+
+def _backends() -> list[object]:
+    out: list[object] = []
+    for name in sorted(_masks()):
+        if name in INDUCTOR_KINDS:
+            out.append(pytest.param(name, "inductor", id=f"{name}-inductor"))
+        else:
+            out.append(pytest.param(name, "aot_eager", id=f"{name}-aot_eager"))
+            out.append(
+                pytest.param(name, "inductor", id=f"{name}-inductor", marks=pytest.mark.slow)
+            )
+    return out
+
+
+@pytest.mark.parametrize(("name", "backend"), _backends())
+def test_every_mask_kind_compiles_fullgraph_without_recompiles(name: str, backend: str) -> None:
     mask = _masks()[name]
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(B, H, n, E, generator=g) for n in (L, S, S))
@@ -50,7 +71,7 @@ def test_every_mask_kind_compiles_fullgraph_without_recompiles(name: str) -> Non
     def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return attnkit.attention(q, k, v, mask=mask)
 
-    compiled = torch.compile(f, fullgraph=True)
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
     ref = attnkit.attention(q, k, v, mask=mask, backend="reference")
     torch.testing.assert_close(compiled(q, k, v), ref, rtol=1e-5, atol=1e-5)
     frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]

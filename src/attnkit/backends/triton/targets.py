@@ -106,8 +106,8 @@ def calls(full: bool = False, *, arch: int = 90) -> list[Call]:
     half = "fp16" if arch < 80 else "bf16"
     wide_grad = arch >= 80  # sm_75 refuses the backward of head dims over 128
     if not full:
-        return [
-            Call("scaled_dot", "causal", "fp16", 64, weights="none"),
+        return [  # the dot form in half precision with every mask field, the largest
+            # head dims, float32 tiles and the Additive kernels
             Call("gaussian", "every_kind", half, 128, gqa=True),
             Call("bilinear", "valid_lens_2d", "fp16", 256, 256, weights="none", backward=wide_grad),
             Call("dot", "key_padding", "fp32", 80, weights="mean", backward=False),
