@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .._common import clean_rows
 from . import bits as _b
 from .runtime import arch_of, interpreting, next_pow2, tiles_for
 
@@ -224,8 +225,9 @@ def _finite_backward(
     """The backward's inputs under the non-finite policy, with tensor operations only.
 
     A row whose lse is NaN (its scores use a non-finite query or key) or whose output
-    is not finite (it uses a non-finite value) passes no gradient: its output, output
-    and lse gradients and weights become 0 and its lse +inf, so every P of the row is 0
+    is not finite (it uses a non-finite value) passes no gradient: its output, the
+    gradients of its output and lse, and its weights become 0 and its lse +inf, so every
+    P of the row is 0
     and no ``0 * NaN`` of the row reaches a key it does not use. Non-finite rows of q
     and k are zeroed, so a pair that is masked out multiplies no NaN or inf. What such
     a row itself receives is within the poison's reach, where the policy makes no
@@ -242,10 +244,7 @@ def _finite_backward(
         flags = bad.reshape(*bad.shape, *([1] * (t.ndim - 3)))  # (B, H, L, 1...)
         return torch.where(flags, zero.to(t.dtype), t)
 
-    def clean(t: torch.Tensor) -> torch.Tensor:  # (..., N, D): non-finite rows zeroed
-        return torch.where(torch.isfinite(t).all(dim=-1, keepdim=True), t, zero.to(t.dtype))
-
-    op = replace(op, q=clean(op.q), k=clean(op.k))
+    op = replace(op, q=clean_rows(op.q)[0], k=clean_rows(op.k)[0])  # non-finite rows zeroed
     lse = torch.where(bad, float("inf"), lse)
     return (
         op, rows_zeroed(out), lse, rows_zeroed(d_out), rows_zeroed(d_lse),
