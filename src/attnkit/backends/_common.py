@@ -26,6 +26,7 @@ __all__ = [
     "nan_rows",
     "restore_nonfinite_keys",
     "score_logits",
+    "unit_stride",
 ]
 
 
@@ -74,6 +75,12 @@ def clean_keys(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     inf_rows = torch.isinf(k).any(dim=-1) & ~nan_rows  # (..., S)
     bad = (nan_rows | inf_rows).unsqueeze(-1)  # (..., S, 1)
     return torch.where(bad, torch.zeros((), dtype=k.dtype), k), inf_rows, nan_rows
+
+
+def unit_stride(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as fused kernels read it: any layout whose last dim is dense is taken as it
+    is (the heads-second view of a (B, L, H, D) projection, with no copy)."""
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
 def clean_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

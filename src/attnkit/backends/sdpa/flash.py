@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .._common import expand_kv
+from .._common import expand_kv, unit_stride
 from .lse import LSE_OP, _aten_op
 
 __all__ = ["FLASH_BACKWARD_OP", "can_flash", "flash_attention"]
@@ -52,12 +52,6 @@ def _mask4(mask: torch.Tensor | None, q: torch.Tensor, S: int) -> torch.Tensor |
     return mask.to(q.dtype).expand(*q.shape[:3], S).contiguous()  # (B, H, L, S)
 
 
-def _unit_stride(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as the ops read it: any layout whose last dim is dense (the heads-second
-    view of a (B, L, H, D) projection is taken as it is, with no copy)."""
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 class _Flash(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -73,7 +67,7 @@ class _Flash(torch.autograd.Function):
         groups = q.shape[1] // k.shape[1]
         ke, ve = expand_kv(k, groups), expand_kv(v, groups)  # (B, H, S, D)
         mask = _mask4(attn_mask, q, k.shape[2])
-        qc, kc, vc = _unit_stride(q), _unit_stride(ke), _unit_stride(ve)
+        qc, kc, vc = unit_stride(q), unit_stride(ke), unit_stride(ve)
         out, lse = LSE_OP(qc, kc, vc, 0.0, is_causal, attn_mask=mask, scale=scale)[:2]
         ctx.save_for_backward(q, k, v, attn_mask, out, lse)
         ctx.is_causal, ctx.scale, ctx.groups, ctx.recompute = is_causal, scale, groups, recompute
@@ -90,9 +84,9 @@ class _Flash(torch.autograd.Function):
             return (*(next(got) if w else None for w in wants), None, None, None, None)
         g = ctx.groups
         mask = _mask4(attn_mask, q, k.shape[2])
-        ke, ve = _unit_stride(expand_kv(k, g)), _unit_stride(expand_kv(v, g))
+        ke, ve = unit_stride(expand_kv(k, g)), unit_stride(expand_kv(v, g))
         dq, dk, dv = FLASH_BACKWARD_OP(
-            d_out.contiguous(), _unit_stride(q), ke, ve, out, lse, 0.0, ctx.is_causal,
+            d_out.contiguous(), unit_stride(q), ke, ve, out, lse, 0.0, ctx.is_causal,
             attn_mask=mask, scale=ctx.scale,
         )  # fmt: skip
         if g > 1:  # query heads j*g .. j*g+g-1 share key head j

@@ -11,7 +11,7 @@ import torch
 from ..._inputs import AttentionInputs
 from ...scores import Additive, Dot
 from .._backward import InputGrads, leaf_call, pull_back
-from .._common import clean_values
+from .._common import clean_values, unit_stride
 from ..base import AttentionResult, Backend
 from ..operands import ScoreOperands, lower_score
 from .layout import bh_shape, bh_view, kv_lead
@@ -194,9 +194,9 @@ def _kernel_operands(inputs: AttentionInputs, *, row_feature: bool = False) -> _
         qa = torch.cat([qa, qa.new_ones(*qa.shape[:-1], 1)], dim=-1)  # (..., L, E + 1)
         ka = torch.cat([ka, ka.new_ones(*ka.shape[:-1], 1)], dim=-1)  # (..., S, E + 1)
     value, bad = clean_values(inputs.value)  # (..., S, Ev), (..., S) or None
-    q4 = _unit_stride(bh_view(qa, batch))  # (B, H, L, E)
-    k4 = _unit_stride(bh_view(ka, lead_kv))  # (B, Hk, S, E)
-    v4 = _unit_stride(bh_view(value, lead_kv))  # (B, Hk, S, Ev)
+    q4 = unit_stride(bh_view(qa, batch))  # (B, H, L, E)
+    k4 = unit_stride(bh_view(ka, lead_kv))  # (B, Hk, S, E)
+    v4 = unit_stride(bh_view(value, lead_kv))  # (B, Hk, S, Ev)
     kb3 = None
     if kb is not None:
         kb3 = bh_view(kb, lead_kv).reshape(B, Hk, S).float().contiguous()  # (B, Hk, S)
@@ -226,11 +226,6 @@ def arch_reason(dtype: torch.dtype, arch: int, head_dim: int = 0, grad: bool = F
             "a block, 64 KiB there"
         )
     return None
-
-
-def _unit_stride(t: torch.Tensor) -> torch.Tensor:
-    """The kernels read feature rows with unit stride."""
-    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
 def _dot_dims(inputs: AttentionInputs) -> tuple[int, int]:

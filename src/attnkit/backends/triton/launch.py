@@ -227,11 +227,10 @@ def _finite_backward(
     A row whose lse is NaN (its scores use a non-finite query or key) or whose output
     is not finite (it uses a non-finite value) passes no gradient: its output, the
     gradients of its output and lse, and its weights become 0 and its lse +inf, so every
-    P of the row is 0
-    and no ``0 * NaN`` of the row reaches a key it does not use. Non-finite rows of q
-    and k are zeroed, so a pair that is masked out multiplies no NaN or inf. What such
-    a row itself receives is within the poison's reach, where the policy makes no
-    promise (the reference backend gives NaN, this one 0).
+    P of the row is 0 and no ``0 * NaN`` of the row reaches a key it does not use.
+    Non-finite rows of q and k are zeroed, so a pair that is masked out multiplies no
+    NaN or inf. What such a row itself receives is within the poison's reach, where the
+    policy makes no promise (the reference backend gives NaN, this one 0).
     """
     bad = torch.isnan(lse)  # (B, H, L)
     if out is not None:
