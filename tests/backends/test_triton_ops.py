@@ -33,7 +33,9 @@ import torch._dynamo.utils  # noqa: E402
 import attnkit  # noqa: E402
 from attnkit import masks  # noqa: E402
 from attnkit.backends.triton.kmask import record, tile_state  # noqa: E402
-from attnkit.backends.triton.maskargs import Clause, MaskSpec, pack_mask  # noqa: E402
+from attnkit.backends.triton.maskargs import MaskSpec, pack_mask  # noqa: E402
+from attnkit.blockplan import Clause  # noqa: E402
+from attnkit.blockplan.atoms import Document  # noqa: E402
 from interpreted_triton import interpreted_triton  # noqa: E402
 
 triton = pytest.importorskip("triton")
@@ -155,11 +157,12 @@ def _dense(spec: MaskSpec, B: int, L: int, S: int) -> torch.Tensor:
             keep &= j < c.row_hi.view(-1, L, 1)
         if c.key_keep is not None:
             keep &= c.key_keep.view(-1, 1, S)
-        for q_ids, k_ids, equal in c.docs:
-            same = (q_ids.view(-1, L, 1) == k_ids.view(-1, 1, S)) & (q_ids.view(-1, L, 1) >= 0)
-            keep &= same if equal else ~same
-        if c.dense_keep is not None:
-            keep &= c.dense_keep.view(-1, L, S)
+        for d in c.docs:
+            q_ids, k_ids = d.q_ids.view(-1, L, 1), d.k_ids.view(-1, 1, S)
+            same = (q_ids == k_ids) & (q_ids >= 0)
+            keep &= same if d.equal else ~same
+        for t in c.dense_keep:
+            keep &= t.view(-1, L, S)
         out |= keep
     return out
 
@@ -178,17 +181,18 @@ def _specs(B: int, L: int, S: int) -> dict[str, MaskSpec]:
                 )
             ]
         ),
-        "documents": MaskSpec([Clause(lo=None, hi=0, docs=[(docs_q, docs_k, True)])]),
-        "not_documents": MaskSpec([Clause(docs=[(docs_q, docs_k, False)])]),
+        "documents": MaskSpec([Clause(lo=None, hi=0, docs=[Document(docs_q, docs_k, True)])]),
+        "not_documents": MaskSpec([Clause(docs=[Document(docs_q, docs_k, False)])]),
         "window_or_global": MaskSpec(  # Longformer-like: a band, or the first 4 keys
             [Clause(lo=-3, hi=3), Clause(key_hi=torch.tensor([4, 4]))]
         ),
         "documents_or_keep": MaskSpec(
             [
-                Clause(docs=[(docs_q, docs_k, True)]),
+                Clause(docs=[Document(docs_q, docs_k, True)]),
                 Clause(
-                    dense_keep=torch.rand(B, 1, L, S, generator=torch.Generator().manual_seed(3))
-                    < 0.1
+                    dense_keep=[
+                        torch.rand(B, 1, L, S, generator=torch.Generator().manual_seed(3)) < 0.1
+                    ]
                 ),
             ]
         ),

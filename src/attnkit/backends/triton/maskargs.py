@@ -1,7 +1,7 @@
 """A mask as kernel arguments: the one host-side place that does it.
 
-:func:`pack_mask` reads a :class:`MaskSpec` (OR-ed :class:`Clause` conjunctions and a
-summed bias) and returns a :class:`PackedMask`: an int32 tensor of per-batch records,
+:func:`pack_mask` reads a :class:`MaskSpec` (the block plan's OR-ed
+:class:`~attnkit.blockplan.Clause` conjunctions and a summed bias) and returns a :class:`PackedMask`: an int32 tensor of per-batch records,
 the dense keep and bias in a compact layout, four band ints, the rows per batch
 element and the compile-time mask bits (layout in :mod:`.bits`, read in the kernels
 by :mod:`.kmask`). :func:`spec_from_plan` builds the spec from the call's block plan
@@ -11,16 +11,15 @@ by :mod:`.kmask`). :func:`spec_from_plan` builds the spec from the call's block 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from ...blockplan import BlockPlan
+from ...blockplan import BlockPlan, Clause
 from . import bits as _b
 from .layout import bh_view
 
 __all__ = [
-    "Clause",
     "MaskSpec",
     "PackedMask",
     "pack_mask",
@@ -31,34 +30,11 @@ __all__ = [
 
 
 @dataclass
-class Clause:
-    """One conjunction: a pair (query i, key j) of batch element b0 is kept when every
-    field present keeps it. Per-batch tensors have a first dim of B0 or 1.
-
-    lo, hi: band ``i + lo <= j <= i + hi`` (None: unbounded). key_lo/key_hi (B0,):
-    ``key_lo <= j < key_hi``. query_lo/query_hi (B0,): other rows are padding.
-    row_lo/row_hi (B0, L): ``row_lo[i] <= j < row_hi[i]``. key_keep (B0, S) bool.
-    docs: (q_ids (B0, L), k_ids (B0, S), equal) with ``equal``: same id and id >= 0;
-    else the opposite. dense_keep: bool broadcastable to (*batch, L, S)."""
-
-    lo: int | None = None
-    hi: int | None = None
-    key_lo: torch.Tensor | None = None
-    key_hi: torch.Tensor | None = None
-    query_lo: torch.Tensor | None = None
-    query_hi: torch.Tensor | None = None
-    row_lo: torch.Tensor | None = None
-    row_hi: torch.Tensor | None = None
-    key_keep: torch.Tensor | None = None
-    docs: list[tuple[torch.Tensor, torch.Tensor, bool]] = field(default_factory=list)
-    dense_keep: torch.Tensor | None = None
-
-
-@dataclass
 class MaskSpec:
     """What the kernels can hold: a pair is kept when some clause keeps it (``[]``:
     nothing kept; ``[Clause()]``: everything), plus ``bias`` (float, broadcastable to
-    (*batch, L, S), -inf blocks) added to every logit."""
+    (*batch, L, S), -inf blocks) added to every logit. The clauses are the block
+    plan's own (:class:`attnkit.blockplan.Clause`); their ``biases`` are not read."""
 
     clauses: list[Clause]
     bias: torch.Tensor | None = None
@@ -76,64 +52,33 @@ class PackedMask:
     ints: list[int]
 
 
-def _min(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
-    return b if a is None else torch.minimum(a, b)
-
-
-def _max(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
-    return b if a is None else torch.maximum(a, b)
-
-
 def spec_from_plan(plan: BlockPlan) -> MaskSpec:
     """The call's block plan (:mod:`attnkit.blockplan`, the one lowering of masks) as a
-    spec: each plan clause one kernel clause, the plan's biases summed."""
-    clauses = []
-    for c in plan.clauses:
-        keep: torch.Tensor | None = None
-        for t in c.dense_keep:
-            keep = t if keep is None else keep & t
-        clauses.append(
-            Clause(
-                lo=c.lo,
-                hi=c.hi,
-                key_lo=c.key_lo,
-                key_hi=c.key_hi,
-                query_lo=c.query_lo,
-                query_hi=c.query_hi,
-                row_lo=c.row_lo,
-                row_hi=c.row_hi,
-                key_keep=c.key_keep,
-                docs=[(d.q_ids, d.k_ids, d.equal) for d in c.docs],
-                dense_keep=keep,
-            )
-        )
+    spec: the plan's clauses as they are, its biases summed."""
     bias: torch.Tensor | None = None
     for t in plan.biases:
         bias = t if bias is None else bias + t
-    return MaskSpec(clauses, bias)
+    return MaskSpec(list(plan.clauses), bias)
 
 
 def plan_reason(plan: BlockPlan) -> str | None:
     """Why the kernels cannot hold a plan, from its structure alone (no tensor value is
     read: ``explain`` of any size allocates nothing), or None."""
-    if len(plan.clauses) > _b.MAX_CLAUSES:
-        return f"a mask of {len(plan.clauses)} OR-ed clauses (the kernels take {_b.MAX_CLAUSES})"
-    if sum(bool(c.dense_keep) for c in plan.clauses) > 1:
-        return "dense keep tensors in more than one OR-ed clause"
-    for c in plan.clauses:
-        if sum(d.equal for d in c.docs) > 1 or sum(not d.equal for d in c.docs) > 1:
-            return "two document-id conditions of one kind in one clause"
-    return None
+    return _reason(plan.clauses)
 
 
 def unsupported(spec: MaskSpec) -> str | None:
     """Why the kernels cannot hold ``spec``, or None."""
-    if len(spec.clauses) > _b.MAX_CLAUSES:
-        return f"a mask of {len(spec.clauses)} OR-ed clauses (the kernels take {_b.MAX_CLAUSES})"
-    if sum(c.dense_keep is not None for c in spec.clauses) > 1:
+    return _reason(spec.clauses)
+
+
+def _reason(clauses: list[Clause]) -> str | None:
+    if len(clauses) > _b.MAX_CLAUSES:
+        return f"a mask of {len(clauses)} OR-ed clauses (the kernels take {_b.MAX_CLAUSES})"
+    if sum(bool(c.dense_keep) for c in clauses) > 1:
         return "dense keep tensors in more than one OR-ed clause"
-    for c in spec.clauses:
-        if sum(eq for *_, eq in c.docs) > 1 or sum(not eq for *_, eq in c.docs) > 1:
+    for c in clauses:
+        if sum(d.equal for d in c.docs) > 1 or sum(not d.equal for d in c.docs) > 1:
             return "two document-id conditions of one kind in one clause"
     return None
 
@@ -197,12 +142,12 @@ def _clause_record(c: Clause, L: int, S: int) -> tuple[int, list[torch.Tensor]]:
         bits |= _b.KKEEP
         pieces.append(c.key_keep.reshape(-1, S).to(i32))  # (B0, S)
     for want_equal, bit in ((True, _b.DOC), (False, _b.DOC_NE)):
-        for q_ids, k_ids, equal in c.docs:
-            if equal == want_equal:
+        for doc in c.docs:
+            if doc.equal == want_equal:
                 bits |= bit
-                pieces.append(q_ids.reshape(-1, L).clamp(-(2**31), 2**31 - 1).to(i32))
-                pieces.append(k_ids.reshape(-1, S).clamp(-(2**31), 2**31 - 1).to(i32))
-    if c.dense_keep is not None:
+                pieces.append(doc.q_ids.reshape(-1, L).clamp(-(2**31), 2**31 - 1).to(i32))
+                pieces.append(doc.k_ids.reshape(-1, S).clamp(-(2**31), 2**31 - 1).to(i32))
+    if c.dense_keep:
         bits |= _b.DENSE
     return bits, pieces
 
@@ -230,8 +175,11 @@ def pack_mask(
         bands[2 * n] = c.lo if c.lo is not None else 0
         bands[2 * n + 1] = c.hi if c.hi is not None else 0
         pieces += parts
-        if c.dense_keep is not None:
-            keep, dims = _compact(c.dense_keep, batch_shape, L, S)
+        if c.dense_keep:
+            dense = c.dense_keep[0]
+            for t in c.dense_keep[1:]:
+                dense = dense & t
+            keep, dims = _compact(dense, batch_shape, L, S)
             if dims == 0:  # one value for every pair: the kernels read a keep by its dims
                 keep = keep.reshape(1, 1, 1, 1).expand(1, 1, 1, S).contiguous()  # (1, 1, 1, S)
                 dims = _b.DIM_S

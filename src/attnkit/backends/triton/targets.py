@@ -243,8 +243,9 @@ def trace_check(arch: int = 90) -> dict[str, list[str]] | None:
     from torch._functorch.aot_autograd import aot_function
     from triton.runtime.driver import driver
 
+    from ...blockplan import Clause
     from .compileonly import _StandInDriver
-    from .maskargs import Clause, MaskSpec, pack_mask
+    from .maskargs import MaskSpec, pack_mask
     from .ops import attention_backward, attention_forward, uses_triton_op
     from .runtime import TARGET_ARCH
 
