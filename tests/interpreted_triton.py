@@ -1,29 +1,46 @@
 """The triton backend registered under Triton's interpreter for one test module.
 
-``TRITON_INTERPRET=1`` must be set before triton is first imported, so each module
-sets it at its top and passes the value it found (``env_before``) here; the
-environment, the registry and dispatch's rankings are put back afterwards through
-the public registry functions.
+``TRITON_INTERPRET=1`` must be set before triton is first imported: a test module
+imports this one before anything that imports triton, and is skipped when triton is
+missing or was imported earlier without the interpreter. :func:`interpreted_triton`
+registers the backend for a module; the environment, the registry and dispatch's
+rankings are put back afterwards through the public registry functions.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 
-import attnkit
-from attnkit.backends import dispatch
-from attnkit.backends.triton import TritonBackend
+ENV_BEFORE = os.environ.get("TRITON_INTERPRET")
+"""The variable as the first importing module found it."""
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: its own library too
 
-__all__ = ["interpreted_triton"]
+from collections.abc import Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+
+import pytest  # noqa: E402
+
+_language = pytest.importorskip("triton.language")
+if type(_language.zeros).__name__ != "InterpretedFunction":
+    pytest.skip(
+        "triton was imported in this process before TRITON_INTERPRET=1 was set; run with "
+        "TRITON_INTERPRET=1 in the environment (or this file on its own)",
+        allow_module_level=True,
+    )
+
+import attnkit  # noqa: E402
+from attnkit.backends import dispatch  # noqa: E402
+from attnkit.backends.triton import TritonBackend  # noqa: E402
+
+__all__ = ["ENV_BEFORE", "interpreted_triton"]
 
 
 @contextmanager
-def interpreted_triton(env_before: str | None) -> Iterator[None]:
+def interpreted_triton() -> Iterator[None]:
     """Register a fresh :class:`TritonBackend` (interpreted) for the block; the backend
-    registered as "triton" before, if any, comes back after it. Kernels built inside
-    stay interpreted for the rest of the process."""
+    registered as "triton" before, if any, comes back after it, and the variable as it
+    was before (:data:`ENV_BEFORE`). Kernels built inside stay interpreted for the rest
+    of the process."""
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         previous = attnkit.get_backend("triton")
@@ -39,7 +56,7 @@ def interpreted_triton(env_before: str | None) -> Iterator[None]:
         dispatch.PRIORITY.update(rankings)
         if previous is not None:
             attnkit.register_backend(previous)
-        if env_before is None:
+        if ENV_BEFORE is None:
             os.environ.pop("TRITON_INTERPRET", None)
         else:
-            os.environ["TRITON_INTERPRET"] = env_before
+            os.environ["TRITON_INTERPRET"] = ENV_BEFORE

@@ -8,6 +8,10 @@ head-averaged weights, fully masked rows and the backend's reasons.
 
 from __future__ import annotations
 
+from interpreted_triton import interpreted_triton  # first: sets TRITON_INTERPRET=1
+
+# isort: split
+
 import copy
 import os
 import sys
@@ -15,29 +19,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-_ENV_BEFORE = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: its own library is built too
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-triton_language = pytest.importorskip("triton.language")
-if type(triton_language.zeros).__name__ != "InterpretedFunction":
-    pytest.skip(
-        "triton was imported in this process before TRITON_INTERPRET=1 was set; run with "
-        "TRITON_INTERPRET=1 in the environment (or this file on its own)",
-        allow_module_level=True,
-    )
-
-import attnkit  # noqa: E402
-from attnkit import BackendNotSupportedError, masks, scores  # noqa: E402
-from attnkit.backends.triton import TritonBackend  # noqa: E402
-from interpreted_triton import interpreted_triton  # noqa: E402
+import attnkit
+from attnkit import BackendNotSupportedError, masks, scores
+from attnkit.backends.triton import TritonBackend
 
 if str(Path(__file__).resolve().parents[1]) not in sys.path:  # tests/ for the shared oracle
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cases import (  # noqa: E402
+from cases import (
     Case,
     assert_within_tolerance,
     make_case,
@@ -45,7 +37,7 @@ from cases import (  # noqa: E402
     np_of,
     plain_math,
 )
-from nonfinite_cases import (  # noqa: E402
+from nonfinite_cases import (
     FIXED_MASKS,
     check_poisoned,
     fixed_masks,
@@ -53,7 +45,7 @@ from nonfinite_cases import (  # noqa: E402
     poison_inputs,
     query_positions,
 )
-from reference import oracle  # noqa: E402
+from reference import oracle
 
 SCORES = ("scaled_dot", "bilinear", "gaussian", "additive")  # "dot": see the shapes test
 MASKS = (
@@ -79,7 +71,7 @@ SHAPE = (2, 2, 1, 3, 17, 12, 8)  # (B, H, Hk, L, S, E, Ev): GQA, L < S, E padded
 @pytest.fixture(scope="module", autouse=True)
 def triton_registered() -> Iterator[None]:
     """The backend under the interpreter for this module only (tests/interpreted_triton.py)."""
-    with interpreted_triton(_ENV_BEFORE):
+    with interpreted_triton():
         yield
 
 

@@ -12,32 +12,24 @@
 
 from __future__ import annotations
 
-import os
+from interpreted_triton import interpreted_triton  # first: sets TRITON_INTERPRET=1
+
+# isort: split
+
 from collections.abc import Iterator
 
-_ENV_BEFORE = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import attnkit
 
-triton_language = pytest.importorskip("triton.language")
-if type(triton_language.zeros).__name__ != "InterpretedFunction":
-    pytest.skip(
-        "triton was imported before TRITON_INTERPRET=1 was set; run this file on its own",
-        allow_module_level=True,
-    )
-
-import attnkit  # noqa: E402
-from interpreted_triton import interpreted_triton  # noqa: E402
-
-from cases import MASKS, SCORES, check_case, make_case  # noqa: E402
+from cases import MASKS, SCORES, check_case, make_case
 
 
 @pytest.fixture(scope="module", autouse=True)
 def triton_registered() -> Iterator[None]:
     """The backend under the interpreter for this module only (tests/interpreted_triton.py)."""
-    with interpreted_triton(_ENV_BEFORE):
+    with interpreted_triton():
         yield
 
 

@@ -11,35 +11,26 @@
 
 from __future__ import annotations
 
-import os
+from interpreted_triton import interpreted_triton  # first: sets TRITON_INTERPRET=1
+
+# isort: split
+
 from collections.abc import Iterator
 
-_ENV_BEFORE = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+import pytest
+import torch
+import torch._dynamo
+import torch._dynamo.utils
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-triton_language = pytest.importorskip("triton.language")
-if type(triton_language.zeros).__name__ != "InterpretedFunction":
-    pytest.skip(
-        "triton was imported before TRITON_INTERPRET=1 was set; run this file on its own",
-        allow_module_level=True,
-    )
-
-import torch._dynamo  # noqa: E402
-import torch._dynamo.utils  # noqa: E402
-
-import attnkit  # noqa: E402
-from attnkit import masks  # noqa: E402
-from attnkit.backends.triton.kmask import record, tile_state  # noqa: E402
-from attnkit.backends.triton.maskargs import MaskSpec, pack_mask  # noqa: E402
-from attnkit.blockplan import Clause  # noqa: E402
-from attnkit.blockplan.atoms import Document  # noqa: E402
-from interpreted_triton import interpreted_triton  # noqa: E402
+import attnkit
+from attnkit import masks
+from attnkit.backends.triton.kmask import record, tile_state
+from attnkit.backends.triton.maskargs import MaskSpec, pack_mask
+from attnkit.blockplan import Clause
+from attnkit.blockplan.atoms import Document
 
 triton = pytest.importorskip("triton")
-tl = triton_language
+tl = pytest.importorskip("triton.language")
 
 
 @triton.jit
@@ -57,7 +48,7 @@ def _states_kernel(MASK, OUT, L, S, LO0, HI0, LO1, HI1, MB: tl.constexpr, BM: tl
 @pytest.fixture(scope="module", autouse=True)
 def triton_registered() -> Iterator[None]:
     """The backend under the interpreter for this module only (tests/interpreted_triton.py)."""
-    with interpreted_triton(_ENV_BEFORE):
+    with interpreted_triton():
         yield
 
 
