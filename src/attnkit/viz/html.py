@@ -47,7 +47,16 @@ __all__ = ["AttentionSet", "Page", "render_html", "show", "to_html"]
 
 SCALES = ("linear", "power", "log")
 # The page's script, in order: each file is one part of the viewer.
-SCRIPTS = ("core.js", "matrix.js", "head.js", "views.js", "page.js")
+SCRIPTS = (
+    "core.js",
+    "state.js",
+    "matrix.js",
+    "head.js",
+    "views.js",
+    "search.js",
+    "export.js",
+    "page.js",
+)
 _MARKER = re.compile(r"__(TITLE|STYLE|SCRIPT|DATA)__")
 
 
