@@ -19,7 +19,15 @@ from .show_args import UsageError, count, resolve
 from .show_report import elide_text, tokens_line
 from .show_sources import open_source
 
-__all__ = ["SecondSide", "add_arguments", "check", "open_second", "prepare", "run_second", "subtitle"]
+__all__ = [
+    "SecondSide",
+    "add_arguments",
+    "check",
+    "open_second",
+    "prepare",
+    "run_second",
+    "subtitle",
+]
 
 _NAME = 60  # characters of a text used as its side's name
 
