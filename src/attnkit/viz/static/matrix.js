@@ -19,7 +19,8 @@
     function label(t, cls) {
       var s = el("span", cls, AK.plain(labels[from + t]));
       s.dataset.index = String(from + t);
-      s.title = "#" + (from + t) + " " + AK.rawOf(marks.S, axis, from + t) + "  (click: select; shift-click: add)";
+      s.title = marks.S ? "#" + (from + t) + " " + AK.rawOf(marks.S, axis, from + t) + "  (click: select; shift-click: add)"
+        : labels[from + t];
       var center = Math.max(0, (t + 0.5) * cell - 7);
       if (horizontal) s.style.left = center + "px"; else s.style.top = center + "px";
       box.appendChild(s);
@@ -182,7 +183,7 @@
       var b = c.g.block, rowsOf = [], colsOf = [];
       for (var bi = win[0]; bi < win[1]; bi++) rowsOf.push("#" + bi * b);
       for (var bj = win[2]; bj < win[3]; bj++) colsOf.push("#" + bj * b);
-      var none = { S: S, at: null, sel: [], match: [] };
+      var none = { S: null, at: null, sel: [], match: [] };
       labelStrip(this["x-labels"], colsOf, 0, colsOf.length, cell, true, "k", none);
       step = labelStrip(this["y-labels"], rowsOf, 0, rowsOf.length, cell, false, "q", none);
       this["matrix-note"].textContent = "Each cell is the mean of a block of " + b + "\u00d7" + b + " tokens; labels name " +

@@ -258,7 +258,7 @@
         (state.combine === "sum" ? "Sum" : "Mean") + " of " + (q ? "what the selected queries attend to" :
         "the attention the selected keys receive") + ": " + names.join(", ") +
         (chosen.length > 5 ? " and " + (chosen.length - 5) + " more" : "") + (n ? "" : " (shift-click or drag to add)");
-      stripLabels(node, other, w, q ? "key" : "query");
+      stripLabels(node, other, w, q ? "key" : "query", S);
       var top = Array.prototype.slice.call(v).map(function (x, i) { return [x, i]; })
         .sort(function (a, b) { return Math.abs(b[0]) - Math.abs(a[0]); }).slice(0, 8);
       node.querySelector(".sel-top").textContent = (it.signed ? "largest differences: " : "most: ") + top.map(function (t) {
@@ -282,9 +282,9 @@
     return col;
   }
   // Labels under the strip, one per token down to 12 px each, else every step-th (and the note says so).
-  function stripLabels(node, labels, n, what) {
+  function stripLabels(node, labels, n, what, S) {
     var box = node.querySelector(".strip-labels"), width = node.querySelector(".strip-box").clientWidth || 800;
-    var cell = width / n, step = Math.max(1, Math.ceil(12 / cell)), found = AK.matches(AK.S()), longest = 1;
+    var cell = width / n, step = Math.max(1, Math.ceil(12 / cell)), found = AK.matches(S), longest = 1;
     clear(box);
     for (var u = 0; u < n; u += step) longest = Math.max(longest, AK.plain(labels[u]).length);
     var tall = Math.min(88, 10 + 7 * longest);
