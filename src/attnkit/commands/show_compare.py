@@ -78,12 +78,8 @@ def open_second(args: argparse.Namespace) -> Any:
         raise UsageError(f"--compare-model: {str(exc).removeprefix('--model: ')}") from None
 
 
-def _vocabulary(source: Any) -> dict[str, int]:
-    return dict(source.vocabulary())
-
-
 def _check_same_tokenizer(first: Any, second: Any) -> None:
-    va, vb = _vocabulary(first), _vocabulary(second)
+    va, vb = first.vocabulary(), second.vocabulary()
     if va == vb:
         return
     if len(va) != len(vb):
@@ -110,8 +106,6 @@ class SecondSide:
     what: str  # "text" or "model"
     text: str
     model_name: str
-    layers: list[int]
-    heads: list[int]
 
     def page_sets(self, first: Any) -> Any:
         """The page's sets: a :class:`~attnkit.viz.compare.Comparison` of both runs."""
@@ -125,6 +119,7 @@ class SecondSide:
                 for side, run in (("A", first), ("B", self.run)) for s in run.sets]  # fmt: skip
 
     def notes(self) -> list[str]:
+        """Side B's facts for the page (its notes, a truncated input)."""
         out = [f"B: {n}" for s in self.run.sets for n in s.notes]
         n = len(self.run.tokens)
         if self.run.total_tokens > n:
@@ -192,7 +187,7 @@ def _second_text(
     run = source.attend(text2, None, max_length=max_length, layers=layers, heads=heads,
                         budget=budget)  # fmt: skip
     names = (f"“{_side_name(text)}”", f"“{_side_name(text2)}”")
-    return SecondSide(run, names, "text", text2, source.name, layers, heads)
+    return SecondSide(run, names, "text", text2, source.name)
 
 
 def prepare(source: Any, second: Any) -> None:
@@ -229,7 +224,7 @@ def _second_model(
         raise UsageError(f"--compare-model: {second.name}: {exc}") from None
     limit = min(max_length, second.max_tokens)
     run = second.attend(text, pair, max_length=limit, layers=layers, heads=heads, budget=budget)
-    return SecondSide(run, (source.name, second.name), "model", text, second.name, layers, heads)
+    return SecondSide(run, (source.name, second.name), "model", text, second.name)
 
 
 def subtitle(side: SecondSide, shown: str) -> str:

@@ -192,7 +192,7 @@
       var selQ = state.sel.axis === "q" ? state.sel.items : [], selK = state.sel.axis === "k" ? state.sel.items : [];
       var found = AK.matches(S), at = state.at;
       labelStrip(this["x-labels"], c.labels[1], win[2], win[3], cell, true, "k",
-                 { S: S, at: at && at.axis === "k" ? at.i : (at && S.shape[2] === S.shape[3] && !S.keyDiffers ? at.i : null), sel: selK, match: found.k });
+                 { S: S, at: at && (at.axis === "k" || S.sameKeys) ? at.i : null, sel: selK, match: found.k });
       step = labelStrip(this["y-labels"], c.labels[0], win[0], win[1], cell, false, "q",
                         { S: S, at: at && at.axis === "q" ? at.i : null, sel: selQ, match: found.q });
       this["matrix-note"].textContent = step > 1 ? "Labels name every " + ordinal(step) + " row and column (#" + win[0] + ", #" +
