@@ -250,6 +250,12 @@ class Checkpoint:
         if not getattr(self.config, "max_position_embeddings", None) and isinstance(limit, int):
             self.max_tokens = min(limit, self.max_tokens) if limit < 10**6 else self.max_tokens
 
+    @property
+    def tokenizer(self) -> Any:
+        """The checkpoint's tokenizer (built by :meth:`load`)."""
+        self.load()
+        return self._tokenizer
+
     def _encode(self, text: str, pair: str | None, max_length: int | None) -> Any:
         tok = self._tokenizer
         if max_length is None:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .compare import Comparison, compare_payload
 from .grid import as_grid
 from .payload import set_payload
 from .reduce import Budget, ReducedSet, SetReducer
@@ -47,7 +48,16 @@ __all__ = ["AttentionSet", "Page", "render_html", "show", "to_html"]
 
 SCALES = ("linear", "power", "log")
 # The page's script, in order: each file is one part of the viewer.
-SCRIPTS = ("core.js", "matrix.js", "head.js", "views.js", "page.js")
+SCRIPTS = (
+    "core.js",
+    "state.js",
+    "matrix.js",
+    "head.js",
+    "views.js",
+    "search.js",
+    "export.js",
+    "page.js",
+)
 _MARKER = re.compile(r"__(TITLE|STYLE|SCRIPT|DATA)__")
 
 
@@ -278,10 +288,17 @@ def render_html(
     if isinstance(notes, str):
         raise TypeError("notes: expected a list of strings, got a single str")
     budget = budget or Budget(top_k=top_k)
-    sets = [
-        s if isinstance(s, ReducedSet) else _reduce(s, budget)
-        for s in _as_sets(attentions, tokens, key_tokens, layer_labels, head_labels, pair_start)
-    ]
+    comparison = None
+    if isinstance(attentions, Comparison):  # two sides: A's kinds, then B's, and A - B
+        if tokens is not None or key_tokens is not None or pair_start is not None:
+            raise ValueError("tokens: a Comparison carries its own tokens; pass tokens=None")
+        comparison = attentions
+        sets = [*comparison.a, *comparison.b]
+    else:
+        sets = [
+            s if isinstance(s, ReducedSet) else _reduce(s, budget)
+            for s in _as_sets(attentions, tokens, key_tokens, layer_labels, head_labels, pair_start)
+        ]
     payload = {
         "title": title,
         "subtitle": subtitle,
@@ -291,6 +308,8 @@ def render_html(
         "initial": _initial(layer, heads, sets[0]),
         "sets": [_set_payload(s) for s in sets],
     }
+    if comparison is not None:
+        payload["compare"] = compare_payload(comparison)
     # Inside <script type="application/json">: escape "<" so no token can end the element.
     data = json.dumps(payload, ensure_ascii=False).replace("<", "\\u003c")
     script = "\n".join(_static(name) for name in SCRIPTS)
@@ -335,7 +354,9 @@ def to_html(
             :func:`attnkit.viz.capture` records for a batch of one, and what a
             Hugging Face model returns as ``outputs.attentions`` with
             ``output_attentions=True``); or a list of :class:`AttentionSet`
-            (several kinds of attention, with a selector; then ``tokens=None``).
+            (several kinds of attention, with a selector; then ``tokens=None``);
+            or a :class:`~attnkit.viz.compare.Comparison` from
+            :func:`attnkit.viz.compare` (two sides in sync and A − B; ``tokens=None``).
         tokens: Q query tokens, shown as they are (escaped, never run as HTML).
         path: the file to write (UTF-8).
         **options: as for :func:`show`: ``key_tokens``, ``layer_labels``,
