@@ -58,15 +58,16 @@ class Positions:
     k0: int
 
     def relative(self, L: int, S: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row and column positions relative to the last query row's, (L,) and (S,) long:
-        row i at ``i - (L - 1)``, column j at ``k0 + j - (q0 + L - 1)``.
+        """Row and column positions relative to the middle query row's, (L,) and (S,)
+        long: row i at ``i - m``, column j at ``k0 + j - (q0 + m)``, ``m = (L - 1) // 2``.
 
         A difference of the two is the pair's true relative position ``p_j - p_i``;
-        their magnitudes are bounded by L, S and the gap ``k0 - q0`` (0 for a decoding
-        step whose keys end at its query), not by the global offset."""
-        ref = self.q0 + L - 1
-        rows = torch.arange(L, device=device) - (L - 1)  # (L,)
-        cols = torch.arange(S, device=device) + (self.k0 - ref)  # (S,)
+        their magnitudes are bounded by L, S and the gap ``k0 - q0`` (a decoding step's
+        keys end at its query: the columns are then exactly ``p_j - p_i``), never by the
+        global offset."""
+        mid = (L - 1) // 2
+        rows = torch.arange(L, device=device) - mid  # (L,)
+        cols = torch.arange(S, device=device) + (self.k0 - self.q0 - mid)  # (S,)
         return rows, cols
 
 

@@ -92,7 +92,7 @@ class ALiBi(PositionMod):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The causal form as a per-key bias plus a per-query constant, for kernels with
         no position table: ``-slope (p_i - p_j) = slope r_j - slope r_i``, with r the
-        positions relative to the last query (:meth:`Positions.relative`), so neither
+        positions relative to the middle query (:meth:`Positions.relative`), so neither
         term grows with the global offset. Returns (key (H, S), row (H, L)) in ``dtype``
         (at least the slopes' own precision), differentiable in the slopes."""
         rows, cols = self.positions(L, S).relative(L, S, heads.device)  # (L,), (S,)
