@@ -54,14 +54,6 @@ class HeadLayout:
         """Key/value heads: H / groups."""
         return self.heads // self.groups
 
-    @property
-    def rows(self) -> int:
-        """Rows of the flattened leading dims, N = prod(batch_shape)."""
-        n = 1
-        for d in self.batch_shape:
-            n *= d
-        return n
-
     def per_head(self, t: torch.Tensor, trailing: int) -> torch.Tensor:
         """A per-head tensor shaped to broadcast against (*batch_shape, *X), X of
         ``trailing`` dims.

@@ -12,8 +12,9 @@ propagates to the rows that use it; a position masked out never contributes,
 whatever it holds. A pair whose query or key holds a NaN or an inf scores NaN (an
 inf makes no promise beyond that), except that under a score whose dot form has a key
 bias (the Gaussian) a key holding an inf (and no NaN) is infinitely far: it scores
--inf against every query, so no pair uses it and its value never contributes. A pair is *used* when its logit is not -inf after the mask. A row is
-*reached* when it uses a pair whose query, key or value row is not finite.
+-inf against every query, so no pair uses it and its value never contributes. A pair
+is *used* when its logit is not -inf after the mask. A row is *reached* when it uses
+a pair whose query, key or value row is not finite.
 
 - Forward: a blocked pair is -inf whatever its logit, and gets weight exactly 0; the
   values are taken with non-finite rows zeroed, and a reached row's output is NaN.
