@@ -110,9 +110,9 @@ def attention(
     if plan_key is not None and not empty:
         _plans.remember(plan_key, inputs, chosen)
     result = _empty_result(core) if empty else chosen.forward(core)
-    if sinks is not None:
+    if sinks:
         result = _join_sinks(inputs, result, sinks)
-    if inputs.weights_mean and (empty or sinks is not None or not chosen.averages_heads):
+    if inputs.weights_mean and (empty or sinks or not chosen.averages_heads):
         assert result.weights is not None
         w = result.weights  # (..., H, L, S)
         result = replace(result, weights=w.sum(dim=-3) / max(w.shape[-3], 1))  # (..., L, S)
@@ -162,25 +162,28 @@ def explain(
     return explain_inputs(_split_sinks(inputs)[0], normalize_backend_arg(backend))
 
 
-def _split_sinks(inputs: AttentionInputs) -> tuple[AttentionInputs, Sinks | None]:
+def _split_sinks(inputs: AttentionInputs) -> tuple[AttentionInputs, tuple[Sinks, ...]]:
     """The call a backend runs, and its sinks: sinks join the softmax after any backend's
     (out, lse), so the backend is asked for the lse and sees the other mods only."""
-    sinks = [m for m in inputs.mods if isinstance(m, Sinks)]
+    sinks = tuple(m for m in inputs.mods if isinstance(m, Sinks))
     if not sinks:
-        return inputs, None
-    if len(sinks) > 1:
-        raise ValueError("mods: more than one mods.sinks; give one sink logit per head")
+        return inputs, ()
     rest = tuple(m for m in inputs.mods if not isinstance(m, Sinks))
     # per-head weights: each head's sink takes its own share before any head mean
-    return replace(inputs, mods=rest, return_lse=True, weights_mean=False), sinks[0]
+    return replace(inputs, mods=rest, return_lse=True, weights_mean=False), sinks
 
 
-def _join_sinks(inputs: AttentionInputs, result: AttentionResult, sinks: Sinks) -> AttentionResult:
-    assert result.lse is not None
-    out, lse = sinks.join(result.output, result.lse)
-    weights = result.weights
-    if weights is not None:
-        weights = sinks.weights(weights, result.lse)  # (*batch, L, S)
+def _join_sinks(
+    inputs: AttentionInputs, result: AttentionResult, sinks: tuple[Sinks, ...]
+) -> AttentionResult:
+    """Each sink joins the softmax in turn: several sinks are several logits with no value,
+    ``exp(lse) / (exp(lse) + sum exp(sink))`` of the keys' share left."""
+    out, lse, weights = result.output, result.lse, result.weights
+    for sink in sinks:
+        assert lse is not None
+        if weights is not None:
+            weights = sink.weights(weights, lse)  # (*batch, L, S)
+        out, lse = sink.join(out, lse)
     return AttentionResult(out, weights, lse if inputs.return_lse else None)
 
 

@@ -2,7 +2,9 @@
 
 Pass one or a list to :func:`attnkit.attention` (``mods=``) or to the layers; they
 apply in the order given, after the score and its ``scale`` and before the mask, and
-compose with every score and every mask:
+compose with every score and every mask, and with each other (two softcaps apply one
+after the other, position biases add, each sink joins the softmax). Per-head
+parameters have one entry per query head, dim -3 of the call (or one for all):
 
 ==========================================  ===========================================
 modifier                                    models

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from .._layout import HeadLayout
 from .base import Mod
 
 __all__ = ["Sinks", "Softcap"]
@@ -35,7 +36,7 @@ class Softcap(Mod):
 
 class Sinks(Mod):
     """Learnable attention sinks (gpt-oss): one logit per head that joins every row's
-    softmax with no value. Exact from any (out, lse): ``out * sigmoid(lse - sink)`` and
+    softmax with no value (several sinks: each joins it). Exact from any (out, lse): ``out * sigmoid(lse - sink)`` and
     ``lse' = logaddexp(lse, sink)``; gradients reach the sink logits, q, k and v. A row
     with every key masked still gives output 0 (its lse is the sink's logit)."""
 
@@ -66,10 +67,8 @@ class Sinks(Mod):
 
     def per_row(self, lse: torch.Tensor) -> torch.Tensor:
         """The sink logit of each row, broadcastable to ``lse`` (*batch, L)."""
-        sink = self.sink.to(device=lse.device, dtype=lse.dtype)
-        if lse.ndim < 2 or sink.shape[0] == 1:
-            return sink.reshape(*([1] * lse.ndim)) if sink.shape[0] == 1 else sink
-        return sink.view(*([1] * (lse.ndim - 2)), -1, 1)  # (..., H, 1)
+        sink = self.sink.to(device=lse.device, dtype=lse.dtype)  # (H,) or (1,)
+        return HeadLayout(tuple(lse.shape[:-1])).per_head(sink, 1)  # (H, 1), or (1,)
 
     def join(self, out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(out (*batch, L, Ev), lse (*batch, L)) with the sink joined to the softmax."""

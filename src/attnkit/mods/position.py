@@ -87,6 +87,19 @@ class ALiBi(PositionMod):
         d = d if self.causal else -d.abs()  # -(i - j) = j - i; symmetric: -|i - j|
         return self.slope_of(heads).view(-1, 1) * d.view(1, -1)  # (H, n)
 
+    def folded(
+        self, heads: torch.Tensor, L: int, S: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The causal form as a per-key bias plus a per-query constant, for kernels with
+        no position table: ``-slope (p_i - p_j) = slope r_j - slope r_i``, with r the
+        positions relative to the middle query (:meth:`Positions.relative`), so neither
+        term grows with the global offset. Returns (key (H, S), row (H, L)) in ``dtype``
+        (at least the slopes' own precision), differentiable in the slopes."""
+        rows, cols = self.positions(L, S).relative(L, S, heads.device)  # (L,), (S,)
+        dt = torch.promote_types(_at_least_float32(self.slopes), dtype)
+        slope = self.slope_of(heads).to(dt).view(-1, 1)  # (H, 1)
+        return slope * cols.to(dt).view(1, S), -(slope * rows.to(dt).view(1, L))
+
     def signature(self) -> tuple[object, ...]:
         return (*super().signature(), self.causal)
 

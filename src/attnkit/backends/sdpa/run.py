@@ -131,6 +131,7 @@ def call(
         out = torch.where(alive.unsqueeze(-1), out, torch.zeros((), dtype=out.dtype))
         if lse is not None:
             lse = torch.where(alive, lse, float("-inf"))
+        q_bad = torch.where(alive, q_bad, 0.0)  # an empty row, whatever its query holds
     flags = poison.flags_for_call(
         q, k_bad, v_bad, q_bad, policy_mask, causal, heads, offset, split=lse is not None
     )
