@@ -54,6 +54,7 @@ SCRIPTS = (
     "matrix.js",
     "head.js",
     "views.js",
+    "image.js",
     "search.js",
     "export.js",
     "page.js",
@@ -281,6 +282,7 @@ def render_html(
     heads: Sequence[int] | None = None,
     top_k: int = 16,
     budget: Budget | None = None,
+    image: Any = None,
 ) -> str:
     """The page of :func:`to_html` as a string (same arguments, no path)."""
     if scale not in SCALES:
@@ -310,6 +312,15 @@ def render_html(
     }
     if comparison is not None:
         payload["compare"] = compare_payload(comparison)
+    if image is not None:  # an image source: the first set's tokens lie on its picture
+        from .image import ImageLayout, image_payload
+
+        if not isinstance(image, ImageLayout) or comparison is not None:
+            raise TypeError(
+                "image: expected an attnkit.viz.ImageLayout for one set of attention, got "
+                + ("a Comparison" if comparison is not None else type(image).__name__)
+            )
+        payload["image"] = image_payload(image, sets[0])
     # Inside <script type="application/json">: escape "<" so no token can end the element.
     data = json.dumps(payload, ensure_ascii=False).replace("<", "\\u003c")
     script = "\n".join(_static(name) for name in SCRIPTS)
@@ -367,7 +378,9 @@ def to_html(
             first token: a divider and an A->A / A->B / B->A / B->B filter),
             ``scale`` ("linear", "power" or "log"), ``layer`` and ``heads`` (the
             view the page opens on), ``include_layers`` (bertviz: keep only these
-            layers), ``top_k`` (keys kept per row on a long page).
+            layers), ``top_k`` (keys kept per row on a long page), ``image`` (an
+            :class:`~attnkit.viz.ImageLayout`: the tokens are a vision transformer's
+            patches, drawn on its picture in an image view; see :func:`show_image`).
 
     Returns:
         the path written.
@@ -406,6 +419,7 @@ def show(
     max_length: int | None = None,
     generate: int = 0,
     seed: int | None = None,
+    image: Any = None,
     **bertviz: Any,
 ) -> Page:
     """A page of attention as a :class:`Page`: displayed inline in Jupyter, ``.save(path)``.
@@ -451,6 +465,7 @@ def show(
             attentions, tokens, key_tokens=key_tokens, layer_labels=layer_labels,
             head_labels=head_labels, title=title, subtitle=subtitle, meta=meta, notes=notes,
             pair_start=pair_start, scale=scale, layer=layer, heads=heads, top_k=top_k,
+            image=image,
         )
     )  # fmt: skip
 
