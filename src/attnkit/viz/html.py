@@ -41,6 +41,7 @@ import torch
 
 from .compare import Comparison, compare_payload
 from .grid import as_grid
+from .image import ImageLayout, image_payload
 from .payload import set_payload
 from .reduce import Budget, ReducedSet, SetReducer
 
@@ -282,7 +283,7 @@ def render_html(
     heads: Sequence[int] | None = None,
     top_k: int = 16,
     budget: Budget | None = None,
-    image: Any = None,
+    image: ImageLayout | None = None,
 ) -> str:
     """The page of :func:`to_html` as a string (same arguments, no path)."""
     if scale not in SCALES:
@@ -313,8 +314,6 @@ def render_html(
     if comparison is not None:
         payload["compare"] = compare_payload(comparison)
     if image is not None:  # an image source: the first set's tokens lie on its picture
-        from .image import ImageLayout, image_payload
-
         if not isinstance(image, ImageLayout) or comparison is not None:
             raise TypeError(
                 "image: expected an attnkit.viz.ImageLayout for one set of attention, got "
@@ -419,7 +418,7 @@ def show(
     max_length: int | None = None,
     generate: int = 0,
     seed: int | None = None,
-    image: Any = None,
+    image: ImageLayout | None = None,
     **bertviz: Any,
 ) -> Page:
     """A page of attention as a :class:`Page`: displayed inline in Jupyter, ``.save(path)``.

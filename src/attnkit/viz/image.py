@@ -337,7 +337,7 @@ def show_image(
             None,
             title=title or f"Attention of {name} on {shown}",
             subtitle=run.layout.describe(),
-            notes=run.notes,
+            notes=[*run.notes, *run.sets[0].notes],
             scale=scale,
             image=run.layout,
         )

@@ -112,7 +112,7 @@
     return c >= 0 && c < C && row >= 0 && row < R ? P + row * C + c : -1;
   }
 
-  var main = $("image-canvas"), zoom = 1, last = null, mark = getComputedStyle(document.body).getPropertyValue("--mark") || "#c2410c";
+  var main = $("image-canvas"), zoom = 1, last = null, mark = getComputedStyle(document.body).getPropertyValue("--mark").trim() || "#c2410c";
   main.addEventListener("click", function (ev) {
     var i = patchAt(ev, main, zoom);
     if (i < 0) return;
