@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import show_compare
+from . import show_compare, show_image
 from .show_args import (
     EXAMPLE,
     UsageError,
@@ -77,6 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="colour scale of the picture and the page's matrix view (default: linear)")  # fmt: skip
     add("--open", action="store_true", help="open the page in the default web browser")
     show_compare.add_arguments(parser)
+    show_image.add_arguments(parser)
 
 
 def _checked(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -105,6 +106,8 @@ def _checked(args: argparse.Namespace) -> tuple[str, str | None]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "image", None) is not None:  # a picture for a vision transformer
+        return show_image.run(args)
     text, pair = _checked(args)
     show_compare.check(args)
     layer_sel = parse_selection(args.layers, "--layers")

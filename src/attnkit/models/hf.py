@@ -89,7 +89,7 @@ class Checkpoint:
         if _is_image_model(data):
             raise CheckpointError(
                 f"{self.directory}: a {model_type!r} checkpoint is an image model; "
-                "attnkit show reads text models"
+                "give it a picture with --image PATH (attnkit.viz.show_image in Python)"
             )
         files = self._weight_files()
         try:

@@ -41,6 +41,7 @@ import torch
 
 from .compare import Comparison, compare_payload
 from .grid import as_grid
+from .image import ImageLayout, image_payload
 from .payload import set_payload
 from .reduce import Budget, ReducedSet, SetReducer
 
@@ -54,6 +55,7 @@ SCRIPTS = (
     "matrix.js",
     "head.js",
     "views.js",
+    "image.js",
     "search.js",
     "export.js",
     "page.js",
@@ -281,6 +283,7 @@ def render_html(
     heads: Sequence[int] | None = None,
     top_k: int = 16,
     budget: Budget | None = None,
+    image: ImageLayout | None = None,
 ) -> str:
     """The page of :func:`to_html` as a string (same arguments, no path)."""
     if scale not in SCALES:
@@ -310,6 +313,13 @@ def render_html(
     }
     if comparison is not None:
         payload["compare"] = compare_payload(comparison)
+    if image is not None:  # an image source: the first set's tokens lie on its picture
+        if not isinstance(image, ImageLayout) or comparison is not None:
+            raise TypeError(
+                "image: expected an attnkit.viz.ImageLayout for one set of attention, got "
+                + ("a Comparison" if comparison is not None else type(image).__name__)
+            )
+        payload["image"] = image_payload(image, sets[0])
     # Inside <script type="application/json">: escape "<" so no token can end the element.
     data = json.dumps(payload, ensure_ascii=False).replace("<", "\\u003c")
     script = "\n".join(_static(name) for name in SCRIPTS)
@@ -367,7 +377,9 @@ def to_html(
             first token: a divider and an A->A / A->B / B->A / B->B filter),
             ``scale`` ("linear", "power" or "log"), ``layer`` and ``heads`` (the
             view the page opens on), ``include_layers`` (bertviz: keep only these
-            layers), ``top_k`` (keys kept per row on a long page).
+            layers), ``top_k`` (keys kept per row on a long page), ``image`` (an
+            :class:`~attnkit.viz.ImageLayout`: the tokens are a vision transformer's
+            patches, drawn on its picture in an image view; see :func:`show_image`).
 
     Returns:
         the path written.
@@ -406,6 +418,7 @@ def show(
     max_length: int | None = None,
     generate: int = 0,
     seed: int | None = None,
+    image: ImageLayout | None = None,
     **bertviz: Any,
 ) -> Page:
     """A page of attention as a :class:`Page`: displayed inline in Jupyter, ``.save(path)``.
@@ -451,6 +464,7 @@ def show(
             attentions, tokens, key_tokens=key_tokens, layer_labels=layer_labels,
             head_labels=head_labels, title=title, subtitle=subtitle, meta=meta, notes=notes,
             pair_start=pair_start, scale=scale, layer=layer, heads=heads, top_k=top_k,
+            image=image,
         )
     )  # fmt: skip
 

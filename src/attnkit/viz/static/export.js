@@ -60,6 +60,9 @@
         });
         y0 = bottom + 10; H = Math.max(H, y0);
       });
+    } else if (AK.views[state.view] && AK.views[state.view].svg) {  // a view that lays out its own parts
+      var size = AK.views[state.view].svg(image, text);
+      W = size[0]; H = size[1];
     } else {
       var xm = 0, lab = 120;
       AK.views.matrix.panels().forEach(function (p) {

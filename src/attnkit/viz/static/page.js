@@ -198,7 +198,9 @@
       "local window (\u00b14), broad, mixed.",
     rollout: "Attention rollout (Abnar & Zuidema, 2020): row i shows how much of each input token reaches position i " +
       "through every layer, with the residual connection mixed in.",
-    neuron: "For the first chosen head: q and k, and the per-dimension terms whose sum times the scale is the logit."
+    neuron: "For the first chosen head: q and k, and the per-dimension terms whose sum times the scale is the logit.",
+    image: "The picture the model saw, its patches coloured by the chosen heads' attention from the first non-patch token; " +
+      "click a patch to look from it (shift-click adds), or a head's map to choose it. The rollout tab traces the whole stack."
   };
   // What the matrix, rollout and selection strips draw: one item per side, and A - B.
   function matrixItems(sides) {

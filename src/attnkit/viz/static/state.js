@@ -5,13 +5,14 @@
 // address, so a link reproduces the view (and editing the address changes it).
 (function (AK) {
   var D = AK.D, INT = /^\d+$/;
-  var VIEWS = ["head", "matrix", "model", "stats", "rollout", "neuron"];
+  var VIEWS = ["head", "matrix", "model", "stats", "rollout", "neuron", "image"];
   var state = {
     set: 0, side: "both", view: "head", layer: 0, heads: [], pin: null, sel: { axis: "q", items: [] },
     find: "", whole: false, at: null,  // the search: text, whole tokens only, the current match
     win: 0, center: null, zoom: 0,     // the head view's first token, a long matrix's centre, px per token
     combine: "mean", scale: D.scale || "linear", filter: "all", openIn: "matrix", overview: "max",
     flow: "rollout", step: 0, nq: null, nk: null,
+    img: "attention",                  // the image view: "attention" or "rollout" over the picture
     hover: null, sort: { key: null, dir: 1 }  // passing: not in the address
   };
   AK.state = state; AK.VIEWS = VIEWS;
@@ -41,10 +42,11 @@
     state.set = INT.test(want.set || "") && +want.set < AK.kinds() ? +want.set : 0;
     state.side = AK.compare && ["A", "B"].indexOf(want.side) >= 0 ? want.side : "both";
     state.win = 0; state.nq = null; state.nk = null; state.filter = "all"; state.combine = "mean";
-    state.overview = "max"; state.flow = "rollout"; state.view = "head";
+    state.overview = "max"; state.flow = "rollout"; state.view = "head"; state.img = "attention";
     AK.setupSet();
     var S = AK.S(), Q = S.shape[2], K = S.shape[3], nL = AK.most(0), nH = AK.most(1), init = D.initial || {};
     if (Q * K > AK.LONG) state.view = "matrix";
+    if (D.image) state.view = "image";  // an image source opens on its picture
     if (init.layer !== undefined) state.layer = init.layer;
     if (init.heads) for (var t = 0; t < nH; t++) state.heads[t] = init.heads.indexOf(t) >= 0;
     if (VIEWS.indexOf(want.view) >= 0) state.view = want.view;
@@ -76,6 +78,8 @@
     if (want.combine === "sum" || want.combine === "mean") state.combine = want.combine;
     if (want.ov === "max" || want.ov === "mean") state.overview = want.ov;
     if (want.flow === "flow" && S.flow) state.flow = "flow";
+    if (want.img === "rollout" && S.rollout) state.img = "rollout";
+    if (state.view === "image" && !D.image) state.view = "head";
     if ((state.view === "rollout" && !S.rollout) || (state.view === "neuron" && !S.neuron)) state.view = "matrix";
   };
 
@@ -101,6 +105,7 @@
     if (state.combine !== "mean") p.push("combine=" + state.combine);
     if (state.overview !== "max") p.push("ov=" + state.overview);
     if (state.flow !== "rollout") p.push("flow=" + state.flow);
+    if (state.img !== "attention") p.push("img=" + state.img);
     var hash = "#" + p.join("&");
     if (location.hash !== hash && history.replaceState) history.replaceState(null, "", hash);
   };
