@@ -219,6 +219,11 @@ def test_calls_that_need_attnkit_attention_stay_on_it() -> None:
                 torch.backends.mha.set_fastpath_enabled(True)
         unbatched = x[0]
         assert "batched" in ours.explain_path(unbatched, unbatched, unbatched)
+        for empty in (_x(0, 4), _x(2, 0)):
+            assert "empty" in _reason(ours, empty)
+            got, weights = ours(empty, empty, empty)
+            assert got.shape == empty.shape and weights is not None
+            assert weights.shape == (empty.shape[0], empty.shape[1], empty.shape[1])
 
 
 def test_a_recording_sees_the_layers_attention() -> None:

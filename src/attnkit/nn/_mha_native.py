@@ -121,6 +121,8 @@ def metadata_blocker(
     x = query
     if x.ndim != 3:
         return f"the input is not batched (3-D), got {x.ndim}-D"
+    if x.numel() == 0:
+        return "an empty input (the op returns no weights for it)"
     if not layer.batch_first:
         return "batch_first is False"
     if layer.training:
