@@ -26,15 +26,15 @@ objects are accepted as well. Differences, all deliberate fixes:
 
 Inference calls that torch's own layer runs as its fused op
 (``torch._native_multi_head_attention``: eval, no gradient, self-attention,
-``batch_first``, even heads, biases, bool masks or none) take the same op up to a
+``batch_first``, even heads, biases, bool masks or none) take the same op, up to a
 size where attnkit's kernels become the faster ones, so the layer matches torch's
-speed and numbers on any CPU; attnkit's policy is kept by
-checking the input and the masks first (a non-finite input or a fully masked row
-sends the call to :func:`attnkit.attention`), and ``is_causal`` applies on its own
-(see :mod:`attnkit.nn._mha_native`; :meth:`MultiheadAttention.explain_path` says
-which path a call takes). Any other self-attention call with no mask tensors takes a
-lean path: the same computation through :func:`attnkit.attention` with the per-call
-checks cut to a few attribute reads.
+speed and numbers on any CPU. attnkit's policy is kept by checking the input and the
+masks first (a non-finite input or a fully masked row sends the call to
+:func:`attnkit.attention`), and ``is_causal`` applies on its own (see
+:mod:`attnkit.nn._mha_native`; :meth:`MultiheadAttention.explain_path` says which path
+a call takes). Any other self-attention call with no mask tensors takes a lean path:
+the same computation through :func:`attnkit.attention` with the per-call checks cut
+to a few attribute reads.
 
 The attributes and methods torch's own modules read from a
 ``self_attn`` (``_qkv_same_embed_dim``, ``batch_first``, ``in_proj_weight``,
