@@ -97,7 +97,7 @@ class Checkpoint:
         except ImportError:
             raise CheckpointError(
                 f"{self.directory}: a {model_type!r} checkpoint needs the "
-                "package transformers (pip install 'attnkit[transformers]')"
+                "package transformers (pip install 'transformers>=5', attnkit's `transformers` extra)"
             ) from None
         try:
             self.config = AutoConfig.from_pretrained(

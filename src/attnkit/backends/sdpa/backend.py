@@ -82,6 +82,7 @@ class SDPABackend(Backend):
             **_direct_options(inputs),
             head_dim=inputs.E,
             readable_no_grad=readable_no_grad,
+            whole_keys=inputs.S <= inputs.L,
         )
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:

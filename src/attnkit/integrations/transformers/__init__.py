@@ -19,7 +19,7 @@ new queries at the last positions. Each attention module makes one
 :func:`attnkit.attention` call per forward, so :func:`attnkit.viz.capture` and
 ``attnkit show`` see every layer of any model that follows the interface.
 
-Needs transformers (``pip install "attnkit[transformers]"``); importing
+Needs transformers (attnkit's ``transformers`` extra: ``pip install "transformers>=5"``); importing
 :mod:`attnkit` alone never imports it.
 """
 
@@ -46,7 +46,7 @@ def register() -> None:
     except ImportError as exc:
         raise ImportError(
             "attnkit.integrations.transformers needs transformers >= 5 with "
-            'AttentionInterface and AttentionMaskInterface: pip install "attnkit[transformers]"'
+            'AttentionInterface and AttentionMaskInterface: pip install "transformers>=5"'
         ) from exc
     AttentionInterface.register(IMPLEMENTATION, attnkit_attention)
     AttentionMaskInterface.register(IMPLEMENTATION, attnkit_mask)
