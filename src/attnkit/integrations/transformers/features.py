@@ -173,7 +173,9 @@ def report() -> str:
             lines.append(f"{name} reaches attnkit (its attention interface exists from {first})")
     lines.append(
         "attention weights: returned when output_attentions reaches the attention function; "
-        "GPT-2's model drops it first (attnkit.viz.capture and attnkit show still see every layer)"
+        "GPT-2 never passes it on (its attention module keeps it before 5.3.0, its model drops "
+        "it from 5.3.0 on): no weights there, as with sdpa; attnkit.viz.capture and attnkit "
+        "show still see every layer"
     )
     return "\n".join(lines)
 

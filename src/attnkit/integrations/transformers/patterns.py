@@ -85,10 +85,18 @@ def band_mask(left: int | None, right: int | None, c: Call) -> masks.Mask | None
         if keeps_first and keeps_last and not c.stable:
             return None  # every query sees every key (one new token against its cache)
         if delta == c.S - c.L:
-            return masks.window(left, right, "bottom_right")  # queries are the last positions
+            return _window(left, right, "bottom_right")  # queries are the last positions
         if delta == 0:
-            return masks.window(left, right, "top_left")
-    return masks.window(left, right, "top_left", q_offset=c.q0, k_offset=c.k0)
+            return _window(left, right, "top_left")
+    return _window(left, right, "top_left", q_offset=c.q0, k_offset=c.k0)
+
+
+def _window(
+    left: int | None, right: int | None, align: masks.Align, **offsets: Offset
+) -> masks.Mask:
+    if left is None and right == 0:
+        return masks.causal(align, **offsets)
+    return masks.window(left, right, align, **offsets)
 
 
 def _band(left: int | None, right: int | None, c: Call) -> Candidate:
@@ -233,7 +241,7 @@ def _candidates(
         bands.append(seen)
     for left, right in bands:  # a band with some keys dropped (padding inside the pattern)
         yield _with_keys(grid, left, right, c)
-    self_attention = c.L == c.S and isinstance(c.q0, int) and isinstance(c.k0, int) and c.q0 == c.k0
+    self_attention = c.L == c.S and int(c.q0) == int(c.k0)  # (read: outside compile)
     if not self_attention:
         return
     ids = _document_ids(grid)  # packed sequences: a band inside each document
