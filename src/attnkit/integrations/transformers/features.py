@@ -58,7 +58,7 @@ def version_tuple(version: str) -> tuple[int, ...]:
     for part in version.split(".")[:3]:
         digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
         out.append(int(digits) if digits else 0)
-    return tuple(out)
+    return tuple(out + [0] * (3 - len(out)))
 
 
 @dataclass(frozen=True)
@@ -163,6 +163,8 @@ def report() -> str:
         "bidirectional_mask_function; any other mask function is evaluated once per forward "
         "and read back as causal, sliding-window, chunked, packed-sequence or block masks "
         "when it equals one exactly, else kept as the dense mask it is",
+        "compiled generate with a static cache: each step's mask keeps one structure, its "
+        "positions as tensors (as many graphs as sdpa)",
     ]
     for model_type in sorted({*FAMILY_FIRST_VERSION, *_NEVER}):
         reason = family_reason(model_type, f.version)
@@ -170,7 +172,9 @@ def report() -> str:
             lines.append(reason)
         else:
             name, first = FAMILY_FIRST_VERSION[model_type]
-            lines.append(f"{name} reaches attnkit (its attention interface exists from {first})")
+            lines.append(
+                f"{name} reaches attnkit (it calls the attention interface from {first} on)"
+            )
     lines.append(
         "attention weights: returned when output_attentions reaches the attention function; "
         "GPT-2 never passes it on (its attention module keeps it before 5.3.0, its model drops "
