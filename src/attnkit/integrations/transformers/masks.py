@@ -110,13 +110,14 @@ class SymbolicMask:
 # ----------------------------------------------------------------------------- the call
 
 
-def _position(val: object, name: str, keep_tensor: bool) -> Offset:
-    """An offset as an int, or (``keep_tensor``) as a 0-d tensor copied now: a static
-    cache passes its own length counter, which moves during the forward."""
+def _position(val: object, name: str, as_tensor: bool, device: torch.device) -> Offset:
+    """An offset as an int, or (``as_tensor``) as a 0-d tensor made or copied now: data a
+    compiled graph reads, never a value it guards on (a static cache passes its own
+    length counter, which moves during the forward: the mask keeps its own copy)."""
     if isinstance(val, torch.Tensor) and val.numel() == 1 and not val.is_floating_point():
-        return val.reshape(()).clone() if keep_tensor else int(val)
+        return val.reshape(()).clone() if as_tensor else int(val)
     if isinstance(val, int) and not isinstance(val, bool):
-        return val
+        return torch.tensor(val, device=device) if as_tensor else val
     raise TypeError(f"{name}: expected an int or an integer tensor of one element, got {val!r}")
 
 
@@ -167,18 +168,19 @@ def _key_padding(padding: object, c: Call) -> masks.Mask | None:
 def _dense(
     fn: Callable[..., Any],
     c: Call,
-    positions: torch.Tensor | None,
+    given: tuple[object, object, torch.Tensor | None],
     padding: torch.Tensor | None,
     use_vmap: bool,
 ) -> torch.Tensor:
-    """(B, 1, L, S) bool: transformers' own dense evaluation of ``fn`` for this call
-    (``positions``: the queries' positions when they are not consecutive)."""
+    """(B, 1, L, S) bool: transformers' own evaluation of ``fn`` for this call, with the
+    offsets as the call gave them (``given``: q_offset, kv_offset, cache_position)."""
     import transformers.masking_utils as mu
 
+    q_offset, kv_offset, positions = given
     kw: dict[str, Any] = {
         "batch_size": c.B,
         "kv_length": c.S,
-        "kv_offset": c.k0,
+        "kv_offset": kv_offset,
         "mask_function": fn,
         "attention_mask": padding,
         "allow_is_causal_skip": False,
@@ -187,13 +189,17 @@ def _dense(
     }
     if FEATURES.mask_positions == "offsets":
         if positions is not None:
-            raise ValueError(
-                "cache_position: the queries' positions are not consecutive, which "
-                f"transformers {FEATURES.version}'s masks (q_offset) cannot express"
-            )
-        kw.update(q_length=c.L, q_offset=c.q0, device=c.device)
+            if not _regular(positions):
+                raise ValueError(
+                    "cache_position: the queries' positions are not consecutive, which "
+                    f"transformers {FEATURES.version}'s masks (q_offset) cannot express"
+                )
+            q_offset = positions[0]
+        kw.update(q_length=c.L, q_offset=q_offset, device=c.device)
     else:
-        kw["cache_position"] = positions if positions is not None else c.positions()[0]
+        if positions is None:
+            positions = torch.arange(c.L, device=c.device) + torch.as_tensor(q_offset)
+        kw["cache_position"] = positions
     if "allow_torch_fix" in FEATURES.sdpa_mask_parameters:
         kw["allow_torch_fix"] = False  # (rows with no key stay so: attnkit's own policy)
     out = mu.sdpa_mask(**kw)
@@ -256,11 +262,15 @@ def attnkit_mask(
         )
     compiling = torch.compiler.is_compiling()
     stable = not (allow_is_causal_skip or allow_is_bidirectional_skip)
-    keep_tensor = stable or compiling  # (inside a compiled graph a read would break it)
+    as_tensor = stable or compiling  # (inside a compiled graph a read would break it)
+    if device is None:
+        ref = cache_position if cache_position is not None else attention_mask
+        device = ref.device if isinstance(ref, torch.Tensor) else "cpu"
+    dev = torch.device(device)
     regular = True  # the queries sit at consecutive positions from q0
     if cache_position is not None:
         L = cache_position.shape[0] if q_length is None else q_length
-        q0 = _position(cache_position[:1], "cache_position", keep_tensor)
+        q0 = _position(cache_position[:1], "cache_position", as_tensor, dev)
         if not compiling:
             regular = _regular(cache_position)
         elif L > 1:
@@ -268,12 +278,9 @@ def attnkit_mask(
     else:
         assert q_length is not None
         L = q_length
-        q0 = _position(q_offset, "q_offset", keep_tensor)
-    k0 = _position(kv_offset, "kv_offset", keep_tensor)
-    if device is None:
-        ref = cache_position if cache_position is not None else attention_mask
-        device = ref.device if isinstance(ref, torch.Tensor) else "cpu"
-    c = Call(batch_size, L, kv_length, q0, k0, torch.device(device), stable)
+        q0 = _position(q_offset, "q_offset", as_tensor, dev)
+    k0 = _position(kv_offset, "kv_offset", as_tensor, dev)
+    c = Call(batch_size, L, kv_length, q0, k0, dev, stable)
     padding = attention_mask if isinstance(attention_mask, torch.Tensor) else None
     fn = mu.causal_mask_function if mask_function is None else mask_function
 
@@ -283,7 +290,8 @@ def attnkit_mask(
     elif fn is mu.bidirectional_mask_function and regular:
         found = (True, None)
     elif not compiling and regular:
-        grid = _dense(fn, c, None, None, use_vmap)  # (B, 1, L, S) without the padding
+        given = (q_offset, kv_offset, cache_position)
+        grid = _dense(fn, c, given, None, use_vmap)  # (B, 1, L, S) without the padding
         hints = Hints(
             windows=_sizes(local_size), chunks=_sizes(local_size),
             config_windows=_sizes(getattr(config, "sliding_window", None)),
@@ -294,8 +302,7 @@ def attnkit_mask(
             dense = grid if padding is None else grid & _key_keep(padding, c).view(c.B, 1, 1, -1)
             return _carrier(masks.keep(dense), c, symbolic=False)  # (B, 1, L, S)
     if not found[0]:  # compiling, or irregular positions: transformers' own evaluation
-        irregular = None if regular else cache_position
-        dense = _dense(fn, c, irregular, padding, use_vmap)  # (B, 1, L, S)
+        dense = _dense(fn, c, (q_offset, kv_offset, cache_position), padding, use_vmap)
         return _carrier(masks.keep(dense), c, symbolic=False)
     mask = found[1]
     pad = _key_padding(padding, c)
