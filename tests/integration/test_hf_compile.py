@@ -47,6 +47,7 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
     "qwen3": _qwen3,
     "gpt2": _gpt2,
 }
+SLOW = {"qwen3"}  # (Llama's twin here: in the slow run only)
 
 
 def _graphs_and_tokens(build: Callable[[], torch.nn.Module], implementation: str):  # type: ignore[no-untyped-def]
@@ -72,7 +73,10 @@ def _graphs_and_tokens(build: Callable[[], torch.nn.Module], implementation: str
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"]), tokens
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW else []) for n in sorted(FAMILIES)],
+)
 def test_static_cache_generation_compiles_as_often_as_sdpa(name: str) -> None:
     sdpa_graphs, sdpa_tokens = _graphs_and_tokens(FAMILIES[name], "sdpa")
     graphs, tokens = _graphs_and_tokens(FAMILIES[name], "attnkit")
