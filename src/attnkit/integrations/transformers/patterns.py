@@ -105,13 +105,14 @@ def _band(left: int | None, right: int | None, c: Call) -> Candidate:
 
 
 def _band_grid(left: int | None, right: int | None, c: Call) -> torch.Tensor:
-    q, k = c.positions()
-    d = k.view(1, -1) - q.view(-1, 1)  # (L, S) key position - query position
+    """(1, 1, L, S) bool keep of the band (built outside torch.compile: the offsets are
+    read, and the band is two triangles of one byte per pair)."""
+    delta = int(c.q0) - int(c.k0)  # query row i sits at key column i + delta
     keep = torch.ones(c.L, c.S, dtype=torch.bool, device=c.device)
     if left is not None:
-        keep &= d >= -left
+        keep = keep.triu(delta - left)  # j >= i + delta - left
     if right is not None:
-        keep &= d <= right
+        keep = keep.tril(delta + right)  # j <= i + delta + right
     return keep.view(1, 1, c.L, c.S)
 
 
@@ -155,14 +156,15 @@ def _chunk_candidate(size: int, shift: torch.Tensor, c: Call) -> Candidate:
 def _seen_band(grid: torch.Tensor, c: Call) -> tuple[int, int] | None:
     """(left, right): how far before and after its own position the grid's queries keep
     keys, when that is a window (a query keeps keys from q - left to q + right)."""
-    q, k = c.positions()
-    d = k.view(1, 1, 1, -1) - q.view(1, 1, -1, 1)  # (1, 1, L, S) key - query position
-    if not bool(grid.any()):
+    rows = grid[:, 0].any(dim=-1)  # (B', L) queries that keep a key
+    if not bool(rows.any()):
         return None
-    left, right = (
-        -int(torch.where(grid, d, d.max()).min()),
-        int(torch.where(grid, d, d.min()).max()),
-    )
+    S = grid.shape[-1]
+    first = grid[:, 0].to(torch.uint8).argmax(dim=-1)  # (B', L) first kept column
+    last = S - 1 - grid[:, 0].flip(-1).to(torch.uint8).argmax(dim=-1)  # (B', L) last kept
+    i = torch.arange(grid.shape[-2], device=grid.device) + (int(c.q0) - int(c.k0))  # (L,)
+    left = int((i - first)[rows].max())  # keys this far back are kept
+    right = int((last - i)[rows].max())
     return (left, right) if left >= 0 and right >= 0 else None
 
 
@@ -195,11 +197,11 @@ def _block_ids(extra: torch.Tensor) -> torch.Tensor:
     seeing a later key of its own block): the first position of each block, -1 alone."""
     L = extra.shape[-1]
     pairs = extra[:, 0]  # (B', L, L)
-    rows = torch.arange(L, device=extra.device).view(1, L, 1)  # (1, L, 1)
-    first = torch.where(pairs, rows, L).amin(dim=-2)  # (B', L) first query seeing each key
+    first = pairs.to(torch.uint8).argmax(dim=-2)  # (B', L) first query seeing each key
+    seen = pairs.any(dim=-2)  # (B', L) a key some earlier query of its block sees
     starts = pairs.any(dim=-1)  # (B', L) a query that sees a later key starts its block
     own = torch.arange(L, device=extra.device).expand_as(first)  # (B', L)
-    return torch.where(first < L, first, torch.where(starts, own, -1))  # (B', L)
+    return torch.where(seen, first, torch.where(starts, own, -1))  # (B', L)
 
 
 def _same_ids(ids: torch.Tensor) -> torch.Tensor:
