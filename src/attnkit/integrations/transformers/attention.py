@@ -14,8 +14,8 @@ calls ``fn(module, query, key, value, attention_mask, **kwargs)`` with
 and expects ``(output (B, L, H, Ev), weights (B, H, L, S) or None)``.
 :func:`attnkit_attention` makes one :func:`attnkit.attention` call of it, with the
 model's extras as score modifiers (:mod:`attnkit.mods`), and returns exact
-weights, from the same call, when the model collects attentions
-(``output_attentions=True``).
+weights, from the same call, when the model passes ``output_attentions=True`` down
+to it (most families do; GPT-2 does not, so it gets none, as from sdpa).
 """
 
 from __future__ import annotations
