@@ -259,9 +259,8 @@ def _candidates(
     blocks = _block_ids(grid & ~causal)  # block ids: a block sees itself both ways
 
     def blockwise() -> masks.Mask | None:
-        band = band_mask(None, 0, c)
-        docs = masks.document(blocks)
-        return docs if band is None else band | docs
+        band = band_mask(None, 0, c)  # None: the band alone keeps every pair already
+        return None if band is None else band | masks.document(blocks)
 
     yield causal | _same_ids(blocks), blockwise
 
