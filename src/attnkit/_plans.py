@@ -115,6 +115,8 @@ def plan_key(
     mask_key: tuple[object, ...] | None = None
     if mask is not None:
         band: _masks.WindowMask = mask  # type: ignore[assignment]  # in _TENSOR_FREE_MASKS
+        if type(band.q_offset) is not int or type(band.k_offset) is not int:
+            return None  # a tensor offset is data, read by each call
         mask_key = (type(band), band.left, band.right, band.align, band.q_offset, band.k_offset)
     return (
         query.shape,

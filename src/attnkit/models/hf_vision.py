@@ -278,7 +278,7 @@ class ImageCheckpoint:
         except ImportError:
             raise CheckpointError(
                 f"{where}: a vision transformer needs the package transformers "
-                "(pip install 'attnkit[transformers]')"
+                "(pip install 'transformers>=5', attnkit's `transformers` extra)"
             ) from None
         try:
             self.config = AutoConfig.from_pretrained(
