@@ -295,7 +295,7 @@ class DocumentMask(Mask):
         return DenseMask(keep=_per_batch(keep, batch_shape), bias=None)  # (B, 1.., L, S)
 
     def lower(self, L: int, S: int, device: torch.device) -> DNF:
-        return [[Document(*self._ids(device))]]
+        return [[Document.numbered(*self._ids(device))]]
 
     def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
         shard = DocumentMask.__new__(DocumentMask)
