@@ -195,7 +195,7 @@ def attention_backward(
     *,
     score: ScoreArg = "scaled_dot",
     mask: MaskArg = None,
-    scale: float | None = None,
+    scale: float | torch.Tensor | None = None,
     backend: BackendArg = None,
     params: Sequence[torch.Tensor] = (),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor | None]]:
