@@ -125,3 +125,21 @@ def test_ids_are_numbered_for_the_kernels_without_losing_a_document() -> None:
     doc = plan.clauses[0].docs[0]
     assert doc.q_ids is doc.k_ids
     assert doc.q_ids.tolist() == [[1, 2, -1, 1, 0, 3]]
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_two_dim_inputs_with_documents_and_a_dense_mask(backend: str) -> None:
+    """(L, E) inputs have no batch dim: a plan whose ids are per-batch tensors (B0 = 1)
+    must not index one when it cuts a dense keep into tiles."""
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(12, 4, generator=g, dtype=torch.float64)
+    k = torch.randn(9, 4, generator=g, dtype=torch.float64)
+    v = torch.randn(9, 3, generator=g, dtype=torch.float64)
+    ids = torch.tensor([0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2])
+    key_ids = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2])
+    keep = torch.rand(12, 9, generator=g) < 0.7
+    mask = masks.keep(keep) & masks.document(ids, key_ids=key_ids)
+    out = attnkit.attention(q, k, v, mask=mask, backend=backend)
+    spec = ("and", ("keep", keep.numpy()), ("document", ids.numpy(), key_ids.numpy()))
+    ref, _, _ = oracle(np_of(q), np_of(k), np_of(v), mask=spec)
+    np.testing.assert_allclose(np_of(out), ref, rtol=1e-9, atol=1e-12)
