@@ -193,7 +193,8 @@ def oracle(
     with np.errstate(divide="ignore"):
         lse = np.where(denom[..., 0] > 0, m[..., 0] + np.log(denom[..., 0]), -np.inf)
     if sinks is not None:  # sum_j exp(s_j) + exp(sink): the sink takes its share, no value
-        sink = np.broadcast_to(sinks[:, None], lse.shape)  # (..., H, L)
+        per_row = sinks[:, None] if lse.ndim >= 2 else sinks.reshape(())  # (L,): one head
+        sink = np.broadcast_to(per_row, lse.shape)  # (..., H, L)
         total = np.logaddexp(lse, sink)
         weights = weights * np.exp(np.where(np.isinf(lse), -np.inf, lse - total))[..., None]
         lse = total
