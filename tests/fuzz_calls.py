@@ -8,7 +8,8 @@ and lse, and the gradients of the inputs and of every learnable parameter agains
 float64 reference backend. A result beyond its dtype's tolerance is judged twice:
 
 1. against plain same-dtype math: the reference backend's own error on the same call in
-   the same dtype; within 4x of it the miss is rounding (``tolerance``);
+   the same dtype; within 4x of it (8x for gradients of half inputs) the miss is rounding
+   (``tolerance``);
 2. by a **float64 replay**: the same call on the same backend with the same values in
    float64. A miss that persists there is a **defect**; one that vanishes is a
    **precision** finding (a backend losing more precision than plain math).
@@ -16,8 +17,9 @@ float64 reference backend. A result beyond its dtype's tolerance is judged twice
 An exception from a backend that accepted a call is a **crash**; a drawn call refused
 by validation is **refused** (a draw the generator should not make, or a check that
 refuses a valid call). Every case is drawn from ``(seed, index)`` alone, so a finding
-is replayed by its index. Findings that belong to open items of issue 28 fixed
-elsewhere are attributed by their signature (:data:`OPEN_ITEMS`) and listed apart.
+is replayed by its index. Findings of issue 28's items whose fixes are not merged
+yet are attributed by their signature (:data:`OPEN_ITEMS`) and listed apart; the
+campaign must have no other.
 
 Run as a script for the campaign's counts: ``python tests/fuzz_calls.py --per-backend 20000``
 (every CPU backend of the conformance matrix runs at least 20,000 cases; the slow test),
@@ -101,11 +103,12 @@ class Report:
         out = [
             f"{self.cases} cases, {self.calls} backend calls; cases run per backend: {runs}",
             f"misses beyond the dtype tolerance: {self.misses} (rounding within 4x plain "
-            f"same-dtype math: {self.tolerance}; replayed in float64: {self.replays})",
+            f"same-dtype math (8x for half gradients): {self.tolerance}; replayed in float64: "
+            f"{self.replays})",
         ]
         for kind in ("defect", "precision", "crash", "refused"):
             mine, owned = len(self.of(kind, False)), len(self.of(kind, True))
-            out.append(f"{kind}s: {mine} open, {owned} of open items fixed elsewhere")
+            out.append(f"{kind}s: {mine} new, {owned} of open items of issue 28")
         items = Counter(f.owner for f in self.findings if f.owner)
         if items:
             out.append("by open item: " + ", ".join(f"{k} {n}" for k, n in sorted(items.items())))
@@ -122,6 +125,21 @@ def _mod_kinds(d: Draw) -> list[str]:
 def _per_head(d: Draw) -> bool:
     """A per-head parameter: a tensor scale or a position bias (ALiBi, T5)."""
     return "scale_tensor" in d.masters or bool({"alibi", "relpos"} & set(_mod_kinds(d)))
+
+
+def _far_alibi(d: Draw) -> bool:
+    """An ALiBi whose keys sit 10,000 or more positions from its queries."""
+    return any(
+        m["kind"] == "alibi" and abs(m["offsets"][1] - m["offsets"][0]) >= 10_000
+        for m in d.masters["mods"]
+    )
+
+
+def _only_params(detail: str) -> bool:
+    """True when every result a finding names is a parameter's gradient (``d_p``)."""
+    names = [w for w in detail.replace(",", " ").split() if w.startswith(("d_", "out", "lse",
+                                                                           "weights"))]  # fmt: skip
+    return bool(names) and all(n.startswith("d_p") for n in names)
 
 
 OPEN_ITEMS: dict[str, Callable[[Draw, str, str, str], bool]] = {
@@ -141,11 +159,15 @@ OPEN_ITEMS: dict[str, Callable[[Draw, str, str, str], bool]] = {
     "R4-5": lambda d, b, kind, detail: (
         kind == "defect" and b == "chunked" and _mod_kinds(d).count("softcap") >= 2
     ),
-    # causal ALiBi on sdpa in float32: the bias as a difference of large positions
-    "R4-6": lambda d, b, kind, detail: kind == "precision" and b == "sdpa" and "alibi" in
-    _mod_kinds(d),
+    # ALiBi at large positions: the bias (sdpa, float32) or the slopes' gradient (a sum of
+    # the logits' gradient times each key's distance, whose large common part cancels
+    # only in exact arithmetic) formed from large positions, not relative ones
+    "R4-6": lambda d, b, kind, detail: (
+        (kind == "precision" and b == "sdpa" and "alibi" in _mod_kinds(d))
+        or (kind in ("defect", "precision") and _far_alibi(d) and _only_params(detail))
+    ),
 }  # fmt: skip
-"""Findings of issue 28's items fixed on another branch, by signature: (draw, backend,
+"""Findings of issue 28's items whose fixes are not merged yet, by signature: (draw, backend,
 finding kind, detail) -> True when the finding is that item's. Empty once they merge."""
 
 
@@ -248,20 +270,38 @@ def _error(got: torch.Tensor, want: np.ndarray | torch.Tensor, floor: float = 0.
     return float((g[fin] - w[fin]).abs().max()) / (scale if scale > 0 else 1.0)
 
 
-def _errors(got: dict[str, torch.Tensor], want: dict[str, Any]) -> dict[str, float]:
+def _errors(
+    got: dict[str, torch.Tensor], want: dict[str, Any], dtype: torch.dtype
+) -> dict[str, float]:
+    """Each result's error (see :func:`_error`). Scales are floored by the call's largest
+    gradient (:data:`GRAD_FLOOR`) and by the smallest normal number of ``dtype`` over its
+    tolerance: a result below the dtype's range (an output of 1e-12 in float16, under a
+    sink that takes nearly all the weight) is representation, not computation."""
     grads = [_scale(t) for n, t in want.items() if n.startswith("d_")]
-    floor = GRAD_FLOOR * max(grads, default=0.0)
-    return {
-        name: _error(got[name], want[name], floor if name.startswith("d_") else 0.0)
-        for name in want
-        if name in got
-    }
+    grad_floor = GRAD_FLOOR * max(grads, default=0.0)
+    tiny = torch.finfo(dtype).tiny
+
+    def floor(name: str) -> float:
+        if name.startswith("d_"):
+            return max(grad_floor, tiny / GRAD_TOL[dtype])
+        return tiny / FORWARD_TOL[dtype]
+
+    return {name: _error(got[name], want[name], floor(name)) for name in want if name in got}
 
 
 def _too_big(errs: dict[str, float], dtype: torch.dtype, tol: tuple[float, float] | None = None
              ) -> list[str]:  # fmt: skip
     fwd, grd = tol or (FORWARD_TOL[dtype], GRAD_TOL[dtype])
     return [n for n, e in errs.items() if not e <= (grd if n.startswith("d_") else fwd)]
+
+
+def _yardstick(name: str, dtype: torch.dtype) -> float:
+    """How many times plain same-dtype math's error a result may have: 4, and 8 for
+    gradients of half inputs, whose backward from (out, lse) forms ``rowsum(d_out * out)``
+    from the output rounded to the half dtype (as FlashAttention does), which the
+    reference backend, differentiating its float32 math, does not."""
+    half = dtype in (torch.float16, torch.bfloat16)
+    return 8.0 if half and name.startswith("d_") else 4.0
 
 
 class _Case:
@@ -301,7 +341,7 @@ class _Case:
         if self._plain is None:
             try:
                 got = _run(self.d, self.built, "reference", grad)
-                self._plain = _errors(got, self.wanted(grad))
+                self._plain = _errors(got, self.wanted(grad), self.d.dtype)
             except Exception:
                 self._plain = {}
         return self._plain
@@ -334,14 +374,14 @@ class _Case:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             self.finding(backend, "crash", f"{type(exc).__name__}: {first}")
             return
-        errs = _errors(got, self.wanted(grad))
+        errs = _errors(got, self.wanted(grad), d.dtype)
         bad = _too_big(errs, d.dtype)
         if not bad:
             return
         report.misses += 1
         if backend != "reference" and d.dtype != torch.float64:
             plain = self.plain(grad)
-            if all(errs[n] <= 4 * plain.get(n, -1.0) for n in bad):
+            if all(errs[n] <= _yardstick(n, d.dtype) * plain.get(n, -1.0) for n in bad):
                 report.tolerance += 1
                 return
         self.replay(backend, {n: errs[n] for n in bad})
@@ -369,7 +409,7 @@ class _Case:
         except Exception as exc:
             self.finding(backend, "crash", f"in the float64 replay: {type(exc).__name__}: {exc}")
             return
-        errs64 = _errors(got, self.wanted(d.grad))
+        errs64 = _errors(got, self.wanted(d.grad), torch.float64)
         still = _too_big(errs64, torch.float64, REPLAY_TOL)
         if still:
             worst = ", ".join(f"{n} {errs64[n]:.3g}" for n in still)

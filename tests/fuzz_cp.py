@@ -148,7 +148,7 @@ def _worker(rank: int, world: int, port: int, seed: int, start: int, cases: int,
                 chosen, bad = run_case(rank, world, seed, i)
             except Exception as exc:
                 item = next((o for b in BACKENDS if (o := owner(d, b, "crash", str(exc)))), "")
-                if item:  # an open item fixed elsewhere: every rank raised it in its block
+                if item:  # an open item of issue 28: every rank raised it in its block
                     report["owned"][item] = report["owned"].get(item, 0) + 1
                     dist.barrier()
                     continue
@@ -197,7 +197,7 @@ def summary(world: int, reports: list[dict[str, Any]]) -> list[str]:
     lines = [
         f"{world} ranks: {r0['cases']} cases ({', '.join(f'{k} {n}' for k, n in sorted(r0['strategies'].items()))}); "
         f"mismatches {len(r0['mismatches'])}; crashes "
-        f"{sum(1 for r in reports if r['crash'])}; crashes of open items fixed elsewhere: "
+        f"{sum(1 for r in reports if r['crash'])}; crashes of open items of issue 28: "
         f"{r0['owned'] or 'none'}"
     ]  # fmt: skip
     for r, rep in enumerate(reports):

@@ -266,7 +266,10 @@ def _draw_mods(d: Draw, rng: random.Random, gen: torch.Generator) -> None:
     for kind in kinds:
         per_head = 1 if rng.random() < 0.2 else H
         align = rng.choice(["top_left", "bottom_right"])
-        offs = (0, 0) if rng.random() < 0.5 else (rng.randint(-50, 50), rng.randint(-50, 50))
+        r = rng.random()
+        offs = (0, 0) if r < 0.5 else (rng.randint(-50, 50), rng.randint(-50, 50))
+        if r > 0.92:  # long-context positions (a KV cache of a million tokens)
+            offs = (rng.randint(-(10**6), 10**6), rng.randint(-(10**6), 10**6))
         if kind == "alibi":
             slopes = (
                 mods.alibi_slopes(per_head).double()
