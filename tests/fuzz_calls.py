@@ -136,9 +136,10 @@ def _far_alibi(d: Draw) -> bool:
 
 
 def _only_params(detail: str) -> bool:
-    """True when every result a finding names is a parameter's gradient (``d_p``)."""
-    names = [w for w in detail.replace(",", " ").split() if w.startswith(("d_", "out", "lse",
-                                                                           "weights"))]  # fmt: skip
+    """True when every result a defect names in float64 is a parameter's gradient."""
+    in_float64 = detail.split(" in float64")[0]
+    names = [w for w in in_float64.replace(",", " ").split()
+             if w.startswith(("d_", "out", "lse", "weights"))]  # fmt: skip
     return bool(names) and all(n.startswith("d_p") for n in names)
 
 
@@ -159,12 +160,13 @@ OPEN_ITEMS: dict[str, Callable[[Draw, str, str, str], bool]] = {
     "R4-5": lambda d, b, kind, detail: (
         kind == "defect" and b == "chunked" and _mod_kinds(d).count("softcap") >= 2
     ),
-    # ALiBi at large positions: the bias (sdpa, float32) or the slopes' gradient (a sum of
-    # the logits' gradient times each key's distance, whose large common part cancels
-    # only in exact arithmetic) formed from large positions, not relative ones
+    # ALiBi at large positions, formed from them rather than relative ones: its bias in
+    # float32 (sdpa; chunked, keys 10,000 or more positions away), and its slopes' gradient
+    # (the logits' gradient times each key's distance, whose large common part cancels
+    # only in exact arithmetic) even in float64
     "R4-6": lambda d, b, kind, detail: (
-        (kind == "precision" and b == "sdpa" and "alibi" in _mod_kinds(d))
-        or (kind in ("defect", "precision") and _far_alibi(d) and _only_params(detail))
+        (kind == "precision" and ((b == "sdpa" and "alibi" in _mod_kinds(d)) or _far_alibi(d)))
+        or (kind == "defect" and _far_alibi(d) and _only_params(detail))
     ),
 }  # fmt: skip
 """Findings of issue 28's items whose fixes are not merged yet, by signature: (draw, backend,
