@@ -381,7 +381,7 @@ def validate_inputs(
 
 
 def _check_mods(mods: object, heads: int, device: torch.device) -> tuple[Mod, ...]:
-    out = tuple(as_list(mods))
+    out = tuple(m for m in as_list(mods) if not m.identity)  # softcap(inf): no cap
     for m in out:
         m.check(heads, "mods")
         for t in m.tensors():

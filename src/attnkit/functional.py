@@ -11,6 +11,7 @@ import torch
 
 from . import _plans, _recording
 from . import masks as _masks
+from ._backward_inputs import check_backward_tensors
 from ._inputs import AttentionInputs, validate_inputs
 from .backends._common import graph_link
 from .backends.base import AttentionResult
@@ -198,7 +199,7 @@ def attention_backward(
     *,
     score: ScoreArg = "scaled_dot",
     mask: MaskArg = None,
-    scale: float | None = None,
+    scale: float | torch.Tensor | None = None,
     backend: BackendArg = None,
     params: Sequence[torch.Tensor] = (),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor | None]]:
@@ -213,21 +214,33 @@ def attention_backward(
 
     Args:
         query (..., L, E), key (..., S, Ek), value (..., S, Ev): this part's inputs.
-        out: (..., L, Ev) the global output of these queries.
-        lse: (..., L) the global log-sum-exp (-inf for rows with no key anywhere).
+        out: (*batch, L, Ev) the global output of these queries, in the query's dtype
+            (what :func:`attention` returns), on the query's device.
+        lse: (*batch, L) the global log-sum-exp (-inf for rows with no key anywhere), in
+            the compute dtype (float32 for half inputs, else the query's).
         grad_out: like ``out``; grad_lse: like ``lse`` or None.
         score, mask, scale, backend: as for :func:`attention` (the mask of this part).
-        params: score parameters to differentiate too.
+        params: score parameters to differentiate too (tensors that require grad).
+
+    ``*batch`` is the call's broadcast batch shape (the query's heads under grouped-query
+    attention), as in the output of :func:`attention`.
 
     Returns:
         ``(d query, d key, d value, [d param for each of params])``.
+
+    Raises:
+        TypeError, ValueError: before any compute, naming the argument, what it received
+        and what was expected (as :func:`attention` does for its own arguments).
     """
     with torch.no_grad():
         inputs = validate_inputs(
             query, key, value, score=score, mask=mask, scale=scale, return_lse=True
         )
+        out, lse, grad_out, grad_lse, wrt = check_backward_tensors(
+            inputs, out, lse, grad_out, grad_lse, params
+        )
         chosen = select_backend(inputs, normalize_backend_arg(backend))
-    return chosen.backward(inputs, out, lse, grad_out, grad_lse, params)
+    return chosen.backward(inputs, out, lse, grad_out, grad_lse, wrt)
 
 
 def _empty_result(inputs: AttentionInputs) -> AttentionResult:

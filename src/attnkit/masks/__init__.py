@@ -160,7 +160,7 @@ def document(
     ids: torch.Tensor | Sequence[int] | None = None,
     *,
     lengths: torch.Tensor | Sequence[int] | Sequence[Sequence[int]] | None = None,
-    key_ids: torch.Tensor | None = None,
+    key_ids: torch.Tensor | Sequence[int] | Sequence[Sequence[int]] | None = None,
 ) -> DocumentMask:
     """Packed sequences: a query keeps the keys of its own document.
 
@@ -177,7 +177,7 @@ def document(
             raise TypeError("masks.document: key_ids goes with ids, not with lengths")
         return DocumentMask.from_lengths(lengths)
     assert ids is not None
-    return DocumentMask(ids if isinstance(ids, torch.Tensor) else torch.as_tensor(ids), key_ids)
+    return DocumentMask(ids, key_ids)
 
 
 def prefix_lm(

@@ -12,11 +12,13 @@ device, with no host read.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
 
+from .._args import as_int, as_int_tensor
 from .._host import readable
 from ..blockplan.atoms import DNF, Band, KeyRange, RowRange
 from .base import DenseMask, Mask, shape_str
@@ -41,9 +43,7 @@ def _check_offset(where: str, name: str, val: object) -> Offset:
                 f"{shape_str(val.shape)}"
             )
         return val.reshape(())  # (), a view
-    if isinstance(val, bool) or not isinstance(val, int):
-        raise TypeError(f"{where}: {name} must be an int or a 0-d integer tensor, got {val!r}")
-    return val
+    return as_int(where, name, val, what="an int or a 0-d integer tensor")
 
 
 def _read(off: Offset) -> int | None:
@@ -89,6 +89,7 @@ class WindowMask(Mask):
     """
 
     kind = "window"
+    _where = "masks.window"  # the constructor named in errors
 
     def __init__(
         self,
@@ -99,19 +100,16 @@ class WindowMask(Mask):
         q_offset: Offset = 0,
         k_offset: Offset = 0,
     ) -> None:
+        where = self._where
+        sides = []
         for name, val in (("left", left), ("right", right)):
-            if val is None:
-                continue
-            if isinstance(val, bool) or not isinstance(val, int):
-                raise TypeError(f"masks.window: {name} must be an int >= 0 or None, got {val!r}")
-            if val < 0:
-                raise ValueError(f"masks.window: {name} must be >= 0, got {val}")
-        _check_align("masks.window", align)
-        self.left = left
-        self.right = right
+            what = "an int >= 0 or None (unbounded)"
+            sides.append(None if val is None else as_int(where, name, val, low=0, what=what))
+        _check_align(where, align)
+        self.left, self.right = sides
         self.align: Align = align
-        self.q_offset = _check_offset("masks.window", "q_offset", q_offset)
-        self.k_offset = _check_offset("masks.window", "k_offset", k_offset)
+        self.q_offset = _check_offset(where, "q_offset", q_offset)
+        self.k_offset = _check_offset(where, "k_offset", k_offset)
 
     def offset(self, L: int, S: int) -> Offset:
         """Shift from a query's row to its own key column: query ``i`` keeps key ``j``
@@ -168,6 +166,7 @@ class CausalMask(WindowMask):
     """
 
     kind = "causal"
+    _where = "masks.causal"
 
     def __init__(
         self, align: Align = "top_left", *, q_offset: Offset = 0, k_offset: Offset = 0
@@ -198,30 +197,13 @@ class PrefixLMMask(Mask):
         q_offset: int = 0,
         k_offset: int = 0,
     ) -> None:
-        if isinstance(prefix, bool):
-            raise TypeError(
-                f"masks.prefix_lm: prefix must be an int or a (B,) tensor, got {prefix!r}"
-            )
-        if isinstance(prefix, int):
-            if prefix < 0:
-                raise ValueError(f"masks.prefix_lm: prefix must be >= 0, got {prefix}")
-            lens = torch.tensor([prefix])
+        what = "an int >= 0 or a (B,) integer tensor"
+        if isinstance(prefix, (bool, numbers.Number, str, bytes)):
+            lens = torch.tensor([as_int("masks.prefix_lm", "prefix", prefix, low=0, what=what)])
         else:
-            try:
-                lens = torch.as_tensor(prefix)
-            except (TypeError, ValueError, RuntimeError) as exc:
-                raise TypeError(
-                    f"masks.prefix_lm: prefix must be an int or a (B,) integer tensor, got "
-                    f"{type(prefix).__name__}"
-                ) from exc
-            if lens.dtype == torch.bool or lens.is_floating_point() or lens.is_complex():
-                raise TypeError(
-                    f"masks.prefix_lm: prefix must have an integer dtype, got {lens.dtype}"
-                )
-            if lens.ndim != 1:
-                raise ValueError(
-                    f"masks.prefix_lm: prefix must be an int or shape (B,), got {shape_str(lens.shape)}"
-                )
+            lens = as_int_tensor("masks.prefix_lm", "prefix", prefix, ndims=(1,), layout="(B,)")
+        for name, val in (("q_offset", q_offset), ("k_offset", k_offset)):
+            _check_offset("masks.prefix_lm", name, val)
         from .._host import readable
 
         if readable(lens) and lens.numel() and int(lens.min()) < 0:

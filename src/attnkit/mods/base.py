@@ -27,6 +27,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from .._args import as_int
 from .._layout import HeadLayout
 
 __all__ = ["Align", "Mod", "PositionMod", "Positions", "as_list", "check_align", "check_offset"]
@@ -40,9 +41,7 @@ def check_align(where: str, align: object) -> None:
 
 
 def check_offset(where: str, name: str, val: object) -> int:
-    if isinstance(val, bool) or not isinstance(val, int):
-        raise TypeError(f"{where}: {name} must be an int, got {val!r}")
-    return val
+    return as_int(where, name, val)
 
 
 @dataclass(frozen=True)
@@ -77,6 +76,11 @@ class Mod(nn.Module):
     kind: str = "mod"
     additive: bool = False
     """True for a position bias added to the logits (ALiBi, relative position bias)."""
+
+    @property
+    def identity(self) -> bool:
+        """True when this modifier changes nothing (``softcap(inf)``): a call drops it."""
+        return False
 
     def check(self, heads: int, where: str = "mods") -> None:
         """Raise ValueError unless this mod fits a call with ``heads`` query heads."""

@@ -10,6 +10,7 @@ import torch
 
 from ..._host import readable
 from ..._inputs import AttentionInputs
+from ...blockplan import RaggedSeq
 from ...mods import ALiBi
 from .. import varlen
 from .._backward import InputGrads
@@ -257,7 +258,7 @@ class SDPABackend(Backend):
             group = [seqs[n] for n in members]
             qm = max(sq.q_len for sq in group)
             km = max(sq.k_len for sq in group)
-            q_g = torch.stack([varlen.take_rows(q[sq.b], sq.q0, qm) for sq in group])
+            q_g = torch.stack([varlen.take_queries(q[sq.b], sq, qm) for sq in group])
             # (G, ..., qm, E')
             k_g = torch.stack([varlen.take_keys(k[sq.b], sq, km) for sq in group])
             # (G, ..., km, E')
@@ -302,17 +303,18 @@ class SDPABackend(Backend):
                     gqa=gqa,
                 )  # (G, ..., qm, km)
             for n, sq in enumerate(group):
-                rows = slice(sq.q0, sq.q0 + sq.q_len)
-                out_full[sq.b, ..., rows, :] = out_g[n, ..., : sq.q_len, :].to(inputs.dtype)
+                _put_rows(out_full[sq.b], sq, out_g[n, ..., : sq.q_len, :].to(inputs.dtype))
                 if lse_full is not None and lse_g is not None:
-                    lse_full[sq.b, ..., rows] = lse_g[n, ..., : sq.q_len].to(cd)
+                    rows_lse = lse_g[n, ..., : sq.q_len].to(cd).unsqueeze(-1)  # (..., ql, 1)
+                    _put_rows(lse_full[sq.b].unsqueeze(-1), sq, rows_lse)
                 if w_full is not None and w_g is not None:
                     wb = w_g[n, ..., : sq.q_len, : sq.k_len]  # (..., ql, kl)
                     if sq.key_idx is None:
-                        w_full[sq.b, ..., rows, sq.k0 : sq.k0 + sq.k_len] = wb
+                        cols = torch.zeros(*wb.shape[:-1], S, dtype=wb.dtype, device=dev)
+                        cols[..., sq.k0 : sq.k0 + sq.k_len] = wb  # (..., ql, S)
                     else:
-                        cols = torch.zeros_like(w_full[sq.b, ..., rows, :])  # (..., ql, S)
-                        w_full[sq.b, ..., rows, :] = cols.index_copy(-1, sq.key_idx, wb)
+                        cols = wb.new_zeros(*wb.shape[:-1], S).index_copy(-1, sq.key_idx, wb)
+                    _put_rows(w_full[sq.b], sq, cols)
         if not live and torch.is_grad_enabled():
             # Every element is fully masked: keep the graph connected so backward gives
             # zero gradients (the policy for masked rows), not "does not require grad".
@@ -321,6 +323,15 @@ class SDPABackend(Backend):
             if w_full is not None:
                 w_full = w_full + link.to(w_full.dtype)
         return out_full, w_full, lse_full
+
+
+def _put_rows(full: torch.Tensor, sq: RaggedSeq, rows: torch.Tensor) -> None:
+    """Write a sequence's rows (..., q_len, D) into its batch element's ``full``
+    (..., L, D) in place: at its contiguous run, or at its query indices."""
+    if sq.query_idx is None:
+        full[..., sq.q0 : sq.q0 + sq.q_len, :] = rows
+    else:
+        full.index_copy_(-2, sq.query_idx.to(full.device), rows)
 
 
 def _direct(inputs: AttentionInputs) -> torch.Tensor:
