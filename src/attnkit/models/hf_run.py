@@ -160,11 +160,11 @@ def attend(
     tokens = encoding_tokens(tokenizer, enc, [text] if pair is None else [text, pair])
     page = PageView(view, tokens)
     budget = budget or Budget()
-    page.set_window(budget, len(layers or range(n_layers)), len(heads or range(n_heads)),
-                    head_dim(model.config, n_heads))  # fmt: skip
+    page.set_window()
     name = "self-attention" + (" (causal)" if kind == "decoder" else "")
     reducer = SetReducer(name, n_layers, n_heads, L, L, layers=layers, heads=heads, budget=budget,
                          **page.reducer_args())  # fmt: skip
+    page.check_window(reducer, head_dim(model.config, n_heads))
     progress = Progress(n_layers, "layer", header=run_header(L, n_layers, n_heads, reducer),
                         tokens=L)  # fmt: skip
     router = Router({"self": reducer}, progress=progress)
@@ -214,9 +214,8 @@ def _attend_seq2seq(
     d = head_dim(cfg, n_heads)
     enc_layers = [x for x in (layers or range(n_enc)) if x < n_enc]
     dec_layers = [x for x in (layers or range(n_dec)) if x < n_dec]
-    shown = len(heads or range(n_heads))
-    enc_view.set_window(budget, len(enc_layers), shown, d)
-    dec_view.set_window(budget, len(dec_layers), shown, d)
+    enc_view.set_window()
+    dec_view.set_window()
     cross_view.window = dec_view.window
     reducers = {
         "encoder": SetReducer("encoder self-attention", n_enc, n_heads, L, L, layers=enc_layers,
@@ -228,6 +227,8 @@ def _attend_seq2seq(
                             layers=dec_layers, heads=heads, positional=False, budget=budget,
                             **cross_view.reducer_args(keys=True)),
     }  # fmt: skip
+    enc_view.check_window(reducers["encoder"], d)
+    dec_view.check_window(reducers["decoder"], d)
     header = run_header(L, n_enc, n_heads, reducers["encoder"]) + f"; decoder {T:,} tokens"
     progress = Progress(n_enc + 2 * n_dec, "layer", header=header, tokens=L + T)
     router = Router(reducers, kind_of_module, progress)
@@ -296,10 +297,10 @@ def generate(
     blank = TokenText([*prompt_t.shown, *[""] * steps], [*prompt_t.raw, *[""] * steps],
                       [*prompt_t.special, *[False] * steps])  # fmt: skip
     page = PageView(view, blank)
-    page.set_window(budget, len(layers or range(n_layers)), len(heads or range(n_heads)),
-                    head_dim(model.config, n_heads))  # fmt: skip
+    page.set_window()
     reducer = SetReducer("self-attention (causal)", n_layers, n_heads, n, n, layers=layers,
                          heads=heads, budget=budget, **page.reducer_args())  # fmt: skip
+    page.check_window(reducer, head_dim(model.config, n_heads))
     header = run_header(n, n_layers, n_heads, reducer) + f", {steps} of them generated"
     progress = Progress(n_layers * (steps + 1), "layer", header=header, tokens=n)
     router = Router({"self": reducer}, progress=progress)

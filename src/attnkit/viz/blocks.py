@@ -5,12 +5,15 @@ blocks of (query, key) positions, and the exact top-k keys of every query row.
 :class:`LongStore` fills them from weights (h, r, S) of a few heads and a row
 block, vectorised over heads and rows:
 
-1. per row, the max and the sum over each block of b keys (one pass each);
+1. per row, the max and the sum of every :data:`SUB` keys (one pass each), and
+   from them of every b keys (b a multiple of :data:`SUB`);
 2. the overview: those per-row block values reduced over the rows of each row
    block (arrays b times smaller than the weights);
-3. the top-k: the k keys of largest weight lie in the k key blocks of largest
-   max (a key outside them is beaten by the max of each of those k blocks), so
-   only those k·b candidates are searched instead of every key.
+3. the top-k, pruned by those maxima: the k keys of largest weight lie in the k
+   groups of :data:`SUB` keys of largest max (a key outside them is beaten by the
+   max of each of those k groups), and those groups in the k larger groups of
+   largest max, so each row searches three short lists (of at most about 128
+   values, where ``torch.topk`` is fastest) instead of every key.
 """
 
 from __future__ import annotations
@@ -18,13 +21,51 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LongStore", "block_max_sum", "top_keys"]
+__all__ = ["SUB", "LongStore", "block_max_sum", "overview_block", "top_keys"]
 
 Heads = slice | torch.Tensor  # shown heads as a slice (contiguous) or an index tensor
+SUB = 8  # keys per sub-block: the unit of the top-k search and of the overview's blocks
+_LIST = 128  # values per row in each search step
 
 
-def block_max_sum(w: torch.Tensor, b: int, n_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row, the max and the sum of each block of ``b`` keys.
+def overview_block(Q: int, K: int, side: int) -> int:
+    """The side b of an overview block: at most ``side`` blocks along Q and K, and a
+    multiple of :data:`SUB` past it (so blocks are made of sub-blocks)."""
+    b = max(1, -(-max(Q, K) // side))
+    return b if b <= SUB else -(-b // SUB) * SUB
+
+
+def _pool(w: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, r, S) -> per row the max and the sum of every b keys, (h, r, ceil(S / b)) each."""
+    h, r, S = w.shape
+    if S >= b:
+        bmax = F.max_pool1d(w.reshape(h * r, 1, S), b, b, ceil_mode=True).view(h, r, -1)
+    else:
+        bmax = w.amax(-1, keepdim=True)  # (h, r, 1)
+    full = S // b
+    bsum = w[..., : full * b].view(h, r, full, b).sum(-1)  # (h, r, full)
+    if S % b:
+        bsum = torch.cat([bsum, w[..., full * b :].sum(-1, keepdim=True)], -1)  # (h, r, ceil)
+    return bmax, bsum
+
+
+def _regroup(x: torch.Tensor, m: int, fill: float, sum_: bool) -> torch.Tensor:
+    """(h, r, n) -> (h, r, ceil(n / m)): the max (or the sum) of every m values."""
+    h, r, n = x.shape
+    if m == 1:
+        return x
+    groups = -(-n // m)
+    if groups * m != n:
+        x = F.pad(x, (0, groups * m - n), value=fill)
+    x = x.view(h, r, groups, m)  # (h, r, groups, m)
+    return x.sum(-1) if sum_ else x.amax(-1)
+
+
+def block_max_sum(
+    w: torch.Tensor, b: int, n_blocks: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Per row, the max and the sum of each block of ``b`` keys, and the max of each
+    :data:`SUB` keys (None when ``b`` is not a multiple of it).
 
     Args:
         w: (h, r, S) weights (>= 0); keys beyond S count as 0.
@@ -32,34 +73,35 @@ def block_max_sum(w: torch.Tensor, b: int, n_blocks: int) -> tuple[torch.Tensor,
         n_blocks: blocks in the result (>= ceil(S / b)); blocks past S are 0.
 
     Returns:
-        (h, r, n_blocks) maxima and (h, r, n_blocks) sums, float32.
+        (h, r, n_blocks) maxima, (h, r, n_blocks) sums, and (h, r, ceil(S / SUB)) maxima.
     """
-    h, r, S = w.shape
-    full = S // b
-    if S >= b:
-        bmax = F.max_pool1d(w.reshape(h * r, 1, S), b, b, ceil_mode=True).view(h, r, -1)
+    sub_max: torch.Tensor | None = None
+    if b % SUB == 0:
+        sub_max, sub_sum = _pool(w, SUB)  # (h, r, ceil(S / SUB))
+        bmax = _regroup(sub_max, b // SUB, 0.0, False)
+        bsum = _regroup(sub_sum, b // SUB, 0.0, True)
     else:
-        bmax = w.amax(-1, keepdim=True)  # (h, r, 1)
-    bsum = w[..., : full * b].view(h, r, full, b).sum(-1)  # (h, r, full)
-    if S % b:
-        bsum = torch.cat([bsum, w[..., full * b :].sum(-1, keepdim=True)], -1)  # (h, r, ceil)
+        bmax, bsum = _pool(w, b)
     short = n_blocks - bmax.shape[-1]
     if short > 0:
         bmax, bsum = F.pad(bmax, (0, short)), F.pad(bsum, (0, short))  # (h, r, n_blocks)
-    return bmax, bsum
+    return bmax, bsum, sub_max
+
+
+def _best(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices (h, r, k) of the k largest of each row of (h, r, n), in no order."""
+    return torch.topk(values, k, dim=-1, sorted=False).indices
 
 
 def top_keys(
-    w: torch.Tensor, bmax: torch.Tensor, b: int, k: int
+    w: torch.Tensor, k: int, sub_max: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exact top-k weights of each row and their keys, searched in the k key blocks
-    of largest max only.
+    """The exact top-k weights of each row and their keys.
 
     Args:
         w: (h, r, S) weights (>= 0).
-        bmax: (h, r, n) per-row block maxima of ``w`` (:func:`block_max_sum`), n >= ceil(S / b).
-        b: keys per block.
         k: keys kept per row (keys S .. k - 1 count as weight 0 when S < k).
+        sub_max: (h, r, ceil(S / SUB)) the max of every :data:`SUB` keys, when known.
 
     Returns:
         (h, r, k) weights, largest first, and (h, r, k) int64 key indices.
@@ -67,15 +109,24 @@ def top_keys(
     h, r, S = w.shape
     if S <= k:
         return torch.topk(F.pad(w, (0, k - S)), k, dim=-1)  # keys past S: weight 0
-    blocks = -(-S // b)
-    if blocks <= 2 * k:  # pruning would keep most keys: search them all
+    if S <= 2 * _LIST or S <= 2 * k * SUB:  # short rows: search them whole
         return torch.topk(w, k, dim=-1)
-    _, chosen = torch.topk(bmax[..., :blocks], k, dim=-1, sorted=False)  # (h, r, k)
-    index = (chosen.unsqueeze(-1) * b + torch.arange(b)).view(h, r, k * b)  # (h, r, k·b)
-    cand = torch.gather(w, 2, index.clamp_max(S - 1))  # (h, r, k·b)
-    if S % b:
-        cand = cand.masked_fill(index >= S, -1.0)  # past the last key: never chosen
-    vals, pick = torch.topk(cand, k, dim=-1)  # (h, r, k)
+    if sub_max is None:
+        sub_max = _pool(w, SUB)[0]
+    n = sub_max.shape[-1]
+    if n <= _LIST:  # the k sub-blocks of largest max
+        sub = _best(sub_max, k)  # (h, r, k)
+    else:  # the k groups of m sub-blocks of largest max, then their k best sub-blocks
+        m = -(-n // _LIST)
+        groups = _regroup(sub_max, m, -1.0, False)  # (h, r, ceil(n / m))
+        sub = (_best(groups, k).unsqueeze(-1) * m + torch.arange(m)).view(h, r, k * m)
+        values = torch.gather(sub_max, 2, sub.clamp_max(n - 1)).masked_fill_(sub >= n, -1.0)
+        sub = torch.gather(sub, 2, _best(values, k))  # (h, r, k)
+    index = (sub.unsqueeze(-1) * SUB + torch.arange(SUB)).view(h, r, k * SUB)  # (h, r, k·SUB)
+    cand = torch.gather(w, 2, index.clamp_max(S - 1))
+    if S % SUB:
+        cand.masked_fill_(index >= S, -1.0)  # past the last key: never chosen
+    vals, pick = torch.topk(cand, k, dim=-1)  # (h, r, k), largest first
     return vals, torch.gather(index, 2, pick)
 
 
@@ -102,7 +153,7 @@ class LongStore:
         """Reduce weights (h, r, S) of layer ``li``, shown heads ``heads``, rows row0 .. row0 + r - 1."""
         h, r, _ = w.shape
         b = self.block
-        bmax, bsum = block_max_sum(w, b, self.Kb)  # (h, r, Kb) each
+        bmax, bsum, sub_max = block_max_sum(w, b, self.Kb)  # (h, r, Kb) each
         qb0, qb1 = row0 // b, (row0 + r - 1) // b + 1
         if row0 % b == 0 and r % b == 0:  # whole row blocks: a view
             rmax = bmax.view(h, r // b, b, self.Kb).amax(2)  # (h, qb1 - qb0, Kb)
@@ -111,7 +162,7 @@ class LongStore:
             where = (torch.arange(row0, row0 + r) // b - qb0).view(1, r, 1).expand(h, r, self.Kb)
             rmax = bmax.new_zeros(h, qb1 - qb0, self.Kb).scatter_reduce_(1, where, bmax, "amax")
             rsum = bsum.new_zeros(h, qb1 - qb0, self.Kb).index_add_(1, where[0, :, 0], bsum)
-        vals, idx = top_keys(w, bmax, b, self.k)  # (h, r, k)
+        vals, idx = top_keys(w, self.k, sub_max)  # (h, r, k)
         rows = slice(row0, row0 + r)
         blocks = slice(qb0, qb1)
         if isinstance(heads, slice):

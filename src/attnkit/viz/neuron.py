@@ -159,7 +159,8 @@ class NeuronStore:
         return out
 
     def _window_keys(self, top: torch.Tensor | None, start: int, stop: int) -> torch.Tensor:
-        """Page keys for a window: its own positions, then its queries' best keys by rank."""
+        """Page keys for a window: its own positions, then the keys its queries weigh most
+        (best rank over every layer, head and window query first; then how often)."""
         assert self.q is not None and self.dim is not None
         Kp = int(self.key_positions.numel())
         nL, nH, W = self.q.shape[0], self.q.shape[1], self.q.shape[2]
@@ -167,14 +168,17 @@ class NeuronStore:
         chosen = torch.zeros(Kp, dtype=torch.bool)
         if Kp == int(self.positions.numel()):  # self-attention: the window's own keys
             chosen[start : min(stop, Kp)] = True
-        if top is not None:
-            ranked = top[:, :, start:stop].permute(3, 0, 1, 2).reshape(top.shape[-1], -1)
-            for rank in ranked.long():  # best keys first, then second best, ...
-                more = chosen.clone()
-                more[rank[(rank >= 0) & (rank < Kp)]] = True
-                if int(more.sum()) > room:
-                    break
-                chosen = more
+        if top is not None and top.numel():
+            ranked = top[:, :, start:stop].long()  # (layers, heads, W, k): best first
+            rank = torch.arange(ranked.shape[-1]).expand_as(ranked)
+            ok = (ranked >= 0) & (ranked < Kp)
+            keys, rank = ranked[ok], rank[ok]
+            best = torch.full((Kp,), ranked.shape[-1], dtype=torch.long)
+            best.scatter_reduce_(0, keys, rank, "amin")
+            often = torch.bincount(keys, minlength=Kp)
+            order = torch.argsort(best * (often.max() + 1) - often)  # best rank, then count
+            order = order[(best[order] < ranked.shape[-1]) & ~chosen[order]]
+            chosen[order[: max(0, room - int(chosen.sum()))]] = True
         if not bool(chosen.any()):
             chosen[: min(room, Kp)] = True
         return torch.nonzero(chosen).flatten()

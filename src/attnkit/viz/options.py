@@ -15,7 +15,7 @@ from typing import Any
 
 from .neuron import DEFAULT_WINDOW, WindowError, window_capacity
 from .positions import map_labels, map_position, position_map
-from .reduce import Budget, ReducedSet
+from .reduce import ReducedSet, SetReducer
 from .tokens import TokenText
 
 __all__ = ["NeuronWindow", "PageView", "ViewOptions", "WindowError"]
@@ -50,9 +50,9 @@ class NeuronWindow:
             int(m.group(2)) if m.group(2) is not None else None,
         )
 
-    def resolve(self, tokens: list[str], capacity: int) -> tuple[int, int]:
-        """(start, stop) page positions among ``tokens``; WindowError when outside them,
-        empty, or wider than ``capacity``."""
+    def resolve(self, tokens: list[str], width: int) -> tuple[int, int]:
+        """(start, stop) page positions among ``tokens``; WindowError when outside them
+        or empty. ``width``: the most positions a window around a found token takes."""
         n = len(tokens)
         if self.near is not None:
             target = self.near.strip().lower()
@@ -62,9 +62,9 @@ class NeuronWindow:
             ]
             if not hits:
                 raise WindowError(f"--neuron-token: no token of the text is or holds {self.near!r}")
-            width = min(DEFAULT_WINDOW, capacity, n)
-            start = max(0, min(n - width, hits[0] - width // 2))
-            return start, start + width
+            size = min(DEFAULT_WINDOW, width, n)
+            start = max(0, min(n - size, hits[0] - size // 2))
+            return start, start + size
         start = 0 if self.start is None else self.start
         stop = n if self.stop is None else self.stop
         given = (
@@ -80,11 +80,6 @@ class NeuronWindow:
                 f"(positions 0 to {n - 1:,}; the end is excluded)"
                 if start < stop or start < 0 or stop > n
                 else f"--neuron-window: {given} holds no token; expected START < END"
-            )
-        if stop - start > capacity:
-            raise WindowError(
-                f"--neuron-window: {stop - start:,} query tokens are more than the page holds "
-                f"for the neuron view at this model's size (at most {capacity:,})"
             )
         return start, stop
 
@@ -130,11 +125,24 @@ class PageView:
         self.tokens, self.raw = map_labels(queries.shown, queries.raw, self.rows)
         self.window: tuple[int, int] | None = None
 
-    def set_window(self, budget: Budget, n_layers: int, n_heads: int, head_dim: int) -> None:
-        """Resolve the neuron window against the page's tokens (WindowError when bad)."""
+    def set_window(self) -> None:
+        """Resolve the neuron window against the page's tokens (WindowError when outside)."""
         if self.options.neuron_window is not None:
-            cap = window_capacity(budget.neuron_values, n_layers, n_heads, head_dim)
-            self.window = self.options.neuron_window.resolve(self.tokens, cap)
+            self.window = self.options.neuron_window.resolve(self.tokens, len(self.tokens))
+
+    def check_window(self, reducer: SetReducer, head_dim: int) -> None:
+        """WindowError when the window is wider than the neuron view of ``reducer`` holds
+        (q and k of ``head_dim`` values per head)."""
+        if self.window is None or reducer.neuron is None:
+            return
+        cap = window_capacity(reducer.neuron.budget, len(reducer.layers), len(reducer.heads),
+                              head_dim)  # fmt: skip
+        width = self.window[1] - self.window[0]
+        if width > cap:
+            raise WindowError(
+                f"--neuron-window: {width:,} query tokens are more than the page holds for "
+                f"the neuron view at this model's size (at most {cap:,})"
+            )
 
     def reducer_args(self, keys: bool = False) -> dict[str, Any]:
         """The maps (and the window) for a :class:`~attnkit.viz.reduce.SetReducer`; ``keys``:

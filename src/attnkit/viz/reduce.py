@@ -32,13 +32,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .blocks import LongStore
+from .blocks import LongStore, overview_block
 from .neuron import NeuronStore
 from .positions import PositionMap, apply_map
-from .rollout import FLOW_MAX_TOKENS, attention_flow, attention_rollout
+from .rollout import FLOW_MAX_TOKENS, attention_flow, rollout_of_means
 from .stats import StatsAccumulator
 
-__all__ = ["BLOCK_CELLS", "Budget", "ReducedSet", "SetReducer"]
+__all__ = ["BLOCK_CELLS", "Budget", "ReducedSet", "SetReducer", "neuron_budget"]
 
 # Weights reduced at once: heads × rows × keys at most this many (16 MiB of float32),
 # small enough to stay in the allocator's reused memory (no fresh pages per block).
@@ -59,7 +59,10 @@ class Budget:
         flow_tokens: compute attention flow up to this many tokens.
         neuron_values: at most this many q/k values (layers × heads × (Q + K) × d)
             for the neuron view (float16 on the page); beyond it, q of a window of
-            queries and k of their most weighted keys, in every layer.
+            queries and k of their most weighted keys, in every layer. None: what
+            fits in ``page_bytes`` beside the weights (:func:`neuron_budget`).
+        page_bytes: the page size the neuron view may fill up to, as estimated before
+            the page is written (the page budget, 20 MiB, less a margin).
     """
 
     dense_cells: int = 1 << 25
@@ -67,7 +70,27 @@ class Budget:
     overview: int = 128
     mean_cells: int = 1 << 26
     flow_tokens: int = 24
-    neuron_values: int = 3 << 20
+    neuron_values: int | None = None
+    page_bytes: int = 17 << 20
+
+
+# Bytes per weight on the page after deflate, measured on long pages of 2,000 tokens:
+# one-byte overview cells compress to about half, a top-k entry (a 2-byte index gap
+# and a 1-byte weight) to about 0.8 of its 3 bytes. Dense pages compress as overviews.
+_DEFLATED_CELL = 0.5
+_DEFLATED_TOPK_ENTRY = 3 * 0.8
+_NEURON_VALUES = (1 << 20, 8 << 20)  # the neuron view's least and most q/k values
+
+
+def neuron_budget(budget: Budget, cells: int, topk_entries: int) -> int:
+    """q/k values the neuron view may hold: the budget's own, or what is left of
+    ``page_bytes`` once the weights (``cells`` one-byte cells, ``topk_entries`` top-k
+    entries) are on the page, two bytes a value, within :data:`_NEURON_VALUES`."""
+    if budget.neuron_values is not None:
+        return budget.neuron_values
+    rest = cells * _DEFLATED_CELL + topk_entries * _DEFLATED_TOPK_ENTRY
+    least, most = _NEURON_VALUES
+    return int(min(most, max(least, (budget.page_bytes - rest) / 2)))
 
 
 @dataclass
@@ -184,7 +207,7 @@ class SetReducer:
         if not self.long:
             self.dense = torch.zeros((nL, nH, self.Qp, self.Kp))
         else:
-            self.block = max(1, -(-max(self.Qp, self.Kp) // b.overview))
+            self.block = overview_block(self.Qp, self.Kp, b.overview)
             self.store = LongStore(nL, nH, self.Qp, self.Kp, self.block, min(b.top_k, self.Kp))
         self.stats = StatsAccumulator(nL, nH, self.positional)
         self.means: torch.Tensor | None = None
@@ -193,9 +216,15 @@ class SetReducer:
         self.neuron: NeuronStore | None = None
         words = (rows is not None and rows.merges) or (cols is not None and cols.merges)
         if not words:
+            if self.store is not None:
+                cells = 2 * nL * nH * self.store.Qb * self.store.Kb  # max and mean
+                entries = nL * nH * self.Qp * self.store.k
+            else:
+                cells, entries = nL * nH * self.Qp * self.Kp, 0
             self.neuron = NeuronStore(
                 self.layers, nH, rows.kept if rows is not None else None,
-                cols.kept if cols is not None else None, Q, K, b.neuron_values, neuron_window,
+                cols.kept if cols is not None else None, Q, K,
+                neuron_budget(b, cells, entries), neuron_window,
             )  # fmt: skip
         self.rows_done = 0
 
@@ -332,9 +361,10 @@ class SetReducer:
             out.topk_weight = parts["topk_weight"].numpy()
             top = parts["topk_index"]
         if self.means is not None:
-            out.rollout = attention_rollout(self.means.unsqueeze(1))
             if self.Qp <= min(self.budget.flow_tokens, FLOW_MAX_TOKENS):
                 out.flow = attention_flow(self.means.unsqueeze(1))
+            out.rollout = rollout_of_means(self.means)  # overwrites the means
+            self.means = None
         elif self.positional:
             out.notes.append(
                 f"Attention rollout is left out: {self.n_layers} layers of {self.Qp} × "

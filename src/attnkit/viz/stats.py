@@ -43,6 +43,17 @@ _FIELDS = ("rows", "entropy", "norm_entropy", "norm_rows", "distance", "prev", "
 _TINY = torch.finfo(torch.float32).tiny  # log(w) of a weight 0 is read as log(tiny): 0 · it = 0
 
 
+def _diagonal(w: torch.Tensor, d: int) -> torch.Tensor:
+    """(h, r, S) -> (h, r): ``w[:, t, t + d]`` for each row t, 0 where t + d is not a key."""
+    h, r, S = w.shape
+    out = w.new_zeros(h, r)
+    if -r < d < S:
+        diag = torch.diagonal(w, offset=d, dim1=1, dim2=2)  # (h, n): rows max(0, -d) ...
+        t0 = max(0, -d)
+        out[:, t0 : t0 + diag.shape[-1]] = diag
+    return out
+
+
 class StatsAccumulator:
     """Row sums per (layer, head), filled a row block at a time, vectorised over heads and
     rows (a few passes over each block, no Python per row or head).
@@ -93,15 +104,12 @@ class StatsAccumulator:
         if self.positional:
             dist = (rows.unsqueeze(1) - torch.arange(S)).abs_().float()  # (r, S)
             found["distance"] = torch.mul(w, dist, out=buf).sum(-1).sum(-1)
-            idx = torch.arange(r)
-            local = w.new_zeros(h, r)  # the band |i - j| <= LOCAL, one gather per offset
-            for off in range(-LOCAL, LOCAL + 1):
-                key = rows + off  # (r,)
-                local += w[:, idx, key.clamp(0, S - 1)] * ((key >= 0) & (key < S))
+            row0 = int(rows[0])
+            band = {off: _diagonal(w, row0 + off) for off in range(-LOCAL, LOCAL + 1)}
+            local = sum(band.values(), w.new_zeros(h, r))  # (h, r): |i - j| <= LOCAL
             found["local"] = (local * used).sum(-1)
-            own, prev = rows.clamp_max(S - 1), (rows - 1).clamp(0, S - 1)  # (r,)
-            found["self"] = (w[:, idx, own] * pattern * (rows < S)).sum(-1)
-            found["prev"] = (w[:, idx, prev] * pattern * (rows - 1 < S)).sum(-1)
+            found["self"] = (band[0] * pattern).sum(-1)
+            found["prev"] = (band[-1] * pattern).sum(-1)
         for name, value in found.items():
             self.sums[name][at] += value.double().numpy()
 

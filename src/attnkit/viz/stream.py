@@ -192,6 +192,19 @@ def _key_limit(
     return keys
 
 
+def _rows_that_fit(a: int, L: int, H: int, keys: Callable[[int, int], int]) -> int:
+    """The most rows from ``a`` whose weights (H heads, the keys those rows may attend to)
+    are at most :data:`BLOCK_CELLS` (at least one row)."""
+    lo, hi = 1, L - a
+    while lo < hi:  # the keys grow with the rows: bisect
+        mid = (lo + hi + 1) // 2
+        if mid * keys(a, a + mid) * H <= BLOCK_CELLS:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def row_blocks(
     inputs: AttentionInputs,
     q: torch.Tensor,
@@ -213,16 +226,13 @@ def row_blocks(
     """
     H, L, S = q.shape[-3], q.shape[-2], k.shape[-2]
     v = k.new_empty(*k.shape[:-1], 0)  # no values: only the weights are wanted
-    terms = head_terms(inputs, slice(0, H))
-    scale, mod_list = terms if terms is not None else (inputs.scale, list(inputs.mods))
-    whole = terms is None or any(_shifted(m, 0, L, S) is None for m in mod_list)
+    scale = inputs.head_scale if inputs.head_scale is not None else inputs.scale  # (H,) or one
+    mod_list = list(inputs.mods)
+    whole = any(_shifted(m, 0, L, S) is None for m in mod_list)
     keys = _key_limit(inputs, q, L, S)
     a = 0
     while a < L:
-        r = max(1, BLOCK_CELLS // (H * S))
-        hi = keys(a, min(L, a + r))
-        r = max(r, BLOCK_CELLS // (H * hi))
-        end = L if whole else min(L, a + r)
+        end = L if whole else a + _rows_that_fit(a, L, H, keys)
         if cut is not None and end < L:
             end = cut(a, end)
         hi = keys(a, end)
@@ -238,42 +248,6 @@ def row_blocks(
             )  # fmt: skip
         yield a, (w[0] if w.ndim == 4 else w)  # (H, r, S')
         a = end
-
-
-def head_terms(
-    inputs: AttentionInputs, hs: slice
-) -> tuple[float | torch.Tensor, list[mods.Mod]] | None:
-    """The scale and score modifiers of a call restricted to its query heads ``hs``;
-    None when a modifier holds per-head tensors of a kind not known here."""
-    scale: float | torch.Tensor = inputs.scale
-    if inputs.head_scale is not None:
-        hscale = inputs.head_scale
-        scale = hscale if hscale.shape[0] == 1 else hscale[hs]
-    out: list[mods.Mod] = []
-    for m in inputs.mods:
-        part = _mod_heads(m, hs)
-        if part is None:
-            return None
-        out.append(part)
-    return scale, out
-
-
-def _mod_heads(m: mods.Mod, hs: slice) -> mods.Mod | None:
-    """``m`` for the query heads ``hs`` (itself when it is the same for every head)."""
-    head_dim = 1 if isinstance(m, mods.RelativePositionBias) else 0  # its table: (buckets, H)
-    if all(t.shape[head_dim] == 1 for t in m.tensors()):
-        return m
-    if isinstance(m, mods.Sinks):
-        return mods.sinks(m.sink[hs])
-    if isinstance(m, mods.ALiBi):
-        return mods.ALiBi(m.slopes[hs], causal=m.causal, align=m.align, q_offset=m.q_offset,
-                          k_offset=m.k_offset)  # fmt: skip
-    if isinstance(m, mods.RelativePositionBias):
-        return mods.RelativePositionBias(
-            m.table[:, hs], m.num_buckets, m.max_distance, m.bidirectional, align=m.align,
-            q_offset=m.q_offset, k_offset=m.k_offset,
-        )  # fmt: skip
-    return None
 
 
 @contextmanager

@@ -59,10 +59,10 @@ def attend(
     page = PageView(view, tokens)
     budget = budget or Budget()
     n_layers, n_heads = cfg.num_hidden_layers, cfg.num_attention_heads
-    page.set_window(budget, len(layers or range(n_layers)), len(heads or range(n_heads)),
-                    cfg.hidden_size // n_heads)  # fmt: skip
+    page.set_window()
     reducer = SetReducer("self-attention", n_layers, n_heads, L, L, layers=layers, heads=heads,
                          budget=budget, **page.reducer_args())  # fmt: skip
+    page.check_window(reducer, cfg.hidden_size // n_heads)
     progress = Progress(n_layers, "layer", header=run_header(L, n_layers, n_heads, reducer),
                         tokens=L)  # fmt: skip
     router = Router({"self": reducer}, progress=progress)

@@ -126,10 +126,23 @@
     var h = AK.heads()[0] === undefined ? 0 : AK.heads()[0], d = N.dim, Q = S.shape[2], K = S.shape[3], nH = S.shape[1];
     var qi = state.nq !== null ? state.nq : (state.sel.axis === "q" && state.sel.items.length ? state.sel.items[0] : Q - 1);
     var kj = state.nk !== null ? state.nk : AK.argmax(AK.row(S, state.layer, h, qi).w);
+    // q is kept for page queries queryStart .. queryStop - 1, k for the keys in keyIndex (null: all)
+    var q0 = N.queryStart || 0, nq = (N.queryStop === undefined ? Q : N.queryStop) - q0;
+    var keys = N.keyIndex || null, nk = keys ? keys.length : K;
+    if (keys && state.nk === null && keys.indexOf(kj) < 0) {
+      var wr = AK.row(S, state.layer, h, qi).w;
+      kj = keys.reduce(function (b, j) { return wr[j] > wr[b] ? j : b; }, keys[0]);
+    }
     options($("n-query"), S.tokens, Q, qi); options($("n-key"), S.keyTokens, K, kj);
     $("n-head").textContent = S.layers[state.layer] + ", " + S.heads[h] + " (the first chosen head)";
-    var q = N.qv.subarray(((li * nH + h) * Q + qi) * d, ((li * nH + h) * Q + qi + 1) * d);
-    var k = N.kv.subarray(((li * nH + h) * K + kj) * d, ((li * nH + h) * K + kj + 1) * d);
+    var qr = qi - q0, kr = keys ? keys.indexOf(kj) : kj;
+    if (qr < 0 || qr >= nq || kr < 0) {
+      box.appendChild(el("p", "muted", "q and k are kept for queries #" + q0 + " to #" + (q0 + nq - 1) +
+        (keys ? " and " + nk + " keys" : "") + " (see the notes above): choose one of them."));
+      return;
+    }
+    var q = N.qv.subarray(((li * nH + h) * nq + qr) * d, ((li * nH + h) * nq + qr + 1) * d);
+    var k = N.kv.subarray(((li * nH + h) * nk + kr) * d, ((li * nH + h) * nk + kr + 1) * d);
     var form = N.forms[li] || { terms: "dot", scale: 1 }, terms = new Float32Array(d), sum = 0;
     for (var e = 0; e < d; e++) {
       terms[e] = form.terms === "additive" ? Math.tanh(q[e] + k[e]) * form.wv[e]
