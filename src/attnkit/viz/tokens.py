@@ -43,6 +43,7 @@ __all__ = [
 SPACE_MARK = "·"
 NEWLINE_MARK = "↵"
 _WINDOW = 4  # tokens of context decoded before each token
+_MARKERS = "▁Ġ "  # SentencePiece's and byte-level BPE's space markers
 
 Offsets = Sequence[tuple[int, int] | None]
 
@@ -177,11 +178,15 @@ def _from_offsets(
             continue
         text = texts[seq]
         start, end = span
-        piece = text[start:end]
-        if piece.strip() and piece[:1].isspace():  # offsets that include the space before
-            start += len(piece) - len(piece.lstrip())
-            piece = text[start:end]
         before = prev_end.get(seq, 0)
+        piece = text[start:end]
+        if piece.strip() and not raw[i].strip(_MARKERS):  # a space marker the tokenizer
+            shown[i], starts[i], after_space = " ", True, True  # put in (a prepended "▁")
+            continue
+        if piece.strip():  # offsets that take in the spaces around the token's text
+            start += len(piece) - len(piece.lstrip())
+            end -= len(piece) - len(piece.rstrip())
+            piece = text[start:end]
         prefix = _gap_prefix(text[before:start]) if start >= before and piece.strip() else ""
         blank = not piece.strip()
         starts[i] = bool(prefix) or blank or after_space
