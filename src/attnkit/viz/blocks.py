@@ -5,10 +5,10 @@ blocks of (query, key) positions, and the exact top-k keys of every query row.
 :class:`LongStore` fills them from weights (h, r, S) of a few heads and a row
 block, vectorised over heads and rows:
 
-1. per row, the max and the sum of every :data:`SUB` keys (one pass each), and
-   from them of every b keys (b a multiple of :data:`SUB`);
-2. the overview: those per-row block values reduced over the rows of each row
-   block (arrays b times smaller than the weights);
+1. per row, the max of every :data:`SUB` keys (one pass), and from them of every
+   b keys (b a multiple of :data:`SUB`), then over the rows of each row block;
+2. the sums: first over the rows of each row block (a pass along the keys), then
+   over each block of b keys (an array b times smaller);
 3. the top-k, pruned by those maxima: the k keys of largest weight lie in the k
    groups of :data:`SUB` keys of largest max (a key outside them is beaten by the
    max of each of those k groups), and those groups in the k larger groups of
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["SUB", "LongStore", "block_max_sum", "overview_block", "top_keys"]
+__all__ = ["SUB", "LongStore", "block_max", "overview_block", "top_keys"]
 
 Heads = slice | torch.Tensor  # shown heads as a slice (contiguous) or an index tensor
 SUB = 8  # keys per sub-block: the unit of the top-k search and of the overview's blocks
@@ -35,37 +35,39 @@ def overview_block(Q: int, K: int, side: int) -> int:
     return b if b <= SUB else -(-b // SUB) * SUB
 
 
-def _pool(w: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h, r, S) -> per row the max and the sum of every b keys, (h, r, ceil(S / b)) each."""
+def _pool_max(w: torch.Tensor, b: int) -> torch.Tensor:
+    """(h, r, S) -> per row the max of every b keys, (h, r, ceil(S / b))."""
     h, r, S = w.shape
-    if S >= b:
-        bmax = F.max_pool1d(w.reshape(h * r, 1, S), b, b, ceil_mode=True).view(h, r, -1)
-    else:
-        bmax = w.amax(-1, keepdim=True)  # (h, r, 1)
+    if S < b:
+        return w.amax(-1, keepdim=True)  # (h, r, 1)
+    return F.max_pool1d(w.reshape(h * r, 1, S), b, b, ceil_mode=True).view(h, r, -1)
+
+
+def _sum_keys(x: torch.Tensor, b: int, n_blocks: int) -> torch.Tensor:
+    """(h, n, S) -> the sum of every b keys, (h, n, n_blocks) (blocks past S are 0)."""
+    h, n, S = x.shape
     full = S // b
-    bsum = w[..., : full * b].view(h, r, full, b).sum(-1)  # (h, r, full)
+    out = x.new_zeros(h, n, n_blocks)
+    out[..., :full] = x[..., : full * b].reshape(h, n, full, b).sum(-1)
     if S % b:
-        bsum = torch.cat([bsum, w[..., full * b :].sum(-1, keepdim=True)], -1)  # (h, r, ceil)
-    return bmax, bsum
+        out[..., full] = x[..., full * b :].sum(-1)
+    return out
 
 
-def _regroup(x: torch.Tensor, m: int, fill: float, sum_: bool) -> torch.Tensor:
-    """(h, r, n) -> (h, r, ceil(n / m)): the max (or the sum) of every m values."""
+def _regroup(x: torch.Tensor, m: int, fill: float) -> torch.Tensor:
+    """(h, r, n) -> (h, r, ceil(n / m)): the max of every m values."""
     h, r, n = x.shape
     if m == 1:
         return x
     groups = -(-n // m)
     if groups * m != n:
         x = F.pad(x, (0, groups * m - n), value=fill)
-    x = x.view(h, r, groups, m)  # (h, r, groups, m)
-    return x.sum(-1) if sum_ else x.amax(-1)
+    return x.view(h, r, groups, m).amax(-1)  # (h, r, groups)
 
 
-def block_max_sum(
-    w: torch.Tensor, b: int, n_blocks: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Per row, the max and the sum of each block of ``b`` keys, and the max of each
-    :data:`SUB` keys (None when ``b`` is not a multiple of it).
+def block_max(w: torch.Tensor, b: int, n_blocks: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per row, the max of each block of ``b`` keys, and of each :data:`SUB` keys (None when
+    ``b`` is not a multiple of it).
 
     Args:
         w: (h, r, S) weights (>= 0); keys beyond S count as 0.
@@ -73,19 +75,18 @@ def block_max_sum(
         n_blocks: blocks in the result (>= ceil(S / b)); blocks past S are 0.
 
     Returns:
-        (h, r, n_blocks) maxima, (h, r, n_blocks) sums, and (h, r, ceil(S / SUB)) maxima.
+        (h, r, n_blocks) maxima, and (h, r, ceil(S / SUB)) maxima or None.
     """
     sub_max: torch.Tensor | None = None
     if b % SUB == 0:
-        sub_max, sub_sum = _pool(w, SUB)  # (h, r, ceil(S / SUB))
-        bmax = _regroup(sub_max, b // SUB, 0.0, False)
-        bsum = _regroup(sub_sum, b // SUB, 0.0, True)
+        sub_max = _pool_max(w, SUB)  # (h, r, ceil(S / SUB))
+        bmax = _regroup(sub_max, b // SUB, 0.0)
     else:
-        bmax, bsum = _pool(w, b)
+        bmax = _pool_max(w, b)
     short = n_blocks - bmax.shape[-1]
     if short > 0:
-        bmax, bsum = F.pad(bmax, (0, short)), F.pad(bsum, (0, short))  # (h, r, n_blocks)
-    return bmax, bsum, sub_max
+        bmax = F.pad(bmax, (0, short))  # (h, r, n_blocks)
+    return bmax, sub_max
 
 
 def _best(values: torch.Tensor, k: int) -> torch.Tensor:
@@ -112,13 +113,13 @@ def top_keys(
     if S <= 2 * _LIST or S <= 2 * k * SUB:  # short rows: search them whole
         return torch.topk(w, k, dim=-1)
     if sub_max is None:
-        sub_max = _pool(w, SUB)[0]
+        sub_max = _pool_max(w, SUB)
     n = sub_max.shape[-1]
     if n <= _LIST:  # the k sub-blocks of largest max
         sub = _best(sub_max, k)  # (h, r, k)
     else:  # the k groups of m sub-blocks of largest max, then their k best sub-blocks
         m = -(-n // _LIST)
-        groups = _regroup(sub_max, m, -1.0, False)  # (h, r, ceil(n / m))
+        groups = _regroup(sub_max, m, -1.0)  # (h, r, ceil(n / m))
         sub = (_best(groups, k).unsqueeze(-1) * m + torch.arange(m)).view(h, r, k * m)
         values = torch.gather(sub_max, 2, sub.clamp_max(n - 1)).masked_fill_(sub >= n, -1.0)
         sub = torch.gather(sub, 2, _best(values, k))  # (h, r, k)
@@ -151,31 +152,33 @@ class LongStore:
 
     def add(self, li: int, heads: Heads, row0: int, w: torch.Tensor) -> None:
         """Reduce weights (h, r, S) of layer ``li``, shown heads ``heads``, rows row0 .. row0 + r - 1."""
-        h, r, _ = w.shape
+        h, r, S = w.shape
         b = self.block
-        bmax, bsum, sub_max = block_max_sum(w, b, self.Kb)  # (h, r, Kb) each
+        bmax, sub_max = block_max(w, b, self.Kb)  # (h, r, Kb)
         qb0, qb1 = row0 // b, (row0 + r - 1) // b + 1
-        if row0 % b == 0 and r % b == 0:  # whole row blocks: a view
+        if row0 % b == 0 and r % b == 0:  # whole row blocks: views
             rmax = bmax.view(h, r // b, b, self.Kb).amax(2)  # (h, qb1 - qb0, Kb)
-            rsum = bsum.view(h, r // b, b, self.Kb).sum(2)
+            rows = w.view(h, r // b, b, S).sum(2)  # (h, qb1 - qb0, S): rows first, then keys
         else:
-            where = (torch.arange(row0, row0 + r) // b - qb0).view(1, r, 1).expand(h, r, self.Kb)
-            rmax = bmax.new_zeros(h, qb1 - qb0, self.Kb).scatter_reduce_(1, where, bmax, "amax")
-            rsum = bsum.new_zeros(h, qb1 - qb0, self.Kb).index_add_(1, where[0, :, 0], bsum)
+            where = (torch.arange(row0, row0 + r) // b - qb0).view(1, r, 1)  # (1, r, 1)
+            rmax = bmax.new_zeros(h, qb1 - qb0, self.Kb)
+            rmax.scatter_reduce_(1, where.expand(h, r, self.Kb), bmax, "amax")
+            rows = w.new_zeros(h, qb1 - qb0, S).index_add_(1, where.view(r), w)  # (h, ., S)
+        rsum = _sum_keys(rows, b, self.Kb)  # (h, qb1 - qb0, Kb)
         vals, idx = top_keys(w, self.k, sub_max)  # (h, r, k)
-        rows = slice(row0, row0 + r)
+        rows_at = slice(row0, row0 + r)
         blocks = slice(qb0, qb1)
         if isinstance(heads, slice):
             at = self.pmax[li, heads, blocks]
             torch.maximum(at, rmax, out=at)
             self.psum[li, heads, blocks] += rsum
-            self.tk_idx[li, heads, rows] = idx.int()
-            self.tk_w[li, heads, rows] = vals
+            self.tk_idx[li, heads, rows_at] = idx.int()
+            self.tk_w[li, heads, rows_at] = vals
             return
         self.pmax[li, heads, blocks] = torch.maximum(self.pmax[li, heads, blocks], rmax)
         self.psum[li, heads, blocks] += rsum
-        self.tk_idx[li, heads, rows] = idx.int()
-        self.tk_w[li, heads, rows] = vals
+        self.tk_idx[li, heads, rows_at] = idx.int()
+        self.tk_w[li, heads, rows_at] = vals
 
     def finish(self) -> dict[str, torch.Tensor]:
         """pooled_max, pooled_mean (sum over each block / its cells), topk_index, topk_weight."""

@@ -90,7 +90,9 @@ class StatsAccumulator:
         used = w.sum(-1) > 0  # (h, r): fully masked rows are left out
         found["rows"] = used.sum(-1)
         buf = torch.clamp_min(w, _TINY)  # (h, r, S): one work buffer for the passes below
-        buf.log_().mul_(w)
+        # numpy's vectorised log: several times faster than torch.log on the CPU
+        np.log(buf.numpy(), out=buf.numpy())
+        buf.mul_(w)
         ent = -buf.sum(-1)  # (h, r) in nats
         found["entropy"] = (ent * used).sum(-1)
         n_keys = torch.sign(w, out=buf).sum(-1)  # (h, r): keys with a weight > 0
