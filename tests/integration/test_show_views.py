@@ -120,7 +120,9 @@ def test_bad_values_of_the_new_options_exit_2_before_any_compute(
     _usage_error(code, err, r"--neuron-window: 5:900 is outside the text's 17 tokens")
     code, _, err = _show(capsys, TEXT, *out, "--neuron-token", "giraffe")
     _usage_error(code, err, r"--neuron-token: no token of the text is or holds 'giraffe'")
-    code, _, err = _show(capsys, "the cat", "--model", str(gpt2), *out, "--generate", "2", "--words")
+    code, _, err = _show(
+        capsys, "the cat", "--model", str(gpt2), *out, "--generate", "2", "--words"
+    )
     _usage_error(code, err, r"--words and --generate: the word view .* need every token")
 
 
@@ -134,8 +136,7 @@ def test_words_on_a_tokenizer_without_words_or_offsets(
                            "--out", str(page), "--quiet")  # fmt: skip
     assert code == 0, err
     assert err.strip() == (
-        "attnkit show: note: the tokenizer marks no words; --words groups the tokens between "
-        "spaces"
+        "attnkit show: note: the tokenizer marks no words; --words groups the tokens between spaces"
     )
     (s,) = _data(page)["sets"]
     assert "".join(s["tokens"]) == TEXT and s["shape"][2] < len(s["rawTokens"][0].split()) + 34

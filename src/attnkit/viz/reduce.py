@@ -25,7 +25,8 @@ generated token at a time); keys may grow (a KV cache): missing keys are 0.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,11 +39,40 @@ from .positions import PositionMap, apply_map
 from .rollout import FLOW_MAX_TOKENS, attention_flow, rollout_of_means
 from .stats import StatsAccumulator
 
-__all__ = ["BLOCK_CELLS", "Budget", "ReducedSet", "SetReducer", "neuron_budget"]
+__all__ = [
+    "BLOCK_CELLS",
+    "RECORDER_THREADS",
+    "Budget",
+    "ReducedSet",
+    "SetReducer",
+    "neuron_budget",
+    "recorder_threads",
+]
 
 # Weights reduced at once: heads × rows × keys at most this many (16 MiB of float32),
 # small enough to stay in the allocator's reused memory (no fresh pages per block).
 BLOCK_CELLS = 1 << 22
+
+RECORDER_THREADS: int | None = 1
+"""CPU threads the recorder's work runs on (each row block's weights and their reduction,
+the rollout); None: torch's own setting. One, because that work is hundreds of
+medium-sized passes a layer and a pass split across cores waits for the slowest core:
+on a busy 2-core machine two threads made it about 5 times slower than one. The model's
+forward (a few large matrix products a layer) keeps every thread."""
+
+
+@contextmanager
+def recorder_threads() -> Iterator[None]:
+    """Within the block, torch runs on :data:`RECORDER_THREADS` CPU threads (restored after)."""
+    threads = torch.get_num_threads()
+    fewer = RECORDER_THREADS is not None and RECORDER_THREADS < threads
+    if fewer:
+        torch.set_num_threads(RECORDER_THREADS)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        if fewer:
+            torch.set_num_threads(threads)
 
 
 @dataclass(frozen=True)
@@ -363,7 +393,8 @@ class SetReducer:
         if self.means is not None:
             if self.Qp <= min(self.budget.flow_tokens, FLOW_MAX_TOKENS):
                 out.flow = attention_flow(self.means.unsqueeze(1))
-            out.rollout = rollout_of_means(self.means)  # overwrites the means
+            with recorder_threads():
+                out.rollout = rollout_of_means(self.means)  # overwrites the means
             self.means = None
         elif self.positional:
             out.notes.append(

@@ -29,7 +29,7 @@ from .. import _recording, mods, scores
 from ..blockplan import build_plan
 from ..functional import attention
 from .progress import Progress
-from .reduce import BLOCK_CELLS, SetReducer
+from .reduce import BLOCK_CELLS, SetReducer, recorder_threads
 
 if TYPE_CHECKING:
     from .._inputs import AttentionInputs
@@ -148,15 +148,18 @@ class StreamRecorder:
         g = max(1, H // k.shape[-3])  # grouped-query attention: g query heads per key head
         token = _recording.ACTIVE.set(None)
         try:
-            for a, w in row_blocks(
-                inputs, q, k, lambda t0, t1: reducer.cut(row0 + t0, row0 + t1) - row0
-            ):
-                reducer.add(layer, row0 + a, w, 0)
-                del w
-            q0 = q[0] if q.ndim == 4 else q  # (H, L, E)
-            k0 = k[0] if k.ndim == 4 else k  # (Hk, S, E)
-            qf, kf, form = score_form(inputs.score, inputs.scale, q0, k0)
-            reducer.add_qk(layer, row0, qf, kf.repeat_interleave(g, 0), form, 0)
+            with recorder_threads():
+
+                def cut(t0: int, t1: int) -> int:  # the reducer's rows are the call's + row0
+                    return reducer.cut(row0 + t0, row0 + t1) - row0
+
+                for a, w in row_blocks(inputs, q, k, cut):
+                    reducer.add(layer, row0 + a, w, 0)
+                    del w
+                q0 = q[0] if q.ndim == 4 else q  # (H, L, E)
+                k0 = k[0] if k.ndim == 4 else k  # (Hk, S, E)
+                qf, kf, form = score_form(inputs.score, inputs.scale, q0, k0)
+                reducer.add_qk(layer, row0, qf, kf.repeat_interleave(g, 0), form, 0)
         finally:
             _recording.ACTIVE.reset(token)
 
