@@ -132,7 +132,7 @@ def test_words_on_a_tokenizer_without_words_or_offsets(
     plain = _gpt2(tmp_path / "plain", words=False)
     capsys.readouterr()  # what saving the model printed
     page = tmp_path / "p.html"
-    code, out, err = _show(capsys, TEXT, "--model", str(plain), "--words", "--no-png",
+    code, _, err = _show(capsys, TEXT, "--model", str(plain), "--words", "--no-png",
                            "--out", str(page), "--quiet")  # fmt: skip
     assert code == 0, err
     assert err.strip() == (

@@ -172,5 +172,5 @@ def test_saved_weights_round_trip(tmp_path, suffix: str, long: bool) -> None:  #
         assert info["block"] == s.block and info["top_k"] == 4 and "self.weights" not in arrays
     else:
         assert math.isclose(float(arrays["self.weights"].sum()), 2 * 3 * L, rel_tol=1e-5)
-    with pytest.raises(ValueError, match="ending in .safetensors or .npz"):
+    with pytest.raises(ValueError, match=r"ending in \.safetensors or \.npz"):
         save_weights([s], tmp_path / "w.csv")
