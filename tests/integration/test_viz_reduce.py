@@ -10,6 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import attnkit
+from attnkit import masks, mods
 from attnkit.viz.blocks import LongStore, overview_block, top_keys
 from attnkit.viz.export import load_weights, save_weights
 from attnkit.viz.neuron import NeuronStore
@@ -174,3 +176,49 @@ def test_saved_weights_round_trip(tmp_path, suffix: str, long: bool) -> None:  #
         assert math.isclose(float(arrays["self.weights"].sum()), 2 * 3 * L, rel_tol=1e-5)
     with pytest.raises(ValueError, match=r"ending in \.safetensors or \.npz"):
         save_weights([s], tmp_path / "w.csv")
+
+
+_CASES = {
+    "causal": (12, 12, lambda: masks.causal(), lambda H: None),
+    "cache, bottom-right": (
+        5,
+        17,
+        lambda: masks.causal("bottom_right"),
+        lambda H: mods.alibi(H, causal=True, align="bottom_right"),
+    ),
+    "window, alibi": (15, 15, lambda: masks.window(3, 0), lambda H: mods.alibi(H)),
+    "padding, T5 bias": (
+        11,
+        13,
+        lambda: masks.key_padding(torch.arange(13)[None] < 9),  # (B, S): 9 keys
+        lambda H: mods.relative_position_bias(torch.randn(8, H), 8, 16),
+    ),
+    "none, softcap and sinks": (
+        9,
+        9,
+        lambda: None,
+        lambda H: [mods.softcap(2.0), mods.sinks(torch.randn(H))],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_CASES))
+def test_row_blocks_are_the_call_cut_in_rows(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnkit._inputs import validate_inputs
+    from attnkit.viz import stream
+
+    L, S, mask, mod = _CASES[case]
+    H, E = 4, 8
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, H, n, E, generator=g) * 2 for n in (L, S, S))
+    inputs = validate_inputs(q, k, v, mask=mask(), mods=mod(H))
+    _, want = attnkit.attention(q, k, v, mask=inputs.mask, mods=list(inputs.mods) or None,
+                                return_weights=True)  # fmt: skip
+    monkeypatch.setattr(stream, "BLOCK_CELLS", H * S * 3)  # about 3 rows a block
+    got = torch.zeros(H, L, S)
+    starts = []
+    for a, w in stream.row_blocks(inputs, q, k):
+        starts.append(a)
+        got[:, a : a + w.shape[1], : w.shape[2]] = w  # keys past the block's last: 0
+    assert len(starts) >= 2 and starts == sorted(starts)
+    torch.testing.assert_close(got, want[0], atol=1e-6, rtol=1e-5)

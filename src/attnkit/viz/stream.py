@@ -138,11 +138,11 @@ class StreamRecorder:
 
     def _reduce(self, inputs: AttentionInputs, name: str, reducer: SetReducer, layer: int) -> None:
         """The call's weights, a block of rows at a time, and its q and k, to its reducer."""
-        q, k, v = inputs.query, inputs.key, inputs.value
+        q, k = inputs.query, inputs.key
         while q.ndim > 4:
-            q, k, v = q[0], k[0], v[0]  # extra leading dims: their first element
+            q, k = q[0], k[0]  # extra leading dims: their first element
         if q.ndim < 3:
-            q, k, v = q[None], k[None], v[None]  # (1, L, E): one head
+            q, k = q[None], k[None]  # (1, L, E): one head
         H, L, S = q.shape[-3], q.shape[-2], k.shape[-2]
         row0 = self.router.first_row(name, L, S)
         g = max(1, H // k.shape[-3])  # grouped-query attention: g query heads per key head
@@ -176,6 +176,17 @@ def _shifted(m: mods.Mod, q0: int, L: int, S: int) -> mods.Mod | None:
     if isinstance(m, (mods.Softcap, mods.Sinks)):  # the same for every row
         return m
     return None
+
+
+def _shardable(inputs: AttentionInputs, L: int, S: int) -> bool:
+    """Whether the call's mask can be restricted to a block of rows and keys."""
+    if inputs.mask is None:
+        return True
+    try:
+        inputs.mask.shard(0, 0, L, S, L, S)
+    except NotImplementedError:
+        return False
+    return True
 
 
 def _key_limit(
@@ -231,8 +242,8 @@ def row_blocks(
     v = k.new_empty(*k.shape[:-1], 0)  # no values: only the weights are wanted
     scale = inputs.head_scale if inputs.head_scale is not None else inputs.scale  # (H,) or one
     mod_list = list(inputs.mods)
-    whole = any(_shifted(m, 0, L, S) is None for m in mod_list)
-    keys = _key_limit(inputs, q, L, S)
+    whole = any(_shifted(m, 0, L, S) is None for m in mod_list) or not _shardable(inputs, L, S)
+    keys = (lambda i0, i1: S) if whole else _key_limit(inputs, q, L, S)
     a = 0
     while a < L:
         end = L if whole else a + _rows_that_fit(a, L, H, keys)
