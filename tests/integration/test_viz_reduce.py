@@ -222,3 +222,18 @@ def test_row_blocks_are_the_call_cut_in_rows(case: str, monkeypatch: pytest.Monk
         got[:, a : a + w.shape[1], : w.shape[2]] = w  # keys past the block's last: 0
     assert len(starts) >= 2 and starts == sorted(starts)
     torch.testing.assert_close(got, want[0], atol=1e-6, rtol=1e-5)
+
+
+def test_the_recorder_keeps_the_faster_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnkit.viz.stream import ThreadChoice
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    for slow, fast in ((4, 1), (1, 4)):
+        choice = ThreadChoice()
+        picked = []
+        for _ in range(8):
+            threads = choice.pick()
+            picked.append(threads)
+            choice.measured(threads, 5.0 if threads == slow else 1.0, 100)
+        assert picked[: 1 + ThreadChoice.TRIALS] == [1, 4, 1, 4, 1]  # warm-up, then trials
+        assert picked[1 + ThreadChoice.TRIALS :] == [fast] * 3 and choice.best() == fast

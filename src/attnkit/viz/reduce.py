@@ -41,37 +41,29 @@ from .stats import StatsAccumulator
 
 __all__ = [
     "BLOCK_CELLS",
-    "RECORDER_THREADS",
     "Budget",
     "ReducedSet",
     "SetReducer",
     "neuron_budget",
-    "recorder_threads",
+    "torch_threads",
 ]
 
 # Weights reduced at once: heads × rows × keys at most this many (16 MiB of float32),
 # small enough to stay in the allocator's reused memory (no fresh pages per block).
 BLOCK_CELLS = 1 << 22
 
-RECORDER_THREADS: int | None = 1
-"""CPU threads the recorder's work runs on (each row block's weights and their reduction,
-the rollout); None: torch's own setting. One, because that work is hundreds of
-medium-sized passes a layer and a pass split across cores waits for the slowest core:
-on a busy 2-core machine two threads made it about 5 times slower than one. The model's
-forward (a few large matrix products a layer) keeps every thread."""
-
 
 @contextmanager
-def recorder_threads() -> Iterator[None]:
-    """Within the block, torch runs on :data:`RECORDER_THREADS` CPU threads (restored after)."""
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Within the block, torch runs on ``n`` CPU threads (None: as it is); restored after."""
     threads = torch.get_num_threads()
-    fewer = RECORDER_THREADS is not None and RECORDER_THREADS < threads
-    if fewer:
-        torch.set_num_threads(RECORDER_THREADS)  # type: ignore[arg-type]
+    change = n is not None and n != threads
+    if change:
+        torch.set_num_threads(n)  # type: ignore[arg-type]
     try:
         yield
     finally:
-        if fewer:
+        if change:
             torch.set_num_threads(threads)
 
 
@@ -257,6 +249,7 @@ class SetReducer:
                 neuron_budget(b, cells, entries), neuron_window,
             )  # fmt: skip
         self.rows_done = 0
+        self.threads: int | None = None  # CPU threads for the rollout (None: torch's)
 
     # ------------------------------------------------------------------- blocks
 
@@ -393,7 +386,7 @@ class SetReducer:
         if self.means is not None:
             if self.Qp <= min(self.budget.flow_tokens, FLOW_MAX_TOKENS):
                 out.flow = attention_flow(self.means.unsqueeze(1))
-            with recorder_threads():
+            with torch_threads(self.threads):
                 out.rollout = rollout_of_means(self.means)  # overwrites the means
             self.means = None
         elif self.positional:

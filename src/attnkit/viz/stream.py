@@ -18,6 +18,7 @@ of the module that made it, and ticks the run's :class:`~.progress.Progress`.
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -29,13 +30,63 @@ from .. import _recording, mods, scores
 from ..blockplan import build_plan
 from ..functional import attention
 from .progress import Progress
-from .reduce import BLOCK_CELLS, SetReducer, recorder_threads
+from .reduce import BLOCK_CELLS, SetReducer, torch_threads
 
 if TYPE_CHECKING:
     from .._inputs import AttentionInputs
     from ..backends.base import AttentionResult, Backend
 
-__all__ = ["Progress", "Router", "StreamRecorder", "row_blocks", "score_form", "streaming"]
+__all__ = [
+    "Progress",
+    "Router",
+    "StreamRecorder",
+    "ThreadChoice",
+    "row_blocks",
+    "score_form",
+    "streaming",
+]
+
+
+class ThreadChoice:
+    """How many CPU threads the recorder's work runs on, chosen by measuring it.
+
+    That work (each row block's weights and their reduction, the rollout) is hundreds
+    of medium-sized passes a layer. On a quiet machine a pass split across the cores
+    is faster; on a busy one each split pass waits for its slowest core, and one
+    thread was about ten times faster than two (2 cores, load average about 12). So
+    the first row block runs on one thread (it pays the first-call costs), the next
+    :data:`TRIALS` alternate between torch's own setting and one thread, and the rest
+    run on whichever of the two took less time per weight.
+    """
+
+    TRIALS = 4
+
+    def __init__(self) -> None:
+        self.cost: dict[int, list[float]] = {}  # threads -> seconds and weights, summed
+        self.blocks = 0
+
+    def pick(self) -> int:
+        """The thread count for the next row block."""
+        self.blocks += 1
+        n = torch.get_num_threads()
+        if n == 1 or self.blocks == 1:
+            return 1
+        if self.blocks <= 1 + self.TRIALS:
+            return n if self.blocks % 2 == 0 else 1
+        return self.best() or n
+
+    def measured(self, threads: int, seconds: float, cells: int) -> None:
+        """A block on ``threads`` threads took ``seconds`` for ``cells`` weights."""
+        if 1 < self.blocks <= 1 + self.TRIALS:
+            spent = self.cost.setdefault(threads, [0.0, 0.0])
+            spent[0] += seconds
+            spent[1] += cells
+
+    def best(self) -> int | None:
+        """The faster thread count once both were tried (None before)."""
+        if len(self.cost) < 2 or self.blocks <= 1 + self.TRIALS:
+            return None
+        return min(self.cost, key=lambda t: self.cost[t][0] / max(1.0, self.cost[t][1]))
 
 
 class Router:
@@ -61,6 +112,7 @@ class Router:
         self.counts: dict[str, int] = {}
         self.row_offset: dict[str, int] = {}  # cross-attention: the decoder's first row
         self.calls = 0
+        self.threads = ThreadChoice()
 
     def route(self, name: str) -> tuple[SetReducer, int] | None:
         """(reducer, model layer) of a call made by module ``name``; None if not shown."""
@@ -147,21 +199,32 @@ class StreamRecorder:
         row0 = self.router.first_row(name, L, S)
         g = max(1, H // k.shape[-3])  # grouped-query attention: g query heads per key head
         token = _recording.ACTIVE.set(None)
+        choice = self.router.threads
+
+        def cut(t0: int, t1: int) -> int:  # the reducer's rows are the call's + row0
+            return reducer.cut(row0 + t0, row0 + t1) - row0
+
         try:
-            with recorder_threads():
-
-                def cut(t0: int, t1: int) -> int:  # the reducer's rows are the call's + row0
-                    return reducer.cut(row0 + t0, row0 + t1) - row0
-
-                for a, w in row_blocks(inputs, q, k, cut):
+            blocks = row_blocks(inputs, q, k, cut)
+            while True:
+                threads = choice.pick()
+                with torch_threads(threads):
+                    start = time.perf_counter()
+                    block = next(blocks, None)  # the block's weights are computed here
+                    if block is None:
+                        break
+                    a, w = block
                     reducer.add(layer, row0 + a, w, 0)
-                    del w
+                choice.measured(threads, time.perf_counter() - start, w.numel())
+                del w, block
+            with torch_threads(choice.best() or 1):
                 q0 = q[0] if q.ndim == 4 else q  # (H, L, E)
                 k0 = k[0] if k.ndim == 4 else k  # (Hk, S, E)
                 qf, kf, form = score_form(inputs.score, inputs.scale, q0, k0)
                 reducer.add_qk(layer, row0, qf, kf.repeat_interleave(g, 0), form, 0)
         finally:
             _recording.ACTIVE.reset(token)
+        reducer.threads = choice.best() or 1
 
 
 def _shifted(m: mods.Mod, q0: int, L: int, S: int) -> mods.Mod | None:
