@@ -126,6 +126,10 @@ def _checked(args: argparse.Namespace) -> tuple[str, str | None]:
             f"{flag} and --generate: the word view and dropping special tokens need every "
             "token before the run, and generated tokens are not known then"
         )
+    if args.words and (args.neuron_window is not None or args.neuron_token is not None):
+        flag = "--neuron-window" if args.neuron_window is not None else "--neuron-token"
+        raise UsageError(f"{flag} and --words: the word view has no neuron view (q and k "
+                         "belong to tokens, not words)")  # fmt: skip
     return text.strip(), pair
 
 
