@@ -219,10 +219,8 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--words: {exc}") from None
     except WindowError as exc:
         raise UsageError(str(exc)) from None
-    if args.words and run.sets[0].view_kind == "words":
-        words = [s for s in run.sets[0].notes if s.startswith("Word view (runs")]
-        if words:
-            print("attnkit show: note: the tokenizer marks no words; --words groups the tokens "
+    if args.words and any(n.startswith("Word view (runs") for n in run.sets[0].notes):
+        print("attnkit show: note: the tokenizer marks no words; --words groups the tokens "
                   "between spaces", file=sys.stderr)  # fmt: skip
     return _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_format,
                   out_data)  # fmt: skip

@@ -248,7 +248,6 @@ class SetReducer:
                 cols.kept if cols is not None else None, Q, K,
                 neuron_budget(b, cells, entries), neuron_window,
             )  # fmt: skip
-        self.rows_done = 0
         self.threads: int | None = None  # CPU threads for the rollout (None: torch's)
 
     # ------------------------------------------------------------------- blocks
@@ -328,7 +327,6 @@ class SetReducer:
         else:
             assert self.store is not None
             self.store.add(li, dst, row0, kept)
-        self.rows_done += r
 
     # ------------------------------------------------------------------- q and k
 
