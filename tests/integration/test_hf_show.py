@@ -69,11 +69,11 @@ def no_fallback(monkeypatch) -> None:
 @pytest.mark.parametrize(
     ("name", "chunked"),
     [("gemma2", False), ("gemma2", True), ("gpt_oss", True), ("qwen3", False)],
-    ids=["gemma2-all_heads", "gemma2-head_chunks", "gpt_oss-head_chunks", "qwen3-all_heads"],
+    ids=["gemma2-whole", "gemma2-row_blocks", "gpt_oss-row_blocks", "qwen3-whole"],
 )
 def test_decoders_stream_their_eager_weights(name: str, chunked: bool, tok, monkeypatch) -> None:
     if chunked:
-        monkeypatch.setattr(stream, "HEAD_CHUNK_CELLS", 1)  # two query heads (one group) at a time
+        monkeypatch.setattr(stream, "BLOCK_CELLS", 1)  # one query row (and its keys) at a time
     model = _decoder(name)
     (s,) = hf_run.attend(model, tok, "decoder", TEXT, max_length=64, n_layers=2, n_heads=4).sets
     ids = torch.tensor([tok(TEXT)["input_ids"]])

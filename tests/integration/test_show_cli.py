@@ -52,10 +52,16 @@ def test_end_to_end_on_the_default_checkpoint(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    assert "Traceback" not in done.stderr and done.stderr.strip() == ""
+    assert "Traceback" not in done.stderr
+    # stderr is not a terminal: the run's line, then one plain line per layer
+    lines = done.stderr.strip().splitlines()
+    assert lines[0] == "attnkit: 13 tokens, 6 layers × 12 heads, dense page (every weight)"
+    assert [re.sub(r", [\d.]+ s$", "", x) for x in lines[1:]] == [
+        f"attnkit: layer {i}/6 (13 tokens)" for i in range(1, 7)
+    ]
     out = done.stdout
     assert "all-MiniLM-L6-v2: 6 layers × 12 heads, 13 tokens" in out
-    assert "tokens: [CLS] ·the ·cat ·sat ·on ·the ·mat ·because ·it ·was ·tired . [SEP]" in out
+    assert "tokens: [CLS] The ·cat ·sat ·on ·the ·mat ·because ·it ·was ·tired . [SEP]" in out
     for layer in range(6):
         assert re.search(rf"^  layer {layer}: head \d+ +entropy \d+\.\d\d nats, ", out, re.M)
     page = tmp_path / "attention.html"
@@ -120,6 +126,7 @@ def test_pair_selection_and_long_text_truncated_with_a_warning(
         "-1",
         "--heads",
         "0,3",
+        "--quiet",
     )
     assert code == 0
     assert err.strip() == (
@@ -134,7 +141,7 @@ def test_pair_selection_and_long_text_truncated_with_a_warning(
     )  # fmt: skip
     assert code == 0
     assert err.strip().endswith("more than --max-length; truncated to 8")
-    assert "tokens: [CLS] ·the ·cat ·sat [SEP] ·it ·slept [SEP]" in out  # longest first
+    assert "tokens: [CLS] The ·cat ·sat [SEP] It ·slept [SEP]" in out  # longest first
     assert "wrote" in out and ".png" not in out
 
 
@@ -323,7 +330,7 @@ def test_text_from_a_file_or_stdin_svg_picture_and_open(
         "--out", str(page), "--png", str(picture), "--open", "--scale", "log",
     )  # fmt: skip
     assert code == 0, err
-    assert "tokens: [CLS] ·a ·dog ·bark s . [SEP]" in out
+    assert "tokens: [CLS] A ·dog ·bark s . [SEP]" in out  # as written: no space inside "barks"
     assert "(1 layer × 1 head, SVG)" in out
     assert picture.read_text(encoding="utf-8").lstrip().startswith("<?xml")
     assert "<svg" in picture.read_text(encoding="utf-8")
@@ -332,7 +339,7 @@ def test_text_from_a_file_or_stdin_svg_picture_and_open(
     monkeypatch.setattr(sys, "stdin", io.StringIO("Birds fly."))
     code, out, err = _show(capsys, "-", "--no-png", "--layers", "-1", "--out", str(page))
     assert code == 0, err
-    assert "tokens: [CLS] ·birds ·fly . [SEP]" in out and "6 layers × 12 heads, 5 tokens" in out
+    assert "tokens: [CLS] Birds ·fly . [SEP]" in out and "6 layers × 12 heads, 5 tokens" in out
     code, _, err = _show(capsys, SAMPLE, "--text-file", str(text_file))
     _assert_usage_error(code, err, r"TEXT and --text-file: give one of them, not both")
     code, _, err = _show(capsys, "--text-file", str(tmp_path / "none.txt"))

@@ -3,9 +3,10 @@
 On the CPU: ``all`` is every throughput case of :mod:`attnkit.bench.cases`, each
 of their groups (``dense``, ``ragged``, ...) is a suite of its own,
 ``overhead`` is the four cases of :mod:`attnkit.bench.overhead` (not part of
-``all``: it compiles with torch.compile), and ``models`` the cases of
+``all``: it compiles with torch.compile), ``models`` the cases of
 :mod:`attnkit.bench.models` (not part of ``all``: transformers models and score
-modifiers at 4k tokens). On CUDA (``--device cuda``): ``all`` is
+modifiers at 4k tokens), and ``show`` the cases of :mod:`attnkit.bench.show`
+(``attnkit show`` at 2,000 and 8,000 tokens against the model's forward; minutes). On CUDA (``--device cuda``): ``all`` is
 every case of :mod:`attnkit.bench.gpu_cases`, with their groups, and ``overhead``
 the overhead cases with their inputs on the GPU.
 """
@@ -16,12 +17,13 @@ from .cases import CASES, BenchCase
 from .gpu_cases import GPU_CASES, GpuCase
 from .models import MODEL_CASES
 from .overhead import OVERHEAD_CASES, overhead_cases
+from .show import SHOW_CASES, ShowCase
 
 __all__ = ["DEVICES", "SUITES", "all_suite_names", "cpu_case", "suite_cases"]
 
 DEVICES = ("cpu", "cuda")
 
-Case = BenchCase | GpuCase
+Case = BenchCase | GpuCase | ShowCase
 
 
 def _grouped(cases: tuple[Case, ...]) -> dict[str, tuple[Case, ...]]:
@@ -33,7 +35,8 @@ def _grouped(cases: tuple[Case, ...]) -> dict[str, tuple[Case, ...]]:
 
 def _suites(device: str) -> dict[str, tuple[Case, ...]]:
     if device == "cpu":
-        return {**_grouped(CASES), "overhead": OVERHEAD_CASES, "models": MODEL_CASES}
+        return {**_grouped(CASES), "overhead": OVERHEAD_CASES, "models": MODEL_CASES,
+                "show": SHOW_CASES}  # fmt: skip
     if device == "cuda":
         return {**_grouped(GPU_CASES), "overhead": overhead_cases("cuda")}
     raise ValueError(f"device: expected one of {DEVICES}, got {device!r}")
@@ -58,6 +61,7 @@ def all_suite_names() -> list[str]:
         "all",
         "overhead",
         "models",
+        "show",
     }
     return sorted(names)
 

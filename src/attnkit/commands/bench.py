@@ -120,6 +120,13 @@ def _notes(r: Any, judged: bool = True) -> str:
         parts.append(
             f"TFLOP/s {r.figures['attnkit_tflops']:.1f} vs {r.figures['baseline_tflops']:.1f}"
         )
+    if "ratio" in r.figures:
+        f = r.figures
+        parts.append(
+            f"(show − start-up) ÷ forward {f['ratio']:.2f}× (show {f['show_s']:.1f} s, "
+            f"start-up {f['startup_s']:.1f} s, forward {f['forward_s']:.1f} s); page "
+            f"{f['page_mib']:.1f} MiB, peak {f['peak_gib']:.2f} GiB"
+        )
     if "floor_ms" in r.figures:
         parts.append(f"copy floor {r.figures['floor_ms']:.2f} ms")
     if r.backend:
@@ -172,6 +179,7 @@ def _fail(message: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from ..bench import machine_info, run_case, suite_cases
     from ..bench.gpu_runner import cuda_missing, run_gpu_case
+    from ..bench.show import ShowCase, run_show_case
 
     if args.json is not None and (problem := json_path_problem(args.json)) is not None:
         return _fail(problem)
@@ -198,7 +206,9 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for i, case in enumerate(cases, 1):
         print(f"[{i}/{len(cases)}] {case.name} ...", end="", file=sys.stderr, flush=True)
-        if gpu:
+        if isinstance(case, ShowCase):
+            r = run_show_case(case, quick=args.quick)
+        elif gpu:
             r = run_gpu_case(_quick_gpu(case) if args.quick else case)  # type: ignore[arg-type]
             if args.quick:  # targets speak of the full shapes only
                 r.met = r.mem_met = None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from . import show_compare, show_image
 from .show_args import (
@@ -32,6 +33,7 @@ from .show_args import (
     picture_format,
     read_text,
     resolve,
+    weights_file,
 )
 from .show_report import elide_text, focus_lines, save_picture, tokens_line
 from .show_sources import open_source
@@ -75,6 +77,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="long inputs: exact keys kept per query row (default 16)")  # fmt: skip
     add("--scale", choices=("linear", "power", "log"), default="linear",
         help="colour scale of the picture and the page's matrix view (default: linear)")  # fmt: skip
+    add("--words", action="store_true",
+        help="merge subword pieces into words: attention to a word is the sum over its "
+        "pieces, from a word the mean (rows still sum to 1)")  # fmt: skip
+    add("--no-special", action="store_true",
+        help="leave out the tokenizer's special tokens ([CLS], [SEP], <s>) and renormalise "
+        "each row over the rest (rollout too)")  # fmt: skip
+    add("--save-weights", metavar="FILE",
+        help="also write what was captured, with the tokens, to FILE (.safetensors or .npz): "
+        "every weight of a dense page; a long page's block overviews and exact top-k")  # fmt: skip
+    window = parser.add_mutually_exclusive_group()
+    window.add_argument("--neuron-window", metavar="START:END",
+        help="the query tokens whose q and k the neuron view keeps when not all fit the page "
+        "(token positions, END excluded; default: the tokens up to the last one)")  # fmt: skip
+    window.add_argument("--neuron-token", metavar="TEXT",
+        help="like --neuron-window: the tokens around the first token that is (or holds) "
+        "TEXT")  # fmt: skip
+    add("--quiet", action="store_true",
+        help="no progress on stderr (by default a live bar on a terminal, else a line per "
+        "layer)")  # fmt: skip
     add("--open", action="store_true", help="open the page in the default web browser")
     show_compare.add_arguments(parser)
     show_image.add_arguments(parser)
@@ -102,7 +123,34 @@ def _checked(args: argparse.Namespace) -> tuple[str, str | None]:
         raise UsageError(f"--top-k: expected 1 to 256 keys per row, got {args.top_k}")
     if args.generate and pair is not None:
         raise UsageError("--generate and --pair: a generated text continues one prompt")
+    if args.generate and (args.words or args.no_special):
+        flag = "--words" if args.words else "--no-special"
+        raise UsageError(
+            f"{flag} and --generate: the word view and dropping special tokens need every "
+            "token before the run, and generated tokens are not known then"
+        )
+    if args.words and (args.neuron_window is not None or args.neuron_token is not None):
+        flag = "--neuron-window" if args.neuron_window is not None else "--neuron-token"
+        raise UsageError(f"{flag} and --words: the word view has no neuron view (q and k "
+                         "belong to tokens, not words)")  # fmt: skip
     return text.strip(), pair
+
+
+def _view(args: argparse.Namespace) -> Any:
+    """The view options (words, special tokens, the neuron window), checked."""
+    from ..viz.options import NeuronWindow, ViewOptions, WindowError
+
+    window = None
+    if args.neuron_window is not None:
+        try:
+            window = NeuronWindow.parse(args.neuron_window)
+        except WindowError as exc:
+            raise UsageError(str(exc)) from None
+    elif args.neuron_token is not None:
+        if not args.neuron_token.strip():
+            raise UsageError("--neuron-token: expected a token's text, got an empty one")
+        window = NeuronWindow(near=args.neuron_token)
+    return ViewOptions(words=args.words, drop_special=args.no_special, neuron_window=window)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -117,6 +165,12 @@ def _run(args: argparse.Namespace) -> int:
     pic_format = picture_format(out_pic) if out_pic is not None else None
     if out_pic is not None and out_pic.resolve() == out_html.resolve():
         raise UsageError("--png: the picture and the page would be the same file; choose two names")
+    out_data = None
+    if args.save_weights is not None:
+        out_data = weights_file(args.save_weights)
+        if out_data.resolve() in {out_html.resolve(), *([out_pic.resolve()] if out_pic else [])}:
+            raise UsageError("--save-weights: the same file as the page or the picture")
+    view = _view(args)
 
     source = open_source(args.model)
     if args.generate and source.kind != "decoder":
@@ -149,6 +203,9 @@ def _run(args: argparse.Namespace) -> int:
 
     second = show_compare.open_second(args)
     from ..models import bert, hf
+    from ..viz.options import WindowError
+    from ..viz.positions import WordsError
+    from ..viz.progress import quiet
     from ..viz.reduce import Budget
 
     try:
@@ -158,26 +215,36 @@ def _run(args: argparse.Namespace) -> int:
             raise UsageError(
                 "TEXT gives no tokens (only invisible or control characters); try: " + EXAMPLE
             )
-        run = source.attend(
-            text, pair, max_length=max_length, layers=layers, heads=heads,
-            generate_tokens=args.generate, seed=args.seed, budget=Budget(top_k=args.top_k),
-        )  # fmt: skip
+        with quiet(args.quiet):
+            run = source.attend(
+                text, pair, max_length=max_length, layers=layers, heads=heads,
+                generate_tokens=args.generate, seed=args.seed, budget=Budget(top_k=args.top_k),
+                view=view,
+            )  # fmt: skip
     except (bert.CheckpointError, hf.CheckpointError) as exc:
         raise UsageError(f"--model: {exc}" if args.model else str(exc)) from None
-    other = show_compare.run_second(
-        args, source, second, text, pair, layer_sel=layer_sel, head_sel=head_sel,
-        max_length=max_length, budget=Budget(top_k=args.top_k),
-    )  # fmt: skip
+    except WordsError as exc:
+        raise UsageError(f"--words: {exc}") from None
+    except WindowError as exc:
+        raise UsageError(str(exc)) from None
+    if args.words and any(n.startswith("Word view (runs") for n in run.sets[0].notes):
+        print("attnkit show: note: the tokenizer marks no words; --words groups the tokens "
+                  "between spaces", file=sys.stderr)  # fmt: skip
+    with quiet(args.quiet):
+        other = show_compare.run_second(
+            args, source, second, text, pair, layer_sel=layer_sel, head_sel=head_sel,
+            max_length=max_length, budget=Budget(top_k=args.top_k), view=view,
+        )  # fmt: skip
     return _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_format,
-                  other)  # fmt: skip
+                  out_data, other)  # fmt: skip
 
 
 def _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_format,
-           other=None) -> int:  # fmt: skip
-    """Write the page and the picture, and print the summary."""
+           out_data, other=None) -> int:  # fmt: skip
+    """Write the page, the picture and the data, and print the summary."""
     notes = list(run.notes)
     first = run.sets[0]
-    n_prompt = first.generated_start if first.generated_start is not None else len(run.tokens)
+    n_prompt = run.used_tokens or len(run.tokens)
     if run.total_tokens > n_prompt:
         why = "the model's positions" if args.max_length is None else "--max-length"
         if args.max_length is None:
@@ -195,10 +262,15 @@ def _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_
             + (", the longer sentence first." if pair is not None else "; the rest is not shown.")
         )
     for s in run.sets:
-        notes.extend(s.notes)
+        notes.extend(n for n in s.notes if n not in notes)
     size = f"{count(source.num_layers, 'layer')} × {count(source.num_heads, 'head')}"
     shown = text if pair is None else f"{text}  ‖  {pair}"
-    meta = {"model": f"{source.name} ({source.kind}, {size})", "tokens": str(len(run.tokens))}
+    n_shown = n_prompt if first.view_kind == "words" or first.renormalised else len(run.tokens)
+    meta = {"model": f"{source.name} ({source.kind}, {size})", "tokens": str(n_shown)}
+    if first.view_kind == "words" or first.renormalised:
+        meta["view"] = (f"{len(run.tokens)} words" if first.view_kind == "words" else "tokens") + (
+            ", special tokens left out (rows renormalised)" if first.renormalised else ""
+        )
     if args.generate:
         how = "greedy" if args.seed is None else f"sampled, seed {args.seed}"
         meta["generated"] = f"{args.generate} tokens ({how})"
@@ -240,6 +312,17 @@ def _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_
           "statistics and rollout views)")  # fmt: skip
     if out_pic is not None:
         print(f"wrote {out_pic}{pic_note}")
+    if out_data is not None:
+        from ..viz.export import save_weights
+
+        try:
+            save_weights(run.sets, out_data, meta={**meta, "text": shown})
+        except OSError as exc:
+            raise UsageError(
+                f"--save-weights: cannot write {out_data}: {exc.strerror or exc}"
+            ) from None
+        holds = "every weight" if not first.long else "block overviews and exact top-k"
+        print(f"wrote {out_data}  ({out_data.stat().st_size / 1024:,.0f} KB; {holds})")
     if args.open:
         import webbrowser
 

@@ -24,6 +24,7 @@ __all__ = [
     "picture_format",
     "read_text",
     "resolve",
+    "weights_file",
 ]
 
 EXAMPLE = 'attnkit show "The cat sat on the mat because it was tired."'
@@ -162,4 +163,15 @@ def check_writable(path_text: str, option: str) -> Path:
         raise UsageError(f"{option}: cannot write {path}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise UsageError(f"{option}: cannot write {path}: permission denied")
+    return path
+
+
+def weights_file(path_text: str) -> Path:
+    """``--save-weights FILE``: a writable .safetensors or .npz file name."""
+    path = check_writable(path_text, "--save-weights")
+    if path.suffix.lower() not in (".safetensors", ".npz"):
+        raise UsageError(
+            f"--save-weights: expected a file name ending in .safetensors or .npz, got "
+            f"{str(path)!r}"
+        )
     return path

@@ -153,6 +153,7 @@ def run_second(
     head_sel: Any,
     max_length: int,
     budget: Any,
+    view: Any = None,
 ) -> SecondSide | None:
     """Run side B with side A's options (None when nothing is compared).
 
@@ -163,7 +164,7 @@ def run_second(
 
     text2: str | None = getattr(args, "compare", None)
     options = {"layer_sel": layer_sel, "head_sel": head_sel, "max_length": max_length,
-               "budget": budget}  # fmt: skip
+               "budget": budget, "view": view}  # fmt: skip
     try:
         if second is not None:
             return _second_model(source, second, text, pair, **options)
@@ -177,7 +178,7 @@ def run_second(
 
 def _second_text(
     source: Any, text: str, text2: str, *, layer_sel: Any, head_sel: Any, max_length: int,
-    budget: Any,
+    budget: Any, view: Any,
 ) -> SecondSide:  # fmt: skip
     """The same model on a second text."""
     if source.content_tokens(text2) == 0:
@@ -185,7 +186,7 @@ def _second_text(
     layers = sorted(resolve(layer_sel, source.num_layers, "--layers", "layer"))
     heads = resolve(head_sel, source.num_heads, "--heads", "head")
     run = source.attend(text2, None, max_length=max_length, layers=layers, heads=heads,
-                        budget=budget)  # fmt: skip
+                        budget=budget, view=view)  # fmt: skip
     names = (f"“{_side_name(text)}”", f"“{_side_name(text2)}”")
     return SecondSide(run, names, "text", text2, source.name)
 
@@ -214,7 +215,7 @@ def prepare(source: Any, second: Any) -> None:
 
 def _second_model(
     source: Any, second: Any, text: str, pair: str | None, *, layer_sel: Any, head_sel: Any,
-    max_length: int, budget: Any,
+    max_length: int, budget: Any, view: Any,
 ) -> SecondSide:  # fmt: skip
     """The same text on a second model with the same tokenizer (checked by :func:`prepare`)."""
     try:
@@ -223,7 +224,9 @@ def _second_model(
     except UsageError as exc:
         raise UsageError(f"--compare-model: {second.name}: {exc}") from None
     limit = min(max_length, second.max_tokens)
-    run = second.attend(text, pair, max_length=limit, layers=layers, heads=heads, budget=budget)
+    run = second.attend(
+        text, pair, max_length=limit, layers=layers, heads=heads, budget=budget, view=view
+    )
     return SecondSide(run, (source.name, second.name), "model", text, second.name)
 
 

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..viz.options import ViewOptions
 from ..viz.reduce import Budget
 from .config_json import ConfigError, check_numbers, read_json, refuse_remote_code
 from .hf_run import AttentionRun, attend, generate
@@ -287,6 +288,7 @@ class Checkpoint:
         generate_tokens: int = 0,
         seed: int | None = None,
         budget: Budget | None = None,
+        view: ViewOptions | None = None,
     ) -> AttentionRun:
         """Run the model on one input and reduce its attention (see :mod:`.hf_run`).
 
@@ -300,6 +302,8 @@ class Checkpoint:
             generate_tokens: a decoder generates this many tokens after ``text``.
             seed: sample the generated tokens with this seed; None = greedy.
             budget: what the page keeps (default :class:`~attnkit.viz.reduce.Budget`).
+            view: words or tokens, special tokens or not, the neuron window
+                (:class:`~attnkit.viz.options.ViewOptions`).
 
         Returns:
             an :class:`AttentionRun`.
@@ -314,12 +318,13 @@ class Checkpoint:
             return generate(
                 self._model, self._tokenizer, text, generate_tokens, max_length=limit,
                 n_layers=self.num_layers, n_heads=self.num_heads, layers=layers, heads=heads,
-                seed=seed, budget=budget,
+                seed=seed, budget=budget, view=view,
             )  # fmt: skip
         return attend(
             self._model, self._tokenizer, self.kind, text, pair, max_length=limit,
             n_layers=self.num_layers, n_heads=self.num_heads,
             n_decoder_layers=self.num_decoder_layers, layers=layers, heads=heads, budget=budget,
+            view=view,
         )  # fmt: skip
 
 

@@ -16,12 +16,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..viz.options import PageView, ViewOptions
+from ..viz.progress import Progress
 from ..viz.reduce import Budget, ReducedSet, SetReducer
-from ..viz.stream import Progress, Router
-from ..viz.tokens import readable_tokens
+from ..viz.stream import Router
+from ..viz.tokens import TokenText, display_tokens, encoding_tokens
 from .hf_capture import streaming_attention, supports_streaming
 
-__all__ = ["AttentionRun", "attend", "generate", "kind_of_module"]
+__all__ = ["AttentionRun", "attend", "generate", "head_dim", "kind_of_module", "run_header"]
 
 
 @dataclass
@@ -34,12 +36,15 @@ class AttentionRun:
         tokens: the input's tokens as text (the first set's queries).
         total_tokens: how many tokens the input makes before truncation.
         notes: facts about the run for the page (a truncated decoder text).
+        used_tokens: how many tokens the model ran on (the prompt's, for a generation);
+            0 = as many as ``tokens`` (which counts words in a word view).
     """
 
     sets: list[ReducedSet]
     tokens: list[str]
     total_tokens: int
     notes: list[str] = field(default_factory=list)
+    used_tokens: int = 0
 
 
 def kind_of_module(name: str) -> str:
@@ -52,24 +57,32 @@ def kind_of_module(name: str) -> str:
     return "decoder"
 
 
-def _tokens(tokenizer: Any, ids: Sequence[int]) -> tuple[list[str], list[str]]:
-    raw = [str(t) for t in tokenizer.convert_ids_to_tokens(list(ids))]
-    return readable_tokens(tokenizer, ids, raw), raw
+def _encode(tokenizer: Any, text: str, pair: str | None, **options: Any) -> Any:
+    """The tokenizer's encoding of one input, with offsets where the tokenizer gives them."""
+    fast = bool(getattr(tokenizer, "is_fast", False))
+    return tokenizer(text, pair, add_special_tokens=True, return_offsets_mapping=fast,
+                     return_special_tokens_mask=True, **options)  # fmt: skip
 
 
-def _finish(
-    reducer: SetReducer, tokens: tuple[list[str], list[str]], keys: tuple[list[str], list[str]]
-    | None = None, pair_start: int | None = None, generated_start: int | None = None
-) -> ReducedSet:  # fmt: skip
-    s = reducer.finish()
-    s.tokens, raw = tokens
-    s.raw_tokens = raw if raw != s.tokens else None
-    if keys is not None:
-        s.key_tokens, key_raw = keys
-        s.key_raw_tokens = key_raw if key_raw != s.key_tokens else None
-    s.pair_start = s.key_pair_start = pair_start
-    s.generated_start = generated_start
-    return s
+def head_dim(config: Any, n_heads: int) -> int:
+    """The width of one head's q and k, from a transformers config."""
+    for name in ("head_dim", "d_kv", "attention_head_size"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    width = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None) or 64
+    return max(1, int(width) // max(1, n_heads))
+
+
+def run_header(tokens: int, n_layers: int, n_heads: int, reducer: SetReducer) -> str:
+    """The line printed before a run: tokens, layers × heads and the kind of page."""
+    kind = (
+        f"long page (block overviews and the top {reducer.store.k} keys of every row)"
+        if reducer.store is not None
+        else "dense page (every weight)"
+    )
+    view = " (word view)" if reducer.rows_map is not None and reducer.rows_map.merges else ""
+    return f"{tokens:,} tokens, {n_layers} layers × {n_heads} heads, {kind}{view}"
 
 
 def _forward(model: nn.Module, router: Router, **inputs: Any) -> Any:
@@ -99,6 +112,7 @@ def _feed_collected(out: Any, router: Router) -> None:
             )
         for layer, w in enumerate(weights):
             reducer.add(layer, 0, w[0].float())
+            router.done()
 
 
 def attend(
@@ -115,6 +129,7 @@ def attend(
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
     budget: Budget | None = None,
+    view: ViewOptions | None = None,
 ) -> AttentionRun:
     """Run ``model`` once on ``text`` (and ``pair``) and reduce its attention.
 
@@ -129,19 +144,29 @@ def attend(
         n_decoder_layers: an encoder-decoder's decoder layers.
         layers, heads: what to show (default all).
         budget: what the page keeps.
+        view: words or tokens, special tokens or not, the neuron window.
+
+    Raises:
+        WordsError, WindowError (ValueErrors): the view cannot be made of this input.
     """
     if kind == "encoder-decoder":
         return _attend_seq2seq(model, tokenizer, text, pair if pair is not None else text,
                                max_length, n_layers, n_decoder_layers or n_layers, n_heads,
-                               layers, heads, budget)  # fmt: skip
+                               layers, heads, budget, view)  # fmt: skip
     total = len(tokenizer(text, pair, add_special_tokens=True)["input_ids"])
-    enc = tokenizer(text, pair, add_special_tokens=True, truncation="longest_first",
-                    max_length=max_length)  # fmt: skip
+    enc = _encode(tokenizer, text, pair, truncation="longest_first", max_length=max_length)
     ids = list(enc["input_ids"])
     L = len(ids)
+    tokens = encoding_tokens(tokenizer, enc, [text] if pair is None else [text, pair])
+    page = PageView(view, tokens)
+    budget = budget or Budget()
+    page.set_window()
     name = "self-attention" + (" (causal)" if kind == "decoder" else "")
-    reducer = SetReducer(name, n_layers, n_heads, L, L, layers=layers, heads=heads, budget=budget)
-    progress = Progress(n_layers, "layer")
+    reducer = SetReducer(name, n_layers, n_heads, L, L, layers=layers, heads=heads, budget=budget,
+                         **page.reducer_args())  # fmt: skip
+    page.check_window(reducer, head_dim(model.config, n_heads))
+    progress = Progress(n_layers, "layer", header=run_header(L, n_layers, n_heads, reducer),
+                        tokens=L)  # fmt: skip
     router = Router({"self": reducer}, progress=progress)
     x = torch.tensor([ids], dtype=torch.long)  # (1, L)
     try:
@@ -152,36 +177,60 @@ def attend(
     if pair is not None and hasattr(enc, "sequence_ids"):
         second = [i for i, s in enumerate(enc.sequence_ids() or []) if s == 1]
         pair_start = second[0] if second and 0 < second[0] < L else None
-    tokens = _tokens(tokenizer, ids)
-    return AttentionRun([_finish(reducer, tokens, pair_start=pair_start)], tokens[0], total)
+    s = page.finish(reducer.finish(), pair_start=pair_start)
+    return AttentionRun([s], s.tokens, total, used_tokens=L)
+
+
+def _shifted_right(tokens: TokenText, start: str) -> TokenText:
+    """The decoder's input: a start token (special), then the target's tokens but the last."""
+    words = None if tokens.words is None else [0, *(w + 1 for w in tokens.words[:-1])]
+    return TokenText(shown=[start, *tokens.shown[:-1]], raw=[start, *tokens.raw[:-1]],
+                     special=[True, *tokens.special[:-1]], words=words,
+                     word_source=tokens.word_source)  # fmt: skip
 
 
 def _attend_seq2seq(
     model: nn.Module, tokenizer: Any, text: str, target: str, limit: int, n_enc: int, n_dec: int,
     n_heads: int, layers: Sequence[int] | None, heads: Sequence[int] | None,
-    budget: Budget | None,
+    budget: Budget | None, view: ViewOptions | None,
 ) -> AttentionRun:  # fmt: skip
     total_src = len(tokenizer(text)["input_ids"])
     total_tgt = len(tokenizer(target)["input_ids"])
-    src = list(tokenizer(text, truncation=True, max_length=limit)["input_ids"])
-    tgt_ids = list(tokenizer(target, truncation=True, max_length=limit)["input_ids"])
+    src_enc = _encode(tokenizer, text, None, truncation=True, max_length=limit)
+    tgt_enc = _encode(tokenizer, target, None, truncation=True, max_length=limit)
+    src, tgt_ids = list(src_enc["input_ids"]), list(tgt_enc["input_ids"])
     cfg = model.config
     start = getattr(cfg, "decoder_start_token_id", None)
     if start is None:
         start = getattr(cfg, "pad_token_id", 0) or 0
     dec = [int(start), *tgt_ids[:-1]]  # shifted right, as in training
     L, T = len(src), len(dec)
+    src_t = encoding_tokens(tokenizer, src_enc, [text])
+    start_raw = str(tokenizer.convert_ids_to_tokens([int(start)])[0])
+    dec_t = _shifted_right(encoding_tokens(tokenizer, tgt_enc, [target]), start_raw)
+    budget = budget or Budget()
+    enc_view, dec_view = PageView(view, src_t), PageView(view, dec_t)
+    cross_view = PageView(view, dec_t, src_t)
+    d = head_dim(cfg, n_heads)
+    enc_layers = [x for x in (layers or range(n_enc)) if x < n_enc]
     dec_layers = [x for x in (layers or range(n_dec)) if x < n_dec]
+    enc_view.set_window()
+    dec_view.set_window()
+    cross_view.window = dec_view.window
     reducers = {
-        "encoder": SetReducer("encoder self-attention", n_enc, n_heads, L, L,
-                              layers=[x for x in (layers or range(n_enc)) if x < n_enc],
-                              heads=heads, budget=budget),
+        "encoder": SetReducer("encoder self-attention", n_enc, n_heads, L, L, layers=enc_layers,
+                              heads=heads, budget=budget, **enc_view.reducer_args()),
         "decoder": SetReducer("decoder self-attention (causal)", n_dec, n_heads, T, T,
-                              layers=dec_layers, heads=heads, budget=budget),
+                              layers=dec_layers, heads=heads, budget=budget,
+                              **dec_view.reducer_args()),
         "cross": SetReducer("cross-attention (decoder → encoder)", n_dec, n_heads, T, L,
-                            layers=dec_layers, heads=heads, positional=False, budget=budget),
+                            layers=dec_layers, heads=heads, positional=False, budget=budget,
+                            **cross_view.reducer_args(keys=True)),
     }  # fmt: skip
-    progress = Progress(n_enc + 2 * n_dec, "layer")
+    enc_view.check_window(reducers["encoder"], d)
+    dec_view.check_window(reducers["decoder"], d)
+    header = run_header(L, n_enc, n_heads, reducers["encoder"]) + f"; decoder {T:,} tokens"
+    progress = Progress(n_enc + 2 * n_dec, "layer", header=header, tokens=L + T)
     router = Router(reducers, kind_of_module, progress)
     x = torch.tensor([src], dtype=torch.long)  # (1, L)
     y = torch.tensor([dec], dtype=torch.long)  # (1, T)
@@ -190,16 +239,15 @@ def _attend_seq2seq(
                  decoder_input_ids=y)  # fmt: skip
     finally:
         progress.close()
-    src_t, dec_t = _tokens(tokenizer, src), _tokens(tokenizer, dec)
     sets = [
-        _finish(reducers["encoder"], src_t),
-        _finish(reducers["decoder"], dec_t),
-        _finish(reducers["cross"], dec_t, src_t),
+        enc_view.finish(reducers["encoder"].finish()),
+        dec_view.finish(reducers["decoder"].finish()),
+        cross_view.finish(reducers["cross"].finish(), keys=src_t, cross=True),
     ]
     notes = []
     if total_tgt > limit:
         notes.append(f"The decoder text has {total_tgt} tokens; truncated to {limit}.")
-    return AttentionRun(sets, src_t[0], total_src, notes)
+    return AttentionRun(sets, sets[0].tokens, total_src, notes, used_tokens=L)
 
 
 def generate(
@@ -215,6 +263,7 @@ def generate(
     heads: Sequence[int] | None = None,
     seed: int | None = None,
     budget: Budget | None = None,
+    view: ViewOptions | None = None,
 ) -> AttentionRun:
     """Continue ``text`` by ``steps`` tokens through the KV cache, reducing every step's attention.
 
@@ -230,15 +279,30 @@ def generate(
         max_length: the most tokens in all (prompt + generated); the prompt is cut to fit.
         n_layers, n_heads, layers, heads, budget: as for :func:`attend`.
         seed: sample with this seed; None = greedy.
+        view: the neuron window (the word view and dropping special tokens need every
+            token before the run: not with generation).
     """
+    if view is not None and (view.words or view.drop_special):
+        raise ValueError(
+            "view: the word view and dropping special tokens need every token before the "
+            "run; generated tokens are not known then"
+        )
     total = len(tokenizer(text)["input_ids"])
-    prompt = list(tokenizer(text, truncation=True, max_length=max(1, max_length - steps))[
-        "input_ids"])  # fmt: skip
+    enc = _encode(tokenizer, text, None, truncation=True, max_length=max(1, max_length - steps))
+    prompt = list(enc["input_ids"])
     L = len(prompt)
     n = L + steps
+    prompt_t = encoding_tokens(tokenizer, enc, [text])
+    budget = budget or Budget()
+    blank = TokenText([*prompt_t.shown, *[""] * steps], [*prompt_t.raw, *[""] * steps],
+                      [*prompt_t.special, *[False] * steps])  # fmt: skip
+    page = PageView(view, blank)
+    page.set_window()
     reducer = SetReducer("self-attention (causal)", n_layers, n_heads, n, n, layers=layers,
-                         heads=heads, budget=budget)  # fmt: skip
-    progress = Progress(n_layers * (steps + 1), "step")
+                         heads=heads, budget=budget, **page.reducer_args())  # fmt: skip
+    page.check_window(reducer, head_dim(model.config, n_heads))
+    header = run_header(n, n_layers, n_heads, reducer) + f", {steps} of them generated"
+    progress = Progress(n_layers * (steps + 1), "layer", header=header, tokens=n)
     router = Router({"self": reducer}, progress=progress)
     gen = None if seed is None else torch.Generator().manual_seed(seed)
     ids = list(prompt)
@@ -260,6 +324,8 @@ def generate(
             step_ids = torch.tensor([[nxt]], dtype=torch.long)  # (1, 1)
     finally:
         progress.close()
-    tokens = _tokens(tokenizer, ids)
-    s = _finish(reducer, tokens, generated_start=L)
-    return AttentionRun([s], tokens[0], total)
+    offsets = enc.get("offset_mapping")
+    spans = [*offsets, *[None] * steps] if offsets is not None else None
+    tokens = display_tokens(tokenizer, ids, texts=[text], offsets=spans)
+    s = page.finish(reducer.finish(), tokens, generated_start=L)
+    return AttentionRun([s], s.tokens, total, used_tokens=L)

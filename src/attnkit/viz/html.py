@@ -221,6 +221,8 @@ def _set_payload(s: ReducedSet) -> dict[str, Any]:
         "pairStart": s.pair_start,
         "pairKeyStart": s.key_pair_start,
         "genStart": s.generated_start,
+        "viewKind": s.view_kind,
+        "renormalised": s.renormalised,
     }
     return out
 
@@ -306,7 +308,7 @@ def render_html(
         "title": title,
         "subtitle": subtitle,
         "meta": {str(k): str(v) for k, v in (meta or {}).items()},
-        "notes": [str(n) for n in notes],
+        "notes": _notes(notes, sets),
         "scale": scale,
         "initial": _initial(layer, heads, sets[0]),
         "sets": [_set_payload(s) for s in sets],
@@ -326,6 +328,15 @@ def render_html(
     parts = {"TITLE": html.escape(title), "STYLE": _static("page.css"), "SCRIPT": script,
              "DATA": data}  # fmt: skip
     return _fill(_static("page.html"), parts)
+
+
+def _notes(notes: Sequence[str], sets: Sequence[ReducedSet]) -> list[str]:
+    """The page's notes: the caller's, then each set's (the word view, what was left out),
+    each once."""
+    out = [str(n) for n in notes]
+    for s in sets:
+        out.extend(n for n in s.notes if n not in out)
+    return out
 
 
 def _initial(layer: int | None, heads: Sequence[int] | None, first: ReducedSet) -> dict[str, Any]:
@@ -419,6 +430,10 @@ def show(
     generate: int = 0,
     seed: int | None = None,
     image: ImageLayout | None = None,
+    words: bool = False,
+    special: bool = True,
+    neuron_window: tuple[int | None, int | None] | str | None = None,
+    progress: bool = True,
     **bertviz: Any,
 ) -> Page:
     """A page of attention as a :class:`Page`: displayed inline in Jupyter, ``.save(path)``.
@@ -431,7 +446,13 @@ def show(
       tokenizer may be None). It runs the same streaming capture as ``attnkit
       show``: every layer reduced while it runs, readable tokens, ``pair`` for a
       second sentence (an encoder-decoder's decoder text), ``generate=N`` tokens
-      for a decoder (greedy, or sampled with ``seed``).
+      for a decoder (greedy, or sampled with ``seed``), ``words=True`` for the word
+      view (pieces merged: attention to a word is the sum over its pieces, from a
+      word the mean), ``special=False`` to leave the special tokens out (each row
+      renormalised), ``neuron_window=(start, stop)`` or a token's text for the
+      queries the neuron view keeps past its budget, ``progress=False`` for no
+      progress on stderr. Tokens are shown as written
+      (:func:`attnkit.viz.tokens.display_tokens`, as in ``attnkit show``).
 
     bertviz's names are accepted where they mean the same: ``sentence_b_start``
     (``pair_start``), ``layer``, ``heads``, ``include_layers``, and
@@ -449,12 +470,18 @@ def show(
     if is_model(attentions):
         run = run_model(attentions, tokenizer if tokenizer is not None else tokens, text,
                         pair=pair, max_length=max_length, generate=generate, seed=seed,
-                        layers=include_layers, top_k=top_k)  # fmt: skip
+                        layers=include_layers, top_k=top_k, words=words, special=special,
+                        neuron_window=neuron_window, progress=progress)  # fmt: skip
         attentions, tokens = run.sets, None
         subtitle = subtitle or (text or "")
         notes = [*notes, *run.notes]
     elif text is not None or tokenizer is not None:
         raise TypeError("text, tokenizer: only with a model (show(model, tokenizer, text))")
+    elif words or not special or neuron_window is not None:
+        raise TypeError(
+            "words, special, neuron_window: only with a model (show(model, tokenizer, text)): "
+            "the tokenizer says where words and special tokens are"
+        )
     elif include_layers is not None:
         attentions = _keep_layers(attentions, include_layers)
         if layer_labels is None:

@@ -50,6 +50,10 @@ def run_model(
     seed: int | None = None,
     layers: Sequence[int] | None = None,
     top_k: int = 16,
+    words: bool = False,
+    special: bool = True,
+    neuron_window: tuple[int | None, int | None] | str | None = None,
+    progress: bool = True,
 ) -> Any:
     """Run a model on ``text`` with streaming capture; an :class:`~attnkit.models.hf_run.AttentionRun`.
 
@@ -62,16 +66,37 @@ def run_model(
         generate: a decoder generates this many tokens; seed: sample them.
         layers: layers to show (default all).
         top_k: keys kept per query row on a long page.
+        words: the word view (subword pieces merged; see :mod:`attnkit.viz.positions`).
+        special: False: leave the special tokens out and renormalise each row.
+        neuron_window: the queries the neuron view keeps past its budget: (start, stop)
+            positions, or a token's text to centre the window on.
+        progress: progress on stderr (:mod:`attnkit.viz.progress`).
     """
-    from ..models import bert, hf
-    from ..models.bert import run as bert_run
-    from ..models.hf_run import attend
-    from ..models.hf_run import generate as hf_generate
+    from .options import NeuronWindow, ViewOptions
+    from .progress import quiet
     from .reduce import Budget
 
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"text: expected the text to run the model on, got {text!r}")
     budget = Budget(top_k=top_k)
+    window = None
+    if isinstance(neuron_window, str):
+        window = NeuronWindow(near=neuron_window)
+    elif neuron_window is not None:
+        window = NeuronWindow(*neuron_window)
+    view = ViewOptions(words=words, drop_special=not special, neuron_window=window)
+    with quiet(not progress):
+        return _run(model, tokenizer, text, pair, max_length, generate, seed, layers, budget, view)
+
+
+def _run(model: Any, tokenizer: Any, text: str, pair: str | None, max_length: int | None,
+         generate: int, seed: int | None, layers: Sequence[int] | None, budget: Any,
+         view: Any) -> Any:  # fmt: skip
+    from ..models import bert, hf
+    from ..models.bert import run as bert_run
+    from ..models.hf_run import attend
+    from ..models.hf_run import generate as hf_generate
+
     if isinstance(model, (str, Path)):
         directory = Path(model)
         from ..commands.show_sources import _is_bert_family
@@ -81,12 +106,13 @@ def run_model(
         else:
             ck = hf.Checkpoint(directory)
             return ck.attend(text, pair, max_length=max_length, layers=layers,
-                             generate_tokens=generate, seed=seed, budget=budget)  # fmt: skip
+                             generate_tokens=generate, seed=seed, budget=budget,
+                             view=view)  # fmt: skip
     if isinstance(model, bert.Bert):
         if generate:
             raise ValueError("generate: a BERT encoder does not generate text")
         return bert_run.attend(model, text, pair, max_length=max_length, layers=layers,
-                               budget=budget)  # fmt: skip
+                               budget=budget, view=view)  # fmt: skip
     if tokenizer is None:
         raise TypeError("tokenizer: a transformers model needs its tokenizer")
     cfg = model.config
@@ -100,9 +126,11 @@ def run_model(
         if kind != "decoder":
             raise ValueError(f"generate: needs a decoder (a causal language model), got an {kind}")
         return hf_generate(model, tokenizer, text, generate, max_length=limit, n_layers=n_layers,
-                           n_heads=n_heads, layers=layers, seed=seed, budget=budget)  # fmt: skip
+                           n_heads=n_heads, layers=layers, seed=seed, budget=budget,
+                           view=view)  # fmt: skip
     return attend(model, tokenizer, kind, text, pair, max_length=limit, n_layers=n_layers,
-                  n_heads=n_heads, n_decoder_layers=n_dec, layers=layers, budget=budget)  # fmt: skip
+                  n_heads=n_heads, n_decoder_layers=n_dec, layers=layers, budget=budget,
+                  view=view)  # fmt: skip
 
 
 def from_bertviz(attentions: Any, tokens: Any, extra: Mapping[str, Any]) -> tuple[Any, Any]:

@@ -4,14 +4,20 @@ A :class:`SetReducer` receives the weights of one kind of attention as they
 are produced, ``add(layer, row0, w)`` with ``w`` of shape (heads, rows, keys),
 and keeps only what the page shows, so at most one layer's weights are alive:
 
-- **dense** pages (up to :attr:`Budget.dense_cells` weights): every weight,
-  in float16 until the page quantizes it;
+- **dense** pages (up to :attr:`Budget.dense_cells` weights): every weight
+  (float32 until the page quantizes it);
 - **long** pages: for every head an exact overview, the max and the mean over
   b×b blocks (a single sharp weight is never averaged away), and the exact
   top-k keys of every query row;
 - always: per-head statistics and pattern classes (:mod:`.stats`), the head
   mean of every layer for attention rollout and flow (:mod:`.rollout`) while
-  it fits, and q and k for the neuron view while they fit.
+  it fits, and q and k for the neuron view (:mod:`.neuron`: every layer; every
+  query while they fit, else a window of queries).
+
+Every reduction is vectorised over a block of heads and rows (:mod:`.blocks`,
+:mod:`.stats`): a few passes over each block, in float32, and no Python per row
+or head. A word view or a view without special tokens (:mod:`.positions`) maps
+each block to page positions before it is reduced.
 
 Rows may come in any order and in any number of calls (a prompt, then one
 generated token at a time); keys may grow (a KV cache): missing keys are 0.
@@ -19,17 +25,46 @@ generated token at a time); keys may grow (a KV cache): missing keys are 0.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from .rollout import FLOW_MAX_TOKENS, attention_flow, attention_rollout
+from .blocks import LongStore, overview_block
+from .neuron import NeuronStore
+from .positions import PositionMap, apply_map
+from .rollout import FLOW_MAX_TOKENS, attention_flow, rollout_of_means
 from .stats import StatsAccumulator
 
-__all__ = ["Budget", "ReducedSet", "SetReducer"]
+__all__ = [
+    "BLOCK_CELLS",
+    "Budget",
+    "ReducedSet",
+    "SetReducer",
+    "neuron_budget",
+    "torch_threads",
+]
+
+# Weights reduced at once: heads × rows × keys at most this many (16 MiB of float32),
+# small enough to stay in the allocator's reused memory (no fresh pages per block).
+BLOCK_CELLS = 1 << 22
+
+
+@contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Within the block, torch runs on ``n`` CPU threads (None: as it is); restored after."""
+    threads = torch.get_num_threads()
+    change = n is not None and n != threads
+    if change:
+        torch.set_num_threads(n)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        if change:
+            torch.set_num_threads(threads)
 
 
 @dataclass(frozen=True)
@@ -45,7 +80,11 @@ class Budget:
             for attention rollout.
         flow_tokens: compute attention flow up to this many tokens.
         neuron_values: at most this many q/k values (layers × heads × (Q + K) × d)
-            for the neuron view; beyond it, the first layers that fit.
+            for the neuron view (float16 on the page); beyond it, q of a window of
+            queries and k of their most weighted keys, in every layer. None: what
+            fits in ``page_bytes`` beside the weights (:func:`neuron_budget`).
+        page_bytes: the page size the neuron view may fill up to, as estimated before
+            the page is written (the page budget, 20 MiB, less a margin).
     """
 
     dense_cells: int = 1 << 25
@@ -53,7 +92,27 @@ class Budget:
     overview: int = 128
     mean_cells: int = 1 << 26
     flow_tokens: int = 24
-    neuron_values: int = 1 << 20
+    neuron_values: int | None = None
+    page_bytes: int = 17 << 20
+
+
+# Bytes per weight on the page after deflate, measured on long pages of 2,000 tokens:
+# one-byte overview cells compress to about half, a top-k entry (a 2-byte index gap
+# and a 1-byte weight) to about 0.8 of its 3 bytes. Dense pages compress as overviews.
+_DEFLATED_CELL = 0.5
+_DEFLATED_TOPK_ENTRY = 3 * 0.8
+_NEURON_VALUES = (1 << 20, 8 << 20)  # the neuron view's least and most q/k values
+
+
+def neuron_budget(budget: Budget, cells: int, topk_entries: int) -> int:
+    """q/k values the neuron view may hold: the budget's own, or what is left of
+    ``page_bytes`` once the weights (``cells`` one-byte cells, ``topk_entries`` top-k
+    entries) are on the page, two bytes a value, within :data:`_NEURON_VALUES`."""
+    if budget.neuron_values is not None:
+        return budget.neuron_values
+    rest = cells * _DEFLATED_CELL + topk_entries * _DEFLATED_TOPK_ENTRY
+    least, most = _NEURON_VALUES
+    return int(min(most, max(least, (budget.page_bytes - rest) / 2)))
 
 
 @dataclass
@@ -82,10 +141,36 @@ class ReducedSet:
     pair_start: int | None = None
     key_pair_start: int | None = None
     generated_start: int | None = None  # first generated token (a generation page)
+    view_kind: str = "tokens"  # "words": subword pieces merged (the word view)
+    renormalised: bool = False  # special tokens dropped and each row renormalised
 
     @property
     def long(self) -> bool:
         return self.dense is None
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """What was captured, as named arrays (what ``--save-weights`` writes).
+
+        A dense set: ``weights`` (layers, heads, Q, K), every weight. A long set:
+        ``pooled_max`` and ``pooled_mean`` (layers, heads, Qb, Kb), the max and mean
+        over ``block``×``block`` blocks, and ``topk_index`` (int32) and ``topk_weight``
+        (layers, heads, Q, k), the exact top-k keys of every row, best first. Both:
+        ``rollout`` (Q, K) when computed, and the neuron view's ``neuron_q`` (layers,
+        heads, W, d) and ``neuron_k`` (layers, heads, K'', d) when kept.
+        """
+        out: dict[str, np.ndarray] = {}
+        if self.dense is not None:
+            out["weights"] = np.ascontiguousarray(self.dense, np.float32)
+        else:
+            for name in ("pooled_max", "pooled_mean", "topk_weight"):
+                out[name] = np.ascontiguousarray(getattr(self, name), np.float32)
+            out["topk_index"] = np.ascontiguousarray(self.topk_index, np.int32)
+        if self.rollout is not None:
+            out["rollout"] = np.ascontiguousarray(self.rollout, np.float32)
+        if self.neuron is not None:
+            out["neuron_q"] = np.ascontiguousarray(self.neuron["q"], np.float16)
+            out["neuron_k"] = np.ascontiguousarray(self.neuron["k"], np.float16)
+        return out
 
 
 class SetReducer:
@@ -95,11 +180,15 @@ class SetReducer:
         name: the kind (``"self-attention (causal)"``).
         n_layers: layers the model has (every one is fed; rollout needs all).
         n_heads: heads per layer in the model.
-        Q, K: query and key count of the finished page.
+        Q, K: query rows and keys the model produces (token positions).
         layers: model layers to show (default all), increasing.
         heads: model heads to show (default all).
         positional: queries and keys share positions (self-attention).
         budget: what to keep.
+        rows, cols: maps of token positions to page positions (the word view, the view
+            without special tokens; :mod:`.positions`), for queries and keys; None = as is.
+        neuron_window: (start, stop) page queries whose q the neuron view keeps when not
+            every query fits; None = the default window (:mod:`.neuron`).
     """
 
     def __init__(
@@ -114,9 +203,18 @@ class SetReducer:
         heads: Sequence[int] | None = None,
         positional: bool = True,
         budget: Budget | None = None,
+        rows: PositionMap | None = None,
+        cols: PositionMap | None = None,
+        neuron_window: tuple[int, int] | None = None,
     ) -> None:
+        for label, pmap, n in (("rows", rows, Q), ("cols", cols, K)):
+            if pmap is not None and pmap.n != n:
+                raise ValueError(f"{label}: the map reads {pmap.n} positions, the page has {n}")
         self.name = name
         self.n_layers, self.n_heads, self.Q, self.K = n_layers, n_heads, Q, K
+        self.rows_map, self.cols_map = rows, cols
+        self.Qp = rows.size if rows is not None else Q  # page rows
+        self.Kp = cols.size if cols is not None else K  # page keys
         self.layers = list(range(n_layers)) if layers is None else sorted(layers)
         self.heads = list(range(n_heads)) if heads is None else list(heads)
         self.row_of = {layer: i for i, layer in enumerate(self.layers)}
@@ -124,41 +222,66 @@ class SetReducer:
         self.budget = budget or Budget()
         nL, nH = len(self.layers), len(self.heads)
         b = self.budget
-        self.long = nL * nH * Q * K > b.dense_cells
+        self.long = nL * nH * self.Qp * self.Kp > b.dense_cells
         self.dense: torch.Tensor | None = None
+        self.store: LongStore | None = None
+        self.block = 1
         if not self.long:
-            self.dense = torch.zeros((nL, nH, Q, K))
+            self.dense = torch.zeros((nL, nH, self.Qp, self.Kp))
         else:
-            self.block = max(1, -(-max(Q, K) // b.overview))
-            self.Qb, self.Kb = -(-Q // self.block), -(-K // self.block)
-            self.k = min(b.top_k, K)
-            self.pmax = torch.zeros((nL, nH, self.Qb, self.Kb))
-            self.psum = torch.zeros((nL, nH, self.Qb, self.Kb))
-            self.tk_idx = torch.zeros((nL, nH, Q, self.k), dtype=torch.int32)
-            self.tk_w = torch.zeros((nL, nH, Q, self.k))
+            self.block = overview_block(self.Qp, self.Kp, b.overview)
+            self.store = LongStore(nL, nH, self.Qp, self.Kp, self.block, min(b.top_k, self.Kp))
         self.stats = StatsAccumulator(nL, nH, self.positional)
         self.means: torch.Tensor | None = None
-        if self.positional and n_layers * Q * K <= b.mean_cells:
-            self.means = torch.zeros((n_layers, Q, K))
-        self.neuron: dict[str, Any] | None = None
-        self.neuron_layers: list[int] = []
+        if self.positional and n_layers * self.Qp * self.Kp <= b.mean_cells:
+            self.means = torch.zeros((n_layers, self.Qp, self.Kp))
+        self.neuron: NeuronStore | None = None
+        words = (rows is not None and rows.merges) or (cols is not None and cols.merges)
+        if not words:
+            if self.store is not None:
+                cells = 2 * nL * nH * self.store.Qb * self.store.Kb  # max and mean
+                entries = nL * nH * self.Qp * self.store.k
+            else:
+                cells, entries = nL * nH * self.Qp * self.Kp, 0
+            self.neuron = NeuronStore(
+                self.layers, nH, rows.kept if rows is not None else None,
+                cols.kept if cols is not None else None, Q, K,
+                neuron_budget(b, cells, entries), neuron_window,
+            )  # fmt: skip
+        self.threads: int | None = None  # CPU threads for the rollout (None: torch's)
 
-    # ------------------------------------------------------------------- weights
+    # ------------------------------------------------------------------- blocks
 
-    def _chunk_heads(self, head0: int, n: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(positions among the shown heads, positions in the chunk) of the chunk's shown heads."""
+    def cut(self, row0: int, end: int) -> int:
+        """Where a block of token rows starting at ``row0`` may end, at ``end`` or before it
+        when it can: never inside a word of the word view."""
+        if self.rows_map is None:
+            return max(row0 + 1, min(end, self.Q))
+        return self.rows_map.cut(row0, end)
+
+    def _chunk_heads(
+        self, head0: int, n: int
+    ) -> tuple[slice | torch.Tensor, slice | torch.Tensor] | None:
+        """(positions among the shown heads, positions in the chunk) of the chunk's shown
+        heads; slices when both are runs."""
         sel = [(i, h - head0) for i, h in enumerate(self.heads) if head0 <= h < head0 + n]
         if not sel:
             return None
-        return torch.tensor([i for i, _ in sel]), torch.tensor([j for _, j in sel])
+        dst = [i for i, _ in sel]
+        src = [j for _, j in sel]
+        if dst == list(range(dst[0], dst[-1] + 1)) and src == list(range(src[0], src[-1] + 1)):
+            return slice(dst[0], dst[-1] + 1), slice(src[0], src[-1] + 1)
+        return torch.tensor(dst), torch.tensor(src)
+
+    # ------------------------------------------------------------------- weights
 
     def add(self, layer: int, row0: int, w: torch.Tensor, head0: int = 0) -> None:
         """Reduce weights (h, r, S) of model ``layer``, heads head0 .. head0 + h - 1, for
-        query rows row0 .. row0 + r - 1.
+        token rows row0 .. row0 + r - 1 and keys 0 .. S - 1.
 
         ``S`` may be less than K (keys not produced yet are 0). Every (layer, head,
-        row) is to be given once. Row blocks are processed in chunks so temporaries
-        stay small.
+        row) is to be given once; under a word view a block holds whole words (see
+        :meth:`cut`). Large blocks are reduced in parts so temporaries stay small.
         """
         if w.ndim != 3 or head0 < 0 or head0 + w.shape[0] > self.n_heads:
             raise ValueError(
@@ -174,43 +297,36 @@ class SetReducer:
                 f"{self.Q} × {self.K} page"
             )
         w = w.detach().to("cpu", torch.float32)
-        chunk = max(1, (1 << 24) // max(1, h * S))
-        if self.long:
-            chunk = max(self.block, chunk - chunk % self.block)
-        for a in range(0, r, chunk):
-            self._add_rows(layer, row0 + a, w[:, a : a + chunk], head0)
+        part = max(1, BLOCK_CELLS // max(1, h * S))
+        a = 0
+        while a < r:
+            end = self.cut(row0 + a, row0 + min(r, a + part)) - row0
+            block = w[:, a:end]
+            if not block.is_contiguous():
+                block = block.contiguous()
+            page, prow = apply_map(block, row0 + a, self.rows_map, self.cols_map)
+            if page.shape[1]:
+                self._add_rows(layer, prow, page, head0)
+            a = end
 
     def _add_rows(self, layer: int, row0: int, w: torch.Tensor, head0: int) -> None:
+        """Page weights (h, r, S) of page rows row0 .. row0 + r - 1: every reduction."""
         h, r, S = w.shape
-        rows = torch.arange(row0, row0 + r)
         if self.means is not None:
-            self.means[layer, row0 : row0 + r, :S] += w.sum(0) / self.n_heads  # (r, S)
+            self.means[layer, row0 : row0 + r, :S] += w.sum(0).div_(self.n_heads)  # (r, S)
         li = self.row_of.get(layer)
         sel = self._chunk_heads(head0, h)
         if li is None or sel is None:
             return
         dst, src = sel
-        kept = w.index_select(0, src)  # (h', r, S)
-        if S < self.K:
-            kept = torch.nn.functional.pad(kept, (0, self.K - S))  # (h', r, K)
-        self.stats.add(li, kept, rows, dst.numpy())
+        kept = w[src] if isinstance(src, slice) else w.index_select(0, src)  # (h', r, S)
+        rows = torch.arange(row0, row0 + r)
+        self.stats.add(li, kept, rows, dst if isinstance(dst, slice) else dst.numpy())
         if self.dense is not None:
-            self.dense[li, dst, row0 : row0 + r] = kept
-            return
-        b, Kb = self.block, self.Kb
-        padded = torch.nn.functional.pad(kept, (0, Kb * b - self.K))  # (h', r, Kb * b)
-        blocks = padded.view(kept.shape[0], r, Kb, b)  # (h', r, Kb, b)
-        row_block = rows // b  # (r,)
-        pmax = self.pmax[li, dst]  # (h', Qb, Kb)
-        where = row_block.view(1, r, 1).expand(kept.shape[0], r, Kb)  # (h', r, Kb)
-        pmax.scatter_reduce_(1, where, blocks.amax(-1), "amax")
-        self.pmax[li, dst] = pmax
-        psum = self.psum[li, dst]  # (h', Qb, Kb)
-        psum.index_add_(1, row_block, blocks.sum(-1))
-        self.psum[li, dst] = psum
-        vals, idx = torch.topk(kept, self.k, dim=-1)  # (h', r, k)
-        self.tk_idx[li, dst, row0 : row0 + r] = idx.int()
-        self.tk_w[li, dst, row0 : row0 + r] = vals
+            self.dense[li, dst, row0 : row0 + r, :S] = kept
+        else:
+            assert self.store is not None
+            self.store.add(li, dst, row0, kept)
 
     # ------------------------------------------------------------------- q and k
 
@@ -223,11 +339,11 @@ class SetReducer:
         form: dict[str, Any],
         head0: int = 0,
     ) -> None:
-        """Keep the terms of the logits for the neuron view, while they fit the budget.
+        """Keep the terms of the logits for the neuron view (see :mod:`.neuron`).
 
         Args:
             layer: the model layer.
-            row0: the first query row of ``q``.
+            row0: the first token row of ``q``.
             q: (h, r, d) the query side of the score (``W_q q`` for Additive), heads
                 head0 .. head0 + h - 1.
             k: (h, S, d) the key side for keys 0 .. S - 1 (a KV cache: all so far).
@@ -236,32 +352,10 @@ class SetReducer:
         """
         li = self.row_of.get(layer)
         sel = self._chunk_heads(head0, q.shape[0])
-        if li is None or sel is None:
+        if li is None or sel is None or self.neuron is None:
             return
         dst, src = sel
-        d = q.shape[-1]
-        if self.neuron is None:
-            per_layer = len(self.heads) * (self.Q + self.K) * d
-            fit = max(0, min(len(self.layers), self.budget.neuron_values // max(1, per_layer)))
-            self.neuron_layers = self.layers[:fit]
-            self.neuron = {
-                "q": torch.zeros((fit, len(self.heads), self.Q, d), dtype=torch.float16),
-                "k": torch.zeros((fit, len(self.heads), self.K, d), dtype=torch.float16),
-                "forms": [None] * fit,
-            }
-        if li >= len(self.neuron_layers):
-            return
-        n = self.neuron
-        if n["q"].shape[-1] != d or k.shape[-1] != d:
-            return  # layers of different widths: keep the first width only
-        q = q.detach().to("cpu", torch.float32).index_select(0, src)
-        k = k.detach().to("cpu", torch.float32).index_select(0, src)
-        n["q"][li, dst, row0 : row0 + q.shape[1]] = q.half()
-        n["k"][li, dst, : k.shape[1]] = k.half()
-        n["forms"][li] = {
-            key: (val.tolist() if isinstance(val, torch.Tensor) else val)
-            for key, val in form.items()
-        }
+        self.neuron.add(li, dst, src, row0, q, k, form)
 
     # ------------------------------------------------------------------- result
 
@@ -270,44 +364,53 @@ class SetReducer:
         nL, nH = len(self.layers), len(self.heads)
         out = ReducedSet(
             name=self.name,
-            shape=(nL, nH, self.Q, self.K),
+            shape=(nL, nH, self.Qp, self.Kp),
             layer_labels=list(labels) if labels else [f"layer {i}" for i in self.layers],
             head_labels=[f"head {h}" for h in self.heads],
             stats=self.stats.finish(),
         )
+        top: torch.Tensor | None = None
         if self.dense is not None:
             out.dense = self.dense.numpy()
         else:
-            b = self.block
-            rows = torch.full((self.Qb,), float(b))
-            rows[-1] = self.Q - b * (self.Qb - 1)
-            cols = torch.full((self.Kb,), float(b))
-            cols[-1] = self.K - b * (self.Kb - 1)
-            out.block = b
-            out.pooled_max = self.pmax.numpy()
-            out.pooled_mean = (self.psum / (rows[:, None] * cols[None, :])).numpy()
-            out.topk_index = self.tk_idx.numpy()
-            out.topk_weight = self.tk_w.numpy()
+            assert self.store is not None
+            parts = self.store.finish()
+            out.block = self.block
+            out.pooled_max = parts["pooled_max"].numpy()
+            out.pooled_mean = parts["pooled_mean"].numpy()
+            out.topk_index = parts["topk_index"].numpy()
+            out.topk_weight = parts["topk_weight"].numpy()
+            top = parts["topk_index"]
         if self.means is not None:
-            out.rollout = attention_rollout(self.means.unsqueeze(1))
-            if self.Q <= min(self.budget.flow_tokens, FLOW_MAX_TOKENS):
+            if self.Qp <= min(self.budget.flow_tokens, FLOW_MAX_TOKENS):
                 out.flow = attention_flow(self.means.unsqueeze(1))
+            with torch_threads(self.threads):
+                out.rollout = rollout_of_means(self.means)  # overwrites the means
+            self.means = None
         elif self.positional:
             out.notes.append(
-                f"Attention rollout is left out: {self.n_layers} layers of {self.Q} × {self.K} "
-                "head means are more than the page keeps."
+                f"Attention rollout is left out: {self.n_layers} layers of {self.Qp} × "
+                f"{self.Kp} head means are more than the page keeps."
             )
-        if self.neuron is not None and self.neuron_layers:
-            n = self.neuron
-            out.neuron = {
-                "layers": [self.row_of[x] for x in self.neuron_layers],
-                "q": n["q"].numpy(),
-                "k": n["k"].numpy(),
-                "forms": n["forms"],
-            }
-            if len(self.neuron_layers) < nL:
-                out.notes.append(
-                    f"The neuron view holds q and k of the first {len(self.neuron_layers)} of "
-                    f"{nL} layers (the rest would make the page too large)."
-                )
+        self._finish_neuron(out, top)
         return out
+
+    def _finish_neuron(self, out: ReducedSet, top: torch.Tensor | None) -> None:
+        if self.neuron is None:
+            out.notes.append("The word view has no neuron view: q and k belong to tokens.")
+            return
+        if top is None and self.dense is not None and self.neuron.window is not None:
+            start, stop = self.neuron.window
+            rows = self.dense[:, :, start:stop]  # (layers, heads, W, K')
+            k = min(self.budget.top_k, self.Kp)
+            top = torch.full((*self.dense.shape[:2], self.Qp, k), -1, dtype=torch.long)
+            top[:, :, start:stop] = torch.topk(rows, k, dim=-1).indices
+        out.neuron = self.neuron.finish(top)
+        n = out.neuron
+        if n is not None and n["key_index"] is not None:
+            out.notes.append(
+                f"The neuron view holds q for queries {n['query_start']} to "
+                f"{n['query_stop'] - 1} and k for {len(n['key_index'])} of {self.Kp} keys "
+                "(those queries' own and most weighted keys), in every layer: all of them "
+                "would make the page too large."
+            )

@@ -40,21 +40,23 @@ _FIELDS = ("rows", "entropy", "norm_entropy", "norm_rows", "distance", "prev", "
            "pattern_rows", "local")  # fmt: skip
 
 
-class _View:
-    """``view[layer] += x`` adds into sums[at] (at: a layer and a head selection)."""
+_TINY = torch.finfo(torch.float32).tiny  # log(w) of a weight 0 is read as log(tiny): 0 · it = 0
 
-    def __init__(self, sums: np.ndarray, at: tuple[int, Any]) -> None:
-        self.sums, self.at = sums, at
 
-    def __getitem__(self, layer: int) -> np.ndarray:
-        return self.sums[self.at]
-
-    def __setitem__(self, layer: int, value: np.ndarray) -> None:
-        self.sums[self.at] = value
+def _diagonal(w: torch.Tensor, d: int) -> torch.Tensor:
+    """(h, r, S) -> (h, r): ``w[:, t, t + d]`` for each row t, 0 where t + d is not a key."""
+    h, r, S = w.shape
+    out = w.new_zeros(h, r)
+    if -r < d < S:
+        diag = torch.diagonal(w, offset=d, dim1=1, dim2=2)  # (h, n): rows max(0, -d) ...
+        t0 = max(0, -d)
+        out[:, t0 : t0 + diag.shape[-1]] = diag
+    return out
 
 
 class StatsAccumulator:
-    """Row sums per (layer, head), filled a row block at a time.
+    """Row sums per (layer, head), filled a row block at a time, vectorised over heads and
+    rows (a few passes over each block, no Python per row or head).
 
     Args:
         n_layers, n_heads: the grid of heads.
@@ -67,47 +69,51 @@ class StatsAccumulator:
         self.sums = {f: np.zeros((n_layers, n_heads), np.float64) for f in _FIELDS}
 
     def add(
-        self, layer: int, w: torch.Tensor, rows: torch.Tensor, heads: np.ndarray | None = None
+        self,
+        layer: int,
+        w: torch.Tensor,
+        rows: torch.Tensor,
+        heads: np.ndarray | slice | None = None,
     ) -> None:
         """Add a block of rows.
 
         Args:
             layer: index into the accumulator's layers.
-            w: (h, r, S) weights of h heads for r query rows.
-            rows: (r,) the rows' query positions (int64).
-            heads: (h,) which of the accumulator's heads ``w`` holds; None = all.
+            w: (h, r, S) weights of h heads for r query rows; keys past S count as 0.
+            rows: (r,) the rows' query positions (int64), increasing by one.
+            heads: which of the accumulator's heads ``w`` holds (indices or a slice);
+                None = all.
         """
-        used = w.sum(-1) > 0  # (h, r): fully masked rows are left out
         at = (layer, slice(None) if heads is None else heads)
-        s = {k: _View(v, at) for k, v in self.sums.items()}
-        s["rows"][layer] += used.sum(-1).double().numpy()
-        ent = torch.special.entr(w).sum(-1)  # (h, r) in nats
-        s["entropy"][layer] += (ent * used).sum(-1).double().numpy()
-        n_keys = (w > 0).sum(-1)  # (h, r)
+        h, r, S = w.shape
+        found: dict[str, torch.Tensor] = {}
+        used = w.sum(-1) > 0  # (h, r): fully masked rows are left out
+        found["rows"] = used.sum(-1)
+        buf = torch.clamp_min(w, _TINY)  # (h, r, S): one work buffer for the passes below
+        # numpy's vectorised log: several times faster than torch.log on the CPU
+        np.log(buf.numpy(), out=buf.numpy())
+        buf.mul_(w)
+        ent = -buf.sum(-1)  # (h, r) in nats
+        found["entropy"] = (ent * used).sum(-1)
+        n_keys = torch.sign(w, out=buf).sum(-1)  # (h, r): keys with a weight > 0
         spread = n_keys > 1
-        norm = ent / torch.log(n_keys.clamp_min(2).float())  # (h, r)
-        s["norm_entropy"][layer] += (norm * spread).sum(-1).double().numpy()
-        s["norm_rows"][layer] += spread.sum(-1).double().numpy()
-        S = w.shape[-1]
+        norm = ent / torch.log(n_keys.clamp_min(2))  # (h, r)
+        found["norm_entropy"] = (norm * spread).sum(-1)
+        found["norm_rows"] = spread.sum(-1)
         pattern = (rows > 0).unsqueeze(0) & used  # (h, r): rows after the first
-        s["pattern_rows"][layer] += pattern.sum(-1).double().numpy()
-        s["first"][layer] += (w[..., 0] * pattern).sum(-1).double().numpy()
-        if not self.positional:
-            return
-        keys = torch.arange(S)
-        dist = (rows.unsqueeze(1) - keys.unsqueeze(0)).abs().float()  # (r, S)
-        s["distance"][layer] += (w * dist).sum(-1).sum(-1).double().numpy()
-        own = rows.clamp_max(S - 1)  # (r,)
-        prev = (rows - 1).clamp(0, S - 1)  # (r,)
-        idx = torch.arange(w.shape[1])
-        local = torch.zeros(w.shape[:2])  # (h, r): the band |i - j| <= LOCAL, one gather per offset
-        for off in range(-LOCAL, LOCAL + 1):
-            key = rows + off  # (r,)
-            inside = (key >= 0) & (key < S)
-            local += w[:, idx, key.clamp(0, S - 1)] * inside
-        s["local"][layer] += (local * used).sum(-1).double().numpy()
-        s["self"][layer] += (w[:, idx, own] * pattern).sum(-1).double().numpy()
-        s["prev"][layer] += (w[:, idx, prev] * pattern).sum(-1).double().numpy()
+        found["pattern_rows"] = pattern.sum(-1)
+        found["first"] = (w[..., 0] * pattern).sum(-1)
+        if self.positional:
+            dist = (rows.unsqueeze(1) - torch.arange(S)).abs_().float()  # (r, S)
+            found["distance"] = torch.mul(w, dist, out=buf).sum(-1).sum(-1)
+            row0 = int(rows[0])
+            band = {off: _diagonal(w, row0 + off) for off in range(-LOCAL, LOCAL + 1)}
+            local = sum(band.values(), w.new_zeros(h, r))  # (h, r): |i - j| <= LOCAL
+            found["local"] = (local * used).sum(-1)
+            found["self"] = (band[0] * pattern).sum(-1)
+            found["prev"] = (band[-1] * pattern).sum(-1)
+        for name, value in found.items():
+            self.sums[name][at] += value.double().numpy()
 
     def finish(self) -> dict[str, Any]:
         """Means per head and the class of each: a dict of (layers, heads) lists."""

@@ -2,20 +2,22 @@
 
 :class:`StreamRecorder` is the recorder :func:`attnkit.attention` reports to
 (see :mod:`attnkit._recording`). Unlike :func:`attnkit.viz.capture`, which
-keeps every call's weights, it hands each call's exact weights, a few heads at
-a time, to a :class:`~attnkit.viz.reduce.SetReducer` and drops them, so at most
-one layer's weights (of a few heads) are alive. Any model whose attention runs
-through ``attention()`` streams this way: attnkit's own layers and models, and
-a transformers model whose attention implementation calls ``attention()``.
+keeps every call's weights, it recomputes each call's exact weights a block of
+query rows at a time (every head; at most
+:data:`~attnkit.viz.reduce.BLOCK_CELLS` weights), hands each block to a
+:class:`~attnkit.viz.reduce.SetReducer` and drops it. A block asks only for the
+keys its rows may attend to (a causal mask: the keys up to its last row), so a
+decoder's weights cost half. Any model whose attention runs through
+``attention()`` streams this way: attnkit's own layers and models, and a
+transformers model whose attention implementation calls ``attention()``.
 
 :class:`Router` names the reducer and layer of a call from the qualified name
-of the module that made it; :class:`Progress` prints attnkit's own progress on
-a terminal when a run takes more than a moment.
+of the module that made it, and ticks the run's :class:`~.progress.Progress`.
 """
 
 from __future__ import annotations
 
-import sys
+import copy
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,44 +27,66 @@ import torch
 from torch import nn
 
 from .. import _recording, mods, scores
+from ..blockplan import build_plan
 from ..functional import attention
-from .reduce import SetReducer
+from .progress import Progress
+from .reduce import BLOCK_CELLS, SetReducer, torch_threads
 
 if TYPE_CHECKING:
     from .._inputs import AttentionInputs
     from ..backends.base import AttentionResult, Backend
 
-__all__ = ["HEAD_CHUNK_CELLS", "Progress", "Router", "StreamRecorder", "score_form", "streaming"]
+__all__ = [
+    "Progress",
+    "Router",
+    "StreamRecorder",
+    "ThreadChoice",
+    "row_blocks",
+    "score_form",
+    "streaming",
+]
 
-# Weights computed at once: heads × rows × keys at most this many (256 MiB of float32).
-HEAD_CHUNK_CELLS = 1 << 26
 
+class ThreadChoice:
+    """How many CPU threads the recorder's work runs on, chosen by measuring it.
 
-class Progress:
-    """``layer 5/12`` on stderr, only on a terminal and only once a run takes over a second."""
+    That work (each row block's weights and their reduction, the rollout) is hundreds
+    of medium-sized passes a layer. On a quiet machine a pass split across the cores
+    is faster; on a busy one each split pass waits for its slowest core, and one
+    thread was about ten times faster than two (2 cores, load average about 12). So
+    the first row block runs on one thread (it pays the first-call costs), the next
+    :data:`TRIALS` alternate between torch's own setting and one thread, and the rest
+    run on whichever of the two took less time per weight.
+    """
 
-    def __init__(self, total: int, what: str = "attention", delay: float = 1.0) -> None:
-        self.total, self.what, self.delay = max(1, total), what, delay
-        self.start = time.perf_counter()
-        self.done = 0
-        self.shown = False
-        self.live = bool(getattr(sys.stderr, "isatty", lambda: False)())
+    TRIALS = 4
 
-    def step(self, n: int = 1) -> None:
-        self.done += n
-        if not self.live or time.perf_counter() - self.start < self.delay:
-            return
-        pct = min(100, 100 * self.done // self.total)
-        sys.stderr.write(
-            f"\rattnkit: {self.what} {min(self.done, self.total)}/{self.total} ({pct}%)"
-        )
-        sys.stderr.flush()
-        self.shown = True
+    def __init__(self) -> None:
+        self.cost: dict[int, list[float]] = {}  # threads -> seconds and weights, summed
+        self.blocks = 0
 
-    def close(self) -> None:
-        if self.shown:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
+    def pick(self) -> int:
+        """The thread count for the next row block."""
+        self.blocks += 1
+        n = torch.get_num_threads()
+        if n == 1 or self.blocks == 1:
+            return 1
+        if self.blocks <= 1 + self.TRIALS:
+            return n if self.blocks % 2 == 0 else 1
+        return self.best() or n
+
+    def measured(self, threads: int, seconds: float, cells: int) -> None:
+        """A block on ``threads`` threads took ``seconds`` for ``cells`` weights."""
+        if 1 < self.blocks <= 1 + self.TRIALS:
+            spent = self.cost.setdefault(threads, [0.0, 0.0])
+            spent[0] += seconds
+            spent[1] += cells
+
+    def best(self) -> int | None:
+        """The faster thread count once both were tried (None before)."""
+        if len(self.cost) < 2 or self.blocks <= 1 + self.TRIALS:
+            return None
+        return min(self.cost, key=lambda t: self.cost[t][0] / max(1.0, self.cost[t][1]))
 
 
 class Router:
@@ -72,7 +96,7 @@ class Router:
         reducers: one :class:`SetReducer` per kind (``"self"``; or ``"encoder"``,
             ``"decoder"``, ``"cross"`` for an encoder-decoder).
         kind_of: the kind of a call from its module's qualified name.
-        progress: ticked once per call.
+        progress: ticked once per call, when the call is reduced (:meth:`done`).
     """
 
     def __init__(
@@ -88,6 +112,7 @@ class Router:
         self.counts: dict[str, int] = {}
         self.row_offset: dict[str, int] = {}  # cross-attention: the decoder's first row
         self.calls = 0
+        self.threads = ThreadChoice()
 
     def route(self, name: str) -> tuple[SetReducer, int] | None:
         """(reducer, model layer) of a call made by module ``name``; None if not shown."""
@@ -99,10 +124,13 @@ class Router:
             self.counts[kind] = self.counts.get(kind, 0) + 1
         kind, layer = self.layer_of[name]
         self.calls += 1
-        if self.progress is not None:
-            self.progress.step()
         reducer = self.reducers[kind]
         return (reducer, layer) if layer < reducer.n_layers else None
+
+    def done(self) -> None:
+        """A call is reduced: the progress moves on."""
+        if self.progress is not None:
+            self.progress.step()
 
     def first_row(self, name: str, rows: int, keys: int) -> int:
         """The call's first query row: keys - rows for self-attention with a cache."""
@@ -137,8 +165,8 @@ def score_form(score: scores.Score, scale: float, q: torch.Tensor, k: torch.Tens
 class StreamRecorder:
     """Reduces every ``attention()`` call made inside ``model`` as it happens.
 
-    The exact weights of a call are recomputed (without dropout) a few heads at a
-    time through :func:`attnkit.attention` with ``return_weights=True`` (the forward
+    The exact weights of a call are recomputed (without dropout) a block of rows at
+    a time through :func:`attnkit.attention` with ``return_weights=True`` (the forward
     itself is untouched), given to the call's reducer and dropped.
     """
 
@@ -154,91 +182,149 @@ class StreamRecorder:
             return
         name = self.stack[-1]
         routed = self.router.route(name)
-        if routed is None:
-            return
-        reducer, layer = routed
-        q, k, v = inputs.query, inputs.key, inputs.value
-        while q.ndim > 4:
-            q, k, v = q[0], k[0], v[0]  # extra leading dims: their first element
-        if q.ndim < 3:
-            q, k, v = q[None], k[None], v[None]  # (1, L, E): one head
-        H, r, S = q.shape[-3], q.shape[-2], k.shape[-2]
-        row0 = self.router.first_row(name, r, S)
-        g = max(1, H // k.shape[-3])  # grouped-query attention: g query heads per key head
-        step = max(g, (HEAD_CHUNK_CELLS // max(1, r * S)) // g * g)
-        if head_terms(inputs, slice(0, H)) is None or _per_head_mask(inputs, H):
-            step = H  # a modifier or a mask whose heads cannot be taken apart: all at once
-        token = _recording.ACTIVE.set(None)
         try:
-            for h0 in range(0, H, step):
-                hs = slice(h0, min(H, h0 + step))
-                ks = slice(h0 // g, -(-hs.stop // g))
-                w = self._weights(inputs, hs, q[..., hs, :, :], k[..., ks, :, :], v[..., ks, :, :])
-                reducer.add(layer, row0, w, h0)
-                del w
+            if routed is not None:
+                self._reduce(inputs, name, *routed)
+        finally:
+            self.router.done()
+
+    def _reduce(self, inputs: AttentionInputs, name: str, reducer: SetReducer, layer: int) -> None:
+        """The call's weights, a block of rows at a time, and its q and k, to its reducer."""
+        q, k = inputs.query, inputs.key
+        while q.ndim > 4:
+            q, k = q[0], k[0]  # extra leading dims: their first element
+        if q.ndim < 3:
+            q, k = q[None], k[None]  # (1, L, E): one head
+        H, L, S = q.shape[-3], q.shape[-2], k.shape[-2]
+        row0 = self.router.first_row(name, L, S)
+        g = max(1, H // k.shape[-3])  # grouped-query attention: g query heads per key head
+        token = _recording.ACTIVE.set(None)
+        choice = self.router.threads
+
+        def cut(t0: int, t1: int) -> int:  # the reducer's rows are the call's + row0
+            return reducer.cut(row0 + t0, row0 + t1) - row0
+
+        try:
+            blocks = row_blocks(inputs, q, k, cut)
+            while True:
+                threads = choice.pick()
+                with torch_threads(threads):
+                    start = time.perf_counter()
+                    block = next(blocks, None)  # the block's weights are computed here
+                    if block is None:
+                        break
+                    a, w = block
+                    reducer.add(layer, row0 + a, w, 0)
+                choice.measured(threads, time.perf_counter() - start, w.numel())
+                del w, block
+            with torch_threads(choice.best() or 1):
                 q0 = q[0] if q.ndim == 4 else q  # (H, L, E)
                 k0 = k[0] if k.ndim == 4 else k  # (Hk, S, E)
-                qf, kf, form = score_form(inputs.score, inputs.scale, q0[hs], k0[ks])
-                reducer.add_qk(layer, row0, qf, kf.repeat_interleave(g, 0), form, h0)
+                qf, kf, form = score_form(inputs.score, inputs.scale, q0, k0)
+                reducer.add_qk(layer, row0, qf, kf.repeat_interleave(g, 0), form, 0)
         finally:
             _recording.ACTIVE.reset(token)
+        reducer.threads = choice.best() or 1
 
-    @staticmethod
-    def _weights(
-        inputs: AttentionInputs, hs: slice, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
-        """Exact weights (h, L, S) of batch element 0 for the heads ``hs``, without dropout."""
-        terms = head_terms(inputs, hs)
-        scale, mod_list = terms if terms is not None else (inputs.scale, list(inputs.mods))
+
+def _shifted(m: mods.Mod, q0: int, L: int, S: int) -> mods.Mod | None:
+    """``m`` for the rows q0 .. of a call of (L, S) given alone with keys from 0; None when
+    it cannot be (a modifier of a kind not known here)."""
+    if isinstance(m, mods.PositionMod):
+        pos = m.positions(L, S)
+        part = copy.copy(m)
+        part.align = "top_left"
+        part.q_offset, part.k_offset = pos.q0 + q0, pos.k0
+        return part
+    if isinstance(m, (mods.Softcap, mods.Sinks)):  # the same for every row
+        return m
+    return None
+
+
+def _shardable(inputs: AttentionInputs, L: int, S: int) -> bool:
+    """Whether the call's mask can be restricted to a block of rows and keys."""
+    if inputs.mask is None:
+        return True
+    try:
+        inputs.mask.shard(0, 0, L, S, L, S)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def _key_limit(
+    inputs: AttentionInputs, q: torch.Tensor, L: int, S: int
+) -> Callable[[int, int], int]:
+    """keys(i0, i1): how many first keys rows i0 .. i1 - 1 of the call may attend to."""
+    if inputs.mask is None:
+        return lambda i0, i1: S
+    plan = build_plan(inputs.mask, L, S, tuple(q.shape[:-2]), q.device)
+    b = 0 if plan.per_batch else None  # the page shows batch element 0
+    if plan.per_batch:
+        plan.groups()  # reads the per-batch ranges key_range uses
+
+    def keys(i0: int, i1: int) -> int:
+        return max(1, plan.key_range(b, i0, i1, 0, S)[1])
+
+    return keys
+
+
+def _rows_that_fit(a: int, L: int, H: int, keys: Callable[[int, int], int]) -> int:
+    """The most rows from ``a`` whose weights (H heads, the keys those rows may attend to)
+    are at most :data:`BLOCK_CELLS` (at least one row)."""
+    lo, hi = 1, L - a
+    while lo < hi:  # the keys grow with the rows: bisect
+        mid = (lo + hi + 1) // 2
+        if mid * keys(a, a + mid) * H <= BLOCK_CELLS:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def row_blocks(
+    inputs: AttentionInputs,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cut: Callable[[int, int], int] | None = None,
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """The exact weights of a call, a block of query rows at a time: (first row, (H, r, S')).
+
+    Args:
+        inputs: the call.
+        q: (B, H, L, E) or (H, L, E) queries; k: (..., Hk, S, E) keys (batch element 0
+            is kept).
+        cut: cut(i0, i1) -> where a block of rows from i0 that would end at i1 ends
+            (a word view keeps words whole); None: at i1.
+
+    A block holds every head and at most about :data:`BLOCK_CELLS` weights; its keys
+    stop at the last key any of its rows may attend to (S' <= S; later keys are 0).
+    A call whose mask or modifiers cannot be cut into rows is given whole.
+    """
+    H, L, S = q.shape[-3], q.shape[-2], k.shape[-2]
+    v = k.new_empty(*k.shape[:-1], 0)  # no values: only the weights are wanted
+    scale = inputs.head_scale if inputs.head_scale is not None else inputs.scale  # (H,) or one
+    mod_list = list(inputs.mods)
+    whole = any(_shifted(m, 0, L, S) is None for m in mod_list) or not _shardable(inputs, L, S)
+    keys = (lambda i0, i1: S) if whole else _key_limit(inputs, q, L, S)
+    a = 0
+    while a < L:
+        end = L if whole else a + _rows_that_fit(a, L, H, keys)
+        if cut is not None and end < L:
+            end = cut(a, end)
+        hi = keys(a, end)
+        mask = inputs.mask
+        shifted = mod_list
+        if (a, end, hi) != (0, L, S):
+            mask = mask.shard(a, 0, end - a, hi, L, S) if mask is not None else None
+            shifted = [_shifted(m, a, L, S) for m in mod_list]  # type: ignore[misc]
         with torch.no_grad():
             _, w = attention(
-                q, k, v, score=inputs.score, mask=inputs.mask, scale=scale,
-                mods=mod_list or None, return_weights=True,
+                q[..., a:end, :], k[..., :hi, :], v[..., :hi, :], score=inputs.score, mask=mask,
+                scale=scale, mods=shifted or None, return_weights=True,
             )  # fmt: skip
-        return w[0] if w.ndim == 4 else w  # (h, L, S)
-
-
-def _per_head_mask(inputs: AttentionInputs, H: int) -> bool:
-    """Whether the call's mask holds a dense tensor with one slice per head."""
-    if inputs.mask is None or H == 1:
-        return False
-    return any(t.ndim >= 3 and t.shape[-3] == H for t in inputs.mask.dense_tensors())
-
-
-def head_terms(
-    inputs: AttentionInputs, hs: slice
-) -> tuple[float | torch.Tensor, list[mods.Mod]] | None:
-    """The scale and score modifiers of a call restricted to its query heads ``hs``;
-    None when a modifier holds per-head tensors of a kind not known here."""
-    scale: float | torch.Tensor = inputs.scale
-    if inputs.head_scale is not None:
-        hscale = inputs.head_scale
-        scale = hscale if hscale.shape[0] == 1 else hscale[hs]
-    out: list[mods.Mod] = []
-    for m in inputs.mods:
-        part = _mod_heads(m, hs)
-        if part is None:
-            return None
-        out.append(part)
-    return scale, out
-
-
-def _mod_heads(m: mods.Mod, hs: slice) -> mods.Mod | None:
-    """``m`` for the query heads ``hs`` (itself when it is the same for every head)."""
-    head_dim = 1 if isinstance(m, mods.RelativePositionBias) else 0  # its table: (buckets, H)
-    if all(t.shape[head_dim] == 1 for t in m.tensors()):
-        return m
-    if isinstance(m, mods.Sinks):
-        return mods.sinks(m.sink[hs])
-    if isinstance(m, mods.ALiBi):
-        return mods.ALiBi(m.slopes[hs], causal=m.causal, align=m.align, q_offset=m.q_offset,
-                          k_offset=m.k_offset)  # fmt: skip
-    if isinstance(m, mods.RelativePositionBias):
-        return mods.RelativePositionBias(
-            m.table[:, hs], m.num_buckets, m.max_distance, m.bidirectional, align=m.align,
-            q_offset=m.q_offset, k_offset=m.k_offset,
-        )  # fmt: skip
-    return None
+        yield a, (w[0] if w.ndim == 4 else w)  # (H, r, S')
+        a = end
 
 
 @contextmanager

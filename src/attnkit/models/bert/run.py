@@ -12,10 +12,12 @@ from collections.abc import Sequence
 
 import torch
 
+from ...viz.options import PageView, ViewOptions
+from ...viz.progress import Progress
 from ...viz.reduce import Budget, SetReducer
-from ...viz.stream import Progress, Router, streaming
-from ...viz.tokens import readable_tokens
-from ..hf_run import AttentionRun
+from ...viz.stream import Router, streaming
+from ...viz.tokens import encoding_tokens
+from ..hf_run import AttentionRun, run_header
 from .modeling import Bert
 
 __all__ = ["attend"]
@@ -30,6 +32,7 @@ def attend(
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
     budget: Budget | None = None,
+    view: ViewOptions | None = None,
 ) -> AttentionRun:
     """Run the encoder on ``text`` (and ``pair``) and reduce every layer's attention.
 
@@ -39,6 +42,10 @@ def attend(
         max_length: truncate to this many tokens (default: the model's positions).
         layers, heads: what to show (default all).
         budget: what the page keeps.
+        view: words or tokens, special tokens or not, the neuron window.
+
+    Raises:
+        WordsError, WindowError (ValueErrors): the view cannot be made of this input.
     """
     cfg = model.config
     limit = cfg.max_tokens if max_length is None else max_length
@@ -48,9 +55,16 @@ def attend(
         (enc,) = model.encode_tokens([text], pairs, max_length=limit)
     ids = list(enc.ids)
     L = len(ids)
-    reducer = SetReducer("self-attention", cfg.num_hidden_layers, cfg.num_attention_heads, L, L,
-                         layers=layers, heads=heads, budget=budget)  # fmt: skip
-    progress = Progress(cfg.num_hidden_layers, "layer")
+    tokens = encoding_tokens(model.tokenizer, enc, [text] if pair is None else [text, pair])
+    page = PageView(view, tokens)
+    budget = budget or Budget()
+    n_layers, n_heads = cfg.num_hidden_layers, cfg.num_attention_heads
+    page.set_window()
+    reducer = SetReducer("self-attention", n_layers, n_heads, L, L, layers=layers, heads=heads,
+                         budget=budget, **page.reducer_args())  # fmt: skip
+    page.check_window(reducer, cfg.hidden_size // n_heads)
+    progress = Progress(n_layers, "layer", header=run_header(L, n_layers, n_heads, reducer),
+                        tokens=L)  # fmt: skip
     router = Router({"self": reducer}, progress=progress)
     x = torch.tensor([ids], dtype=torch.long)  # (1, L)
     types = torch.tensor([list(enc.type_ids)], dtype=torch.long)  # (1, L)
@@ -59,12 +73,7 @@ def attend(
             model(x, torch.ones_like(x), types)
     finally:
         progress.close()
-    s = reducer.finish()
-    raw = [str(t) for t in enc.tokens]
-    special = [bool(m) for m in enc.special_tokens_mask]
-    s.tokens = readable_tokens(model.tokenizer, ids, raw, special)
-    s.raw_tokens = raw if raw != s.tokens else None
     second = [i for i, t in enumerate(enc.type_ids) if t == 1]
     start = second[0] if pair is not None and second and second[0] > 0 else None
-    s.pair_start = s.key_pair_start = start
-    return AttentionRun([s], s.tokens, model.count_tokens(text, pair))
+    s = page.finish(reducer.finish(), pair_start=start)
+    return AttentionRun([s], s.tokens, model.count_tokens(text, pair), used_tokens=L)

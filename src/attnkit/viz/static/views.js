@@ -165,12 +165,25 @@
     var h = AK.heads(S)[0] === undefined ? 0 : AK.heads(S)[0], d = N.dim, Q = S.shape[2], K = S.shape[3], nH = S.shape[1];
     var qi = neuronQuery(S);
     var kj = state.nk !== null && state.nk < K ? state.nk : AK.argmax(AK.row(S, state.layer, h, qi).w);
+    // q is kept for page queries queryStart .. queryStop - 1, k for the keys in keyIndex (null: all)
+    var q0 = N.queryStart || 0, nq = (N.queryStop === undefined ? Q : N.queryStop) - q0;
+    var keys = N.keyIndex || null, nk = keys ? keys.length : K;
+    if (keys && state.nk === null && keys.indexOf(kj) < 0) {
+      var wr = AK.row(S, state.layer, h, qi).w;
+      kj = keys.reduce(function (b, j) { return wr[j] > wr[b] ? j : b; }, keys[0]);
+    }
     var found = AK.matches(S);
     options(this.nq, S, S.tokens, Q, qi, found.q); options(this.nk, S, S.keyTokens, K, kj, found.k);
     this.nh.textContent = S.layers[state.layer] + ", " + S.heads[h] + " (the first chosen head)" +
       (found.q[qi] ? "; the query is a match of the search" : "");
-    var q = N.qv.subarray(((li * nH + h) * Q + qi) * d, ((li * nH + h) * Q + qi + 1) * d);
-    var k = N.kv.subarray(((li * nH + h) * K + kj) * d, ((li * nH + h) * K + kj + 1) * d);
+    var qr = qi - q0, kr = keys ? keys.indexOf(kj) : kj;
+    if (qr < 0 || qr >= nq || kr < 0) {
+      box.appendChild(el("p", "muted", "q and k are kept for queries #" + q0 + " to #" + (q0 + nq - 1) +
+        (keys ? " and " + nk + " keys" : "") + " (see the notes above): choose one of them."));
+      return;
+    }
+    var q = N.qv.subarray(((li * nH + h) * nq + qr) * d, ((li * nH + h) * nq + qr + 1) * d);
+    var k = N.kv.subarray(((li * nH + h) * nk + kr) * d, ((li * nH + h) * nk + kr + 1) * d);
     var form = N.forms[li] || { terms: "dot", scale: 1 }, terms = new Float32Array(d), sum = 0;
     for (var e = 0; e < d; e++) {
       terms[e] = form.terms === "additive" ? Math.tanh(q[e] + k[e]) * form.wv[e]

@@ -1,0 +1,196 @@
+"""What a run shows: tokens or words, with or without special tokens, the neuron window.
+
+:class:`ViewOptions` is what the user asks for (``attnkit show --words
+--no-special --neuron-window 10:40``, or ``viz.show(..., words=True)``);
+:class:`PageView` is those options applied to one input's tokens: the maps of
+:mod:`.positions` the reducers apply, the neuron view's window, and the page's
+tokens and notes once the run is reduced. The CLI and the Python path share it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .neuron import DEFAULT_WINDOW, WindowError, window_capacity
+from .positions import map_labels, map_position, position_map
+from .reduce import ReducedSet, SetReducer
+from .tokens import TokenText
+
+__all__ = ["NeuronWindow", "PageView", "ViewOptions", "WindowError"]
+
+_RANGE = re.compile(r"^\s*(-?\d+)?\s*:\s*(-?\d+)?\s*$")
+
+
+@dataclass(frozen=True)
+class NeuronWindow:
+    """The query tokens whose q the neuron view keeps when not every query fits.
+
+    Either a range of page positions (``start``:``stop``, stop excluded, negative
+    numbers from the end, like a Python slice) or ``near``: the
+    :data:`~attnkit.viz.neuron.DEFAULT_WINDOW` positions around the first token
+    whose text is ``near`` (or holds it), case-insensitive.
+    """
+
+    start: int | None = None
+    stop: int | None = None
+    near: str | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> NeuronWindow:
+        """``"START:END"`` (either end may be left out)."""
+        m = _RANGE.match(spec)
+        if m is None or (m.group(1) is None and m.group(2) is None):
+            raise WindowError(
+                f"--neuron-window: expected START:END token positions like 100:140, got {spec!r}"
+            )
+        return cls(
+            int(m.group(1)) if m.group(1) is not None else None,
+            int(m.group(2)) if m.group(2) is not None else None,
+        )
+
+    def resolve(self, tokens: list[str], width: int) -> tuple[int, int]:
+        """(start, stop) page positions among ``tokens``; WindowError when outside them
+        or empty. ``width``: the most positions a window around a found token takes."""
+        n = len(tokens)
+        if self.near is not None:
+            target = self.near.strip().lower()
+            texts = [t.strip().lower() for t in tokens]
+            hits = [i for i, t in enumerate(texts) if t == target] or [
+                i for i, t in enumerate(texts) if target and target in t
+            ]
+            if not hits:
+                raise WindowError(f"--neuron-token: no token of the text is or holds {self.near!r}")
+            size = min(DEFAULT_WINDOW, width, n)
+            start = max(0, min(n - size, hits[0] - size // 2))
+            return start, start + size
+        start = 0 if self.start is None else self.start
+        stop = n if self.stop is None else self.stop
+        given = (
+            f"{'' if self.start is None else self.start}:{'' if self.stop is None else self.stop}"
+        )
+        if start < 0:
+            start += n
+        if stop < 0:
+            stop += n
+        if not 0 <= start < stop <= n:
+            raise WindowError(
+                f"--neuron-window: {given} is outside the text's {n:,} tokens "
+                f"(positions 0 to {n - 1:,}; the end is excluded)"
+                if start < stop or start < 0 or stop > n
+                else f"--neuron-window: {given} holds no token; expected START < END"
+            )
+        return start, stop
+
+
+@dataclass(frozen=True)
+class ViewOptions:
+    """What to show of a run (the same for the CLI and :func:`attnkit.viz.show`).
+
+    Attributes:
+        words: merge subword pieces into words (attention to a word: the sum over its
+            pieces; from a word: the mean).
+        drop_special: leave the tokenizer's special tokens out and renormalise each row.
+        neuron_window: which queries the neuron view keeps past its budget (None: the
+            tokens up to the last one).
+    """
+
+    words: bool = False
+    drop_special: bool = False
+    neuron_window: NeuronWindow | None = None
+
+
+class PageView:
+    """:class:`ViewOptions` applied to the tokens of one input.
+
+    Args:
+        options: what to show.
+        queries: the query tokens (what the page numbers as rows).
+        keys: the key tokens when they differ (cross-attention); None = the queries.
+    """
+
+    def __init__(
+        self, options: ViewOptions | None, queries: TokenText, keys: TokenText | None = None
+    ) -> None:
+        self.options = options or ViewOptions()
+        opt = self.options
+        self.queries, self.keys = queries, keys
+        self.rows = position_map(queries, words=opt.words, drop_special=opt.drop_special)
+        self.cols = (
+            self.rows
+            if keys is None
+            else position_map(keys, words=opt.words, drop_special=opt.drop_special)
+        )
+        self.tokens, self.raw = map_labels(queries.shown, queries.raw, self.rows)
+        self.window: tuple[int, int] | None = None
+
+    def set_window(self) -> None:
+        """Resolve the neuron window against the page's tokens (WindowError when outside)."""
+        if self.options.neuron_window is not None:
+            self.window = self.options.neuron_window.resolve(self.tokens, len(self.tokens))
+
+    def check_window(self, reducer: SetReducer, head_dim: int) -> None:
+        """WindowError when the window is wider than the neuron view of ``reducer`` holds
+        (q and k of ``head_dim`` values per head)."""
+        if self.window is None or reducer.neuron is None:
+            return
+        cap = window_capacity(reducer.neuron.budget, len(reducer.layers), len(reducer.heads),
+                              head_dim)  # fmt: skip
+        width = self.window[1] - self.window[0]
+        if width > cap:
+            raise WindowError(
+                f"--neuron-window: {width:,} query tokens are more than the page holds for "
+                f"the neuron view at this model's size (at most {cap:,})"
+            )
+
+    def reducer_args(self, keys: bool = False) -> dict[str, Any]:
+        """The maps (and the window) for a :class:`~attnkit.viz.reduce.SetReducer`; ``keys``:
+        the keys are the other input's tokens (cross-attention)."""
+        if keys:
+            return {"rows": self.rows, "cols": self.cols, "neuron_window": self.window}
+        return {"rows": self.rows, "cols": self.rows, "neuron_window": self.window}
+
+    def finish(
+        self,
+        s: ReducedSet,
+        queries: TokenText | None = None,
+        keys: TokenText | None = None,
+        *,
+        pair_start: int | None = None,
+        generated_start: int | None = None,
+        cross: bool = False,
+    ) -> ReducedSet:
+        """Put the page's tokens, positions and view flags on a reduced set."""
+        rows = self.rows
+        cols = self.cols if cross else rows
+        q = queries or self.queries
+        s.tokens, raw = map_labels(q.shown, q.raw, rows)
+        s.raw_tokens = raw if raw != s.tokens else None
+        if keys is not None:
+            s.key_tokens, key_raw = map_labels(keys.shown, keys.raw, cols)
+            s.key_raw_tokens = key_raw if key_raw != s.key_tokens else None
+        s.pair_start = s.key_pair_start = map_position(rows, pair_start)
+        s.generated_start = map_position(rows, generated_start)
+        s.view_kind = "words" if self.options.words else "tokens"
+        s.renormalised = any(m is not None and m.drops for m in (rows, cols))
+        merged = any(m is not None and m.merges for m in (rows, cols))
+        if s.view_kind == "words" and merged:
+            source = self.queries.word_source
+            how = (
+                "the tokenizer's words"
+                if source == "tokenizer"
+                else "runs of tokens between spaces (the tokenizer marks no words)"
+            )
+            s.notes.append(
+                f"Word view ({how}): attention to a word is the sum over its pieces, attention "
+                "from a word the mean over its pieces; each row still sums to 1."
+            )
+        elif self.options.words:
+            s.notes.append("Word view: every word here is a single token, so words are tokens.")
+        if s.renormalised:
+            s.notes.append(
+                "Special tokens are left out and each row is renormalised to sum to 1 over the "
+                "tokens shown (rollout too)."
+            )
+        return s

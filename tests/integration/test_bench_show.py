@@ -1,0 +1,30 @@
+"""``attnkit bench --suite show``: the suite is registered, and its quick case runs end to end
+(a tiny GPT-2 built here, ``attnkit show`` and the forward in fresh processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnkit.bench import SUITES, suite_cases
+from attnkit.bench.show import SHOW_CASES, run_show_case
+from attnkit.commands.bench import table
+
+pytest.importorskip("transformers")
+
+
+def test_the_show_suite_is_its_own() -> None:
+    assert SUITES["show"] == ("show_2k", "show_8k")
+    assert not set(SUITES["show"]) & set(SUITES["all"])
+    assert suite_cases("show") == SHOW_CASES
+    assert SHOW_CASES[0].target == "(show − start-up) ≤ 3× forward; page ≤ 20 MiB, peak ≤ 3 GiB"
+
+
+def test_quick_case_measures_show_start_up_and_forward() -> None:
+    r = run_show_case(SHOW_CASES[0], quick=True)
+    assert r.error is None, r.error
+    f = r.figures
+    assert f["show_s"] > 0 and f["startup_s"] > 0 and f["forward_s"] > 0
+    assert f["ratio"] == pytest.approx((f["show_s"] - f["startup_s"]) / f["forward_s"], rel=0.5)
+    assert 0 < f["page_mib"] < 1 and 0 < f["peak_gib"] < 4
+    assert r.met is None and r.mem_met is None  # quick shapes are not judged
+    assert "(show − start-up) ÷ forward" in table([r])

@@ -1,0 +1,239 @@
+"""The vectorised reduction against plain oracles: top-k, block overviews, statistics,
+rollout, the neuron view's window and the file of captured weights."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnkit
+from attnkit import masks, mods
+from attnkit.viz.blocks import LongStore, overview_block, top_keys
+from attnkit.viz.export import load_weights, save_weights
+from attnkit.viz.neuron import NeuronStore
+from attnkit.viz.options import NeuronWindow, WindowError
+from attnkit.viz.reduce import Budget, SetReducer
+from attnkit.viz.rollout import attention_rollout, rollout_of_means
+from attnkit.viz.stats import LOCAL, StatsAccumulator
+
+
+def _weights(heads: int, rows: int, keys: int, seed: int, sharp: float = 4.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.softmax(torch.randn(heads, rows, keys, generator=g) * sharp, -1)
+
+
+@pytest.mark.parametrize("keys", [3, 16, 129, 257, 1001, 2049, 8003])
+@pytest.mark.parametrize("k", [1, 5, 16])
+def test_pruned_top_k_is_exact(keys: int, k: int) -> None:
+    w = _weights(2, 9, keys, keys + k)
+    w[:, :, keys // 2] = 0.0  # exact zeros and a fully zero row: ties
+    w[1, 3] = 0.0
+    vals, idx = top_keys(w, k)
+    padded = F.pad(w, (0, max(0, k - keys)))
+    want = torch.topk(padded, k, dim=-1).values
+    assert torch.equal(vals, want)  # the same weights, largest first
+    assert torch.equal(torch.gather(padded, 2, idx), vals)  # at the keys it names
+    assert int(idx.max()) < max(keys, k) and bool((idx.sort(-1).values.diff(dim=-1) > 0).all())
+
+
+def test_overview_blocks_are_exact_for_any_row_blocks() -> None:
+    Q = K = 203
+    b = overview_block(Q, K, 12)
+    assert b % 8 == 0 and -(-Q // b) <= 12
+    store = LongStore(1, 2, Q, K, b, 4)
+    w = _weights(2, Q, K, 0)
+    for a, e in ((0, 37), (37, 38), (38, 203)):  # blocks not aligned to the overview's rows
+        store.add(0, slice(0, 2), a, w[:, a:e].contiguous())
+    got = store.finish()
+    pad = torch.zeros(2, -(-Q // b) * b, -(-K // b) * b)
+    pad[:, :Q, :K] = w
+    blocks = pad.view(2, -(-Q // b), b, -(-K // b), b)
+    torch.testing.assert_close(got["pooled_max"][0], blocks.amax((2, 4)))
+    cells = torch.ones_like(pad)
+    cells[:, Q:], cells[:, :, K:] = 0, 0
+    count = cells.view_as(blocks).sum((2, 4))
+    torch.testing.assert_close(got["pooled_mean"][0], blocks.sum((2, 4)) / count)
+
+
+def _stats_oracle(w: np.ndarray) -> dict[str, np.ndarray]:
+    """Per head, row by row in float64: the statistics' definitions written out."""
+    H, Q, K = w.shape
+    out = {k: np.zeros(H) for k in ("entropy", "distance", "first", "prev", "self", "local")}
+    for h in range(H):
+        ent, dist, first, prev, own, local, rows, later = [], [], [], [], [], [], 0, 0
+        for i in range(Q):
+            p = w[h, i].astype(np.float64)
+            if p.sum() <= 0:
+                continue
+            rows += 1
+            nz = p[p > 0]
+            ent.append(-(nz * np.log(nz)).sum())
+            dist.append((p * np.abs(i - np.arange(K))).sum())
+            local.append(p[max(0, i - LOCAL) : i + LOCAL + 1].sum())
+            if i > 0:
+                later += 1
+                first.append(p[0])
+                prev.append(p[i - 1])
+                own.append(p[i])
+        out["entropy"][h] = sum(ent) / rows
+        out["distance"][h] = sum(dist) / rows
+        out["local"][h] = sum(local) / rows
+        out["first"][h], out["prev"][h] = sum(first) / later, sum(prev) / later
+        out["self"][h] = sum(own) / later
+    return out
+
+
+def test_statistics_equal_their_definitions_row_by_row() -> None:
+    Q = 61
+    s = torch.randn(3, Q, Q) * 3
+    s = s.masked_fill(torch.ones(Q, Q, dtype=torch.bool).triu(1), float("-inf"))
+    w = torch.softmax(s, -1)
+    w[1, 5] = 0.0  # a fully masked row is left out
+    acc = StatsAccumulator(1, 3, positional=True)
+    for a, e in ((0, 20), (20, 21), (21, Q)):
+        acc.add(0, w[:, a:e, : e + 2].contiguous(), torch.arange(a, e))  # keys up to the row
+    got = acc.finish()
+    want = _stats_oracle(w.numpy())
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name][0], value, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_rollout_in_float32_equals_the_float64_definition(causal: bool) -> None:
+    L = 300
+    s = torch.randn(4, L, L)
+    if causal:
+        s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+    means = torch.softmax(s, -1)
+    want = attention_rollout(means.unsqueeze(1))
+    got = rollout_of_means(means.clone())
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_neuron_view_keeps_every_layer_and_a_window_of_queries() -> None:
+    Q = K = 50
+    d, heads = 4, 2
+    store = NeuronStore([0, 1, 2], heads, None, None, Q, K, budget=3 * heads * d * 30,
+                        window=None)  # fmt: skip
+    q = torch.randn(3, heads, Q, d)
+    k = torch.randn(3, heads, K, d)
+    for li in range(3):
+        for a in (0, 25):  # rows in two blocks
+            store.add(li, slice(0, heads), slice(0, heads), a, q[li, :, a : a + 25], k[li],
+                      {"terms": "dot", "scale": 0.5})  # fmt: skip
+    top = torch.randint(0, K, (3, heads, Q, 3))
+    out = store.finish(top)
+    assert out is not None and out["layers"] == [0, 1, 2]
+    start, stop = out["query_start"], out["query_stop"]
+    assert (start, stop) == (35, 50)  # the last queries: half of what the budget pays for
+    np.testing.assert_array_equal(out["q"], q[:, :, start:stop].half().numpy())
+    keys = out["key_index"]
+    assert set(range(start, stop)) <= set(keys) and len(keys) <= 30
+    np.testing.assert_array_equal(out["k"], k[:, :, keys].half().numpy())
+
+
+def test_neuron_window_errors_are_one_clear_line() -> None:
+    tokens = ["the", " cat", " sat"]
+    assert NeuronWindow.parse("1:3").resolve(tokens, 3) == (1, 3)
+    assert NeuronWindow.parse("-2:").resolve(tokens, 3) == (1, 3)
+    assert NeuronWindow(near="CAT").resolve(tokens, 3) == (0, 3)
+    with pytest.raises(WindowError, match=r"2:9 is outside the text's 3 tokens"):
+        NeuronWindow.parse("2:9").resolve(tokens, 3)
+    with pytest.raises(WindowError, match="holds no token"):
+        NeuronWindow.parse("2:1").resolve(tokens, 3)
+    with pytest.raises(WindowError, match="expected START:END"):
+        NeuronWindow.parse("five")
+    with pytest.raises(WindowError, match="no token of the text is or holds 'dog'"):
+        NeuronWindow(near="dog").resolve(tokens, 3)
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
+@pytest.mark.parametrize("long", [False, True], ids=["dense", "long"])
+def test_saved_weights_round_trip(tmp_path, suffix: str, long: bool) -> None:  # type: ignore[no-untyped-def]
+    L = 40
+    budget = Budget(dense_cells=10 if long else 1 << 20, overview=8, top_k=4)
+    r = SetReducer("self-attention", 2, 3, L, L, budget=budget)
+    for layer in range(2):
+        r.add(layer, 0, _weights(3, L, L, layer))
+    s = r.finish()
+    s.tokens = [f" t{i}" for i in range(L)]
+    path = save_weights([s], tmp_path / f"w{suffix}", meta={"model": "tiny"})
+    arrays, meta = load_weights(path)
+    assert meta["holds"] == ("long" if long else "dense") and meta["meta"] == {"model": "tiny"}
+    (info,) = meta["sets"]
+    assert info["key"] == "self" and info["tokens"] == s.tokens and info["shape"] == [2, 3, L, L]
+    want = s.arrays()
+    assert set(arrays) == {f"self.{name}" for name in want}
+    for name, value in want.items():
+        np.testing.assert_array_equal(arrays[f"self.{name}"], value)
+    if long:
+        assert info["block"] == s.block and info["top_k"] == 4 and "self.weights" not in arrays
+    else:
+        assert math.isclose(float(arrays["self.weights"].sum()), 2 * 3 * L, rel_tol=1e-5)
+    with pytest.raises(ValueError, match=r"ending in \.safetensors or \.npz"):
+        save_weights([s], tmp_path / "w.csv")
+
+
+_CASES = {
+    "causal": (12, 12, lambda: masks.causal(), lambda H: None),
+    "cache, bottom-right": (
+        5,
+        17,
+        lambda: masks.causal("bottom_right"),
+        lambda H: mods.alibi(H, causal=True, align="bottom_right"),
+    ),
+    "window, alibi": (15, 15, lambda: masks.window(3, 0), lambda H: mods.alibi(H)),
+    "padding, T5 bias": (
+        11,
+        13,
+        lambda: masks.key_padding(torch.arange(13)[None] < 9),  # (B, S): 9 keys
+        lambda H: mods.relative_position_bias(torch.randn(8, H), 8, 16),
+    ),
+    "none, softcap and sinks": (
+        9,
+        9,
+        lambda: None,
+        lambda H: [mods.softcap(2.0), mods.sinks(torch.randn(H))],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_CASES))
+def test_row_blocks_are_the_call_cut_in_rows(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnkit._inputs import validate_inputs
+    from attnkit.viz import stream
+
+    L, S, mask, mod = _CASES[case]
+    H, E = 4, 8
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, H, n, E, generator=g) * 2 for n in (L, S, S))
+    inputs = validate_inputs(q, k, v, mask=mask(), mods=mod(H))
+    _, want = attnkit.attention(q, k, v, mask=inputs.mask, mods=list(inputs.mods) or None,
+                                return_weights=True)  # fmt: skip
+    monkeypatch.setattr(stream, "BLOCK_CELLS", H * S * 3)  # about 3 rows a block
+    got = torch.zeros(H, L, S)
+    starts = []
+    for a, w in stream.row_blocks(inputs, q, k):
+        starts.append(a)
+        got[:, a : a + w.shape[1], : w.shape[2]] = w  # keys past the block's last: 0
+    assert len(starts) >= 2 and starts == sorted(starts)
+    torch.testing.assert_close(got, want[0], atol=1e-6, rtol=1e-5)
+
+
+def test_the_recorder_keeps_the_faster_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnkit.viz.stream import ThreadChoice
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    for slow, fast in ((4, 1), (1, 4)):
+        choice = ThreadChoice()
+        picked = []
+        for _ in range(8):
+            threads = choice.pick()
+            picked.append(threads)
+            choice.measured(threads, 5.0 if threads == slow else 1.0, 100)
+        assert picked[: 1 + ThreadChoice.TRIALS] == [1, 4, 1, 4, 1]  # warm-up, then trials
+        assert picked[1 + ThreadChoice.TRIALS :] == [fast] * 3 and choice.best() == fast

@@ -1,0 +1,132 @@
+"""Tokens as written: one display function for WordPiece, byte-level BPE and SentencePiece.
+
+Every tokenizer is built here from a small vocabulary or trained on a few words
+(nothing downloaded), except the default checkpoint's WordPiece tokenizer, which
+ships as a package.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from attnkit.viz.positions import WordsError, position_map
+from attnkit.viz.tokens import TokenText, display_tokens, encoding_tokens, mark
+
+tokenizers = pytest.importorskip("tokenizers")
+transformers = pytest.importorskip("transformers")
+
+WORDS = "the cat didn't sit on the mat because it was tired unbelievably".split()
+
+
+def _shown(tt: TokenText) -> list[str]:
+    return [mark(t) for t in tt.shown]
+
+
+@pytest.fixture(scope="module")
+def wordpiece():  # type: ignore[no-untyped-def]
+    from attnkit.models import bert
+
+    return bert.load(None).tokenizer  # the default checkpoint's tokenizer
+
+
+@pytest.fixture(scope="module")
+def byte_level():  # type: ignore[no-untyped-def]
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator([" ".join(WORDS)] * 10, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def _sentencepiece(pre_tokenizer: bool):  # type: ignore[no-untyped-def]
+    """A Unigram tokenizer with SentencePiece's ``▁``: T5-style (a Metaspace pre-tokenizer,
+    words) or Llama-style (a normalizer only: no words)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = ["▁the", "▁cat", "▁didn", "'", "t", "▁sit", "▁", *"thecadinsu"]
+    vocab = [("<unk>", 0.0), ("</s>", 0.0), *((p, -1.0) for p in pieces)]
+    tok = Tokenizer(models.Unigram(vocab, unk_id=0))
+    if pre_tokenizer:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+    else:
+        tok.normalizer = normalizers.Sequence(
+            [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+        )
+        tok.decoder = decoders.Sequence(
+            [decoders.Replace("▁", " "), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+        )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>")
+
+
+def _fast(tokenizer, text: str, pair: str | None = None) -> TokenText:  # type: ignore[no-untyped-def]
+    enc = tokenizer(text, pair, return_offsets_mapping=True, return_special_tokens_mask=True)
+    return encoding_tokens(tokenizer, enc, [text] if pair is None else [text, pair])
+
+
+def test_wordpiece_shows_didnt_without_a_space_inside_the_word(wordpiece) -> None:  # type: ignore[no-untyped-def]
+    text = "The animal didn't cross the street, unbelievably."
+    tt = encoding_tokens(wordpiece, wordpiece.encode(text), [text])
+    assert _shown(tt) == ["[CLS]", "The", "·animal", "·didn", "'", "t", "·cross", "·the",
+                          "·street", ",", "·un", "bel", "ie", "va", "bly", ".", "[SEP]"]  # fmt: skip
+    assert tt.raw[11] == "##bel" and tt.special == [True, *[False] * 15, True]
+    # the tokenizer's words: ## pieces join the word before them, punctuation is its own
+    assert tt.word_source == "tokenizer"
+    assert tt.words is not None and tt.words[10:15] == [tt.words[10]] * 5
+    assert len(set(tt.words[3:6])) == 3  # didn ' t: three words of the pre-tokenizer
+
+
+def test_wordpiece_pair_starts_each_text_without_a_space(wordpiece) -> None:  # type: ignore[no-untyped-def]
+    enc = wordpiece.encode("the cat", "it sat")
+    tt = encoding_tokens(wordpiece, enc, ["the cat", "it sat"])
+    assert _shown(tt) == ["[CLS]", "the", "·cat", "[SEP]", "it", "·sat", "[SEP]"]
+
+
+def test_byte_level_bpe_spaces_newlines_and_split_characters(byte_level) -> None:  # type: ignore[no-untyped-def]
+    text = "the cat  sat\n\nit was é"
+    tt = _fast(byte_level, text)
+    shown = _shown(tt)
+    # as written, nothing lost or added (but the bytes of the split character)
+    assert "".join(t for t in tt.shown if not t.startswith("\\x")) == text
+    assert shown[0] == "the" and "Ġ" not in "".join(shown)
+    assert "↵" in shown and shown[shown.index("↵") + 2] == "it"  # the newlines, then "it"
+    assert shown[-1] == "é" and shown[-2] == "\\xc3"  # a character split in two bytes
+    assert tt.word_source == "tokenizer"
+
+
+def test_sentencepiece_markers_become_spaces() -> None:
+    tok = _sentencepiece(pre_tokenizer=True)
+    text = "the cat didn't sit"
+    tt = _fast(tok, text)
+    assert tt.raw == ["▁the", "▁cat", "▁didn", "'", "t", "▁sit"]
+    assert tt.shown == ["the", " cat", " didn", "'", "t", " sit"]
+    assert tt.word_source == "tokenizer"
+    words = position_map(tt, words=True, drop_special=False)
+    assert words is not None and words.size == 4  # the, cat, didn't, sit
+
+
+def test_a_tokenizer_without_words_groups_by_spaces() -> None:
+    tok = _sentencepiece(pre_tokenizer=False)  # Llama-style: every token in one "word"
+    text = "the cat didn't sit"
+    tt = _fast(tok, text)
+    assert tt.raw == ["▁the", "▁cat", "▁didn", "'", "t", "▁sit"]
+    assert tt.shown == ["the", " cat", " didn", "'", "t", " sit"]
+    assert tt.word_source == "spaces"
+    words = position_map(tt, words=True, drop_special=False)
+    assert words is not None and words.size == 4
+
+
+def test_without_offsets_tokens_are_decoded_and_words_are_unknown(byte_level) -> None:  # type: ignore[no-untyped-def]
+    ids = byte_level("the cat sat")["input_ids"]
+    tt = display_tokens(byte_level, ids)  # no offsets: each token's decoded piece
+    assert "".join(tt.shown) == "the cat sat" and tt.words is None
+    with pytest.raises(WordsError, match="neither word ids nor character offsets"):
+        position_map(tt, words=True, drop_special=False)
+    assert position_map(tt, words=False, drop_special=True) is not None  # special: fine
