@@ -233,6 +233,8 @@ def test_ops_compile_fullgraph_with_aot_eager() -> None:
         assert_close_to_scale(got, exact)
 
 
+@pytest.mark.slow  # about 13 s; by default tests/integration/test_nn_compile.py compiles
+# AdditiveAttention (both ops, through the chunked backend) under inductor
 def test_ops_compile_fullgraph_with_inductor() -> None:
     torch._dynamo.reset()
     qh, kh, w, _ = _small_operands(seed=8)
