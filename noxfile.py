@@ -18,6 +18,7 @@ README declare (``tests/integration/test_packaging.py`` checks that the three ag
 from __future__ import annotations
 
 import json
+import os
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -41,8 +42,9 @@ REPORTS = ROOT / ".nox" / "matrix"
 
 # A machine may cap pip's choice of torch with a constraints file (PIP_CONSTRAINT or
 # pip's own configuration); the versions here are explicit, so every install in these
-# environments lifts such a cap, and only there.
-PIP_ENV = {"PIP_CONSTRAINT": ""}
+# environments replaces it by an empty one, and only there (the rest of pip's
+# configuration, such as a local wheel folder, stays).
+PIP_ENV = {"PIP_CONSTRAINT": os.devnull}
 
 ENDS = {
     "torch_oldest": (TORCH_OLDEST, TRANSFORMERS_FOR_OLDEST_TORCH),
