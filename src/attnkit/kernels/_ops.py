@@ -35,12 +35,16 @@ def _typing_form(annotation: Any) -> Any:
     if origin is None or not args:
         return annotation
     inner = tuple(_typing_form(a) for a in args)
+    # Built at run time from objects, so held as Any (they are values here, not types).
+    list_form: Any = typing.List  # noqa: UP006 - torch < 2.5 knows only typing.List
+    union_form: Any = typing.Union  # torch < 2.5 keys typing.Optional, not X | None
+    tuple_form: Any = tuple
     if origin is list:
-        return typing.List[inner[0]]  # noqa: UP006 - torch < 2.5 knows only typing.List
+        return list_form[inner[0]]
     if origin in (typing.Union, types.UnionType):
-        return typing.Union[inner]  # noqa: UP007 - typing.Optional, as torch < 2.5 keys it
+        return union_form[inner]
     if origin is tuple:
-        return tuple[inner]
+        return tuple_form[inner]
     return annotation
 
 
