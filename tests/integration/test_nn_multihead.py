@@ -551,13 +551,19 @@ def test_checks_hold_after_a_call_of_the_same_shapes() -> None:
 @pytest.mark.parametrize(
     "options",
     [
-        {"need_weights": False},
-        {"need_weights": True},
-        {"need_weights": False, "is_causal": True},
-        {"need_weights": False, "padding": True},
-        {"need_weights": True, "separate_kv": True},
+        pytest.param({"need_weights": False}, id="plain"),
+        # gradgradcheck is slow (about 10 s each): one option by default, the rest slow
+        pytest.param({"need_weights": True}, id="weights", marks=pytest.mark.slow),
+        pytest.param(
+            {"need_weights": False, "is_causal": True}, id="causal", marks=pytest.mark.slow
+        ),
+        pytest.param(
+            {"need_weights": False, "padding": True}, id="padding", marks=pytest.mark.slow
+        ),
+        pytest.param(
+            {"need_weights": True, "separate_kv": True}, id="cross", marks=pytest.mark.slow
+        ),
     ],
-    ids=["plain", "weights", "causal", "padding", "cross"],
 )
 def test_double_backward_like_torch(options: dict[str, bool]) -> None:
     """gradgradcheck of the layer's forward, as PyTorch's module tests run it."""
