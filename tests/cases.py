@@ -60,6 +60,7 @@ MASKS = (
     "bias_and_window",
     "document",
     "document_causal",
+    "document_spread",
     "prefix_lm",
     "window_or_padding",
     "not_causal_and_lens",
@@ -247,6 +248,11 @@ def make_mask(
         if name == "document":
             return doc, spec
         return doc & masks.causal("bottom_right"), ("and", spec, ("causal", "bottom_right"))
+    if name == "document_spread":  # documents that are not one run each
+        q_ids = spread_ids(B, L, gen)
+        k_ids = q_ids if L == S else spread_ids(B, S, gen)
+        doc = masks.document(q_ids, key_ids=None if L == S else k_ids)
+        return doc, ("document", q_ids.numpy(), k_ids.numpy())
     if name == "prefix_lm":
         prefix = torch.randint(0, S + 1, (B,), generator=gen)
         return masks.prefix_lm(prefix), ("prefix_lm", prefix.numpy(), "top_left")
@@ -270,6 +276,14 @@ def packed_ids(B: int, N: int, gen: torch.Generator) -> torch.Tensor:
     ids = torch.randint(0, 3, (B, N), generator=gen).sort(dim=1).values  # (B, N)
     pad = torch.rand(B, N, generator=gen).sort(dim=1).values > 0.85  # a tail of padding
     return ids.masked_fill(pad, -1)
+
+
+def spread_ids(B: int, N: int, gen: torch.Generator) -> torch.Tensor:
+    """(B, N) document ids in no order: interleaved documents (``[0, 1, 0, 1, ...]``) and
+    padding (-1) inside a document (``[3, 3, -1, 3]``), so no document need be one run."""
+    ids = torch.randint(-1, 3, (B, N), generator=gen)  # (B, N), -1 = padding
+    ids[:, 0::3] = 1  # document 1 comes back every third position
+    return ids
 
 
 def make_case(

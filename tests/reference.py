@@ -23,6 +23,7 @@ Modifier specs (a list, applied in order to the scaled logits, before the mask):
     ("relpos", table, buckets, max_distance, bidirectional, q0, k0)   table[bucket(p_j - p_i), h]
     ("softcap", cap)                       cap tanh(s / cap)
     ("sinks", logits)                      a logit per head joining the softmax, no value
+                                           (several sinks: each joins it)
 with query row i at position p_i = q0 + i and key column j at p_j = k0 + j. A
 per-head scale is ``scale`` given as an array (H,).
 """
@@ -167,13 +168,14 @@ def oracle(
     L, S = q.shape[-2], k.shape[-2]
     if scale is None:
         scale = 1.0 / np.sqrt(q.shape[-1]) if score[0] == "scaled_dot" else 1.0
+    logits = oracle_logits(q, k, score)  # (..., L, S)
     if np.ndim(scale) == 1:
-        scale = np.asarray(scale, dtype=np.float64)[:, None, None]  # (H, 1, 1)
-    logits = oracle_logits(q, k, score) * scale
-    sinks = None
+        scale = _per_head(np.asarray(scale, dtype=np.float64)[:, None, None], logits.ndim)
+    logits = logits * scale
+    sinks: list[np.ndarray] = []
     for mod in mods or []:
         if mod[0] == "sinks":
-            sinks = np.asarray(mod[1], dtype=np.float64)
+            sinks.append(np.asarray(mod[1], dtype=np.float64))
         else:
             logits = _modified(logits, mod, L, S)
     batch_ndim = max(q.ndim, k.ndim) - 2
@@ -192,9 +194,11 @@ def oracle(
     weights = np.where(denom > 0, e / np.where(denom > 0, denom, 1.0), 0.0)
     with np.errstate(divide="ignore"):
         lse = np.where(denom[..., 0] > 0, m[..., 0] + np.log(denom[..., 0]), -np.inf)
-    if sinks is not None:  # sum_j exp(s_j) + exp(sink): the sink takes its share, no value
-        sink = np.broadcast_to(sinks[:, None], lse.shape)  # (..., H, L)
-        total = np.logaddexp(lse, sink)
+    if sinks:  # sum_j exp(s_j) + sum exp(sink): each sink takes its share, no value
+        total = lse
+        for logits_h in sinks:  # (H,): one logit per head (dim -3); (1,) without heads
+            per_row = logits_h[:, None] if lse.ndim >= 2 else logits_h.reshape(())
+            total = np.logaddexp(total, np.broadcast_to(per_row, lse.shape))  # (..., H, L)
         weights = weights * np.exp(np.where(np.isinf(lse), -np.inf, lse - total))[..., None]
         lse = total
     out = weights @ v
@@ -220,6 +224,12 @@ def t5_bucket(
     return out + np.where(rel < exact, rel, large)
 
 
+def _per_head(a: np.ndarray, ndim: int) -> np.ndarray:
+    """A per-head array (H, L or 1, S or 1) against logits of ``ndim`` dims: as it is
+    with leading dims (dim -3 is the head dim), its one head (L, S) without them."""
+    return a if ndim >= 3 else a[0]
+
+
 def _modified(logits: np.ndarray, mod: Spec, L: int, S: int) -> np.ndarray:
     """One modifier applied to the scaled logits (..., H, L, S)."""
     if mod[0] == "softcap":
@@ -229,9 +239,9 @@ def _modified(logits: np.ndarray, mod: Spec, L: int, S: int) -> np.ndarray:
     if mod[0] == "alibi":
         slopes, causal = np.asarray(mod[1], dtype=np.float64), mod[2]
         dist = -rel if causal else np.abs(rel)  # p_i - p_j, or |p_i - p_j|
-        return logits - slopes[:, None, None] * dist
+        return logits - _per_head(slopes[:, None, None] * dist, logits.ndim)
     if mod[0] == "relpos":
         table, buckets, max_distance, bidirectional = mod[1:5]
         b = t5_bucket(rel, buckets, max_distance, bidirectional)  # (L, S)
-        return logits + np.asarray(table, dtype=np.float64).T[:, b]  # (H, L, S)
+        return logits + _per_head(np.asarray(table, dtype=np.float64).T[:, b], logits.ndim)
     raise ValueError(f"unknown modifier spec {mod[0]!r}")

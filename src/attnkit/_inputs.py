@@ -15,6 +15,7 @@ import torch
 
 from . import masks as _masks
 from ._host import readable
+from ._layout import HeadLayout
 from .blockplan import BlockPlan, build_plan
 from .mods.base import Mod, as_list
 from .scores import Score, is_shared_score, resolve_score
@@ -66,6 +67,12 @@ class AttentionInputs:
     def heads(self) -> int:
         """Query heads: dim -3 of the query (1 without leading dims)."""
         return self.batch_shape[-1] if self.batch_shape else 1
+
+    @property
+    def layout(self) -> HeadLayout:
+        """How the leading dims map to (batch, heads): the one place per-head parameters
+        and grouped-query key heads are broadcast (:class:`attnkit._layout.HeadLayout`)."""
+        return HeadLayout(self.batch_shape, self.groups)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -374,7 +381,7 @@ def validate_inputs(
 
 
 def _check_mods(mods: object, heads: int, device: torch.device) -> tuple[Mod, ...]:
-    out = tuple(as_list(mods))
+    out = tuple(m for m in as_list(mods) if not m.identity)  # softcap(inf): no cap
     for m in out:
         m.check(heads, "mods")
         for t in m.tensors():

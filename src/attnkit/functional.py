@@ -11,6 +11,7 @@ import torch
 
 from . import _plans, _recording
 from . import masks as _masks
+from ._backward_inputs import check_backward_tensors
 from ._inputs import AttentionInputs, validate_inputs
 from .backends._common import graph_link
 from .backends.base import AttentionResult
@@ -110,9 +111,9 @@ def attention(
     if plan_key is not None and not empty:
         _plans.remember(plan_key, inputs, chosen)
     result = _empty_result(core) if empty else chosen.forward(core)
-    if sinks is not None:
+    if sinks:
         result = _join_sinks(inputs, result, sinks)
-    if inputs.weights_mean and (empty or sinks is not None or not chosen.averages_heads):
+    if inputs.weights_mean and (empty or sinks or not chosen.averages_heads):
         assert result.weights is not None
         w = result.weights  # (..., H, L, S)
         result = replace(result, weights=w.sum(dim=-3) / max(w.shape[-3], 1))  # (..., L, S)
@@ -162,25 +163,28 @@ def explain(
     return explain_inputs(_split_sinks(inputs)[0], normalize_backend_arg(backend))
 
 
-def _split_sinks(inputs: AttentionInputs) -> tuple[AttentionInputs, Sinks | None]:
+def _split_sinks(inputs: AttentionInputs) -> tuple[AttentionInputs, tuple[Sinks, ...]]:
     """The call a backend runs, and its sinks: sinks join the softmax after any backend's
     (out, lse), so the backend is asked for the lse and sees the other mods only."""
-    sinks = [m for m in inputs.mods if isinstance(m, Sinks)]
+    sinks = tuple(m for m in inputs.mods if isinstance(m, Sinks))
     if not sinks:
-        return inputs, None
-    if len(sinks) > 1:
-        raise ValueError("mods: more than one mods.sinks; give one sink logit per head")
+        return inputs, ()
     rest = tuple(m for m in inputs.mods if not isinstance(m, Sinks))
     # per-head weights: each head's sink takes its own share before any head mean
-    return replace(inputs, mods=rest, return_lse=True, weights_mean=False), sinks[0]
+    return replace(inputs, mods=rest, return_lse=True, weights_mean=False), sinks
 
 
-def _join_sinks(inputs: AttentionInputs, result: AttentionResult, sinks: Sinks) -> AttentionResult:
-    assert result.lse is not None
-    out, lse = sinks.join(result.output, result.lse)
-    weights = result.weights
-    if weights is not None:
-        weights = sinks.weights(weights, result.lse)  # (*batch, L, S)
+def _join_sinks(
+    inputs: AttentionInputs, result: AttentionResult, sinks: tuple[Sinks, ...]
+) -> AttentionResult:
+    """Each sink joins the softmax in turn: several sinks are several logits with no value,
+    ``exp(lse) / (exp(lse) + sum exp(sink))`` of the keys' share left."""
+    out, lse, weights = result.output, result.lse, result.weights
+    for sink in sinks:
+        assert lse is not None
+        if weights is not None:
+            weights = sink.weights(weights, lse)  # (*batch, L, S)
+        out, lse = sink.join(out, lse)
     return AttentionResult(out, weights, lse if inputs.return_lse else None)
 
 
@@ -195,7 +199,7 @@ def attention_backward(
     *,
     score: ScoreArg = "scaled_dot",
     mask: MaskArg = None,
-    scale: float | None = None,
+    scale: float | torch.Tensor | None = None,
     backend: BackendArg = None,
     params: Sequence[torch.Tensor] = (),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor | None]]:
@@ -210,21 +214,33 @@ def attention_backward(
 
     Args:
         query (..., L, E), key (..., S, Ek), value (..., S, Ev): this part's inputs.
-        out: (..., L, Ev) the global output of these queries.
-        lse: (..., L) the global log-sum-exp (-inf for rows with no key anywhere).
+        out: (*batch, L, Ev) the global output of these queries, in the query's dtype
+            (what :func:`attention` returns), on the query's device.
+        lse: (*batch, L) the global log-sum-exp (-inf for rows with no key anywhere), in
+            the compute dtype (float32 for half inputs, else the query's).
         grad_out: like ``out``; grad_lse: like ``lse`` or None.
         score, mask, scale, backend: as for :func:`attention` (the mask of this part).
-        params: score parameters to differentiate too.
+        params: score parameters to differentiate too (tensors that require grad).
+
+    ``*batch`` is the call's broadcast batch shape (the query's heads under grouped-query
+    attention), as in the output of :func:`attention`.
 
     Returns:
         ``(d query, d key, d value, [d param for each of params])``.
+
+    Raises:
+        TypeError, ValueError: before any compute, naming the argument, what it received
+        and what was expected (as :func:`attention` does for its own arguments).
     """
     with torch.no_grad():
         inputs = validate_inputs(
             query, key, value, score=score, mask=mask, scale=scale, return_lse=True
         )
+        out, lse, grad_out, grad_lse, wrt = check_backward_tensors(
+            inputs, out, lse, grad_out, grad_lse, params
+        )
         chosen = select_backend(inputs, normalize_backend_arg(backend))
-    return chosen.backward(inputs, out, lse, grad_out, grad_lse, params)
+    return chosen.backward(inputs, out, lse, grad_out, grad_lse, wrt)
 
 
 def _empty_result(inputs: AttentionInputs) -> AttentionResult:

@@ -99,7 +99,8 @@ def _run(case: Case, backend: str, dtype: torch.dtype) -> list[torch.Tensor]:
     return [out.detach(), w.detach(), lse.detach(), *grads]
 
 
-PLAN_MASKS = ("document_causal", "prefix_lm", "window_or_padding", "not_causal_and_lens")
+PLAN_MASKS = ("document_causal", "document_spread", "prefix_lm", "window_or_padding",
+              "not_causal_and_lens")  # fmt: skip
 """Mask kinds that reach the kernels only through the block plan (documents, | and ~)."""
 
 
@@ -174,6 +175,32 @@ def test_shapes_and_batch_ranks(
     for g, r in zip(got, ref, strict=True):
         assert g.shape == r.shape
         assert_close_to_scale(g.double(), r.double())
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    "ids",
+    [
+        [[0, 1, 0, 1, 2, 2, 0, 1, 2, 2, 0], [3, 3, 3, -1, 3, 3, 4, 4, -1, 4, 3]],  # not runs
+        [[2**31, 2**31 + 2**32, 2**31, 7, 7, -(2**40), 2**62, 2**62, 2**31, 2**31 + 2**32, 7]] * 2,
+    ],
+    ids=["spread", "beyond_int32"],
+)
+def test_documents_in_any_order_and_of_any_size(ids: list[list[int]], causal: bool) -> None:
+    """Document ids the kernels hold in int32 after the lowering renumbers them: ids that
+    are not runs, and ids 2**32 apart, stay their own documents."""
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(2, 2, 11, 8, generator=gen, requires_grad=True) for _ in range(3))
+    mask = masks.document(torch.tensor(ids))
+    mask = mask & masks.causal() if causal else mask
+    out, lse = attnkit.attention(q, k, v, mask=mask, return_lse=True, backend="triton")
+    t64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref_out, ref_lse = attnkit.attention(*t64, mask=mask, return_lse=True, backend="reference")
+    torch.testing.assert_close(out.double(), ref_out, atol=2e-6, rtol=0)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=2e-6, rtol=0)
+    got = torch.autograd.grad(out.sum(), [q, k, v])
+    for g, r in zip(got, torch.autograd.grad(ref_out.sum(), t64), strict=True):
+        torch.testing.assert_close(g.double(), r, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -21,7 +21,7 @@ def test_bench_quick_runs_every_case_and_writes_json(
     status = cli.main(["bench", "--quick", "--no-memory", "--budget", "0", "--json", str(out)])
     assert status == 0
     printed = capsys.readouterr()
-    assert "speedup" in printed.out and "dense" in printed.out
+    assert "dense" in printed.out
     assert f"[{len(CASES)}/{len(CASES)}]" in printed.err  # progress
     data = json.loads(out.read_text())
     assert data["mode"] == "quick" and data["machine"]["cores"] >= 1
@@ -106,8 +106,22 @@ def test_quick_runs_no_memory_child_and_says_tiny_shapes_are_not_judged(
 
     monkeypatch.setattr("attnkit.bench.runner.measure_memory", no_child)
     assert cli.main(["bench", "--quick", "--suite", "dense", "--budget", "0"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("quick mode: tiny shapes") and "not judged" in out.splitlines()[0]
+    printed = capsys.readouterr()
+    first, head, *_ = printed.out.splitlines()
+    assert first.startswith("quick mode: tiny shapes") and "no speedup or verdict" in first
+    # the figures without a judgement: no ratio, target or verdict anywhere
+    assert head.split()[:4] == ["case", "attnkit", "baseline", "status"]
+    assert "speedup" not in head and "target" not in head and "met" not in head.split()
+    assert "×" not in printed.out and "×" not in printed.err
+    assert "yes" not in printed.out.split() and "NO" not in printed.out.split()
+
+
+def test_quick_table_keeps_the_run_order_and_names_errors() -> None:
+    rows = [_result("b", 0.2), _result("a", 3.0), _result("c", None, error="RuntimeError: x")]
+    lines = bench_command.table(rows, judged=False).splitlines()
+    assert "speedup" not in lines[0] and "met" not in lines[0].split()
+    assert [line.split()[0] for line in lines[2:]] == ["b", "a", "c"]
+    assert lines[4].split()[3] == "ERROR" and lines[2].split()[3] == "ran"
 
 
 def _result(name: str, speedup: float | None, error: str | None = None) -> CaseResult:

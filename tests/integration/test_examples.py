@@ -1,4 +1,5 @@
-"""Smoke tests: every example script runs and reproduces its seed's results."""
+"""Smoke tests: every example script runs and shows what its name says (the seed systems' results,
+the viewer page)."""
 
 from __future__ import annotations
 
@@ -17,18 +18,20 @@ from tolerance import assert_close_to_scale
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def _run(name: str, capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], str]:
+def _run(
+    name: str, capsys: pytest.CaptureFixture[str], *args: object
+) -> tuple[dict[str, Any], str]:
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     assert isinstance(module, ModuleType)
     spec.loader.exec_module(module)
-    result = module.main()
+    result = module.main(*args)
     return result, capsys.readouterr().out
 
 
-def test_seed000_keras_einsum(capsys: pytest.CaptureFixture[str]) -> None:
-    r, out = _run("seed000_keras_einsum_mha", capsys)
+def test_keras_einsum_multihead(capsys: pytest.CaptureFixture[str]) -> None:
+    r, out = _run("keras_einsum_multihead", capsys)
     assert r["self_attention_shape"] == (10, 5)
     assert r["seed_diagonal_shape"] == (10, 3, 5)
     assert r["uniform_rows"]
@@ -38,8 +41,8 @@ def test_seed000_keras_einsum(capsys: pytest.CaptureFixture[str]) -> None:
     assert "(7, 20, 3, 5)" in out
 
 
-def test_seed001_torch_mha_and_scores(capsys: pytest.CaptureFixture[str]) -> None:
-    r, out = _run("seed001_torch_mha_and_scores", capsys)
+def test_torch_multihead_dropin_and_scores(capsys: pytest.CaptureFixture[str]) -> None:
+    r, out = _run("torch_multihead_dropin_and_scores", capsys)
     assert r["output_shape"] == (3, 4, 10)
     assert r["weights_shape"] == (4, 3, 6)
     assert r["max_diff_vs_torch"] < 1e-6
@@ -51,8 +54,8 @@ def test_seed001_torch_mha_and_scores(capsys: pytest.CaptureFixture[str]) -> Non
     assert "(N, L, S)" in out
 
 
-def test_seed002_tf_masks(capsys: pytest.CaptureFixture[str]) -> None:
-    r, _ = _run("seed002_tf_masks", capsys)
+def test_tensorflow_mask_convention(capsys: pytest.CaptureFixture[str]) -> None:
+    r, _ = _run("tensorflow_mask_convention", capsys)
     assert_close_to_scale(r["weights"], torch.tensor([0.0, 0.0, 0.5, 0.5]))
     assert_close_to_scale(r["output"], torch.tensor([6.0, 7.0]))
     assert_close_to_scale(r["masked_weights"], torch.tensor([0.0, 0.0, 1.0, 0.0]))
@@ -64,8 +67,8 @@ def test_seed002_tf_masks(capsys: pytest.CaptureFixture[str]) -> None:
     assert r["mha_shape"] == (1, 11, 128) and r["per_head_shape"] == (1, 8, 11, 11)
 
 
-def test_seed003_self_attention(capsys: pytest.CaptureFixture[str]) -> None:
-    r, _ = _run("seed003_self_attention", capsys)
+def test_self_attention_v1_to_v4(capsys: pytest.CaptureFixture[str]) -> None:
+    r, _ = _run("self_attention_v1_to_v4", capsys)
     assert r["v1_shape"] == (3, 2, 4)
     assert torch.allclose(r["v2_row_sums"], torch.ones(3, 1, 2))
     assert torch.allclose(r["seed_v2_row_sums"], torch.full((3, 1, 2), 0.5))
@@ -77,8 +80,8 @@ def test_seed003_self_attention(capsys: pytest.CaptureFixture[str]) -> None:
     assert torch.equal(r["dead_row"], torch.zeros(4, 2))
 
 
-def test_seed004_d2l_nadaraya_watson(capsys: pytest.CaptureFixture[str]) -> None:
-    r, out = _run("seed004_d2l_nadaraya_watson", capsys)
+def test_d2l_masked_softmax_and_nadaraya_watson(capsys: pytest.CaptureFixture[str]) -> None:
+    r, out = _run("d2l_masked_softmax_and_nadaraya_watson", capsys)
     assert abs(r["nw_57"] - 45.5) < 1e-5
     assert "f(57) = 45.5" in out
     assert_close_to_scale(r["nw_weights"], torch.tensor([[0.0, 0.5, 0.5]]))
@@ -96,9 +99,33 @@ def test_seed004_d2l_nadaraya_watson(capsys: pytest.CaptureFixture[str]) -> None
     assert r["two_feature"].shape == (2, 2)
 
 
+def test_viewer_for_a_transformers_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("transformers")
+    r, out = _run("viewer_for_a_transformers_model", capsys, tmp_path / "page.html")
+    page = (tmp_path / "page.html").read_text(encoding="utf-8")
+    assert r["path"] == tmp_path / "page.html" and r["bytes"] == len(page.encode("utf-8"))
+    assert page.startswith("<!DOCTYPE html>") and "A tiny GPT-2 on one sentence" in page
+    for word in ("animal", "street", "tired"):  # the sentence's tokens are on the page
+        assert word in page
+    assert f"wrote {tmp_path / 'page.html'}" in out
+
+
+def test_examples_are_named_for_what_they_show() -> None:
+    """No example is named after a seed number; each still says which seed it reproduces."""
+    scripts = sorted(EXAMPLES.glob("*.py"))
+    assert len(scripts) >= 6
+    for script in scripts:
+        assert not script.name.startswith("seed"), script.name
+    notes = [s.read_text(encoding="utf-8") for s in scripts]
+    for seed in range(5):
+        assert sum(f"Reproduces seed {seed:03d}" in n for n in notes) == 1, seed
+
+
 def test_scripts_run_from_the_command_line() -> None:
     done = subprocess.run(
-        [sys.executable, str(EXAMPLES / "seed004_d2l_nadaraya_watson.py")],
+        [sys.executable, str(EXAMPLES / "d2l_masked_softmax_and_nadaraya_watson.py")],
         capture_output=True,
         text=True,
         timeout=120,

@@ -3,28 +3,44 @@
 BLOOM and MPT compute their attention themselves in transformers (they do not
 call the AttentionInterface), so attn_implementation="attnkit" cannot reach
 them. Instead attnkit's ``mods.alibi`` is held to BLOOM's definition: its slopes
-(``_get_alibi_slopes``) and its bias (``build_alibi_tensor``: slope * key position,
+(the ALiBi paper's geometric sequence, and what BLOOM's public ``build_alibi_tensor``
+puts at key position 1) and its bias (``build_alibi_tensor``: slope * key position,
 counted over the unpadded keys) added to the scaled logits under a causal and
 padding mask, for a prefill and for new queries against a KV cache.
 """
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
-
-pytest.importorskip("transformers")
-
-from transformers.models.bloom import modeling_bloom
 
 import attnkit
 from attnkit import masks, mods
 
+modeling_bloom = pytest.importorskip("transformers.models.bloom.modeling_bloom")
+
+
+def _paper_slopes(heads: int) -> list[float]:
+    """ALiBi's slopes (Press et al., 2022): for n heads, a power of two, the geometric
+    sequence 2^(-8/n), 2^(-16/n), ...; otherwise those of the largest power of two
+    below n, then every other slope of twice that many heads."""
+
+    def geometric(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+
+    p = 2 ** math.floor(math.log2(heads))
+    return geometric(p) + geometric(2 * p)[0::2][: heads - p]
+
 
 @pytest.mark.parametrize("heads", [1, 3, 4, 6, 8, 12, 16])
 def test_standard_slopes_are_blooms(heads: int) -> None:
-    want = modeling_bloom._get_alibi_slopes(heads, torch.device("cpu"))
-    torch.testing.assert_close(mods.alibi_slopes(heads), want)
+    want = torch.tensor(_paper_slopes(heads), dtype=torch.float64)
+    torch.testing.assert_close(mods.alibi_slopes(heads).double(), want)
+    # BLOOM's bias at key position 1 of an unpadded row is the slope itself
+    blooms = modeling_bloom.build_alibi_tensor(torch.ones(1, 2), heads, torch.float32)
+    torch.testing.assert_close(mods.alibi_slopes(heads).float(), blooms.view(heads, 2)[:, 1])
 
 
 @pytest.mark.parametrize("L", [11, 3], ids=["prefill", "cached"])

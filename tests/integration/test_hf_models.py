@@ -4,8 +4,9 @@ Each family is built from a config (no download): logits, the weights returned
 with output_attentions, the gradients of a loss and 20 greedy tokens of
 generate() must agree with the model's own eager attention, and every attention
 call must reach attnkit with symbolic masks and the family's score modifiers.
-Tolerances (float32): logits and weights atol 1e-5, rtol 1e-4; gradients atol
-1e-5, rtol 1e-3 (they add up over every layer and position).
+Logits, weights and gradients (float32) are compared relative to each tensor's own
+scale (tests/tolerance.py), never element by element: a gradient element near 0
+differs by rounding that depends on the CPU's kernels, not on attnkit.
 """
 
 from __future__ import annotations
@@ -24,10 +25,14 @@ transformers = pytest.importorskip("transformers")
 import attnkit.integrations.transformers as hf_attnkit  # noqa: E402
 from attnkit.integrations.transformers import attention as hf_attention  # noqa: E402
 
+from tolerance import FLOAT32_REL, assert_close_to_scale  # noqa: E402
+
 transformers.logging.set_verbosity_error()
 
-TOL = {"atol": 1e-5, "rtol": 1e-4}
-GRAD_TOL = {"atol": 1e-5, "rtol": 1e-3}
+ZERO_GRAD = 1e-6
+"""A gradient below this fraction of the model's largest is zero up to rounding (a key
+bias: softmax ignores a constant added to a query's logits): it is checked against the
+model's scale, its own being noise."""
 VOCAB, LENGTH, PAD = 100, 13, 3
 DECODER = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
            "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 64,
@@ -126,12 +131,17 @@ class Spy:
 hf_attention_attention = hf_attention.attention
 
 
-def _models(family: Family) -> tuple[torch.nn.Module, torch.nn.Module]:
+def _models(family: Family, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, ...]:
+    """(eager model, the same weights with attnkit's attention); skips a family whose
+    attention does not reach attnkit in the installed transformers, naming the release
+    that changes it."""
     torch.manual_seed(0)
-    eager = family.build().eval()
+    eager = family.build().eval().to(dtype)
+    reason = hf_attnkit.family_reason(eager.config.model_type)
+    if reason is not None:
+        pytest.skip(reason)
     ours = copy.deepcopy(eager)
     ours.set_attn_implementation(hf_attnkit.IMPLEMENTATION)
-    assert ours.config._attn_implementation == "attnkit"
     return eager, ours
 
 
@@ -156,61 +166,132 @@ def _attention_sets(out: object) -> list[tuple[torch.Tensor, ...]]:
     return [getattr(out, n) for n in names if getattr(out, n, None)]
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_logits_weights_and_gradients_equal_eager(name: str, monkeypatch) -> None:
+@dataclass
+class Run:
+    """One forward and backward of the eager model and of attnkit's."""
+
+    eager: torch.nn.Module
+    ours: torch.nn.Module
+    outs: list[object]  # model outputs (eager, ours)
+    mains: list[torch.Tensor]  # logits or last hidden states (eager, ours)
+    real: torch.Tensor  # (B, L) real output positions
+    calls: list[dict[str, object]]  # what attnkit's calls saw
+
+
+_RUNS: dict[str, Run] = {}
+
+
+def _run(name: str) -> Run:
+    """The family's run, made once for the tests that read it."""
+    if name in _RUNS:
+        return _RUNS[name]
     family = FAMILIES[name]
     eager, ours = _models(family)
     inputs, real = _inputs(family)
     spy = Spy()
-    monkeypatch.setattr(hf_attention, "attention", spy)
-    outs = []
-    for model in (eager, ours):
-        out = model(**inputs, output_attentions=True)
-        main = out.logits if hasattr(out, "logits") else out.last_hidden_state
-        weights = torch.Generator().manual_seed(2)
-        loss = (main[real] * torch.randn(main[real].shape, generator=weights)).sum()
-        loss.backward()
-        outs.append((main.detach(), out))
-    (e_main, e_out), (a_main, a_out) = outs
+    hf_attention.attention = spy
+    try:
+        outs, mains = [], []
+        for model in (eager, ours):
+            out = model(**inputs, output_attentions=True)
+            main = out.logits if hasattr(out, "logits") else out.last_hidden_state
+            weights = torch.Generator().manual_seed(2)
+            grad = torch.randn(main[real].shape, generator=weights, dtype=main.dtype)
+            (main[real] * grad).sum().backward()
+            outs.append(out)
+            mains.append(main.detach())
+    finally:
+        hf_attention.attention = hf_attention_attention
+    _RUNS[name] = Run(eager, ours, outs, mains, real, spy.calls)
+    return _RUNS[name]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_logits_and_gradients_equal_eager(name: str) -> None:
+    family = FAMILIES[name]
+    run = _run(name)
+    e_main, a_main = run.mains
+    assert_close_to_scale(a_main[run.real], e_main[run.real], what="logits")
+    grads = [p.grad for p in run.eager.parameters() if p.grad is not None]
+    model_scale = max(float(g.abs().max()) for g in grads)
+    named = zip(run.eager.named_parameters(), run.ours.named_parameters(), strict=True)
+    for (n, p_e), (_, p_a) in named:
+        if p_e.grad is None:
+            assert p_a.grad is None, n
+            continue
+        assert p_a.grad is not None, n
+        if float(p_e.grad.abs().max()) < ZERO_GRAD * model_scale:
+            error = float((p_a.grad - p_e.grad).abs().max()) / model_scale
+            assert error <= FLOAT32_REL, f"{n}.grad: error {error:.3g} of the model's scale"
+        else:
+            assert_close_to_scale(p_a.grad, p_e.grad, what=f"{n}.grad")
+    # Every call went through attnkit with symbolic masks and the family's modifiers.
+    assert run.calls
+    seen = set().union(*(c["kinds"] | c["mods"] for c in run.calls))  # type: ignore[operator]
+    assert family.expect <= seen, seen
+    assert not seen & {"keep", "bias"}, seen
+    if family.kind == "decoder" and name not in ("gpt2",):
+        assert all(c["heads"] == (4, 2) for c in run.calls)  # grouped K/V heads stay grouped
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_weights_equal_eager(name: str) -> None:
+    family = FAMILIES[name]
+    if name == "gpt2":
+        pytest.skip(
+            "GPT-2 never passes output_attentions to its attention function (its attention "
+            "module keeps it in transformers 5.0.0 to 5.2.0, its model drops it from 5.3.0 "
+            f"on; installed: {transformers.__version__}): no implementation but eager can "
+            "return its weights; attnkit.viz.capture sees them"
+        )
+    run = _run(name)
+    e_out, a_out = run.outs
     assert len(_attention_sets(a_out)) == (3 if family.kind == "seq2seq" else 1)
-    torch.testing.assert_close(a_main[real], e_main[real], **TOL)
     for e_set, a_set in zip(_attention_sets(e_out), _attention_sets(a_out), strict=True):
         assert len(a_set) == len(e_set)
-        for e_w, a_w in zip(e_set, a_set, strict=True):
+        for layer, (e_w, a_w) in enumerate(zip(e_set, a_set, strict=True)):
             rows = (
-                real
+                run.real
                 if family.kind == "decoder"
                 else torch.ones(e_w.shape[0], e_w.shape[2], dtype=torch.bool)
             )
             e_w, a_w = e_w.permute(0, 2, 1, 3)[rows], a_w.permute(0, 2, 1, 3)[rows]  # (rows, H, S)
-            torch.testing.assert_close(a_w, e_w, **TOL)
-    for (n, p_e), (_, p_a) in zip(eager.named_parameters(), ours.named_parameters(), strict=True):
-        if p_e.grad is None:
-            assert p_a.grad is None, n
-            continue
-        torch.testing.assert_close(p_a.grad, p_e.grad, **GRAD_TOL, msg=lambda m, n=n: f"{n}: {m}")
-    # Every call went through attnkit with symbolic masks and the family's modifiers.
-    assert spy.calls
-    seen = set().union(*(c["kinds"] | c["mods"] for c in spy.calls))  # type: ignore[operator]
-    assert family.expect <= seen, seen
-    assert not seen & {"keep", "bias"}, seen
-    if family.kind == "decoder" and name not in ("gpt2",):
-        assert all(c["heads"] == (4, 2) for c in spy.calls)  # grouped K/V heads stay grouped
+            assert_close_to_scale(a_w, e_w, what=f"weights of layer {layer}")
 
 
 @pytest.mark.parametrize("name", sorted(n for n, f in FAMILIES.items() if f.kind != "encoder"))
-def test_generate_gives_eager_tokens(name: str) -> None:
+def test_generate_gives_eager_tokens(name: str, monkeypatch) -> None:
     family = FAMILIES[name]
     eager, ours = _models(family)
     inputs, _ = _inputs(family)
     inputs.pop("decoder_input_ids", None)
+    spy = Spy()
+    monkeypatch.setattr(hf_attention, "attention", spy)
     tokens = []
     with torch.no_grad():
         for model in (eager, ours):
             tokens.append(model.generate(**inputs, max_new_tokens=20, min_new_tokens=20,
                                          do_sample=False, pad_token_id=0))  # fmt: skip
+    assert spy.calls  # the attention reached attnkit
     assert tokens[0].shape[1] >= 20
     assert torch.equal(tokens[1], tokens[0])
+
+
+def test_packed_sequences_reach_attnkit_as_documents(monkeypatch) -> None:
+    """Several sequences packed in one row (position ids restarting, no padding mask, no
+    cache): transformers finds the packing and attnkit receives document masks."""
+    eager, ours = _models(FAMILIES["llama"])
+    ids = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3, 0, 1, 2],
+                              [0, 1, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4]])  # fmt: skip
+    spy = Spy()
+    monkeypatch.setattr(hf_attention, "attention", spy)
+    with torch.no_grad():
+        want = eager(input_ids=ids, position_ids=positions, use_cache=False).logits
+        got = ours(input_ids=ids, position_ids=positions, use_cache=False).logits
+    assert_close_to_scale(got, want, what="logits")
+    kinds = set().union(*(c["kinds"] for c in spy.calls))  # type: ignore[arg-type]
+    assert "document" in kinds and not kinds & {"keep", "bias"}, kinds
 
 
 def test_from_pretrained_and_dropout_in_training(tmp_path, monkeypatch) -> None:
@@ -220,7 +301,6 @@ def test_from_pretrained_and_dropout_in_training(tmp_path, monkeypatch) -> None:
     model = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path, attn_implementation="attnkit"
     )
-    assert model.config._attn_implementation == "attnkit"
     spy = Spy()
     monkeypatch.setattr(hf_attention, "attention", spy)
     ids = torch.tensor([[5, 6, 7, 8]])

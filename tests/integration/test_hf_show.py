@@ -16,6 +16,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from attnkit.integrations.transformers import attention as hf_attention  # noqa: E402
+from attnkit.integrations.transformers import family_reason  # noqa: E402
 from attnkit.models import hf_run  # noqa: E402
 from attnkit.viz import stream  # noqa: E402
 
@@ -75,13 +77,21 @@ def test_decoders_stream_their_eager_weights(name: str, chunked: bool, tok, monk
     model = _decoder(name)
     (s,) = hf_run.attend(model, tok, "decoder", TEXT, max_length=64, n_layers=2, n_heads=4).sets
     ids = torch.tensor([tok(TEXT)["input_ids"]])
+    calls: list[int] = []
+    through = hf_attention.attention
+    monkeypatch.setattr(
+        hf_attention, "attention", lambda *a, **k: calls.append(1) or through(*a, **k)
+    )
     with torch.no_grad():
         want = torch.stack([a[0] for a in model(ids, output_attentions=True).attentions])
-    assert model.config._attn_implementation == "eager"  # switched back
+    assert not calls  # switched back: the plain forward is the model's eager attention
     np.testing.assert_allclose(s.dense, want.numpy(), atol=1e-5)
 
 
 def test_t5_streams_encoder_decoder_and_cross_attention(tok) -> None:
+    reason = family_reason("t5")
+    if reason is not None:
+        pytest.skip(reason)  # (attnkit show then reads the eager weights instead)
     cfg = transformers.T5Config(num_layers=2, num_decoder_layers=2, d_model=32, d_kv=8, d_ff=32,
                                 num_heads=4, vocab_size=32, relative_attention_num_buckets=8,
                                 relative_attention_max_distance=16, decoder_start_token_id=0,

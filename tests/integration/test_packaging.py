@@ -1,11 +1,17 @@
-"""Packaging metadata: the licence, the sdist's contents, the test extras."""
+"""Packaging: the licence, the sdist's contents, the test extras, the wheel's files."""
 
 from __future__ import annotations
 
 import ast
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
+import zipfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,3 +92,52 @@ def test_the_supported_range_is_declared_once_and_tested_at_both_ends() -> None:
         assert re.search(row, readme), f"README: no row '| {name} | {oldest} | {newest} |'"
     install = (ROOT / "scripts" / "install.sh").read_text(encoding="utf-8")
     assert f"torch=={nox['TORCH_DEFAULT']}" in install  # the transformers ends' torch
+
+
+def _package_files() -> set[str]:
+    """Every file of the package in the checkout, as the wheel names it (attnkit/...)."""
+    src = ROOT / "src"
+    skip = {"__pycache__"}
+    return {
+        p.relative_to(src).as_posix()
+        for p in (src / "attnkit").rglob("*")
+        if p.is_file() and not skip & set(p.parts) and p.suffix not in (".pyc", ".so")
+    }
+
+
+def test_the_wheel_holds_every_package_file(tmp_path: Path) -> None:
+    """The wheel setuptools builds from this checkout lists every file of the package:
+    the modules and the data the package reads at run time (viz/static/*, kernels/*.c,
+    py.typed). Built without build isolation from a copy of the sources (a few seconds);
+    scripts/check_wheel.sh builds it the release way and runs `attnkit show` from it."""
+    setuptools = pytest.importorskip("setuptools")
+    if int(setuptools.__version__.split(".")[0]) < 77:
+        pytest.skip(f"setuptools {setuptools.__version__} is older than the build requires (77)")
+    tree = tmp_path / "tree"
+    shutil.copytree(
+        ROOT / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+    )
+    for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"):
+        shutil.copy2(ROOT / name, tree / name)
+    dist = tmp_path / "dist"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from setuptools import build_meta; print(build_meta.build_wheel({str(dist)!r}))",
+        ],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    wheel = dist / done.stdout.strip().splitlines()[-1]
+    with zipfile.ZipFile(wheel) as zf:
+        listed = set(zf.namelist())
+    package = _package_files()
+    data = {f for f in package if not f.endswith(".py")}
+    assert {"attnkit/py.typed", "attnkit/kernels/native.c", "attnkit/viz/static/page.html"} <= data
+    assert not package - listed, f"missing from the wheel: {sorted(package - listed)}"
+    assert any(f.endswith("entry_points.txt") for f in listed)

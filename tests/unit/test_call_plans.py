@@ -141,6 +141,24 @@ def test_non_finite_inputs_on_a_planned_call_follow_the_policy(causal: bool) -> 
         torch.testing.assert_close(out[0, 0, :-1], clean[0, 0, :-1])
 
 
+def test_more_keys_than_queries_on_a_planned_call_follow_the_policy() -> None:
+    """Unmasked, S > L: the plan probes the queries and the first key; a NaN anywhere in
+    a head's keys still makes every row of that head NaN, and nowhere else."""
+    q, k, v = _qkv(L=3, S=9)
+    clean = attnkit.attention(q, k, v)  # the plan
+    for key_row in (0, 5):
+        kn = k.clone()
+        kn[1, 2, key_row, 4] = math.nan
+        out = attnkit.attention(q, kn, v)
+        assert torch.isnan(out[1, 2]).all(), key_row
+        keep = torch.ones(2, 3, dtype=torch.bool)
+        keep[1, 2] = False
+        torch.testing.assert_close(out[keep], clean[keep])
+    kn = k.clone()
+    kn[0, 1] = math.nan  # every key of one head
+    assert torch.isnan(attnkit.attention(q, kn, v)[0, 1]).all()
+
+
 def test_a_decoding_step_reads_the_first_key_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """One query against a long cache: the finiteness probe does not sum the cache."""
     g = torch.Generator().manual_seed(3)

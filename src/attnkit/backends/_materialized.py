@@ -11,9 +11,10 @@ Non-finite inputs follow one policy: a NaN (or inf) in a position that is used
 propagates to the rows that use it; a position masked out never contributes,
 whatever it holds. A pair whose query or key holds a NaN or an inf scores NaN (an
 inf makes no promise beyond that), except that under a score whose dot form has a key
-bias (the Gaussian) a key holding an inf is infinitely far: it scores -inf against a
-finite query. A pair is *used* when its logit is not -inf after the mask. A row is
-*reached* when it uses a pair whose query, key or value row is not finite.
+bias (the Gaussian) a key holding an inf (and no NaN) is infinitely far: it scores
+-inf against every query, so no pair uses it and its value never contributes. A pair
+is *used* when its logit is not -inf after the mask. A row is *reached* when it uses
+a pair whose query, key or value row is not finite.
 
 - Forward: a blocked pair is -inf whatever its logit, and gets weight exactly 0; the
   values are taken with non-finite rows zeroed, and a reached row's output is NaN.
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 
 from .._host import readable
 from .._inputs import AttentionInputs
-from ._common import all_finite, dense_mask, expand_kv, masked_softmax, score_logits
+from ._common import all_finite, dense_mask, masked_softmax, score_logits
 from .base import AttentionResult
 from .operands import cast_score
 
@@ -106,7 +107,7 @@ def _bad_rows(t: torch.Tensor) -> torch.Tensor:
 def _far_keys(inputs: AttentionInputs, k: torch.Tensor, k_bad: torch.Tensor) -> torch.Tensor | None:
     """Key rows (..., Hk, S) that are infinitely far, or None: under a score whose dot
     form has a key bias (the Gaussian: ``-‖q - k‖²/2σ²``), a key holding an inf but no
-    NaN scores -inf against every finite query, as the kernels compute it."""
+    NaN scores -inf against every query, as the kernels compute it."""
     score = inputs.score
     if not score.dot_reducible:
         return None
@@ -122,9 +123,8 @@ def _far_keys(inputs: AttentionInputs, k: torch.Tensor, k_bad: torch.Tensor) -> 
 def _scored(inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """mods(scale * score(q, k)) (..., L, S), before the mask."""
     logits = score_logits(inputs, q, k) * inputs.scale  # (..., L, S)
-    if inputs.head_scale is not None:
-        hs = inputs.head_scale.to(logits.dtype)
-        logits = logits * hs.view(-1, 1, 1)  # (..., H, L, S): one scale per query head
+    if inputs.head_scale is not None:  # one scale per query head
+        logits = logits * inputs.layout.per_head(inputs.head_scale.to(logits.dtype), 2)
     for mod in inputs.mods:
         logits = mod.logits(logits, inputs.L, inputs.S)
     return logits
@@ -146,11 +146,11 @@ def materialized(inputs: AttentionInputs, extra_rows: torch.Tensor | None = None
 
     ``extra_rows``: None or (*batch, L) bool, more rows to treat as reached (a backward
     whose output gradient is not finite there)."""
-    cd = inputs.compute_dtype
+    cd, layout = inputs.compute_dtype, inputs.layout
     q, k = inputs.query.to(cd), inputs.key.to(cd)
-    v = expand_kv(inputs.value.to(cd), inputs.groups)  # (..., Hq, S, Ev)
+    v = layout.query_heads(inputs.value.to(cd), 2)  # (..., Hq, S, Ev)
     if extra_rows is None and readable(q) and all_finite(q.detach(), k.detach(), v.detach()):
-        logits = _masked(inputs, _scored(inputs, q, expand_kv(k, inputs.groups)))
+        logits = _masked(inputs, _scored(inputs, q, layout.query_heads(k, 2)))
         return Materialized(logits=logits, value=v, reached=None)
     q_bad, k_bad = _bad_rows(q), _bad_rows(k)  # (..., L), (..., Hk, S)
     far = _far_keys(inputs, k, k_bad)  # (..., Hk, S) or None
@@ -158,14 +158,14 @@ def materialized(inputs: AttentionInputs, extra_rows: torch.Tensor | None = None
         k_bad = k_bad & ~far
     qc = _Zeroed.apply(q, q_bad, None)
     kc = _Zeroed.apply(k, _bad_rows(k), None)
-    clean = _scored(inputs, qc, expand_kv(kc, inputs.groups))  # (..., L, S), differentiable
-    k_bad = expand_kv(k_bad.unsqueeze(-1), inputs.groups).squeeze(-1)  # (..., Hq, S)
+    clean = _scored(inputs, qc, layout.query_heads(kc, 2))  # (..., L, S), differentiable
+    k_bad = layout.query_heads(k_bad, 1)  # (..., Hq, S)
     v_bad = _bad_rows(v)  # (..., Hq, S)
     bad_pair = q_bad.unsqueeze(-1) | k_bad.unsqueeze(-2)  # (..., L, S)
     logits = clean + _nan_where(bad_pair).to(clean.dtype)  # NaN there, gradient to clean
-    if far is not None:  # infinitely far: -inf whatever the (finite) query
-        far_q = expand_kv(far.unsqueeze(-1), inputs.groups).squeeze(-1)  # (..., Hq, S)
-        logits = logits.masked_fill(far_q.unsqueeze(-2) & ~q_bad.unsqueeze(-1), float("-inf"))
+    if far is not None:  # infinitely far: -inf whatever the query, a pair never used
+        far_q = layout.query_heads(far, 1)  # (..., Hq, S)
+        logits = logits.masked_fill(far_q.unsqueeze(-2), float("-inf"))
     logits = _masked(inputs, logits)
     used = ~torch.isneginf(logits.detach())  # (*batch, L, S); NaN pairs are used
     reached = (used & (bad_pair | v_bad.unsqueeze(-2))).any(dim=-1)  # (*batch, L)

@@ -36,13 +36,13 @@ from torch import nn
 
 from .._host import readable
 from .._inputs import AttentionInputs
+from .._layout import ONE_HEAD, HeadLayout
 from ..mods import ALiBi, PositionMod, Softcap
 from ..scores import Additive, Dot, Score
 from ._common import (
     all_finite,
     clean_keys,
     clean_rows,
-    expand_kv,
     nan_rows,
     restore_nonfinite_keys,
 )
@@ -78,7 +78,7 @@ class ScoreOperands:
         kind: "dot" or "additive".
         q: (..., L, E') q' (dot) or W_q q (additive).
         k: (..., S, E') k' (dot) or W_k k (additive).
-        key_bias: None or (..., 1, S), unscaled (dot only).
+        key_bias: None or (..., 1, S), unscaled by ``scale`` (dot only).
         w: None or (hidden,), the Additive score's w_v.
         row_constant: None or (..., L), unscaled; softmax ignores it.
         excluded: None or (..., S) bool: keys whose logit is -inf by construction.
@@ -86,7 +86,13 @@ class ScoreOperands:
         pos: None or (H, L + S - 1) float32: the position biases (ALiBi, T5's) by
             relative position, ``pos[h, j - i + L - 1]`` added to head h's scaled logits;
             differentiable in the modifiers' parameters.
-        softcap: None or the cap: ``s -> cap * tanh(s / cap)`` after the position bias.
+        softcaps: the caps, in order: each maps ``s -> cap * tanh(s / cap)``, after the
+            position bias.
+        layout: the call's :class:`HeadLayout`.
+
+    Head layout: ``key_bias`` and ``excluded`` have the key's heads, or the query's
+    (a per-head scale, a folded ALiBi); :meth:`attnkit._layout.HeadLayout.query_heads`
+    brings either to the query's.
     """
 
     kind: str
@@ -98,7 +104,8 @@ class ScoreOperands:
     excluded: torch.Tensor | None
     scale: float
     pos: torch.Tensor | None = None
-    softcap: float | None = None
+    softcaps: tuple[float, ...] = ()
+    layout: HeadLayout = ONE_HEAD
 
     def finish_lse(self, lse: torch.Tensor) -> torch.Tensor:
         """The lse of the score's logits from the lse of the lowered ones, (..., L): the
@@ -124,6 +131,22 @@ class ScoreOperands:
             g = g.sum(0)
         dims = [d for d, n in enumerate(rc.shape) if n == 1 and g.shape[d] != 1]
         return [(rc, g.sum(dim=dims, keepdim=True) if dims else g)]
+
+    def with_key_bias_feature(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q'', k'') with the key bias carried as one more feature, for kernels that take
+        no bias: ``q'·k' + b == [q', 1]·[k', b]``; (q', k') without a key bias. A key bias
+        per query head (a per-head scale under grouped-query attention) brings the keys
+        to the query's heads with it (:meth:`HeadLayout.has_query_heads` then says so)."""
+        q, k, kb = self.q, self.k, self.key_bias
+        if kb is None:
+            return q, k
+        if self.layout.has_query_heads(kb, 2):
+            k = self.layout.query_heads(k, 2)  # (..., H, S, E')
+        kbt = kb.transpose(-2, -1)  # (..., S, 1)
+        lead = torch.broadcast_shapes(k.shape[:-1], kbt.shape[:-1])
+        k = torch.cat([k.expand(*lead, k.shape[-1]), kbt.expand(*lead, 1)], -1)  # (..., S, E'+1)
+        q = torch.cat([q, q.new_ones(*q.shape[:-1], 1)], dim=-1)  # (..., L, E'+1)
+        return q, k
 
     def lowered_lse(self, lse: torch.Tensor) -> torch.Tensor:
         """The inverse of :meth:`finish_lse`: a given lse in the lowered logits' frame."""
@@ -169,7 +192,8 @@ def lower_score(
         if guard:
             qa, ka = nan_rows(qa, bad_q), nan_rows(ka, bad_k)
         w = sc.w_v.weight.reshape(-1)  # (h,)
-        ops = ScoreOperands("additive", qa, ka, None, w, None, None, inputs.scale)
+        ops = ScoreOperands("additive", qa, ka, None, w, None, None, inputs.scale,
+                            layout=inputs.layout)  # fmt: skip
         return _with_mods(inputs, ops, fold_alibi=False)
     far: torch.Tensor | None = None
     nan_keys: torch.Tensor | None = None
@@ -191,13 +215,14 @@ def lower_score(
         if rc is not None:
             rc = torch.where(q_bad, float("nan"), rc)  # (..., L)
     if inputs.head_scale is not None:  # (hs q')·k' + hs b: the scale folds into the operands
-        hs = inputs.head_scale.to(qd.dtype).view(-1, 1, 1)  # (H, 1, 1)
-        qd = qd * hs  # (..., H, L, E')
-        if kb is not None:
-            kb = expand_kv(kb, inputs.groups) * hs if kb.ndim >= 3 else kb * hs  # (..., H, 1, S)
+        layout = inputs.layout
+        hs = inputs.head_scale.to(qd.dtype)  # (H,) or (1,)
+        qd = qd * layout.per_head(hs, 2)  # (..., H, L, E')
+        if kb is not None:  # per query head from here on
+            kb = layout.query_heads(kb, 2) * layout.per_head(hs, 2)  # (..., H, 1, S)
         if rc is not None:
-            rc = rc * hs.view(-1, 1)  # (..., H, L)
-    ops = ScoreOperands("dot", qd, kd, kb, None, rc, excluded, inputs.scale)
+            rc = rc * layout.per_head(hs, 1)  # (..., H, L)
+    ops = ScoreOperands("dot", qd, kd, kb, None, rc, excluded, inputs.scale, layout=inputs.layout)
     return _with_mods(inputs, ops, fold_alibi=fold_alibi)
 
 
@@ -220,28 +245,28 @@ def alibi_folds(inputs: AttentionInputs, mod: ALiBi) -> bool:
 
 
 def _with_mods(inputs: AttentionInputs, ops: ScoreOperands, *, fold_alibi: bool) -> ScoreOperands:
-    """The call's score modifiers added to its operands: folded ALiBi in the key bias and
-    row constant, other position biases in one table, the softcap as a number."""
+    """The call's score modifiers added to its operands, in the order given: folded ALiBi
+    in the key bias and row constant, other position biases in one table (biases add,
+    so several of a kind sum), each softcap in turn."""
     if not inputs.mods:
         return ops
-    L, S, dev = inputs.L, inputs.S, ops.q.device
+    L, S, dev, layout = inputs.L, inputs.S, ops.q.device, inputs.layout
     heads = torch.arange(inputs.heads, device=dev)
     kb, rc = ops.key_bias, ops.row_constant
     pos: torch.Tensor | None = None
-    softcap: float | None = None
+    softcaps: list[float] = []
     for m in inputs.mods:
         if isinstance(m, Softcap):
-            softcap = m.cap
+            softcaps.append(m.cap)
         elif isinstance(m, ALiBi) and fold_alibi and alibi_folds(inputs, m):
-            # -slope (p_i - p_j) = slope p_j (per key) - slope p_i (per query)
-            p = m.positions(L, S)
-            slope = m.slope_of(heads).to(ops.q.dtype).view(-1, 1, 1) / ops.scale  # (H, 1, 1)
-            key_term = slope * p.cols(S, dev).to(ops.q.dtype).view(1, 1, S)  # (H, 1, S)
-            row_term = -(slope * p.rows(L, dev).to(ops.q.dtype).view(1, 1, L))[:, 0]  # (H, L)
-            kb = key_term if kb is None else kb + key_term
+            # -slope (p_i - p_j) = slope r_j (per key) - slope r_i (per query), r relative
+            key, row = m.folded(heads, L, S, ops.q.dtype)  # (H, S), (H, L)
+            key_term = layout.per_head((key / ops.scale).to(ops.q.dtype), 2)  # (H, 1, S)
+            row_term = layout.per_head((row / ops.scale).to(ops.q.dtype), 1)  # (H, L)
+            kb = key_term if kb is None else layout.query_heads(kb, 2) + key_term
             rc = row_term if rc is None else rc + row_term
         elif isinstance(m, PositionMod):
             offs, _ = m.offsets(L, S, dev)
             table = m.offset_bias(heads, offs)  # (H, L + S - 1)
             pos = table if pos is None else pos + table
-    return replace(ops, key_bias=kb, row_constant=rc, pos=pos, softcap=softcap)
+    return replace(ops, key_bias=kb, row_constant=rc, pos=pos, softcaps=tuple(softcaps))

@@ -9,8 +9,8 @@ groups of similar lengths, each group run on just its kept rows and columns:
   may be read on the host without a device sync (:func:`attnkit._host.readable`);
 - :func:`group_lengths`: sequences grouped to minimize padded work plus a per-call
   cost;
-- :func:`take_rows` / :func:`take_keys`: one sequence's rows and kept keys,
-  zero-padded to its group's lengths;
+- :func:`take_rows` / :func:`take_queries` / :func:`take_keys`: one sequence's rows
+  and kept keys (a slice, or gathered by index), zero-padded to its group's lengths;
 - :func:`torch_varlen_route` / :func:`torch_varlen_attention`: on CUDA, lengths that
   live on the device go to torch's variable-length attention (where the installed
   torch has it) without reading them: each element's kept rows and its padding rows
@@ -37,6 +37,7 @@ __all__ = [
     "group_lengths",
     "padded_sequences",
     "take_keys",
+    "take_queries",
     "take_rows",
     "torch_varlen",
     "torch_varlen_attention",
@@ -60,12 +61,21 @@ def take_rows(t: torch.Tensor, start: int, n: int) -> torch.Tensor:
     return F.pad(rows, (0, 0, 0, short)) if short else rows
 
 
+def take_queries(t: torch.Tensor, seq: RaggedSeq, n: int) -> torch.Tensor:
+    """A sequence's queries of t (..., L, D) (its index list, or its contiguous run),
+    zero-padded to n rows: (..., n, D)."""
+    if seq.query_idx is None:
+        return take_rows(t, seq.q0, n)
+    rows = t.index_select(-2, seq.query_idx.to(t.device))  # (..., L_b, D)
+    return F.pad(rows, (0, 0, 0, n - rows.shape[-2]))  # (..., n, D)
+
+
 def take_keys(t: torch.Tensor, seq: RaggedSeq, n: int) -> torch.Tensor:
     """A sequence's keys of t (..., S, D) (its index list, or its contiguous run),
     zero-padded to n rows: (..., n, D)."""
     if seq.key_idx is None:
         return take_rows(t, seq.k0, n)
-    rows = t.index_select(-2, seq.key_idx)  # (..., S_b, D)
+    rows = t.index_select(-2, seq.key_idx.to(t.device))  # (..., S_b, D)
     return F.pad(rows, (0, 0, 0, n - rows.shape[-2]))  # (..., n, D)
 
 

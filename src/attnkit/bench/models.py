@@ -17,7 +17,7 @@ Two groups of cases, each against its peer on the same inputs:
   softmax column). Targets: softcap and symmetric ALiBi at least 3x the formula's
   speed at no more than 1/10 of its peak memory.
 
-The model cases need transformers (``pip install "attnkit[transformers]"``); without
+The model cases need transformers (attnkit's ``transformers`` extra); without
 it they report the error and the other cases still run. Peak memory is measured
 by :mod:`attnkit.bench.runner` (each side once in a child process).
 """
@@ -53,7 +53,7 @@ def _llama(quick: bool, baseline: str) -> tuple[Any, Any, torch.Tensor, str]:
         import attnkit.integrations.transformers  # noqa: F401  (registers "attnkit")
     except ImportError as exc:
         raise RuntimeError(
-            'the models suite needs transformers: pip install "attnkit[transformers]"'
+            'the models suite needs transformers: pip install "transformers>=5"'
         ) from exc
     transformers.logging.set_verbosity_error()
     layers, hidden, heads, kv_heads, N = (2, 32, 4, 2, 32) if quick else (4, 512, 8, 2, 2048)

@@ -8,7 +8,7 @@ Seven cases, each against torch's own equivalent on the same inputs:
 - ``call_overhead_causal``: the same with ``masks.causal()`` against ``is_causal=True``.
 - ``layer_mha``: ``attnkit.nn.MultiheadAttention`` forward against
   ``torch.nn.MultiheadAttention`` (same weights, eval, no grad, B=1 L=S=16 E=64);
-  target: at most 1.2× torch's time.
+  target: at most 1.1× torch's time (both take torch's fused op there).
 - ``layer_mha_train``: one training step of the same two layers (train mode,
   grad on, dropout 0): forward, a sum-of-squares loss, backward into the
   parameters; target: at most 1.1× torch's time.
@@ -257,8 +257,8 @@ def overhead_cases(device: str = "cpu") -> tuple[BenchCase, ...]:
         BenchCase(
             "layer_mha",
             "overhead",
-            "≤ 1.2× torch",
-            1 / 1.2,
+            "≤ 1.1× torch",
+            1 / 1.1,
             _layer(device),
             max_pairs=41,
             memory=False,

@@ -174,11 +174,39 @@ class KeyKeep(Atom):
 class Document(Atom):
     """Packed sequences: ``q_ids[b, i] == k_ids[b, j] and q_ids[b, i] >= 0`` (a negative
     id is padding), or with ``equal=False`` the opposite. q_ids (B0, L), k_ids (B0, S)
-    long."""
+    long.
+
+    Ids are any integers in any order: a document need not be one run of positions
+    (see :mod:`.ragged`). Built with :meth:`numbered`, they are renumbered in order of
+    value to ``0, 1, ...`` (padding to -1), so every consumer may hold them in int32.
+    """
 
     q_ids: torch.Tensor
     k_ids: torch.Tensor
     equal: bool = True
+
+    @classmethod
+    def numbered(cls, q_ids: torch.Tensor, k_ids: torch.Tensor) -> Document:
+        """The document condition of ids (B0 or 1, L) and (B0 or 1, S), renumbered per
+        batch element in order of value: equal ids stay equal, order is kept (sorted ids
+        stay sorted), padding becomes -1 and every id lies in [-1, L + S). Tensor
+        operations only (a sort): no value is read on the host. One tensor for both
+        when the queries and keys share their ids."""
+        same = q_ids is k_ids
+        if same:
+            both = q_ids
+        else:
+            B = max(q_ids.shape[0], k_ids.shape[0])
+            L, S = q_ids.shape[-1], k_ids.shape[-1]
+            both = torch.cat([q_ids.expand(B, L), k_ids.expand(B, S)], dim=-1)  # (B, L + S)
+        ordered, order = both.sort(dim=-1, stable=True)  # (B, N)
+        new = ordered >= 0  # (B, N): a new document starts here (padding never does)
+        new[..., 1:] &= ordered[..., 1:] != ordered[..., :-1]
+        label = torch.empty_like(ordered).scatter_(-1, order, new.long().cumsum(-1) - 1)
+        label = torch.where(both < 0, -1, label)  # (B, N)
+        if same:
+            return cls(label, label)
+        return cls(label[..., : q_ids.shape[-1]], label[..., q_ids.shape[-1] :])
 
     def add_to(self, clause: Clause) -> None:
         clause.docs.append(self)

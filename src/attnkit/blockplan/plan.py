@@ -279,7 +279,7 @@ class BlockPlan:
         self, t: torch.Tensor, b: int | None, i0: int, i1: int, j0: int, j1: int
     ) -> torch.Tensor:
         full = t.expand(*self.batch_shape, self.L, self.S)  # (*batch, L, S), a view
-        if b is not None:
+        if b is not None and self.batch_shape:  # (without batch dims, b is 0: no index)
             full = full[b]  # (*batch[1:], L, S)
         return full[..., i0:i1, j0:j1].reshape(-1, i1 - i0, j1 - j0)  # (rows, bi, bj)
 

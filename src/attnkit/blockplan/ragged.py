@@ -1,4 +1,13 @@
-"""A ragged batch read off a plan: one independent sequence per batch element or document."""
+"""A ragged batch read off a plan: one independent sequence per batch element or document.
+
+What the ragged path may assume about document ids is decided here, once: nothing.
+Ids are any integers in any order; a negative id is padding. A document whose
+positions form one run (packed sequences, the common case) is a contiguous slice of
+queries and keys; a document whose positions are spread (ids interleaved such as
+``[0, 1, 0, 1]``, or a padding gap inside it such as ``[3, 3, -1, 3]``) gathers its
+positions by index, in ascending order, so a causal mask within it stays top-left
+in the gathered order. Each run of equal ids is never taken for a document of its own.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +17,15 @@ import torch
 
 from .clause import Clause
 
-__all__ = ["RaggedSeq", "ragged_layout"]
+__all__ = ["RaggedSeq", "document_sequences", "ragged_layout"]
 
 
 @dataclass(frozen=True)
 class RaggedSeq:
     """One independent sequence of a ragged batch: batch element ``b``, queries
-    ``[q0, q0 + q_len)``, keys ``[k0, k0 + k_len)`` or, when ``key_idx`` is given, the
-    keys at those indices (S_b,)."""
+    ``[q0, q0 + q_len)`` or, when ``query_idx`` is given, the queries at those indices
+    (q_len,); keys ``[k0, k0 + k_len)`` or, when ``key_idx`` is given, the keys at those
+    indices (k_len,). Index lists are ascending."""
 
     b: int
     q0: int
@@ -23,6 +33,32 @@ class RaggedSeq:
     k0: int
     k_len: int
     key_idx: torch.Tensor | None = None
+    query_idx: torch.Tensor | None = None
+
+
+def document_sequences(row: torch.Tensor, b: int, q_hi: int, k_hi: int) -> list[RaggedSeq]:
+    """The documents of one batch element's ids ``row`` (N,) on the CPU, in the order of
+    their first position: each keeps its queries below ``q_hi`` and its keys below
+    ``k_hi``. A document that is one run of positions is a slice; a spread one gathers
+    its positions (see the module docstring)."""
+    n = row.shape[0]
+    change = torch.nonzero(row[1:] != row[:-1]).flatten().add(1).tolist()
+    starts, ends = [0, *change], [*change, n]
+    runs: dict[int, list[tuple[int, int]]] = {}
+    for doc, s, e in zip(row[starts].tolist() if n else [], starts, ends, strict=True):
+        if doc >= 0:
+            runs.setdefault(doc, []).append((s, e))
+    seqs: list[RaggedSeq] = []
+    for parts in runs.values():
+        if len(parts) == 1:
+            s, e = parts[0]
+            ql, kl = max(0, min(e, q_hi) - s), max(0, min(e, k_hi) - s)
+            seqs.append(RaggedSeq(b, s, ql, s, kl))
+            continue
+        pos = torch.cat([torch.arange(s, e) for s, e in parts])  # (n_doc,) ascending
+        q_idx, k_idx = pos[pos < q_hi], pos[pos < k_hi]  # (q_len,), (k_len,)
+        seqs.append(RaggedSeq(b, 0, len(q_idx), 0, len(k_idx), key_idx=k_idx, query_idx=q_idx))
+    return seqs
 
 
 def ragged_layout(c: Clause, B0: int, L: int, S: int) -> tuple[list[RaggedSeq], bool]:
@@ -35,16 +71,7 @@ def ragged_layout(c: Clause, B0: int, L: int, S: int) -> tuple[list[RaggedSeq], 
     if c.docs:
         ids = c.docs[0].q_ids.expand(B0, L).cpu()
         for b in range(B0):
-            row = ids[b]
-            change = torch.nonzero(row[1:] != row[:-1]).flatten().add(1).tolist()
-            starts = [0, *change]
-            ends = [*change, L]
-            for s, e in zip(starts, ends, strict=True):
-                if int(row[s]) < 0:
-                    continue
-                ql = max(0, min(e, int(q_hi[b])) - s)
-                kl = max(0, min(e, int(k_hi[b])) - s)
-                seqs.append(RaggedSeq(b, s, ql, s, kl))
+            seqs += document_sequences(ids[b], b, int(q_hi[b]), int(k_hi[b]))
         return seqs, causal
     idx: list[torch.Tensor | None] = [None] * B0
     k_len = [max(0, min(S, int(x))) for x in k_hi]

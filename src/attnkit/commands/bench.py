@@ -19,8 +19,8 @@ DESCRIPTION = "benchmarks side by side with torch SDPA and plain math"
 
 QUICK_NOTE = (
     "quick mode: tiny shapes that only check every case runs; at these sizes fixed "
-    "per-call costs dominate, so speedups are not judged against the targets "
-    "(run without --quick for the figures)"
+    "per-call costs outweigh the work, so a ratio of the two times says nothing about "
+    "attnkit's speed and no speedup or verdict is shown (run without --quick for those)"
 )
 
 
@@ -111,9 +111,9 @@ def _time(seconds: float | None) -> str:
     return f"{seconds * 1e3:.2f} ms"
 
 
-def _notes(r: Any) -> str:
+def _notes(r: Any, judged: bool = True) -> str:
     parts = []
-    if r.extra_s is not None and r.attnkit_s is not None and r.attnkit_s < 1e-3:
+    if judged and r.extra_s is not None and r.attnkit_s is not None and r.attnkit_s < 1e-3:
         parts.append(f"{r.extra_s * 1e6:+.1f} µs/call")
     parts += [f"{name.replace('_', ' ')} {value}" for name, value in r.counts.items()]
     if "attnkit_tflops" in r.figures:
@@ -129,32 +129,34 @@ def _notes(r: Any) -> str:
     return "; ".join(parts)
 
 
-def _row(r: Any) -> list[str]:
+def _row(r: Any, judged: bool = True) -> list[str]:
     met = {True: "yes", False: "NO", None: "-"}
     verdicts = [v for v in (r.met, r.mem_met) if v is not None]
     ok = met[all(verdicts)] if verdicts else "-"
-    return [
-        r.name,
-        _time(r.attnkit_s),
-        _time(r.baseline_s),
-        _fmt(r.speedup, ".2f", "×"),
-        r.target,
-        ok if r.error is None else "ERROR",
-        _fmt(r.attnkit_mib, ".1f"),
-        _fmt(r.baseline_mib, ".1f"),
-        _notes(r),
-    ]
+    times = [r.name, _time(r.attnkit_s), _time(r.baseline_s)]
+    verdict = [_fmt(r.speedup, ".2f", "×"), r.target, ok if r.error is None else "ERROR"]
+    memory = [_fmt(r.attnkit_mib, ".1f"), _fmt(r.baseline_mib, ".1f"), _notes(r, judged)]
+    if not judged:
+        return [*times, "ERROR" if r.error else "ran", *memory]
+    return [*times, *verdict, *memory]
 
 
-def table(results: list[Any]) -> str:
-    """The results as a text table, the cases where attnkit wins most first."""
-    ordered = sorted(
-        results,
-        key=lambda r: (r.error is not None, r.speedup is None, -(r.speedup or 0.0)),
-    )
-    head = ["case", "attnkit", "baseline", "speedup", "target", "met", "attnkit MiB", "base MiB"]
-    head.append("notes")
-    rows = [_row(r) for r in ordered]
+def table(results: list[Any], *, judged: bool = True) -> str:
+    """The results as a text table, the cases where attnkit wins most first.
+
+    ``judged=False`` (quick mode): no speedup, target or verdict columns, and the
+    cases in the order they ran.
+    """
+    if judged:
+        results = sorted(
+            results,
+            key=lambda r: (r.error is not None, r.speedup is None, -(r.speedup or 0.0)),
+        )
+        head = ["case", "attnkit", "baseline", "speedup", "target", "met"]
+    else:
+        head = ["case", "attnkit", "baseline", "status"]
+    head += ["attnkit MiB", "base MiB", "notes"]
+    rows = [_row(r, judged) for r in results]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
@@ -203,13 +205,18 @@ def run(args: argparse.Namespace) -> int:
         else:
             r = run_case(case, quick=args.quick, memory=memory, budget_s=args.budget)  # type: ignore[arg-type]
         results.append(r)
-        note = f" speedup {r.speedup:.2f}×" if r.speedup is not None else ""
+        note = f" speedup {r.speedup:.2f}×" if r.speedup is not None and not args.quick else ""
         note += f" {r.error}" if r.error else ""
         print(f" done{note}", file=sys.stderr, flush=True)
     if args.quick:
         print(QUICK_NOTE)
-    print(table(results))
-    print("speedup = baseline time / attnkit time (median of interleaved pairs); MiB = peak extra")
+        print(table(results, judged=False))
+        print("times: median per call of interleaved pairs; MiB = peak extra")
+    else:
+        print(table(results))
+        print(
+            "speedup = baseline time / attnkit time (median of interleaved pairs); MiB = peak extra"
+        )
     if args.json:
         payload = {
             "suite": args.suite,

@@ -14,6 +14,10 @@ Nothing the size of the call is ever allocated, so any sizes can be asked about:
 ``--gpu-targets`` answers another question: whether the triton backend's kernels
 compile and fit on each NVIDIA GPU generation (see
 :mod:`attnkit.backends.triton.targets`; needs triton, not a GPU).
+
+``--transformers`` answers a third: what the installed transformers offers
+``attn_implementation="attnkit"`` (see :mod:`attnkit.integrations.transformers.features`),
+naming for anything it lacks the release that has it.
 """
 
 from __future__ import annotations
@@ -73,6 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--full", action="store_true", help="with --gpu-targets: the whole matrix (slow)"
+    )
+    parser.add_argument(
+        "--transformers",
+        action="store_true",
+        help='instead: what the installed transformers offers attn_implementation="attnkit"',
     )
 
 
@@ -149,7 +158,18 @@ def _only_meta_missing(ex: Explanation) -> bool:
     )
 
 
+def _transformers_report() -> int:
+    try:
+        from ..integrations.transformers import report
+    except ImportError as exc:
+        return _fail(str(exc).splitlines()[0])
+    print(report())
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.transformers:
+        return _transformers_report()
     if args.gpu_targets:
         from ..backends.triton.targets import main as targets_main
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import show_compare, show_image
 from .show_args import (
     EXAMPLE,
     UsageError,
@@ -75,6 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--scale", choices=("linear", "power", "log"), default="linear",
         help="colour scale of the picture and the page's matrix view (default: linear)")  # fmt: skip
     add("--open", action="store_true", help="open the page in the default web browser")
+    show_compare.add_arguments(parser)
+    show_image.add_arguments(parser)
 
 
 def _checked(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -103,7 +106,10 @@ def _checked(args: argparse.Namespace) -> tuple[str, str | None]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "image", None) is not None:  # a picture for a vision transformer
+        return show_image.run(args)
     text, pair = _checked(args)
+    show_compare.check(args)
     layer_sel = parse_selection(args.layers, "--layers")
     head_sel = parse_selection(args.heads, "--heads")
     out_html = check_writable(args.out, "--out")
@@ -141,11 +147,13 @@ def _run(args: argparse.Namespace) -> int:
             f"--max-length: expected at least {minimum} (the special tokens), got {max_length}"
         )
 
+    second = show_compare.open_second(args)
     from ..models import bert, hf
     from ..viz.reduce import Budget
 
     try:
         source.load(generate=bool(args.generate))
+        show_compare.prepare(source, second)
         if source.content_tokens(text) == 0:
             raise UsageError(
                 "TEXT gives no tokens (only invisible or control characters); try: " + EXAMPLE
@@ -156,10 +164,16 @@ def _run(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except (bert.CheckpointError, hf.CheckpointError) as exc:
         raise UsageError(f"--model: {exc}" if args.model else str(exc)) from None
-    return _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_format)
+    other = show_compare.run_second(
+        args, source, second, text, pair, layer_sel=layer_sel, head_sel=head_sel,
+        max_length=max_length, budget=Budget(top_k=args.top_k),
+    )  # fmt: skip
+    return _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_format,
+                  other)  # fmt: skip
 
 
-def _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_format) -> int:
+def _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_format,
+           other=None) -> int:  # fmt: skip
     """Write the page and the picture, and print the summary."""
     notes = list(run.notes)
     first = run.sets[0]
@@ -190,8 +204,13 @@ def _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_
         meta["generated"] = f"{args.generate} tokens ({how})"
     from ..viz import to_html
 
+    page_sets, title = run.sets, f"Attention of {source.name}"
+    if other is not None:  # a comparison: both sides and A - B on one page
+        page_sets, shown = other.page_sets(run), show_compare.subtitle(other, shown)
+        notes.extend(other.notes())
+        title += f" and {other.model_name}" if other.what == "model" else " on two texts"
     try:
-        to_html(run.sets, None, out_html, title=f"Attention of {source.name}", subtitle=shown,
+        to_html(page_sets, None, out_html, title=title, subtitle=shown,
                 meta=meta, notes=notes, scale=args.scale)  # fmt: skip
     except OSError as exc:
         raise UsageError(f"--out: cannot write {out_html}: {exc.strerror or exc}") from None
@@ -199,7 +218,8 @@ def _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_
     grid_note = f"{count(len(layers), 'layer')} × {count(len(heads), 'head')}"
     if out_pic is not None:
         try:
-            px = save_picture(run.sets, out_pic, pic_format, source.name, args.scale)
+            px = save_picture(run.sets if other is None else other.picture_sets(run), out_pic,
+                              pic_format, source.name, args.scale)  # fmt: skip
         except OSError as exc:
             raise UsageError(f"--png: cannot write {out_pic}: {exc.strerror or exc}") from None
         pic_note = f"  ({grid_note}, {px[0]}×{px[1]} px)" if px else f"  ({grid_note}, SVG)"
@@ -213,6 +233,8 @@ def _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_
     print("most focused head of each layer (lowest mean entropy of a query's attention):")
     for line in focus_lines(first, layers, heads):
         print(line)
+    if other is not None:
+        print("\n".join(other.summary(page_sets)))
     size_kb = out_html.stat().st_size / 1024
     print(f"wrote {out_html}  ({size_kb:,.0f} KB; open it in a browser: head, matrix, model, "
           "statistics and rollout views)")  # fmt: skip

@@ -42,6 +42,10 @@ class BertSource:
         self.model = bert.load(self.path)
         self.name = self.model.name
 
+    def vocabulary(self) -> dict[str, int]:
+        """The tokenizer's tokens and their ids (a comparison needs the same on both sides)."""
+        return dict(self.model.tokenizer.get_vocab(with_added_tokens=True))
+
     def content_tokens(self, text: str) -> int:
         (enc,) = self.model.encode_tokens([text], warn=False)
         return sum(1 for kind in enc.special_tokens_mask if kind == 0)
@@ -77,6 +81,10 @@ class TransformersSource:
     def load(self, generate: bool = False) -> None:
         self.checkpoint.load(causal_lm=generate)
         self.max_tokens = self.checkpoint.max_tokens
+
+    def vocabulary(self) -> dict[str, int]:
+        """The tokenizer's tokens and their ids (a comparison needs the same on both sides)."""
+        return dict(self.checkpoint.tokenizer.get_vocab())
 
     def content_tokens(self, text: str) -> int:
         return self.checkpoint.content_tokens(text)

@@ -12,11 +12,13 @@ holds
   restricted to them) in the grad mode of each phase;
 - the shapes of query, key and value, the dtype, layout, strategy, backend names,
   which inputs need gradients (the backward is a collective too) and the scale
-  (its float64 bits, exact for any float);
+  (its float64 bits, exact for any float; for a per-head tensor scale, its shape and
+  dtype, its values being checksummed like a score parameter's);
 - fingerprints of the score (kind, settings, parameter shapes) and of the mask's
   structure (:func:`attnkit.distributed.blocks.mask_fingerprint`);
-- **value checksums** (:mod:`.checksum`) of the score's parameters and buffers and
-  of every mask tensor (keep, bias, lengths, padding), computed as tensor ops on
+- **value checksums** (:mod:`.checksum`) of the score's parameters and buffers, of
+  a tensor scale and of every mask tensor (keep, bias, lengths, padding), computed as
+  tensor ops on
   the tensors' devices and gathered in the same collective, so an accelerator is
   read once, for the whole row.
 
@@ -77,6 +79,7 @@ _FIELDS: tuple[tuple[str, int], ...] = (
     ("mask", 1),
     # computed on the device, last:
     ("score values", 2),
+    ("scale values", 2),
     ("mask values", 2),
 )
 _SLICES: dict[str, slice] = {}
@@ -86,7 +89,7 @@ for _name, _width in _FIELDS:
     _at += _width
 _HOST_WIDTH = _SLICES["mask"].stop
 _HUGE = 2**62  # stand-in full length: any block of the rank's own size lies inside it
-_GRAD_NAMES = ("query", "key", "value", "score parameters")
+_GRAD_NAMES = ("query", "key", "value", "score parameters", "the scale")
 
 
 def score_fingerprint(score: Score) -> int:
@@ -144,10 +147,14 @@ def _trainable(score: Score) -> bool:
     return not is_shared_score(score) and any(p.requires_grad for p in score.parameters())
 
 
-def _gradient_bits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score: Score) -> int:
+def _gradient_bits(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score: Score, scale: object = None
+) -> int:
     if not torch.is_grad_enabled():
         return 0
-    flags = (q.requires_grad, k.requires_grad, v.requires_grad, _trainable(score))
+    learnable_scale = isinstance(scale, torch.Tensor) and scale.requires_grad
+    flags = (q.requires_grad, k.requires_grad, v.requires_grad, _trainable(score),
+             learnable_scale)  # fmt: skip
     return sum(1 << i for i, f in enumerate(flags) if f)
 
 
@@ -184,7 +191,7 @@ def _backend_problem(
         except (TypeError, ValueError, IndexError, RuntimeError):
             stand_in = None  # checked against the full sizes once the ranks agree
     phases = [("in the forward", False)]
-    if strategy == "all_to_all" and _gradient_bits(q, k, v, score):
+    if strategy == "all_to_all" and _gradient_bits(q, k, v, score, scale):
         phases.append(("with gradients (the backward)", True))
     ex: Explanation | None = None
     for phase, grad in phases:
@@ -238,8 +245,12 @@ def refuse(problem: Exception, group: dist.ProcessGroup | None) -> NoReturn:
 
 
 def _scale_words(scale: object) -> list[int]:
+    """[kind, word]: None; a float and its float64 bits; or a per-head tensor and the
+    fingerprint of its shape and dtype (its values go to the "scale values" checksum)."""
     if scale is None:
         return [0, 0]
+    if isinstance(scale, torch.Tensor):
+        return [2, stable_hash([tuple(scale.shape), str(scale.dtype)])]
     bits = struct.unpack("<q", struct.pack("<d", float(scale)))[0]  # type: ignore[arg-type]
     return [1, bits]
 
@@ -247,6 +258,8 @@ def _scale_words(scale: object) -> list[int]:
 def _scale_text(words: Sequence[int]) -> str:
     if not words[0]:
         return "None"
+    if words[0] == 2:
+        return "a per-head tensor"
     return repr(struct.unpack("<d", struct.pack("<q", words[1]))[0])
 
 
@@ -299,7 +312,7 @@ def agree(
         kind = "" if isinstance(local_error, ContextParallelError) else type(local_error).__name__
         host = [1, *_encode_message(f"{kind}: {local_error}" if kind else str(local_error))]
         host += [0] * (_HOST_WIDTH - len(host))
-        sums = [torch.zeros(2, dtype=torch.int64, device=device)] * 2
+        sums = [torch.zeros(2, dtype=torch.int64, device=device)] * 3
     row = torch.cat([torch.tensor(host, dtype=torch.int64, device=device), *sums])
     rows = exchange_rows(row, group)
     _verdict(rows, local_error)
@@ -319,13 +332,15 @@ def _good_row(
         LAYOUTS.index(str(layout)),
         -1 if strategy is None else STRATEGIES.index(str(strategy)),
         stable_hash(list(ex.forced or ())),
-        _gradient_bits(q, k, v, sc),
+        _gradient_bits(q, k, v, sc, scale),
         *_scale_words(scale),
         score_fingerprint(sc),
         mask_fingerprint(m),
     ]
+    scale_tensors = [scale.detach()] if isinstance(scale, torch.Tensor) else []
     sums = [
         combine([tensor_checksum(t) for t in _score_tensors(sc)], device),
+        combine([tensor_checksum(t) for t in scale_tensors], device),
         combine([tensor_checksum(t) for t in _mask_tensors(m)], device),
     ]
     return host, sums
@@ -389,6 +404,11 @@ def _disagreement(name: str, rows: list[list[int]], odd: list[int]) -> str:
         n0, n1 = (names[words(x)[0]] if words(x)[0] >= 0 else None for x in (0, r))
         return f"{name}: rank 0 passes {n0!r} and {who} {n1!r}" + same
     if name == "scale":
+        if words(0)[0] == words(r)[0] == 2:
+            return (
+                f"scale: rank 0 and {who} pass per-head tensor scales of different shapes or "
+                "dtypes" + same
+            )
         return (
             f"scale: rank 0 passes {_scale_text(words(0))} and {who} {_scale_text(words(r))}" + same
         )
@@ -424,6 +444,12 @@ def _disagreement(name: str, rows: list[list[int]], odd: list[int]) -> str:
             "(their checksums differ); initialize them from the same seed or broadcast them "
             "from one rank, and sum their gradients across the ranks "
             "(attnkit.distributed.all_reduce_grads, or DDP) so they stay equal"
+        )
+    if name == "scale values":
+        return (
+            f"scale: the values of the per-head scale differ between rank 0 and {who} (their "
+            "checksums differ); every rank must pass the same scale, and sum its gradient "
+            "across the ranks when it is learned"
         )
     assert name == "mask values"
     return (

@@ -4,7 +4,7 @@ Each rank holds all heads of its sequence shard. One ``all_to_all`` per tensor
 gives every rank ``H/P`` heads over the **full** sequence (its shard of heads from
 every rank, put back in global order by :func:`attnkit.distributed.layout.assemble`);
 :func:`attnkit.attention` then runs once on the full sequence with the full mask
-(its dense tensors restricted to the rank's heads), and a second ``all_to_all``
+(its dense tensors and a per-head scale restricted to the rank's heads), and a second ``all_to_all``
 returns the output (and lse) to the sequence split. The exchanges are
 differentiable (the backward of an all-to-all is the inverse all-to-all), so
 autograd does the rest; score parameter gradients are each rank's local part (its
@@ -76,8 +76,11 @@ def all_to_all_attention(
     v_full = _seq_to_heads(v, kv_lengths, plan, "the values")  # (..., Hk/P, N_S, Ev)
     h = q.shape[-3] // P
     mask = slice_mask_heads(plan.mask, plan.batch_shape, r * h, h)
+    scale = plan.scale
+    if isinstance(scale, torch.Tensor) and scale.shape[0] != 1:
+        scale = scale.narrow(0, r * h, h)  # (H/P,): this rank's heads
     out_full, lse_full = attention(
-        q_full, k_full, v_full, score=plan.score, mask=mask, scale=plan.scale,
+        q_full, k_full, v_full, score=plan.score, mask=mask, scale=scale,
         return_lse=True, backend=plan.backend,
     )  # fmt: skip
     out = _heads_to_seq(out_full, q_lengths, plan, "the output")  # (..., Hq, L_r, Ev)

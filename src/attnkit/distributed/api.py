@@ -41,7 +41,7 @@ def context_parallel_attention(
     group: dist.ProcessGroup | None = None,
     score: str | Score = "scaled_dot",
     mask: _masks.Mask | torch.Tensor | None = None,
-    scale: float | None = None,
+    scale: float | torch.Tensor | None = None,
     layout: Layout = "zigzag",
     strategy: str | None = None,
     return_lse: bool = False,
@@ -58,7 +58,10 @@ def context_parallel_attention(
         score: as for :func:`attnkit.attention`; the same on every rank.
         mask: a mask of the FULL (L, S) problem (see the module docstring), the same
             on every rank; a float tensor is an additive bias of full size.
-        scale: as for :func:`attnkit.attention`.
+        scale: as for :func:`attnkit.attention`: None, a float, or a per-head tensor
+            (H,) the same on every rank (its values are checksummed like a score
+            parameter's). A per-head scale that requires grad gets each rank's part of
+            its gradient: sum it across the group, like a score parameter's.
         layout: ``"zigzag"`` (balances causal work) or ``"contiguous"``.
         strategy: ``"ring"``, ``"all_to_all"`` (heads must divide by the world size)
             or None to choose (:func:`explain_context_parallel` says which and why).

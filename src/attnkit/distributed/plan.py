@@ -66,7 +66,7 @@ class CallPlan:
     why: str
     score: Score
     mask: _masks.Mask | None
-    scale: float | None
+    scale: float | torch.Tensor | None  # a tensor: one scale per query head (H,) or (1,)
     backend: str | Sequence[str] | None
     total_L: int
     total_S: int
@@ -171,6 +171,14 @@ def _batch_shape(q_shape: Sequence[int], k_shape: Sequence[int]) -> tuple[int, .
     return tuple(int(d) for d in torch.broadcast_shapes(torch.Size(qb), torch.Size(kb)))
 
 
+def _plan_scale(scale: object) -> float | torch.Tensor | None:
+    """The agreed scale: None, a float, or a per-head tensor (it travels as it is, like a
+    score parameter; the all-to-all gives each rank its heads' part)."""
+    if scale is None or isinstance(scale, torch.Tensor):
+        return scale
+    return float(scale)  # type: ignore[arg-type]
+
+
 def prepare(
     q: object,
     k: object,
@@ -241,7 +249,7 @@ def prepare(
         why=why,
         score=sc,
         mask=m,
-        scale=None if scale is None else float(scale),  # type: ignore[arg-type]
+        scale=_plan_scale(scale),
         backend=backend,
         total_L=total_L,
         total_S=total_S,

@@ -144,7 +144,7 @@ def _block_grads(
     lse: torch.Tensor,
     d_out: torch.Tensor,
     d_lse: torch.Tensor,
-    params: list[torch.nn.Parameter],
+    params: list[torch.Tensor],
     want: tuple[bool, bool, bool],
 ) -> list[torch.Tensor | None]:
     """Gradients (dq_blk, dk_blk, dv_blk, *d_params) of one block's share of the loss,
@@ -187,7 +187,7 @@ def _backward(
     lse: torch.Tensor,
     d_out: torch.Tensor,
     d_lse: torch.Tensor,
-    params: list[torch.nn.Parameter],
+    params: list[torch.Tensor],
     want: tuple[bool, bool, bool],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     r, P = plan.rank, plan.world_size
@@ -245,7 +245,7 @@ class _RingAttention(torch.autograd.Function):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        *params: torch.nn.Parameter,
+        *params: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out, lse = _forward(plan, q, k, v)
         ctx.plan = plan
@@ -259,7 +259,7 @@ class _RingAttention(torch.autograd.Function):
     ) -> tuple[torch.Tensor | None, ...]:
         q, k, v, out, lse = ctx.saved_tensors
         plan: CallPlan = ctx.plan
-        params: list[torch.nn.Parameter] = list(ctx.params)
+        params: list[torch.Tensor] = list(ctx.params)
         want = (ctx.needs_input_grad[1], ctx.needs_input_grad[2], ctx.needs_input_grad[3])
         dq, dk, dv, d_params = _backward(plan, q, k, v, out, lse, d_out, d_lse, params, want)
         return (
@@ -271,11 +271,15 @@ class _RingAttention(torch.autograd.Function):
         )
 
 
-def trainable_params(plan: CallPlan) -> list[torch.nn.Parameter]:
-    """The score parameters gradients flow to (none for the shared named scores)."""
-    if is_shared_score(plan.score):
-        return []
-    return [p for p in plan.score.parameters() if p.requires_grad]
+def trainable_params(plan: CallPlan) -> list[torch.Tensor]:
+    """The score parameters gradients flow to (none for the shared named scores), and a
+    per-head scale that requires grad."""
+    found: list[torch.Tensor] = []
+    if not is_shared_score(plan.score):
+        found += [p for p in plan.score.parameters() if p.requires_grad]
+    if isinstance(plan.scale, torch.Tensor) and plan.scale.requires_grad:
+        found.append(plan.scale)
+    return found
 
 
 def ring_attention(

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 import torch
 
 from .._host import readable
-from .bands import Align, CausalMask, PrefixLMMask, WindowMask
+from .bands import Align, CausalMask, Offset, PrefixLMMask, WindowMask
 from .base import DenseMask, Mask
 from .dense import BiasMask, KeepMask
 from .lengths import DocumentMask, KeyPaddingMask, ValidLensMask
@@ -129,11 +129,13 @@ def key_padding(tensor: torch.Tensor) -> KeyPaddingMask:
     return KeyPaddingMask(tensor)
 
 
-def causal(align: Align = "top_left", *, q_offset: int = 0, k_offset: int = 0) -> CausalMask:
+def causal(align: Align = "top_left", *, q_offset: Offset = 0, k_offset: Offset = 0) -> CausalMask:
     """Causal mask; ``align`` is ``"top_left"`` (SDPA, Keras) or ``"bottom_right"``.
 
     ``q_offset``/``k_offset``: global positions of the first query row and key column
     (for a block of a longer sequence); query at position p sees keys at positions <= p.
+    Each is an int or a 0-d integer tensor (data: a compiled model keeps one graph while
+    it changes, e.g. decoding against a static KV cache).
     """
     return CausalMask(align, q_offset=q_offset, k_offset=k_offset)
 
@@ -143,12 +145,13 @@ def window(
     right: int | None = 0,
     align: Align = "top_left",
     *,
-    q_offset: int = 0,
-    k_offset: int = 0,
+    q_offset: Offset = 0,
+    k_offset: Offset = 0,
 ) -> WindowMask:
     """Sliding window: query i keeps keys i-left .. i+right inclusive (None = unbounded).
 
-    ``q_offset``/``k_offset``: global positions of the first query row and key column.
+    ``q_offset``/``k_offset``: global positions of the first query row and key column,
+    ints or 0-d integer tensors (as for :func:`causal`).
     """
     return WindowMask(left, right, align, q_offset=q_offset, k_offset=k_offset)
 
@@ -157,7 +160,7 @@ def document(
     ids: torch.Tensor | Sequence[int] | None = None,
     *,
     lengths: torch.Tensor | Sequence[int] | Sequence[Sequence[int]] | None = None,
-    key_ids: torch.Tensor | None = None,
+    key_ids: torch.Tensor | Sequence[int] | Sequence[Sequence[int]] | None = None,
 ) -> DocumentMask:
     """Packed sequences: a query keeps the keys of its own document.
 
@@ -174,7 +177,7 @@ def document(
             raise TypeError("masks.document: key_ids goes with ids, not with lengths")
         return DocumentMask.from_lengths(lengths)
     assert ids is not None
-    return DocumentMask(ids if isinstance(ids, torch.Tensor) else torch.as_tensor(ids), key_ids)
+    return DocumentMask(ids, key_ids)
 
 
 def prefix_lm(

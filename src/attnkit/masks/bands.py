@@ -1,14 +1,26 @@
 """Band masks: ``causal`` and ``window`` (any alignment, at global positions), and
-``prefix_lm`` (a bidirectional prefix, causal after it)."""
+``prefix_lm`` (a bidirectional prefix, causal after it).
+
+The global positions of a band (``q_offset``/``k_offset``) are ints or 0-d integer
+tensors. A tensor offset is data, not structure: a model compiled once keeps one graph
+while the offset moves (a decode step against a static KV cache). Where the offset can
+be read for free (a CPU tensor outside ``torch.compile``) the band lowers to the same
+:class:`~attnkit.blockplan.atoms.Band` as an int offset; elsewhere it lowers to
+per-query key ranges (:class:`~attnkit.blockplan.atoms.RowRange`) computed on the
+device, with no host read.
+"""
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
 
-from ..blockplan.atoms import DNF, Band, KeyRange
+from .._args import as_int, as_int_tensor
+from .._host import readable
+from ..blockplan.atoms import DNF, Band, KeyRange, RowRange
 from .base import DenseMask, Mask, shape_str
 
 __all__ = ["Align", "CausalMask", "PrefixLMMask", "WindowMask"]
@@ -17,10 +29,28 @@ Align = Literal["top_left", "bottom_right"]
 _ALIGNS = ("top_left", "bottom_right")
 
 
-def _check_offset(where: str, name: str, val: object) -> int:
-    if isinstance(val, bool) or not isinstance(val, int):
-        raise TypeError(f"{where}: {name} must be an int, got {val!r}")
-    return val
+Offset = int | torch.Tensor
+"""A global position: an int, or a 0-d integer tensor (data a compiled graph reads)."""
+
+
+def _check_offset(where: str, name: str, val: object) -> Offset:
+    if isinstance(val, torch.Tensor):
+        if val.dtype == torch.bool or val.is_floating_point() or val.is_complex():
+            raise TypeError(f"{where}: {name} must have an integer dtype, got {val.dtype}")
+        if val.numel() != 1:
+            raise ValueError(
+                f"{where}: {name} must be an int or a tensor of one element, got shape "
+                f"{shape_str(val.shape)}"
+            )
+        return val.reshape(())  # (), a view
+    return as_int(where, name, val, what="an int or a 0-d integer tensor")
+
+
+def _read(off: Offset) -> int | None:
+    """The offset as an int where that costs no host read of a device (else None)."""
+    if isinstance(off, int):
+        return off
+    return int(off) if readable(off) else None
 
 
 def _check_align(where: str, align: object) -> None:
@@ -29,17 +59,21 @@ def _check_align(where: str, align: object) -> None:
 
 
 def _band_keep(
-    L: int, S: int, lo: int | None, hi: int | None, device: torch.device
+    L: int, S: int, lo: Offset | None, hi: Offset | None, device: torch.device
 ) -> torch.Tensor:
     """Bool (L, S): query i keeps key j when i + lo <= j <= i + hi."""
     i = torch.arange(L, device=device).unsqueeze(-1)  # (L, 1)
     j = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
     keep_t = torch.ones(L, S, dtype=torch.bool, device=device)
     if lo is not None:
-        keep_t &= j >= i + lo
+        keep_t &= j >= i + _on(lo, device)
     if hi is not None:
-        keep_t &= j <= i + hi
+        keep_t &= j <= i + _on(hi, device)
     return keep_t
+
+
+def _on(x: Offset, device: torch.device) -> Offset:
+    return x.to(device) if isinstance(x, torch.Tensor) else x
 
 
 class WindowMask(Mask):
@@ -50,10 +84,12 @@ class WindowMask(Mask):
 
     Global positions: query row ``i`` sits at position ``q_offset + i`` and key
     column ``j`` at ``k_offset + j`` (both default 0), so a block of a longer
-    sequence is masked at its true positions; the window compares positions.
+    sequence is masked at its true positions; the window compares positions. An
+    offset may be a 0-d integer tensor (see the module docstring).
     """
 
     kind = "window"
+    _where = "masks.window"  # the constructor named in errors
 
     def __init__(
         self,
@@ -61,31 +97,28 @@ class WindowMask(Mask):
         right: int | None,
         align: Align = "top_left",
         *,
-        q_offset: int = 0,
-        k_offset: int = 0,
+        q_offset: Offset = 0,
+        k_offset: Offset = 0,
     ) -> None:
+        where = self._where
+        sides = []
         for name, val in (("left", left), ("right", right)):
-            if val is None:
-                continue
-            if isinstance(val, bool) or not isinstance(val, int):
-                raise TypeError(f"masks.window: {name} must be an int >= 0 or None, got {val!r}")
-            if val < 0:
-                raise ValueError(f"masks.window: {name} must be >= 0, got {val}")
-        _check_align("masks.window", align)
-        self.left = left
-        self.right = right
+            what = "an int >= 0 or None (unbounded)"
+            sides.append(None if val is None else as_int(where, name, val, low=0, what=what))
+        _check_align(where, align)
+        self.left, self.right = sides
         self.align: Align = align
-        self.q_offset = _check_offset("masks.window", "q_offset", q_offset)
-        self.k_offset = _check_offset("masks.window", "k_offset", k_offset)
+        self.q_offset = _check_offset(where, "q_offset", q_offset)
+        self.k_offset = _check_offset(where, "k_offset", k_offset)
 
-    def offset(self, L: int, S: int) -> int:
+    def offset(self, L: int, S: int) -> Offset:
         """Shift from a query's row to its own key column: query ``i`` keeps key ``j``
         when ``i + offset - left <= j <= i + offset + right``. ``S - L`` for
-        bottom_right, plus ``q_offset - k_offset``."""
+        bottom_right, plus ``q_offset - k_offset`` (a 0-d tensor when an offset is one)."""
         base = S - L if self.align == "bottom_right" else 0
         return base + self.q_offset - self.k_offset
 
-    def bounds(self, L: int, S: int) -> tuple[int | None, int | None]:
+    def bounds(self, L: int, S: int) -> tuple[Offset | None, Offset | None]:
         """(lo, hi): query i keeps key j when i + lo <= j <= i + hi (None: unbounded)."""
         off = self.offset(L, S)
         lo = None if self.left is None else off - self.left
@@ -96,14 +129,33 @@ class WindowMask(Mask):
         return DenseMask(keep=_band_keep(L, S, *self.bounds(L, S), device), bias=None)
 
     def lower(self, L: int, S: int, device: torch.device) -> DNF:
-        return [[Band(*self.bounds(L, S))]]
+        off = self.offset(L, S)
+        shift = _read(off)
+        if shift is not None:
+            lo = None if self.left is None else shift - self.left
+            hi = None if self.right is None else shift + self.right
+            return [[Band(lo, hi)]]
+        # An offset that cannot be read for free: each query's key range, on the device.
+        assert isinstance(off, torch.Tensor)
+        rows = torch.arange(L, device=device) + off.to(device)  # (L,) key column of row i
+        row_lo = None if self.left is None else (rows - self.left).view(1, L)  # (1, L)
+        row_hi = None if self.right is None else (rows + self.right + 1).view(1, L)  # (1, L)
+        if row_lo is None and row_hi is None:
+            return [[]]
+        return [[RowRange(row_lo, row_hi)]]
 
     def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
         shift = self.offset(total_L, total_S) + q0 - k0  # global shift, seen from the shard
         return WindowMask(self.left, self.right, "top_left", q_offset=shift)
 
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return tuple(t for t in (self.q_offset, self.k_offset) if isinstance(t, torch.Tensor))
+
     def signature(self, L: int, S: int) -> tuple[object, ...]:
-        return (type(self), self.left, self.right, self.align, self.offset(L, S))
+        off = self.offset(L, S)
+        if isinstance(off, torch.Tensor):  # the offset is data: its metadata only
+            return (*super().signature(L, S), self.left, self.right, self.align)
+        return (type(self), self.left, self.right, self.align, off)
 
 
 class CausalMask(WindowMask):
@@ -114,8 +166,11 @@ class CausalMask(WindowMask):
     """
 
     kind = "causal"
+    _where = "masks.causal"
 
-    def __init__(self, align: Align = "top_left", *, q_offset: int = 0, k_offset: int = 0) -> None:
+    def __init__(
+        self, align: Align = "top_left", *, q_offset: Offset = 0, k_offset: Offset = 0
+    ) -> None:
         _check_align("masks.causal", align)
         super().__init__(None, 0, align, q_offset=q_offset, k_offset=k_offset)
 
@@ -142,30 +197,13 @@ class PrefixLMMask(Mask):
         q_offset: int = 0,
         k_offset: int = 0,
     ) -> None:
-        if isinstance(prefix, bool):
-            raise TypeError(
-                f"masks.prefix_lm: prefix must be an int or a (B,) tensor, got {prefix!r}"
-            )
-        if isinstance(prefix, int):
-            if prefix < 0:
-                raise ValueError(f"masks.prefix_lm: prefix must be >= 0, got {prefix}")
-            lens = torch.tensor([prefix])
+        what = "an int >= 0 or a (B,) integer tensor"
+        if isinstance(prefix, (bool, numbers.Number, str, bytes)):
+            lens = torch.tensor([as_int("masks.prefix_lm", "prefix", prefix, low=0, what=what)])
         else:
-            try:
-                lens = torch.as_tensor(prefix)
-            except (TypeError, ValueError, RuntimeError) as exc:
-                raise TypeError(
-                    f"masks.prefix_lm: prefix must be an int or a (B,) integer tensor, got "
-                    f"{type(prefix).__name__}"
-                ) from exc
-            if lens.dtype == torch.bool or lens.is_floating_point() or lens.is_complex():
-                raise TypeError(
-                    f"masks.prefix_lm: prefix must have an integer dtype, got {lens.dtype}"
-                )
-            if lens.ndim != 1:
-                raise ValueError(
-                    f"masks.prefix_lm: prefix must be an int or shape (B,), got {shape_str(lens.shape)}"
-                )
+            lens = as_int_tensor("masks.prefix_lm", "prefix", prefix, ndims=(1,), layout="(B,)")
+        for name, val in (("q_offset", q_offset), ("k_offset", k_offset)):
+            _check_offset("masks.prefix_lm", name, val)
         from .._host import readable
 
         if readable(lens) and lens.numel() and int(lens.min()) < 0:

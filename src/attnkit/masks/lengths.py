@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from .._args import MAX_POSITION, as_bool, as_int_tensor
 from .._host import readable
 from ..blockplan.atoms import (
     DNF,
@@ -21,21 +22,6 @@ from ..blockplan.atoms import (
 from .base import DenseMask, Mask, shape_str
 
 __all__ = ["DocumentMask", "KeyPaddingMask", "ValidLensMask"]
-
-
-def _int_tensor(where: str, name: str, x: object) -> torch.Tensor:
-    """``x`` as an integer tensor, or a TypeError naming the argument."""
-    if not isinstance(x, torch.Tensor):
-        try:
-            x = torch.as_tensor(x)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise TypeError(
-                f"{where}: {name} must be an integer tensor or a list of ints, "
-                f"got {type(x).__name__}"
-            ) from exc
-    if x.dtype == torch.bool or x.is_floating_point() or x.is_complex():
-        raise TypeError(f"{where}: {name} must have an integer dtype, got {x.dtype}")
-    return x
 
 
 def _needs_batch(where: str, batch_shape: Sequence[int]) -> int:
@@ -70,13 +56,10 @@ class ValidLensMask(Mask):
     kind = "valid_lens"
 
     def __init__(self, lens: torch.Tensor | Sequence[int], queries: bool = False) -> None:
-        lens = _int_tensor("masks.valid_lens", "lens", lens)
-        if lens.ndim not in (1, 2):
-            raise ValueError(
-                f"masks.valid_lens: lens must have shape (B,) or (B, L), got {shape_str(lens.shape)}"
-            )
-        if not isinstance(queries, bool):
-            raise TypeError(f"masks.valid_lens: queries must be a bool, got {queries!r}")
+        lens = as_int_tensor(
+            "masks.valid_lens", "lens", lens, ndims=(1, 2), layout="(B,) or (B, L)"
+        )
+        as_bool("masks.valid_lens", "queries", queries)
         if readable(lens) and lens.numel() and int(lens.min()) < 0:
             raise ValueError(
                 f"masks.valid_lens: lengths must be >= 0, got minimum {int(lens.min())}"
@@ -226,17 +209,19 @@ class DocumentMask(Mask):
 
     kind = "document"
 
-    def __init__(self, ids: torch.Tensor, key_ids: torch.Tensor | None = None) -> None:
-        q = _int_tensor("masks.document", "ids", ids)
-        k = q if key_ids is None else _int_tensor("masks.document", "key_ids", key_ids)
-        for name, t in (("ids", q), ("key_ids", k)):
-            if t.ndim not in (1, 2):
-                raise ValueError(
-                    f"masks.document: {name} must have shape (N,) or (B, N), got "
-                    f"{shape_str(t.shape)}"
-                )
-        self.q_ids = q.to(torch.long)
-        self.k_ids = self.q_ids if key_ids is None else k.to(torch.long)
+    def __init__(
+        self,
+        ids: torch.Tensor | Sequence[int] | Sequence[Sequence[int]],
+        key_ids: torch.Tensor | Sequence[int] | Sequence[Sequence[int]] | None = None,
+    ) -> None:
+        layout = "(N,) or (B, N)"
+        q = as_int_tensor("masks.document", "ids", ids, ndims=(1, 2), layout=layout)
+        self.q_ids = q
+        self.k_ids = q
+        if key_ids is not None:
+            layout = "(S,) or (B, S)"
+            self.k_ids = as_int_tensor("masks.document", "key_ids", key_ids, ndims=(1, 2),
+                                       layout=layout)  # fmt: skip
 
     @classmethod
     def from_lengths(
@@ -245,14 +230,17 @@ class DocumentMask(Mask):
         """Documents of given lengths packed one after another: (D,) for one sequence, or
         (B, D) per batch element (zero lengths allowed); positions past a row's total are
         padding (id -1)."""
-        lens = _int_tensor("masks.document", "lengths", lengths).to(torch.long)
-        if lens.ndim not in (1, 2):
-            raise ValueError(
-                f"masks.document: lengths must have shape (D,) or (B, D), got {shape_str(lens.shape)}"
-            )
+        lens = as_int_tensor("masks.document", "lengths", lengths, ndims=(1, 2),
+                             layout="(D,) or (B, D)")  # fmt: skip
         if lens.numel() and int(lens.min()) < 0:
             raise ValueError(f"masks.document: lengths must be >= 0, got {int(lens.min())}")
         rows = lens.unsqueeze(0) if lens.ndim == 1 else lens  # (B, D)
+        total = float(rows.double().sum(dim=1).max()) if rows.numel() else 0.0  # no overflow
+        if total > MAX_POSITION:
+            raise ValueError(
+                f"masks.document: lengths must add up to at most {MAX_POSITION} positions per "
+                f"row, got {total:.4g}"
+            )
         n = int(rows.sum(dim=1).max()) if rows.numel() else 0
         pos = torch.arange(n)  # (N,)
         ends = rows.cumsum(dim=1)  # (B, D)
@@ -295,7 +283,7 @@ class DocumentMask(Mask):
         return DenseMask(keep=_per_batch(keep, batch_shape), bias=None)  # (B, 1.., L, S)
 
     def lower(self, L: int, S: int, device: torch.device) -> DNF:
-        return [[Document(*self._ids(device))]]
+        return [[Document.numbered(*self._ids(device))]]
 
     def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
         shard = DocumentMask.__new__(DocumentMask)

@@ -89,7 +89,7 @@ class Checkpoint:
         if _is_image_model(data):
             raise CheckpointError(
                 f"{self.directory}: a {model_type!r} checkpoint is an image model; "
-                "attnkit show reads text models"
+                "give it a picture with --image PATH (attnkit.viz.show_image in Python)"
             )
         files = self._weight_files()
         try:
@@ -97,7 +97,7 @@ class Checkpoint:
         except ImportError:
             raise CheckpointError(
                 f"{self.directory}: a {model_type!r} checkpoint needs the "
-                "package transformers (pip install 'attnkit[transformers]')"
+                "package transformers (pip install 'transformers>=5', attnkit's `transformers` extra)"
             ) from None
         try:
             self.config = AutoConfig.from_pretrained(
@@ -249,6 +249,12 @@ class Checkpoint:
         limit = getattr(self._tokenizer, "model_max_length", None)
         if not getattr(self.config, "max_position_embeddings", None) and isinstance(limit, int):
             self.max_tokens = min(limit, self.max_tokens) if limit < 10**6 else self.max_tokens
+
+    @property
+    def tokenizer(self) -> Any:
+        """The checkpoint's tokenizer (built by :meth:`load`)."""
+        self.load()
+        return self._tokenizer
 
     def _encode(self, text: str, pair: str | None, max_length: int | None) -> Any:
         tok = self._tokenizer

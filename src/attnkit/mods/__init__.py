@@ -2,7 +2,9 @@
 
 Pass one or a list to :func:`attnkit.attention` (``mods=``) or to the layers; they
 apply in the order given, after the score and its ``scale`` and before the mask, and
-compose with every score and every mask:
+compose with every score and every mask, and with each other (two softcaps apply one
+after the other, position biases add, each sink joins the softmax). Per-head
+parameters have one entry per query head, dim -3 of the call (or one for all):
 
 ==========================================  ===========================================
 modifier                                    models
@@ -28,9 +30,10 @@ from collections.abc import Sequence
 
 import torch
 
+from .._args import as_int
 from .base import Align, Mod, PositionMod, as_list
 from .logits import Sinks, Softcap
-from .position import ALiBi, RelativePositionBias, alibi_slopes, t5_buckets
+from .position import MAX_HEADS, ALiBi, RelativePositionBias, alibi_slopes, t5_buckets
 
 __all__ = [
     "ALiBi",
@@ -63,9 +66,14 @@ def alibi(
     mask; else the symmetric ``-slope_h * |i - j|``. ``align``/offsets place the
     positions as for :func:`attnkit.masks.causal`.
     """
-    t = alibi_slopes(slopes) if isinstance(slopes, int) and not isinstance(slopes, bool) else slopes
-    if not isinstance(t, torch.Tensor):
-        t = torch.as_tensor(t, dtype=torch.float32)
+    t: torch.Tensor | Sequence[float]
+    if isinstance(slopes, torch.Tensor) or (
+        isinstance(slopes, Sequence) and not isinstance(slopes, (str, bytes))
+    ):
+        t = slopes
+    else:  # a number of heads (a bool, a float or a string is named as a mistake)
+        what = "a number of heads (an int >= 1) or a (H,) float tensor"
+        t = alibi_slopes(as_int("mods.alibi", "slopes", slopes, low=1, high=MAX_HEADS, what=what))
     return ALiBi(t, causal=causal, align=align, q_offset=q_offset, k_offset=k_offset)
 
 

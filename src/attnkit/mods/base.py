@@ -27,6 +27,9 @@ from typing import Literal
 import torch
 from torch import nn
 
+from .._args import as_int
+from .._layout import HeadLayout
+
 __all__ = ["Align", "Mod", "PositionMod", "Positions", "as_list", "check_align", "check_offset"]
 
 Align = Literal["top_left", "bottom_right"]
@@ -38,24 +41,33 @@ def check_align(where: str, align: object) -> None:
 
 
 def check_offset(where: str, name: str, val: object) -> int:
-    if isinstance(val, bool) or not isinstance(val, int):
-        raise TypeError(f"{where}: {name} must be an int, got {val!r}")
-    return val
+    return as_int(where, name, val)
 
 
 @dataclass(frozen=True)
 class Positions:
     """Absolute positions of a call's rows and columns: query row i at ``q0 + i``, key
-    column j at ``k0 + j``."""
+    column j at ``k0 + j``.
+
+    Biases are formed from :meth:`relative`, never from the absolute positions: a
+    decoding step at position 10**6 sees the same numbers as one at position 0, so a
+    bias computed in float32 does not lose precision as the positions grow."""
 
     q0: int
     k0: int
 
-    def rows(self, L: int, device: torch.device) -> torch.Tensor:
-        return torch.arange(self.q0, self.q0 + L, device=device)  # (L,)
+    def relative(self, L: int, S: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row and column positions relative to the middle query row's, (L,) and (S,)
+        long: row i at ``i - m``, column j at ``k0 + j - (q0 + m)``, ``m = (L - 1) // 2``.
 
-    def cols(self, S: int, device: torch.device) -> torch.Tensor:
-        return torch.arange(self.k0, self.k0 + S, device=device)  # (S,)
+        A difference of the two is the pair's true relative position ``p_j - p_i``;
+        their magnitudes are bounded by L, S and the gap ``k0 - q0`` (a decoding step's
+        keys end at its query: the columns are then exactly ``p_j - p_i``), never by the
+        global offset."""
+        mid = (L - 1) // 2
+        rows = torch.arange(L, device=device) - mid  # (L,)
+        cols = torch.arange(S, device=device) + (self.k0 - self.q0 - mid)  # (S,)
+        return rows, cols
 
 
 class Mod(nn.Module):
@@ -64,6 +76,11 @@ class Mod(nn.Module):
     kind: str = "mod"
     additive: bool = False
     """True for a position bias added to the logits (ALiBi, relative position bias)."""
+
+    @property
+    def identity(self) -> bool:
+        """True when this modifier changes nothing (``softcap(inf)``): a call drops it."""
+        return False
 
     def check(self, heads: int, where: str = "mods") -> None:
         """Raise ValueError unless this mod fits a call with ``heads`` query heads."""
@@ -111,14 +128,14 @@ class PositionMod(Mod):
         return torch.arange(first, first + L + S - 1, device=device), first
 
     def logits(self, s: torch.Tensor, L: int, S: int) -> torch.Tensor:
-        H = s.shape[-3] if s.ndim >= 3 else 1
+        layout = HeadLayout(tuple(s.shape[:-2]))  # the logits' own leading dims
         offs, _ = self.offsets(L, S, s.device)
-        table = self.offset_bias(torch.arange(H, device=s.device), offs)  # (H, L + S - 1)
+        table = self.offset_bias(torch.arange(layout.heads, device=s.device), offs)  # (H, n)
         idx = torch.arange(S, device=s.device).view(1, S) - torch.arange(L, device=s.device).view(
             L, 1
         )
         bias = table[:, idx + (L - 1)]  # (H, L, S)
-        return s + bias.to(s.dtype).view(*([1] * (s.ndim - 3)), H, L, S)
+        return s + layout.per_head(bias.to(s.dtype), 2)  # (*batch, L, S)
 
     def signature(self) -> tuple[object, ...]:
         return (*super().signature(), self.align, self.q_offset, self.k_offset)

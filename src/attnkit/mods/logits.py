@@ -3,39 +3,80 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
+from .._args import as_float_tensor, as_real
+from .._layout import HeadLayout
 from .base import Mod
 
 __all__ = ["Sinks", "Softcap"]
 
 
+CAP_RANGE = (torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).max)
+"""The finite caps :class:`Softcap` takes: float32's normal range, the dtype logits of
+float32 and half inputs are computed in (a larger cap is inf there, a smaller one 0,
+and either turns ``cap * tanh(s / cap)`` into NaN)."""
+
+
 class Softcap(Mod):
     """Logit softcapping (Gemma 2): ``s -> cap * tanh(s / cap)``, after the scale and
     before the mask, with its derivative ``1 - tanh²(s / cap)`` in the backward. Not a
-    dot product, so it runs on tiled kernels (chunked, triton) and the reference."""
+    dot product, so it runs on tiled kernels (chunked, triton) and the reference.
+
+    ``cap``: a float in :data:`CAP_RANGE` (about 1.2e-38 to 3.4e38), or ``inf``, the
+    limit of ``cap * tanh(s / cap)`` as the cap grows: no cap at all (the call runs as
+    without this modifier).
+    """
 
     kind = "softcap"
 
     def __init__(self, cap: float) -> None:
         super().__init__()
-        if isinstance(cap, bool) or not isinstance(cap, (int, float)):
-            raise TypeError(f"mods.softcap: cap must be a positive float, got {cap!r}")
-        if not math.isfinite(cap) or cap <= 0:
-            raise ValueError(f"mods.softcap: cap must be a positive finite float, got {cap!r}")
-        self.cap = float(cap)
+        cap = as_real("mods.softcap", "cap", cap, positive=True, allow_inf=True)
+        lo, hi = CAP_RANGE
+        if not math.isinf(cap) and not lo <= cap <= hi:
+            raise ValueError(
+                f"mods.softcap: cap must lie in [{lo:.3g}, {hi:.4g}] (float32's range, in which "
+                f"the logits of float32 and half inputs are capped) or be inf (no cap), got {cap!r}"
+            )
+        self.cap = cap
+
+    @property
+    def identity(self) -> bool:
+        """True for ``cap=inf``: no cap, the logits as they are."""
+        return math.isinf(self.cap)
 
     def logits(self, s: torch.Tensor, L: int, S: int) -> torch.Tensor:
-        return torch.tanh(s / self.cap) * self.cap
+        return _SoftcapFunction.apply(s, self.cap)
 
     def signature(self) -> tuple[object, ...]:
         return (type(self), self.cap)
 
 
+class _SoftcapFunction(torch.autograd.Function):
+    """``cap * tanh(s / cap)`` whose backward is ``1 - tanh²(s / cap)`` as it is: the
+    chain rule through ``tanh(...) * cap`` would multiply the gradient by the cap first,
+    which overflows for a cap near the dtype's largest value. The backward is made of
+    differentiable operations, so a second derivative works too."""
+
+    @staticmethod
+    def forward(ctx: Any, s: torch.Tensor, cap: float) -> torch.Tensor:
+        ctx.save_for_backward(s)
+        ctx.cap = cap
+        return torch.tanh(s / cap) * cap
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (s,) = ctx.saved_tensors
+        t = torch.tanh(s / ctx.cap)
+        return grad * (1 - t * t), None
+
+
 class Sinks(Mod):
     """Learnable attention sinks (gpt-oss): one logit per head that joins every row's
-    softmax with no value. Exact from any (out, lse): ``out * sigmoid(lse - sink)`` and
+    softmax with no value (several sinks: each joins it). Exact from any (out, lse): ``out * sigmoid(lse - sink)`` and
     ``lse' = logaddexp(lse, sink)``; gradients reach the sink logits, q, k and v. A row
     with every key masked still gives output 0 (its lse is the sink's logit)."""
 
@@ -43,16 +84,8 @@ class Sinks(Mod):
 
     def __init__(self, logits: torch.Tensor) -> None:
         super().__init__()
-        if (
-            not isinstance(logits, torch.Tensor)
-            or logits.ndim != 1
-            or not logits.is_floating_point()
-        ):
-            raise ValueError(
-                "mods.sinks: logits must be a 1-D float tensor (H,), one sink per query head, "
-                f"got {getattr(logits, 'shape', type(logits).__name__)}"
-            )
-        self.sink = logits
+        self.sink = as_float_tensor("mods.sinks", "logits", logits, ndim=1,
+                                    layout="(H,), one sink per query head", convert=False)  # fmt: skip
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.sink,)
@@ -66,10 +99,8 @@ class Sinks(Mod):
 
     def per_row(self, lse: torch.Tensor) -> torch.Tensor:
         """The sink logit of each row, broadcastable to ``lse`` (*batch, L)."""
-        sink = self.sink.to(device=lse.device, dtype=lse.dtype)
-        if lse.ndim < 2 or sink.shape[0] == 1:
-            return sink.reshape(*([1] * lse.ndim)) if sink.shape[0] == 1 else sink
-        return sink.view(*([1] * (lse.ndim - 2)), -1, 1)  # (..., H, 1)
+        sink = self.sink.to(device=lse.device, dtype=lse.dtype)  # (H,) or (1,)
+        return HeadLayout(tuple(lse.shape[:-1])).per_head(sink, 1)  # (H, 1), or (1,)
 
     def join(self, out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(out (*batch, L, Ev), lse (*batch, L)) with the sink joined to the softmax."""

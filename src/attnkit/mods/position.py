@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
+from .._args import as_bool, as_float_tensor, as_int
 from .base import Align, PositionMod
 
-__all__ = ["ALiBi", "RelativePositionBias", "alibi_slopes", "t5_buckets"]
+__all__ = ["MAX_HEADS", "ALiBi", "RelativePositionBias", "alibi_slopes", "t5_buckets"]
+
+MAX_HEADS = 2**16
+"""The most heads :func:`alibi_slopes` makes slopes for (a guard against a stray huge
+int, which would build a list of that many floats)."""
 
 
 def _at_least_float32(t: torch.Tensor) -> torch.dtype:
@@ -20,8 +26,7 @@ def alibi_slopes(heads: int) -> torch.Tensor:
     """The standard ALiBi slopes for ``heads`` heads, (heads,) float32: a geometric
     sequence starting at 2^(-8/n) for the largest power of two n <= heads, the rest
     taken from the sequence for 2n at odd indices (as in the ALiBi paper's code)."""
-    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
-        raise ValueError(f"mods.alibi_slopes: heads must be a positive int, got {heads!r}")
+    heads = as_int("mods.alibi_slopes", "heads", heads, low=1, high=MAX_HEADS)
     n = 2 ** math.floor(math.log2(heads))
 
     def geometric(m: int) -> list[float]:
@@ -49,7 +54,7 @@ class ALiBi(PositionMod):
 
     def __init__(
         self,
-        slopes: torch.Tensor,
+        slopes: torch.Tensor | Sequence[float],
         *,
         causal: bool = False,
         align: Align = "top_left",
@@ -57,16 +62,9 @@ class ALiBi(PositionMod):
         k_offset: int = 0,
     ) -> None:
         super().__init__(align, q_offset, k_offset, "mods.alibi")
-        t = slopes if isinstance(slopes, torch.Tensor) else torch.as_tensor(slopes)
-        if t.ndim != 1 or not t.is_floating_point():
-            raise ValueError(
-                f"mods.alibi: slopes must be a 1-D float tensor (H,), got shape "
-                f"{tuple(t.shape)} and dtype {t.dtype}"
-            )
-        if not isinstance(causal, bool):
-            raise TypeError(f"mods.alibi: causal must be a bool, got {causal!r}")
+        t = as_float_tensor("mods.alibi", "slopes", slopes, ndim=1, layout="(H,)")
+        self.causal = as_bool("mods.alibi", "causal", causal)
         self.slopes = t  # an nn.Parameter registers with this module
-        self.causal = causal
 
     def check(self, heads: int, where: str = "mods") -> None:
         if self.slopes.shape[0] not in (1, heads):
@@ -86,6 +84,19 @@ class ALiBi(PositionMod):
         d = offsets.to(_at_least_float32(self.slopes))  # key position - query position
         d = d if self.causal else -d.abs()  # -(i - j) = j - i; symmetric: -|i - j|
         return self.slope_of(heads).view(-1, 1) * d.view(1, -1)  # (H, n)
+
+    def folded(
+        self, heads: torch.Tensor, L: int, S: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The causal form as a per-key bias plus a per-query constant, for kernels with
+        no position table: ``-slope (p_i - p_j) = slope r_j - slope r_i``, with r the
+        positions relative to the middle query (:meth:`Positions.relative`), so neither
+        term grows with the global offset. Returns (key (H, S), row (H, L)) in ``dtype``
+        (at least the slopes' own precision), differentiable in the slopes."""
+        rows, cols = self.positions(L, S).relative(L, S, heads.device)  # (L,), (S,)
+        dt = torch.promote_types(_at_least_float32(self.slopes), dtype)
+        slope = self.slope_of(heads).to(dt).view(-1, 1)  # (H, 1)
+        return slope * cols.to(dt).view(1, S), -(slope * rows.to(dt).view(1, L))
 
     def signature(self) -> tuple[object, ...]:
         return (*super().signature(), self.causal)
@@ -137,17 +148,16 @@ class RelativePositionBias(PositionMod):
         q_offset: int = 0,
         k_offset: int = 0,
     ) -> None:
-        super().__init__(align, q_offset, k_offset, "mods.relative_position_bias")
-        if not isinstance(table, torch.Tensor) or table.ndim != 2 or not table.is_floating_point():
-            raise ValueError(
-                "mods.relative_position_bias: table must be a float tensor of shape "
-                f"(num_buckets, heads), got {getattr(table, 'shape', type(table).__name__)}"
-            )
-        for name, val in (("num_buckets", num_buckets), ("max_distance", max_distance)):
-            if isinstance(val, bool) or not isinstance(val, int) or val < 2:
-                raise ValueError(
-                    f"mods.relative_position_bias: {name} must be an int >= 2, got {val!r}"
-                )
+        where = "mods.relative_position_bias"
+        super().__init__(align, q_offset, k_offset, where)
+        table = as_float_tensor(where, "table", table, ndim=2, layout="(num_buckets, heads)",
+                                convert=False)  # fmt: skip
+        bidirectional = as_bool(where, "bidirectional", bidirectional)
+        # each direction needs an exact bucket (T5's bucketing divides by their count)
+        least = 4 if bidirectional else 2
+        why = f"an int >= {least}" + (" (half the buckets per direction)" if bidirectional else "")
+        num_buckets = as_int(where, "num_buckets", num_buckets, low=least, what=why)
+        max_distance = as_int(where, "max_distance", max_distance, low=2, what="an int >= 2")
         if table.shape[0] != num_buckets:
             raise ValueError(
                 f"mods.relative_position_bias: table has {table.shape[0]} rows, expected "
@@ -161,7 +171,7 @@ class RelativePositionBias(PositionMod):
         self.table = table
         self.num_buckets = num_buckets
         self.max_distance = max_distance
-        self.bidirectional = bool(bidirectional)
+        self.bidirectional = bidirectional
 
     def check(self, heads: int, where: str = "mods") -> None:
         if self.table.shape[1] not in (1, heads):

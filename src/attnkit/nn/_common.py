@@ -28,6 +28,7 @@ __all__ = [
     "check_param_dtype",
     "check_positive_int",
     "check_tensor",
+    "override_active",
     "shape_str",
 ]
 
@@ -199,6 +200,11 @@ def attention_override(fn: AttendFn) -> Iterator[None]:
         yield
     finally:
         _OVERRIDE.reset(token)
+
+
+def override_active() -> bool:
+    """True inside :func:`attention_override` (outside code being traced)."""
+    return _OVERRIDE.get() is not None
 
 
 def attend(

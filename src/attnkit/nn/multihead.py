@@ -24,12 +24,17 @@ objects are accepted as well. Differences, all deliberate fixes:
 - shape errors are :class:`~attnkit.nn.InputShapeError`, both a ``ValueError``
   and the ``AssertionError`` torch's layer raises.
 
-A call with nothing to check beyond the input's shape (self-attention, no mask
-tensors, the parameters in the query's dtype) takes a lean path: the same
-computation with the per-call checks cut to a few attribute reads. It is how the
-layer keeps up with torch's native fast path (``torch._native_multi_head_attention``)
-while still computing through :func:`attnkit.attention`, whose fully-masked-row
-policy and non-finite handling it keeps.
+Inference calls that torch's own layer runs as its fused op
+(``torch._native_multi_head_attention``: eval, no gradient, self-attention,
+``batch_first``, even heads, biases, bool masks or none) take the same op, up to a
+size where attnkit's kernels become the faster ones, so the layer matches torch's
+speed and numbers on any CPU. attnkit's policy is kept by checking the input and the
+masks first (a non-finite input or a fully masked row sends the call to
+:func:`attnkit.attention`), and ``is_causal`` applies on its own (see
+:mod:`attnkit.nn._mha_native`; :meth:`MultiheadAttention.explain_path` says which path
+a call takes). Any other self-attention call with no mask tensors takes a lean path:
+the same computation through :func:`attnkit.attention` with the per-call checks cut
+to a few attribute reads.
 
 The attributes and methods torch's own modules read from a
 ``self_attn`` (``_qkv_same_embed_dim``, ``batch_first``, ``in_proj_weight``,
@@ -57,6 +62,7 @@ from ._common import (
 )
 from ._mha_inputs import OWNER as _OWNER
 from ._mha_inputs import build_mask, check_inputs
+from ._mha_native import blocker, metadata_blocker, native_forward, op_mask
 from ._mha_nested import any_nested, nested_forward
 
 __all__ = ["MultiheadAttention"]
@@ -216,6 +222,18 @@ class MultiheadAttention(nn.Module):
             to attend give output 0 and weights 0.
         """
         if (
+            metadata_blocker(self, query, key, value, key_padding_mask, attn_mask, is_causal)
+            is None
+        ):  # torch's fused op, as torch's layer takes it (see _mha_native)
+            assert isinstance(query, torch.Tensor)
+            blocked, fused_mask, fused_type = op_mask(
+                self, query, key_padding_mask, attn_mask, is_causal
+            )
+            if blocked is None:
+                return native_forward(
+                    self, query, fused_mask, fused_type, need_weights, average_attn_weights
+                )
+        if (
             query is key
             and key is value
             and key_padding_mask is None
@@ -369,6 +387,26 @@ class MultiheadAttention(nn.Module):
         if weights is not None:
             weights = weights.to(out.dtype)  # (N, L, S') averaged or (N, H, L, S')
         return out, weights
+
+    def explain_path(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | masks.Mask | None = None,
+        is_causal: bool = False,
+    ) -> str:
+        """Which computation :meth:`forward` runs for these arguments, and why; runs none.
+
+        ``"torch._native_multi_head_attention"`` where the call takes torch's fused
+        op (where torch's own layer takes it, and attnkit's checks of the values
+        pass: see :mod:`attnkit.nn._mha_native`), else ``"attnkit.attention: "``
+        followed by the reason the fused op is not taken. The input and masks are
+        read as the forward reads them (a sum, and any fully masked row).
+        """
+        why = blocker(self, query, key, value, key_padding_mask, attn_mask, is_causal)
+        return "torch._native_multi_head_attention" if why is None else f"attnkit.attention: {why}"
 
     def merge_masks(
         self,

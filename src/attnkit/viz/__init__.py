@@ -9,6 +9,10 @@
   also runs a model on a text itself (``show(model, tokenizer, text)``) with
   streaming capture. Hugging Face ``outputs.attentions`` are accepted as they
   are; :func:`from_generate` reads ``generate(..., output_attentions=True)``.
+- :func:`show_image` draws a vision transformer's attention (ViT, DeiT, DINOv2, ...)
+  as heatmaps over the picture it saw: patches are its tokens (:class:`ImageLayout`).
+- :func:`compare` puts two sides (two texts, or two models on one text) on
+  one page in sync, with A − B where their tokens are equal.
 - :func:`attention_rollout` and :func:`attention_flow` trace which input tokens
   each position draws from through the stack; :func:`head_statistics` gives
   every head's entropy, distance and pattern class.
@@ -21,7 +25,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .capture import AttentionRecord, Capture, capture
+from .compare import Comparison, compare
 from .html import AttentionSet, Page, render_html, show, to_html
+from .image import ImageLayout, show_image
 from .notebook import from_generate
 from .rollout import attention_flow, attention_rollout
 from .stats import head_statistics
@@ -33,16 +39,20 @@ __all__ = [
     "AttentionRecord",
     "AttentionSet",
     "Capture",
+    "Comparison",
+    "ImageLayout",
     "Page",
     "attention_flow",
     "attention_grid",
     "attention_rollout",
     "capture",
+    "compare",
     "from_generate",
     "head_statistics",
     "heatmaps",
     "render_html",
     "show",
+    "show_image",
     "to_html",
 ]
 

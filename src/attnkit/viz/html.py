@@ -39,7 +39,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .compare import Comparison, compare_payload
 from .grid import as_grid
+from .image import ImageLayout, image_payload
 from .payload import set_payload
 from .reduce import Budget, ReducedSet, SetReducer
 
@@ -47,7 +49,17 @@ __all__ = ["AttentionSet", "Page", "render_html", "show", "to_html"]
 
 SCALES = ("linear", "power", "log")
 # The page's script, in order: each file is one part of the viewer.
-SCRIPTS = ("core.js", "matrix.js", "head.js", "views.js", "page.js")
+SCRIPTS = (
+    "core.js",
+    "state.js",
+    "matrix.js",
+    "head.js",
+    "views.js",
+    "image.js",
+    "search.js",
+    "export.js",
+    "page.js",
+)
 _MARKER = re.compile(r"__(TITLE|STYLE|SCRIPT|DATA)__")
 
 
@@ -271,6 +283,7 @@ def render_html(
     heads: Sequence[int] | None = None,
     top_k: int = 16,
     budget: Budget | None = None,
+    image: ImageLayout | None = None,
 ) -> str:
     """The page of :func:`to_html` as a string (same arguments, no path)."""
     if scale not in SCALES:
@@ -278,10 +291,17 @@ def render_html(
     if isinstance(notes, str):
         raise TypeError("notes: expected a list of strings, got a single str")
     budget = budget or Budget(top_k=top_k)
-    sets = [
-        s if isinstance(s, ReducedSet) else _reduce(s, budget)
-        for s in _as_sets(attentions, tokens, key_tokens, layer_labels, head_labels, pair_start)
-    ]
+    comparison = None
+    if isinstance(attentions, Comparison):  # two sides: A's kinds, then B's, and A - B
+        if tokens is not None or key_tokens is not None or pair_start is not None:
+            raise ValueError("tokens: a Comparison carries its own tokens; pass tokens=None")
+        comparison = attentions
+        sets = [*comparison.a, *comparison.b]
+    else:
+        sets = [
+            s if isinstance(s, ReducedSet) else _reduce(s, budget)
+            for s in _as_sets(attentions, tokens, key_tokens, layer_labels, head_labels, pair_start)
+        ]
     payload = {
         "title": title,
         "subtitle": subtitle,
@@ -291,6 +311,15 @@ def render_html(
         "initial": _initial(layer, heads, sets[0]),
         "sets": [_set_payload(s) for s in sets],
     }
+    if comparison is not None:
+        payload["compare"] = compare_payload(comparison)
+    if image is not None:  # an image source: the first set's tokens lie on its picture
+        if not isinstance(image, ImageLayout) or comparison is not None:
+            raise TypeError(
+                "image: expected an attnkit.viz.ImageLayout for one set of attention, got "
+                + ("a Comparison" if comparison is not None else type(image).__name__)
+            )
+        payload["image"] = image_payload(image, sets[0])
     # Inside <script type="application/json">: escape "<" so no token can end the element.
     data = json.dumps(payload, ensure_ascii=False).replace("<", "\\u003c")
     script = "\n".join(_static(name) for name in SCRIPTS)
@@ -335,7 +364,9 @@ def to_html(
             :func:`attnkit.viz.capture` records for a batch of one, and what a
             Hugging Face model returns as ``outputs.attentions`` with
             ``output_attentions=True``); or a list of :class:`AttentionSet`
-            (several kinds of attention, with a selector; then ``tokens=None``).
+            (several kinds of attention, with a selector; then ``tokens=None``);
+            or a :class:`~attnkit.viz.compare.Comparison` from
+            :func:`attnkit.viz.compare` (two sides in sync and A − B; ``tokens=None``).
         tokens: Q query tokens, shown as they are (escaped, never run as HTML).
         path: the file to write (UTF-8).
         **options: as for :func:`show`: ``key_tokens``, ``layer_labels``,
@@ -346,7 +377,9 @@ def to_html(
             first token: a divider and an A->A / A->B / B->A / B->B filter),
             ``scale`` ("linear", "power" or "log"), ``layer`` and ``heads`` (the
             view the page opens on), ``include_layers`` (bertviz: keep only these
-            layers), ``top_k`` (keys kept per row on a long page).
+            layers), ``top_k`` (keys kept per row on a long page), ``image`` (an
+            :class:`~attnkit.viz.ImageLayout`: the tokens are a vision transformer's
+            patches, drawn on its picture in an image view; see :func:`show_image`).
 
     Returns:
         the path written.
@@ -385,6 +418,7 @@ def show(
     max_length: int | None = None,
     generate: int = 0,
     seed: int | None = None,
+    image: ImageLayout | None = None,
     **bertviz: Any,
 ) -> Page:
     """A page of attention as a :class:`Page`: displayed inline in Jupyter, ``.save(path)``.
@@ -430,6 +464,7 @@ def show(
             attentions, tokens, key_tokens=key_tokens, layer_labels=layer_labels,
             head_labels=head_labels, title=title, subtitle=subtitle, meta=meta, notes=notes,
             pair_start=pair_start, scale=scale, layer=layer, heads=heads, top_k=top_k,
+            image=image,
         )
     )  # fmt: skip
 

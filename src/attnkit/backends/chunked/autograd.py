@@ -31,7 +31,7 @@ class ChunkedCall:
     Operands, rows flattened to N: (qa (N, L, Eq), ka (N, S, Eq), w (hidden,) or None,
     v (N, S, Ev), kb (N, 1, S) or None, pos (H, L + S - 1) or None); out (N, L, Ev),
     lse (N, L), weights (N, L, S). ``flags`` carries the other fields of
-    :class:`Operands` (``bad_v``, ``nonfinite_qk``, ``heads``, ``softcap``).
+    :class:`Operands` (``bad_v``, ``nonfinite_qk``, ``layout``, ``softcaps``).
     """
 
     plan: BlockPlan
@@ -96,9 +96,9 @@ def dense_logits(ops: Operands, plan: BlockPlan) -> torch.Tensor:
     if ops.pos is not None:
         idx = torch.arange(S, device=dev).view(1, S) - torch.arange(L, device=dev).view(L, 1)
         tile = ops.pos[:, idx + (L - 1)].to(s.dtype)  # (H, L, S)
-        s = (s.view(-1, ops.heads, L, S) + tile).view(N, L, S)
-    if ops.softcap is not None:
-        s = torch.tanh(s / ops.softcap) * ops.softcap
+        s = ops.layout.add_per_row(s, tile, 0)  # (N, L, S)
+    for cap in ops.softcaps:
+        s = torch.tanh(s / cap) * cap
     R = max(plan.R, 1)
     n = torch.arange(N, device=dev)
     b = (n // R).view(N, 1, 1)  # (N, 1, 1) batch element of each row

@@ -14,7 +14,7 @@ from ...blockplan import BlockPlan
 from ...kernels import additive as _additive
 from ...scores import Additive, Score
 from .._backward import InputGrads, leaf_call, pull_back
-from .._common import all_finite, clean_values, expand_kv
+from .._common import all_finite, clean_values
 from ..autograd import KernelFunction
 from ..base import ALL_MOD_KINDS, AttentionResult, Backend
 from ..operands import ScoreOperands, lower_score
@@ -151,8 +151,8 @@ def _mod_reasons(inputs: AttentionInputs) -> list[str]:
 
 def _flags(ops: Operands) -> dict[str, Any]:
     """The fields of the tile operands that are not tensors of the autograd Function."""
-    return {"bad_v": ops.bad_v, "nonfinite_qk": ops.nonfinite_qk, "heads": ops.heads,
-            "softcap": ops.softcap}  # fmt: skip
+    return {"bad_v": ops.bad_v, "nonfinite_qk": ops.nonfinite_qk, "layout": ops.layout,
+            "softcaps": ops.softcaps}  # fmt: skip
 
 
 def _plan(inputs: AttentionInputs) -> BlockPlan:
@@ -187,17 +187,15 @@ def _operands(inputs: AttentionInputs) -> tuple[Operands, ScoreOperands]:
     """The call's tile operands, rows flattened to N, from the score lowered once
     (:func:`attnkit.backends.operands.lower_score`, in the compute dtype, under
     autograd so gradients reach the score's parameters)."""
-    cd = inputs.compute_dtype
+    cd, layout = inputs.compute_dtype, inputs.layout
     batch, L, S = inputs.batch_shape, inputs.L, inputs.S
     N = math.prod(batch)
     lowered = lower_score(inputs, upcast=True, row_constant=inputs.return_lse)
     qa, ka, kb, w = lowered.q, lowered.k, lowered.key_bias, lowered.w
-    v = inputs.value.to(cd)
-    if inputs.groups > 1:
-        ka = expand_kv(ka, inputs.groups)  # (..., Hq, S, Eq)
-        v = expand_kv(v, inputs.groups)  # (..., Hq, S, Ev)
-        if kb is not None and kb.ndim >= 3 and kb.shape[-3] != 1:
-            kb = expand_kv(kb, inputs.groups)  # (..., Hq, 1, S)
+    ka = layout.query_heads(ka, 2)  # (..., Hq, S, Eq)
+    v = layout.query_heads(inputs.value.to(cd), 2)  # (..., Hq, S, Ev)
+    if kb is not None:
+        kb = layout.query_heads(kb, 2)  # (..., Hq, 1, S)
     qa = qa.expand(*batch, L, qa.shape[-1]).reshape(N, L, qa.shape[-1])  # (N, L, Eq)
     ka = ka.expand(*batch, S, ka.shape[-1]).reshape(N, S, ka.shape[-1])  # (N, S, Eq)
     v = v.expand(*batch, S, v.shape[-1]).reshape(N, S, v.shape[-1])  # (N, S, Ev)
@@ -222,7 +220,7 @@ def _operands(inputs: AttentionInputs) -> tuple[Operands, ScoreOperands]:
         bad_v=bad_v,
         nonfinite_qk=nonfinite_qk,
         pos=lowered.pos.to(cd) if lowered.pos is not None else None,
-        heads=inputs.heads,
-        softcap=lowered.softcap,
+        layout=layout,
+        softcaps=lowered.softcaps,
     )
     return ops, lowered

@@ -13,6 +13,7 @@ import torch
 
 from ... import _lse
 from ..._host import readable
+from ..._layout import ONE_HEAD, HeadLayout
 from ...blockplan import BlockPlan
 from ...kernels import additive as _additive
 from ...kernels.softmax import exp_rows_
@@ -28,9 +29,9 @@ class Operands:
     kind "dot": s = scale * qa @ ka^T + kb (kb pre-scaled key bias or None);
     kind "additive": s = scale * sum_h w[h] tanh(qa[:, i, h] + ka[:, j, h]).
 
-    Score modifiers: ``pos`` (H, L + S - 1) adds ``pos[h, j - i + L - 1]`` to row
-    heads h after the scale, then ``softcap`` maps s to ``cap * tanh(s / cap)``; both
-    before the mask.
+    Score modifiers: ``pos`` (H, L + S - 1) adds ``pos[h, j - i + L - 1]`` to the rows
+    of head h (``layout`` says which head a row holds) after the scale, then each cap
+    of ``softcaps`` in turn maps s to ``cap * tanh(s / cap)``; all before the mask.
 
     Non-finite inputs (looked for on the host where reading is free, else assumed):
     ``bad_v`` (N, S) marks value rows holding NaN/inf, which ``v`` holds as zeros so
@@ -51,8 +52,8 @@ class Operands:
     bad_v: torch.Tensor | None = None  # (N, S) 1.0 where the value row is not finite
     nonfinite_qk: bool = False
     pos: torch.Tensor | None = None  # (H, L + S - 1) position bias by offset j - i + L - 1
-    heads: int = 1  # H: rows cycle through the query heads (the last batch dim)
-    softcap: float | None = None
+    layout: HeadLayout = ONE_HEAD  # the rows' heads (the last batch dim)
+    softcaps: tuple[float, ...] = ()
 
     @property
     def clean(self) -> bool:
@@ -62,7 +63,7 @@ class Operands:
     @property
     def plain(self) -> bool:
         """True without score modifiers (no position bias, no softcap)."""
-        return self.pos is None and self.softcap is None
+        return self.pos is None and not self.softcaps
 
 
 def _nan_rows(ops: Operands, rows: slice, s: torch.Tensor, j0: int, j1: int) -> torch.Tensor | None:
@@ -87,8 +88,8 @@ def _tile_logits(
 ) -> torch.Tensor:
     """Masked logits of one tile: (rows, i1-i0, j1-j0), -inf where blocked.
 
-    ``softcap_tanh``: a list that receives ``tanh(s / cap)`` of the tile (the softcap's
-    derivative is ``1 - tanh²``), for the backward."""
+    ``softcap_tanh``: a list that receives ``tanh(s / cap)`` of the tile for each cap
+    (each softcap's derivative is ``1 - tanh²``), for the backward."""
     qt = ops.qa[rows, i0:i1]  # (R, bi, Eq)
     kt = ops.ka[rows, j0:j1]  # (R, bj, Eq)
     keep, mask_bias = plan.tile_mask(b, i0, i1, j0, j1, qt.device)
@@ -108,11 +109,13 @@ def _tile_logits(
         if bias is not None:
             s = s.add_(bias)
     if not ops.plain:
-        s = _modified(ops, s, i0, i1, j0, j1, plan.L, softcap_tanh)
+        s = _modified(ops, s, rows.start, i0, i1, j0, j1, plan.L, softcap_tanh)
         if mask_bias is not None:
             s = s.add_(mask_bias)
     if ops.nonfinite_qk and mask_bias is not None:  # NaN + -inf stays blocked
         s = s.masked_fill_(mask_bias == float("-inf"), float("-inf"))
+    if ops.nonfinite_qk and ops.kb is not None:  # an infinitely far key, whatever the query
+        s = s.masked_fill_(torch.isneginf(ops.kb[rows, :, j0:j1]), float("-inf"))
     if keep is not None:
         s = s.masked_fill_(~keep, float("-inf"))
     return s
@@ -138,6 +141,7 @@ def position_tile(pos: torch.Tensor, i0: int, i1: int, j0: int, j1: int, L: int)
 def _modified(
     ops: Operands,
     s: torch.Tensor,
+    row0: int,
     i0: int,
     i1: int,
     j0: int,
@@ -145,16 +149,16 @@ def _modified(
     L: int,
     softcap_tanh: list[torch.Tensor] | None,
 ) -> torch.Tensor:
-    """A tile's scaled logits s (R, bi, bj) with the position bias added and softcapped."""
-    R, bi, bj = s.shape
+    """A tile's scaled logits s (R, bi, bj) of rows row0 .. row0 + R with the position
+    bias added and each softcap applied in turn."""
     if ops.pos is not None:
         tile = position_tile(ops.pos, i0, i1, j0, j1, L).to(s.dtype)  # (H, bi, bj)
-        s = s.view(R // ops.heads, ops.heads, bi, bj).add_(tile).view(R, bi, bj)
-    if ops.softcap is not None:
-        t = torch.tanh(s / ops.softcap)  # (R, bi, bj)
+        s = ops.layout.add_per_row(s, tile, row0)  # (R, bi, bj)
+    for cap in ops.softcaps:
+        t = torch.tanh(s / cap)  # (R, bi, bj)
         if softcap_tanh is not None:
             softcap_tanh.append(t)
-        s = t * ops.softcap
+        s = t * cap
     return s
 
 
@@ -357,7 +361,7 @@ def backward_tiles(
 
     With p = exp(s - lse), the gradient of the logits of a tile is
     ``p * (dO @ V^T - rowsum(dO * O) + dlse)`` plus, when the weights were returned,
-    ``p * (dW - rowsum(dW * W))``, times ``1 - tanh²`` under a softcap. ``d_rows``
+    ``p * (dW - rowsum(dW * W))``, times ``1 - tanh²`` under each softcap. ``d_rows``
     (N, L), when given, accumulates each row's sum of the logits' gradient (what a
     per-row constant of the logits receives); ``d_pos`` (H, L + S - 1) the position
     table's gradient, summed along each tile's diagonals per head.
@@ -401,8 +405,8 @@ def backward_tiles(
                 if d_weights is not None:
                     dp += d_weights[rows, i0:i1, j0:j1]
                 ds = dp.sub_(rt).mul_(p)  # (R, bi, bj): gradient of the logits s
-                if tanh:  # through the softcap
-                    ds.mul_(1 - tanh[0] * tanh[0])
+                for t in tanh:  # through each softcap
+                    ds.mul_(1 - t * t)
                 if blocked is not None:
                     ds.masked_fill_(blocked, 0.0)
                 if d_rows is not None:
@@ -410,8 +414,8 @@ def backward_tiles(
                 if d_pos is not None:
                     diag = diagonal_sums(ds)  # (R, bi + bj - 1)
                     t0 = j0 - (i1 - 1) + (plan.L - 1)
-                    heads = diag.view(-1, ops.heads, diag.shape[-1]).sum(0)  # (H, bi + bj - 1)
-                    d_pos[:, t0 : t0 + diag.shape[-1]] += heads.to(d_pos.dtype)
+                    heads = ops.layout.sum_per_head(diag, rows.start, d_pos.shape[0])
+                    d_pos[:, t0 : t0 + diag.shape[-1]] += heads.to(d_pos.dtype)  # (H, ...)
                 if dkb is not None:
                     dkb[rows, :, j0:j1] += ds.sum(dim=1, keepdim=True)  # (R, 1, bj)
                 kt = ka[rows, j0:j1]  # (R, bj, Eq)

@@ -10,10 +10,11 @@ import torch
 
 from ..._host import readable
 from ..._inputs import AttentionInputs
+from ...blockplan import RaggedSeq
 from ...mods import ALiBi
 from .. import varlen
 from .._backward import InputGrads
-from .._common import dense_mask, expand_kv, graph_link
+from .._common import dense_mask, graph_link
 from ..base import AttentionResult, Backend, PlainRunner
 from ..operands import alibi_folds, lower_score
 from . import plan
@@ -82,6 +83,7 @@ class SDPABackend(Backend):
             **_direct_options(inputs),
             head_dim=inputs.E,
             readable_no_grad=readable_no_grad,
+            whole_keys=inputs.S <= inputs.L,
         )
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
@@ -98,19 +100,18 @@ class SDPABackend(Backend):
         upcast = inputs.dtype != inputs.compute_dtype and plan.half_needs_float32(inputs)
         ops = lower_score(inputs, row_constant=inputs.return_lse, upcast=upcast, fold_alibi=True)
         q, k, key_bias, excluded = ops.q, ops.k, ops.key_bias, ops.excluded
+        v, layout = inputs.value, inputs.layout
         if key_bias is not None and inputs.mask is not None:
             # q'·k' + b == [q', 1]·[k', b]: one more feature instead of an (L, S) bias mask
-            kb = key_bias.transpose(-2, -1)  # (..., S, 1)
-            lead = torch.broadcast_shapes(k.shape[:-1], kb.shape[:-1])
-            k = torch.cat(
-                [k.expand(*lead, k.shape[-1]), kb.expand(*lead, 1)], dim=-1
-            )  # (..., S, E'+1)
-            q = torch.cat([q, q.new_ones(*q.shape[:-1], 1)], dim=-1)  # (..., L, E'+1)
+            q, k = ops.with_key_bias_feature()
             key_bias = None
+            if layout.has_query_heads(k, 2):  # the bias was per query head: so are the keys
+                v = layout.query_heads(v, 2)  # (..., H, S, Ev)
+                excluded = None if excluded is None else layout.query_heads(excluded, 1)
         if varlen.can_unpad(inputs):
-            out, weights, lse = self._forward_unpadded(inputs, q, k, excluded)  # bias in k
+            out, weights, lse = self._forward_unpadded(inputs, q, k, v, excluded)  # bias in k
         else:
-            out, weights, lse = self._forward_dense(inputs, q, k, key_bias, excluded)
+            out, weights, lse = self._forward_dense(inputs, q, k, v, key_bias, excluded)
         if lse is not None and inputs.return_lse:
             lse = ops.finish_lse(lse.to(inputs.compute_dtype))
         return AttentionResult(
@@ -126,11 +127,12 @@ class SDPABackend(Backend):
         inputs: AttentionInputs,
         q: torch.Tensor,
         k: torch.Tensor,
+        v: torch.Tensor,
         key_bias: torch.Tensor | None,
         excluded: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        v = inputs.value.to(q.dtype)
-        batch, L, S = inputs.batch_shape, inputs.L, inputs.S
+        v = v.to(q.dtype)
+        batch, L, S, layout = inputs.batch_shape, inputs.L, inputs.S, inputs.layout
         want_lse = inputs.return_lse or inputs.return_weights
 
         attn_mask: torch.Tensor | None = None
@@ -145,9 +147,7 @@ class SDPABackend(Backend):
                 mask = None  # every query sees every key, or the kernel takes the bias
         if key_bias is not None and mask is None:
             # one row per key, (..., 1, S): the fused kernel broadcasts it over the queries
-            if inputs.groups > 1 and key_bias.ndim >= 3 and key_bias.shape[-3] != 1:
-                key_bias = expand_kv(key_bias, inputs.groups)  # (..., Hq, 1, S)
-            attn_mask = key_bias * inputs.scale  # (..., 1, S)
+            attn_mask = layout.query_heads(key_bias, 2) * inputs.scale  # (..., Hq, 1, S)
         elif (mask is not None and not is_causal) or key_bias is not None:
             dm = dense_mask(inputs)
             if dm.bias is None and key_bias is None:
@@ -160,7 +160,7 @@ class SDPABackend(Backend):
             else:
                 bias = torch.zeros((), dtype=q.dtype, device=q.device)
                 if key_bias is not None:
-                    bias = bias + key_bias * inputs.scale  # (..., 1, S)
+                    bias = bias + layout.query_heads(key_bias, 2) * inputs.scale  # (..., 1, S)
                 if dm.bias is not None:
                     bias = bias + dm.bias.to(q.dtype)
                 if dm.keep is not None:
@@ -171,8 +171,8 @@ class SDPABackend(Backend):
 
         gqa = inputs.groups > 1 and HAS_GQA
         if inputs.groups > 1 and not HAS_GQA:
-            k = expand_kv(k, inputs.groups)  # (..., Hq, S, E)
-            v = expand_kv(v, inputs.groups)  # (..., Hq, S, Ev)
+            k, v = layout.query_heads(k, 2), layout.query_heads(v, 2)  # (..., Hq, S, D)
+            excluded = None if excluded is None else layout.query_heads(excluded, 1)
         # SDPA's fused kernels need equal leading dims: broadcast views, no copies.
         q = q.expand(*batch, L, q.shape[-1])  # (*batch, L, E')
         kv_batch = (*batch[:-1], k.shape[-3]) if batch and gqa else batch
@@ -212,6 +212,7 @@ class SDPABackend(Backend):
         inputs: AttentionInputs,
         q: torch.Tensor,
         k: torch.Tensor,
+        v: torch.Tensor,
         excluded: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """SDPA on each batch element's kept queries and keys, similar lengths grouped.
@@ -229,9 +230,11 @@ class SDPABackend(Backend):
         # With one leading dim, the batch dim that is sliced per element is the head dim
         # itself: each query head needs its key head materialized at its own index.
         gqa = inputs.groups > 1 and HAS_GQA and len(batch) > 1
-        v = inputs.value.to(q.dtype)
+        v = v.to(q.dtype)
         if inputs.groups > 1 and not gqa:
-            k, v = expand_kv(k, inputs.groups), expand_kv(v, inputs.groups)  # (..., Hq, S, D)
+            hl = inputs.layout  # (the name layout is the ragged layout's, below)
+            k, v = hl.query_heads(k, 2), hl.query_heads(v, 2)  # (..., Hq, S, D)
+            excluded = None if excluded is None else hl.query_heads(excluded, 1)
         kv_batch = (*batch[:-1], k.shape[-3]) if gqa else batch
         q = q.expand(*batch, L, q.shape[-1])  # (B, ..., L, E')
         k = k.expand(*kv_batch, S, k.shape[-1])  # (B, ..., S, E')
@@ -255,7 +258,7 @@ class SDPABackend(Backend):
             group = [seqs[n] for n in members]
             qm = max(sq.q_len for sq in group)
             km = max(sq.k_len for sq in group)
-            q_g = torch.stack([varlen.take_rows(q[sq.b], sq.q0, qm) for sq in group])
+            q_g = torch.stack([varlen.take_queries(q[sq.b], sq, qm) for sq in group])
             # (G, ..., qm, E')
             k_g = torch.stack([varlen.take_keys(k[sq.b], sq, km) for sq in group])
             # (G, ..., km, E')
@@ -300,17 +303,18 @@ class SDPABackend(Backend):
                     gqa=gqa,
                 )  # (G, ..., qm, km)
             for n, sq in enumerate(group):
-                rows = slice(sq.q0, sq.q0 + sq.q_len)
-                out_full[sq.b, ..., rows, :] = out_g[n, ..., : sq.q_len, :].to(inputs.dtype)
+                _put_rows(out_full[sq.b], sq, out_g[n, ..., : sq.q_len, :].to(inputs.dtype))
                 if lse_full is not None and lse_g is not None:
-                    lse_full[sq.b, ..., rows] = lse_g[n, ..., : sq.q_len].to(cd)
+                    rows_lse = lse_g[n, ..., : sq.q_len].to(cd).unsqueeze(-1)  # (..., ql, 1)
+                    _put_rows(lse_full[sq.b].unsqueeze(-1), sq, rows_lse)
                 if w_full is not None and w_g is not None:
                     wb = w_g[n, ..., : sq.q_len, : sq.k_len]  # (..., ql, kl)
                     if sq.key_idx is None:
-                        w_full[sq.b, ..., rows, sq.k0 : sq.k0 + sq.k_len] = wb
+                        cols = torch.zeros(*wb.shape[:-1], S, dtype=wb.dtype, device=dev)
+                        cols[..., sq.k0 : sq.k0 + sq.k_len] = wb  # (..., ql, S)
                     else:
-                        cols = torch.zeros_like(w_full[sq.b, ..., rows, :])  # (..., ql, S)
-                        w_full[sq.b, ..., rows, :] = cols.index_copy(-1, sq.key_idx, wb)
+                        cols = wb.new_zeros(*wb.shape[:-1], S).index_copy(-1, sq.key_idx, wb)
+                    _put_rows(w_full[sq.b], sq, cols)
         if not live and torch.is_grad_enabled():
             # Every element is fully masked: keep the graph connected so backward gives
             # zero gradients (the policy for masked rows), not "does not require grad".
@@ -319,6 +323,15 @@ class SDPABackend(Backend):
             if w_full is not None:
                 w_full = w_full + link.to(w_full.dtype)
         return out_full, w_full, lse_full
+
+
+def _put_rows(full: torch.Tensor, sq: RaggedSeq, rows: torch.Tensor) -> None:
+    """Write a sequence's rows (..., q_len, D) into its batch element's ``full``
+    (..., L, D) in place: at its contiguous run, or at its query indices."""
+    if sq.query_idx is None:
+        full[..., sq.q0 : sq.q0 + sq.q_len, :] = rows
+    else:
+        full.index_copy_(-2, sq.query_idx.to(full.device), rows)
 
 
 def _direct(inputs: AttentionInputs) -> torch.Tensor:

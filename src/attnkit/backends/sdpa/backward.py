@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from ..._host import readable
 from ..._inputs import AttentionInputs
 from .._backward import InputGrads, leaf_call, materialized_backward, pull_back
-from .._common import all_finite, dense_mask, expand_kv
+from .._common import all_finite, dense_mask
 from ..operands import lower_score
 from .lse import _aten_op
 from .plan import causal_shift
@@ -75,12 +75,7 @@ def sdpa_backward(
         ops = lower_score(rec, upcast=True, row_constant=True, fold_alibi=True)
         if ops.excluded is not None:
             return materialized_backward(inputs, out, lse, grad_out, grad_lse, params)
-        qd, kd, kb = ops.q, ops.k, ops.key_bias
-        if kb is not None:  # q'·k' + b == [q', 1]·[k', b]
-            kbt = kb.transpose(-2, -1)  # (..., S, 1)
-            lead = torch.broadcast_shapes(kd.shape[:-1], kbt.shape[:-1])
-            kd = torch.cat([kd.expand(*lead, kd.shape[-1]), kbt.expand(*lead, 1)], -1)
-            qd = torch.cat([qd, qd.new_ones(*qd.shape[:-1], 1)], dim=-1)  # (..., L, E'+1)
+        qd, kd = ops.with_key_bias_feature()  # q'·k' + b == [q', 1]·[k', b]
         rows = ops.row_constant is not None
         if rows:  # [q', 1]·[k', 1] adds 1 to every logit: its query gradient sums each row
             qd = torch.cat([qd, qd.new_ones(*qd.shape[:-1], 1)], dim=-1)  # (..., L, E'')
@@ -95,9 +90,9 @@ def sdpa_backward(
     d_lse = torch.zeros_like(lse_l) if grad_lse is None else grad_lse.detach().to(cd)
     d_lse = d_lse.masked_fill(dead, 0.0)
     # the lse's gradient rides in one more value feature (see the module docstring)
-    g = inputs.groups
-    k_full = expand_kv(kd.detach(), g)  # (..., Hq, S, E')
-    v_full = expand_kv(vd.detach(), g)  # (..., Hq, S, Ev)
+    layout = inputs.layout
+    k_full = layout.query_heads(kd.detach(), 2)  # (..., Hq, S, E')
+    v_full = layout.query_heads(vd.detach(), 2)  # (..., Hq, S, Ev)
     v_aug = torch.cat([v_full, v_full.new_ones(*v_full.shape[:-1], 1)], -1)  # (..., S, Ev+1)
     out_aug = torch.cat([out.detach().to(cd), out.new_zeros(*out.shape[:-1], 1, dtype=cd)], -1)
     do_aug = torch.cat([d_out, d_lse.unsqueeze(-1)], -1)  # (*batch, L, Ev+1)
@@ -129,9 +124,9 @@ def sdpa_backward(
     dq = dq4[..., :E1].reshape(*batch, L, E1)  # (*batch, L, E')
     dk = dk4[..., :E1].reshape(*batch, S, E1)  # (*batch, S, E')
     dv = dv4[..., : Ev1 - 1].reshape(*batch, S, Ev1 - 1)  # (*batch, S, Ev)
-    if g > 1:  # query heads j*g .. j*g+g-1 share key head j
-        dk = dk.unflatten(-3, (-1, g)).sum(-3)  # (..., Hk, S, E')
-        dv = dv.unflatten(-3, (-1, g)).sum(-3)  # (..., Hk, S, Ev)
+    # query heads j*g .. j*g+g-1 share key head j
+    dk = layout.sum_to_key_heads(dk, kd, 2)  # (..., Hk or Hq, S, E')
+    dv = layout.sum_to_key_heads(dv, vd, 2)  # (..., Hk, S, Ev)
     extra = []
     if rows:
         row_grad = dq[..., -1] / inputs.scale  # (*batch, L): each row's sum of dS

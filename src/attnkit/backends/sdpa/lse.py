@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ... import _host
 from ..._inputs import AttentionInputs
 from ...kernels.softmax import exp_rows_
-from .._common import all_finite, clean_rows, expand_kv, masked_softmax
+from .._common import all_finite, clean_rows, masked_softmax
 
 __all__ = [
     "LSE_OP",
@@ -211,9 +211,9 @@ def weights_of_call(
     if not finite:
         far = torch.isneginf(k).any(dim=-1) & ~(torch.isnan(k) | torch.isposinf(k)).any(dim=-1)
         q, k = clean_rows(q)[0], clean_rows(k)[0]  # far: (..., S)
-        far = expand_kv(far.unsqueeze(-1), inputs.groups).squeeze(-1) if gqa else far
+        far = inputs.layout.query_heads(far, 1) if gqa else far  # (..., Hq, S)
         keep = ~far.unsqueeze(-2)  # (..., 1, S): joins the mask below, one pass in all
-    kf = expand_kv(k, inputs.groups) if gqa else k  # (..., S, E')
+    kf = inputs.layout.query_heads(k, 2) if gqa else k  # (..., Hq, S, E')
     qs = q.to(cd) * inputs.scale  # (..., L, E'): scaled here, not on (L, S)
     logits = torch.matmul(qs, kf.to(cd).transpose(-2, -1))  # (..., L, S)
     call_keep: torch.Tensor | None = None

@@ -98,7 +98,8 @@ def sanitize(
         q: (..., L, E) queries; k: (..., S, E) keys; v: (..., S, Ev) values.
         excluded: None or (..., S) bool, keys whose score is ``-inf`` by construction
             (a Gaussian key infinitely far away, carried as a ``-inf`` bias feature):
-            they keep their -inf and are not counted as non-finite.
+            they keep their -inf and are not counted as non-finite, and neither are their
+            values, which no row uses (weight 0, whatever they hold).
 
     Returns:
         q, k and v cleaned, and three NaN-or-0 addends: non-finite query rows (..., L),
@@ -108,14 +109,15 @@ def sanitize(
     q_add = _row_addend(q)  # (..., L)
     k_add = _row_addend(k)  # (..., S)
     v_add = _row_addend(v)  # (..., S)
-    if excluded is not None:  # an excluded key keeps its -inf
-        k_add = torch.where(excluded, 0.0, k_add)  # (..., S)
     # a flagged row is zeroed whole (a row that uses it becomes NaN anyway); one select per
     # element, which torch.compile fuses with the flags' reductions
     zero = torch.zeros((), dtype=k.dtype, device=k.device)
     q = torch.where(torch.isnan(q_add).unsqueeze(-1), zero, q)  # (..., L, E)
-    k = torch.where(torch.isnan(k_add).unsqueeze(-1), zero, k)  # (..., S, E)
     v = torch.where(torch.isnan(v_add).unsqueeze(-1), zero, v)  # (..., S, Ev)
+    if excluded is not None:  # an excluded key keeps its -inf; its value is never used
+        k_add = torch.where(excluded, 0.0, k_add)  # (..., S)
+        v_add = torch.where(excluded, 0.0, v_add)  # (..., S)
+    k = torch.where(torch.isnan(k_add).unsqueeze(-1), zero, k)  # (..., S, E)
     return q, k, v, q_add, k_add, v_add
 
 

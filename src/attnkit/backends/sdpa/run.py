@@ -131,6 +131,7 @@ def call(
         out = torch.where(alive.unsqueeze(-1), out, torch.zeros((), dtype=out.dtype))
         if lse is not None:
             lse = torch.where(alive, lse, float("-inf"))
+        q_bad = torch.where(alive, q_bad, 0.0)  # an empty row, whatever its query holds
     flags = poison.flags_for_call(
         q, k_bad, v_bad, q_bad, policy_mask, causal, heads, offset, split=lse is not None
     )
@@ -203,11 +204,13 @@ def direct_runner(
     head_dim: int,
     readable_no_grad: bool,
     assume_finite: bool = False,
+    whole_keys: bool = False,
 ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """:func:`direct` for repeated calls of one plan with query head size ``head_dim``,
     (q, k, v) -> out. With ``readable_no_grad`` (the plan's tensors are host-readable
     and need no gradient, as every call of the plan) those checks are not repeated per
-    call."""
+    call. ``whole_keys``: the plan has no more keys than queries, so an unmasked call
+    checks the whole keys rather than the first (see :func:`_finite_for_kernel`)."""
     slow = functools.partial(direct, is_causal=is_causal, lower_right=lower_right,
                              dropout_p=dropout_p, scale=scale, gqa=gqa,
                              assume_finite=assume_finite)  # fmt: skip
@@ -226,13 +229,28 @@ def direct_runner(
 
     if assume_finite:  # the caller guarantees finite inputs: the op and nothing else
         return functools.partial(sdpa, **options) if options else sdpa
+    # The checks of _finite_for_kernel, written out per case (every call of a plain
+    # plan runs one of these): the plan fixes the case, so no call decides it again.
+    isfinite = math.isfinite
 
-    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if _finite_for_kernel(q, k, v, is_causal):
+    def run_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if isfinite(q.sum().item() + k.sum().item() + v.sum().item()):
             return sdpa(q, k, v, **options)
         return slow(q, k, v)
 
-    return run
+    def run_whole_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if isfinite(q.sum().item() + k.sum().item()):
+            return sdpa(q, k, v, **options)
+        return slow(q, k, v)
+
+    def run_first_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if isfinite(q.sum().item() + k.narrow(-2, 0, 1).sum().item()):  # (..., 1, E)
+            return sdpa(q, k, v, **options)
+        return slow(q, k, v)
+
+    if is_causal:
+        return run_causal
+    return run_whole_keys if whole_keys else run_first_key
 
 
 def _finite_for_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> bool:
@@ -245,12 +263,12 @@ def _finite_for_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_cau
     :func:`.poison.unmasked_addend`); the whole keys are read instead when there are no
     more of them than queries (one sum instead of a slice and a sum), never the long
     KV cache of a decoding step. Only for host-readable tensors that need no gradient;
-    the sums of :func:`attnkit.backends._common.all_finite`, written out (every call of
-    a plain plan runs this).
+    the sums of :func:`attnkit.backends._common.all_finite`, written out (and once more
+    per case in :func:`direct_runner`, which every call of a plain plan runs).
     """
     if is_causal:
         return math.isfinite(q.sum().item() + k.sum().item() + v.sum().item())
-    probe = k if k.shape[-2] <= q.shape[-2] else k[..., :1, :]  # (..., S or 1, E)
+    probe = k if k.shape[-2] <= q.shape[-2] else k.narrow(-2, 0, 1)  # (..., S or 1, E)
     return math.isfinite(q.sum().item() + probe.sum().item())
 
 

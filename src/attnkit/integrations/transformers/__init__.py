@@ -15,20 +15,37 @@ Causal, sliding-window, chunked, packed-sequence and padding masks reach attnkit
 symbolic masks (never a (B, 1, L, S) tensor); grouped-query K/V heads stay grouped;
 Gemma 2's softcap, gpt-oss's sinks and T5's relative position bias become
 :mod:`attnkit.mods` modifiers; ``generate()`` decodes against the KV cache with the
-new queries at the last positions. Each attention module makes one
+new queries at the last positions, and a compiled static-cache ``generate()`` keeps
+one graph (the mask's positions travel as tensors). Each attention module makes one
 :func:`attnkit.attention` call per forward, so :func:`attnkit.viz.capture` and
 ``attnkit show`` see every layer of any model that follows the interface.
 
-Needs transformers (``pip install "attnkit[transformers]"``); importing
-:mod:`attnkit` alone never imports it.
+What the installed transformers offers (its mask interface's arguments, which model
+families call the attention interface) is learned once, here, from its public
+names and signatures (:mod:`.features`; ``attnkit explain --transformers`` prints it).
+
+Needs transformers 5.0.0 or newer (tested up to 5.24.0;
+``pip install "transformers>=5"``); importing :mod:`attnkit` alone never
+imports it.
 """
 
 from __future__ import annotations
 
 from .attention import attnkit_attention
+from .features import FEATURES, TransformersFeatures, family_reason, report
 from .masks import SymbolicMask, attnkit_mask
 
-__all__ = ["IMPLEMENTATION", "SymbolicMask", "attnkit_attention", "attnkit_mask", "register"]
+__all__ = [
+    "FEATURES",
+    "IMPLEMENTATION",
+    "SymbolicMask",
+    "TransformersFeatures",
+    "attnkit_attention",
+    "attnkit_mask",
+    "family_reason",
+    "register",
+    "report",
+]
 
 IMPLEMENTATION = "attnkit"
 """The name to pass as ``attn_implementation``."""
@@ -38,16 +55,12 @@ def register() -> None:
     """Register ``"attnkit"`` with transformers (done on import; calling again is harmless).
 
     Raises:
-        ImportError: transformers is not installed, or too old to have the interfaces.
+        ImportError: transformers is not installed, or older than the oldest release the
+            integration supports (the message names both).
     """
-    try:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface
-    except ImportError as exc:
-        raise ImportError(
-            "attnkit.integrations.transformers needs transformers >= 5 with "
-            'AttentionInterface and AttentionMaskInterface: pip install "attnkit[transformers]"'
-        ) from exc
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
     AttentionInterface.register(IMPLEMENTATION, attnkit_attention)
     AttentionMaskInterface.register(IMPLEMENTATION, attnkit_mask)
 

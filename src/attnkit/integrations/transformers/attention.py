@@ -14,8 +14,8 @@ calls ``fn(module, query, key, value, attention_mask, **kwargs)`` with
 and expects ``(output (B, L, H, Ev), weights (B, H, L, S) or None)``.
 :func:`attnkit_attention` makes one :func:`attnkit.attention` call of it, with the
 model's extras as score modifiers (:mod:`attnkit.mods`), and returns exact
-weights, from the same call, when the model collects attentions
-(``output_attentions=True``).
+weights, from the same call, when the model passes ``output_attentions=True`` down
+to it (most families do; GPT-2 does not, so it gets none, as from sdpa).
 """
 
 from __future__ import annotations
@@ -27,22 +27,19 @@ from torch import nn
 
 from ... import masks, mods
 from ...functional import attention
+from ...masks.bands import Offset
 from .masks import SymbolicMask
 from .position_bias import position_bias_mod
 
 __all__ = ["attnkit_attention"]
 
 
-def _wants_weights(kwargs: dict[str, Any]) -> bool:
-    """Whether the model collects this call's weights (``output_attentions``)."""
-    if kwargs.get("output_attentions"):
-        return True
-    try:  # set in the config rather than passed: the model's output collector asks for them
-        from transformers.utils.output_capturing import _active_collector
-    except ImportError:
-        return False
-    collected = _active_collector.get()
-    return isinstance(collected, dict) and any(str(k).endswith("attentions") for k in collected)
+def _wants_weights(module: nn.Module, kwargs: dict[str, Any]) -> bool:
+    """Whether the caller asked for this call's weights: ``output_attentions`` as the
+    model passed it down, else the module's config (transformers' public flag)."""
+    if "output_attentions" in kwargs:
+        return bool(kwargs["output_attentions"])
+    return bool(getattr(getattr(module, "config", None), "output_attentions", False))
 
 
 def _mask_of(
@@ -52,7 +49,7 @@ def _mask_of(
     S: int,
     is_causal: bool | None,
     sliding_window: int | None,
-) -> tuple[masks.Mask | None, int, int]:
+) -> tuple[masks.Mask | None, Offset, Offset]:
     """(mask, q0, k0): the call's attnkit mask and the global positions of its first
     query and key."""
     if isinstance(attention_mask, SymbolicMask):
@@ -143,7 +140,7 @@ def attnkit_attention(
         mod_list.append(mods.softcap(float(softcap)))
     if s_aux is not None:
         mod_list.append(mods.sinks(s_aux))
-    weights = _wants_weights(kwargs)
+    weights = _wants_weights(module, kwargs)
     result = attention(
         query, key, value, mask=mask, scale=scaling, dropout_p=float(dropout),
         mods=mod_list or None, return_weights=weights,

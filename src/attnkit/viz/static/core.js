@@ -1,5 +1,5 @@
 "use strict";
-// attnkit's attention viewer, part 1 of 5: data, colours, state and the address.
+// attnkit's attention viewer, part 1: the data, colours and small helpers.
 var AK = (function () {
   var $ = function (id) { return document.getElementById(id); };
   function fail(message) {
@@ -75,6 +75,27 @@ var AK = (function () {
     }
     return Promise.all(jobs).then(function () { return set; });
   }
+  // A comparison's A - B (made in Python): every weight ("dense") or block means ("blocks"),
+  // one signed byte each against each head's largest |A - B|.
+  function decodeDiff(d) {
+    if (!d) return Promise.resolve(null);
+    d.nL = d.shape[0]; d.nH = d.shape[1]; d.R = d.shape[2]; d.C = d.shape[3];
+    d.scaleOf = new Float32Array(d.scales);
+    return unpack(d).then(function (b) {
+      d.codes = new Int8Array(b.buffer, b.byteOffset, b.length);
+      if (d.codes.length !== d.nL * d.nH * d.R * d.C) throw new Error("the difference has the wrong size");
+      return d.rollout ? decodeDiff(d.rollout) : null;
+    }).then(function () { return d; });
+  }
+  // Row i of A - B, the mean over `heads` (a mean of differences is the difference of means).
+  function diffRow(d, l, heads, i) {
+    var C = d.C, out = new Float32Array(C);
+    heads.forEach(function (h) {
+      var base = ((l * d.nH + h) * d.R + i) * C, sc = d.scaleOf[l * d.nH + h] / 127 / heads.length;
+      for (var j = 0; j < C; j++) out[j] += d.codes[base + j] * sc;
+    });
+    return out;
+  }
 
   // ---- weights: one row (exact on dense pages; top-k exact, the rest unknown, on long ones)
   // row(g, l, h, i) -> {w: Float32Array(K), known: Uint8Array(K) or null (all known), floor}
@@ -148,6 +169,13 @@ var AK = (function () {
     var x = c / 255 * (RAMP.length - 1), k0 = Math.min(RAMP.length - 2, Math.floor(x)), f = x - k0;
     for (var ch = 0; ch < 3; ch++) LUT[3 * c + ch] = Math.round(RAMP[k0][ch] * (1 - f) + RAMP[k0 + 1][ch] * f);
   }
+  // Differences: blue where B is higher, orange where A is, the page's background at 0.
+  var SIGNED = dark ? [[97, 150, 255], [20, 23, 29], [255, 138, 76]] : [[33, 86, 196], [255, 255, 255], [194, 65, 12]];
+  var DLUT = new Uint8Array(256 * 3);
+  for (var c2 = 0; c2 < 256; c2++) {
+    var x2 = c2 / 255 * 2, k2 = Math.min(1, Math.floor(x2)), f2 = x2 - k2;
+    for (var ch2 = 0; ch2 < 3; ch2++) DLUT[3 * c2 + ch2] = Math.round(SIGNED[k2][ch2] * (1 - f2) + SIGNED[k2 + 1][ch2] * f2);
+  }
   var LOG_FLOOR = 1e-3;
   function toUnit(v, vmax, scale) {
     if (!(vmax > 0) || !(v > 0)) return 0;
@@ -164,11 +192,22 @@ var AK = (function () {
     var ci = Math.round(255 * unit) * 3;
     px[4 * p] = LUT[ci]; px[4 * p + 1] = LUT[ci + 1]; px[4 * p + 2] = LUT[ci + 2]; px[4 * p + 3] = 255;
   }
+  function paintSigned(px, p, t) {  // t in [-1, 1]
+    var ci = Math.round(127.5 + 127.5 * Math.max(-1, Math.min(1, t))) * 3;
+    px[4 * p] = DLUT[ci]; px[4 * p + 1] = DLUT[ci + 1]; px[4 * p + 2] = DLUT[ci + 2]; px[4 * p + 3] = 255;
+  }
+  function toSigned(v, vmax, scale) { return v < 0 ? -toUnit(-v, vmax, scale) : toUnit(v, vmax, scale); }
   function fmt(v) {
     if (v === 0) return "0";
+    if (v < 0) return "\u2212" + fmt(-v);
     return v >= 0.01 ? v.toFixed(3) : v.toExponential(1);
   }
+  function ordinal(n) {  // 2 -> "2nd"
+    var t = n % 100, u = n % 10;
+    return n + (u === 1 && t !== 11 ? "st" : u === 2 && t !== 12 ? "nd" : u === 3 && t !== 13 ? "rd" : "th");
+  }
   function maxOf(a) { var m = 0; for (var i = 0; i < a.length; i++) if (a[i] > m) m = a[i]; return m; }
+  function absMaxOf(a) { var m = 0; for (var i = 0; i < a.length; i++) if (Math.abs(a[i]) > m) m = Math.abs(a[i]); return m; }
   function el(tag, cls, text) {
     var e = document.createElement(tag);
     if (cls) e.className = cls;
@@ -188,12 +227,9 @@ var AK = (function () {
     return text.replace(/^ /, "\u00b7").replace(/\r?\n/g, "\u21b5").replace(/\t/g, "\u2192");
   }
 
-  var state = { set: 0, layer: 0, heads: [], view: "head", pin: null, hover: null, sel: { axis: "q", items: [] },
-                combine: "mean", scale: D.scale || "linear", filter: "all", zoom: 0, openIn: "matrix",
-                overview: "max", flow: "rollout", step: 0, win: 0, center: null, nq: null, nk: null,
-                sort: { key: null, dir: 1 } };
-  return { $: $, D: D, fail: fail, decodeSet: decodeSet, row: row, combine: combine, column: column,
-           pooled: pooled, LUT: LUT, toUnit: toUnit, shade: shade, paint: paint, fmt: fmt, maxOf: maxOf,
-           el: el, clear: clear, tokenNode: tokenNode, plain: plain, state: state, dark: dark,
+  return { $: $, D: D, fail: fail, decodeSet: decodeSet, decodeDiff: decodeDiff, diffRow: diffRow, row: row,
+           combine: combine, column: column, pooled: pooled, LUT: LUT, DLUT: DLUT, toUnit: toUnit,
+           toSigned: toSigned, shade: shade, paint: paint, paintSigned: paintSigned, fmt: fmt, maxOf: maxOf,
+           absMaxOf: absMaxOf, ordinal: ordinal, el: el, clear: clear, tokenNode: tokenNode, plain: plain, dark: dark,
            LOG_FLOOR: LOG_FLOOR, LONG: 96 * 96, views: {} };
 })();

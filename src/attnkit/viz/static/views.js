@@ -1,41 +1,42 @@
 "use strict";
-// attnkit's attention viewer, part 4 of 5: model, statistics and neuron views, the selection
-// strip, the generation panel, and saving the view as SVG or PNG.
+// attnkit's attention viewer, part 5: the model, statistics and neuron views, the selection
+// strips (labelled) and the generation panel.
 (function (AK) {
   var $ = AK.$, el = AK.el, clear = AK.clear, state = AK.state;
 
   // ---- model view: every layer x head as a thumbnail (block max on long pages)
-  var thumbs = [], thumbsKey = null;
-  function drawModel() {
-    var S = AK.S(), nL = S.shape[0], nH = S.shape[1], box = $("thumbs");
-    if (thumbsKey !== state.set) {
-      thumbsKey = state.set;
-      var side = Math.max(40, Math.min(96, Math.floor(1100 / nH) - 8));
-      clear(box); thumbs = [];
-      box.style.gridTemplateColumns = "auto repeat(" + nH + ", " + side + "px)";
+  function ModelPanel(root) { this.root = root; this.box = root.querySelector(".thumbs"); this.key = null; this.thumbs = []; }
+  ModelPanel.prototype.draw = function (side) {
+    var S = side.S, nL = S.shape[0], nH = S.shape[1], box = this.box, self = this;
+    AK.sideName(this.root.querySelector(".side-name"), side);
+    if (this.key !== S.uid) {
+      this.key = S.uid;
+      var size = Math.max(40, Math.min(96, Math.floor(1100 / nH) - 8));
+      clear(box); this.thumbs = [];
+      box.style.gridTemplateColumns = "auto repeat(" + nH + ", " + size + "px)";
       box.appendChild(el("span", "col-label", ""));
       for (var h = 0; h < nH; h++) box.appendChild(el("span", "col-label", S.heads[h]));
       for (var l = 0; l < nL; l++) {
         box.appendChild(el("span", "row-label", S.layers[l]));
         for (var h2 = 0; h2 < nH; h2++) {
           var cv = el("canvas");
-          cv.style.width = side + "px"; cv.style.height = side + "px"; cv.tabIndex = 0;
+          cv.style.width = size + "px"; cv.style.height = size + "px"; cv.tabIndex = 0;
           cv.title = S.layers[l] + ", " + S.heads[h2] + ": " + S.stats["class"][l][h2] + "; click to open";
           cv.setAttribute("role", "button");
           cv.dataset.layer = String(l); cv.dataset.head = String(h2);
           cv.addEventListener("click", openThumb);
           cv.addEventListener("keydown", function (ev) { if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); openThumb(ev); } });
-          box.appendChild(cv); thumbs.push(cv);
+          box.appendChild(cv); self.thumbs.push(cv);
         }
       }
     }
-    var reg = AK.region();
-    thumbs.forEach(function (cv) {
+    var reg = AK.region(S);
+    this.thumbs.forEach(function (cv) {
       var img = thumbImage(S, +cv.dataset.layer, +cv.dataset.head, reg);
       cv.width = img.width; cv.height = img.height;
       cv.getContext("2d").putImageData(img, 0, 0);
     });
-  }
+  };
   function thumbImage(S, l, h, reg) {
     var rows = reg[1] - reg[0], cols = reg[3] - reg[2], vals, tr, tc;
     if (S.mode === "long") {
@@ -65,20 +66,33 @@
     AK.openHead(+cv.dataset.layer, +cv.dataset.head, state.openIn);
   }
 
-  // ---- statistics: a sortable table; a row opens its head
-  var COLS = [["layer", "layer"], ["head", "head"], ["class", "pattern"], ["score", "score"],
+  // ---- statistics: a sortable table (a side column on a comparison); a row opens its head
+  var COLS = [["side", "side"], ["layer", "layer"], ["head", "head"], ["class", "pattern"], ["score", "score"],
               ["entropy", "entropy (nats)"], ["normEntropy", "normalized entropy"], ["distance", "mean distance"],
               ["prev", "previous"], ["first", "first / sink"], ["self", "self"], ["local", "local \u00b14"]];
-  function drawStats() {
-    var S = AK.S(), st = S.stats, nL = S.shape[0], nH = S.shape[1];
-    var cols = COLS.filter(function (c) { return c[0] === "layer" || c[0] === "head" || st[c[0]] !== undefined; });
+  // Every row of the table (also what the statistics CSV holds): [{side, S, layer, head, <stat>: value}].
+  function statRows(sides) {
     var rows = [];
-    for (var l = 0; l < nL; l++) for (var h = 0; h < nH; h++) {
-      var r = { layer: l, head: h };
-      cols.forEach(function (c) { if (st[c[0]] !== undefined) r[c[0]] = st[c[0]][l][h]; });
-      rows.push(r);
-    }
-    var key = state.sort.key;
+    sides.forEach(function (side) {
+      var S = side.S, st = S.stats;
+      for (var l = 0; l < S.shape[0]; l++) for (var h = 0; h < S.shape[1]; h++) {
+        var r = { side: side.name, S: S, layer: l, head: h };
+        COLS.forEach(function (c) { if (st[c[0]] !== undefined) r[c[0]] = st[c[0]][l][h]; });
+        rows.push(r);
+      }
+    });
+    return rows;
+  }
+  function statCols(sides) {
+    var st = sides[0].S.stats;
+    return COLS.filter(function (c) {
+      return c[0] === "layer" || c[0] === "head" || (c[0] === "side" ? sides.length > 1 || !!AK.compare : st[c[0]] !== undefined);
+    });
+  }
+  var lastSides = [];
+  function drawStats(sides) {
+    lastSides = sides;
+    var cols = statCols(sides), rows = statRows(sides), key = state.sort.key;
     if (key) rows.sort(function (a, b) { return (a[key] < b[key] ? -1 : a[key] > b[key] ? 1 : 0) * state.sort.dir; });
     var head = $("stats").tHead, body = $("stats").tBodies[0];
     clear(head); clear(body);
@@ -95,10 +109,13 @@
       var row = el("tr");
       row.tabIndex = 0;
       cols.forEach(function (c) {
-        var v = c[0] === "layer" ? S.layers[r.layer] : c[0] === "head" ? S.heads[r.head] : r[c[0]];
-        row.appendChild(el("td", c[0] === "class" ? "cls" : "", typeof v === "number" ? v.toFixed(3) : String(v)));
+        var v = c[0] === "layer" ? r.S.layers[r.layer] : c[0] === "head" ? r.S.heads[r.head] : r[c[0]];
+        row.appendChild(el("td", c[0] === "class" || c[0] === "side" ? "cls" : "", typeof v === "number" ? v.toFixed(3) : String(v)));
       });
-      var open = function () { AK.openHead(r.layer, r.head, "matrix"); };
+      var open = function () {
+        if (AK.compare && sides.length > 1) state.side = "both";
+        AK.openHead(r.layer, r.head, "matrix");
+      };
       row.addEventListener("click", open);
       row.addEventListener("keydown", function (ev) { if (ev.key === "Enter") open(); });
       body.appendChild(row);
@@ -107,27 +124,51 @@
   function sortBy(ev) {
     var k = ev.currentTarget.dataset.key;
     state.sort = { key: k, dir: state.sort.key === k ? -state.sort.dir : 1 };
-    drawStats();
+    drawStats(lastSides);
   }
 
   // ---- neuron view: q, k and the terms whose sum (times the scale) is the logit
-  function options(select, tokens, n, chosen) {
-    if (select.options.length !== n) {
+  function options(select, S, tokens, n, chosen, found) {
+    var key = S.uid + "|" + state.find + "|" + state.whole;
+    if (select.dataset.key !== key) {
+      select.dataset.key = key;
       clear(select);
-      for (var i = 0; i < n; i++) { var o = el("option", "", "#" + i + " " + AK.plain(tokens[i])); o.value = String(i); select.appendChild(o); }
+      for (var i = 0; i < n; i++) {
+        var o = el("option", "", "#" + i + " " + AK.plain(tokens[i]) + (found[i] ? "  \u25c6 match" : ""));
+        o.value = String(i); select.appendChild(o);
+      }
     }
     select.value = String(chosen);
   }
-  function drawNeuron() {
-    var S = AK.S(), N = S.neuron, box = $("neuron");
+  function NeuronPanel(root) {
+    this.root = root; this.box = root.querySelector(".neuron");
+    this.nq = root.querySelector(".n-query"); this.nk = root.querySelector(".n-key"); this.nh = root.querySelector(".n-head");
+    var self = this;
+    this.nq.addEventListener("change", function () { state.nq = +self.nq.value; state.nk = null; AK.render(); });
+    this.nk.addEventListener("change", function () { state.nk = +self.nk.value; AK.render(); });
+  }
+  // The query shown: the one chosen here, else the selection, else the current match, else the last.
+  function neuronQuery(S) {
+    var Q = S.shape[2];
+    if (state.nq !== null && state.nq < Q) return state.nq;
+    if (state.sel.axis === "q" && state.sel.items.length && state.sel.items[0] < Q) return state.sel.items[0];
+    if (state.at && state.at.axis === "q" && state.at.i < Q) return state.at.i;
+    return Q - 1;
+  }
+  NeuronPanel.prototype.draw = function (side) {
+    var S = side.S, N = S.neuron, box = this.box;
+    AK.sideName(this.root.querySelector(".side-name"), side);
     clear(box);
-    var li = N ? N.layers.indexOf(state.layer) : -1;
-    if (li < 0) { box.appendChild(el("p", "muted", "q and k are not kept for this layer (see the notes above).")); return; }
-    var h = AK.heads()[0] === undefined ? 0 : AK.heads()[0], d = N.dim, Q = S.shape[2], K = S.shape[3], nH = S.shape[1];
-    var qi = state.nq !== null ? state.nq : (state.sel.axis === "q" && state.sel.items.length ? state.sel.items[0] : Q - 1);
-    var kj = state.nk !== null ? state.nk : AK.argmax(AK.row(S, state.layer, h, qi).w);
-    options($("n-query"), S.tokens, Q, qi); options($("n-key"), S.keyTokens, K, kj);
-    $("n-head").textContent = S.layers[state.layer] + ", " + S.heads[h] + " (the first chosen head)";
+    var li = N ? N.layers.indexOf(state.layer) : -1, missing = AK.missing(S);
+    this.root.querySelector(".neuron-pick").hidden = li < 0 || !!missing;
+    if (missing || li < 0) { box.appendChild(el("p", "muted", missing || "q and k are not kept for this layer (see the notes above).")); return; }
+    var h = AK.heads(S)[0] === undefined ? 0 : AK.heads(S)[0], d = N.dim, Q = S.shape[2], K = S.shape[3], nH = S.shape[1];
+    var qi = neuronQuery(S);
+    var kj = state.nk !== null && state.nk < K ? state.nk : AK.argmax(AK.row(S, state.layer, h, qi).w);
+    var found = AK.matches(S);
+    options(this.nq, S, S.tokens, Q, qi, found.q); options(this.nk, S, S.keyTokens, K, kj, found.k);
+    this.nh.textContent = S.layers[state.layer] + ", " + S.heads[h] + " (the first chosen head)" +
+      (found.q[qi] ? "; the query is a match of the search" : "");
     var q = N.qv.subarray(((li * nH + h) * Q + qi) * d, ((li * nH + h) * Q + qi + 1) * d);
     var k = N.kv.subarray(((li * nH + h) * K + kj) * d, ((li * nH + h) * K + kj + 1) * d);
     var form = N.forms[li] || { terms: "dot", scale: 1 }, terms = new Float32Array(d), sum = 0;
@@ -150,7 +191,7 @@
     box.appendChild(el("p", "muted", "dimensions that dominate: " + order.map(function (o) {
       return "d" + o[1] + " " + (o[0] >= 0 ? "+" : "") + o[0].toFixed(3);
     }).join(",  ")));
-  }
+  };
   function bars(v) {
     var cv = el("canvas"), w = Math.max(2, Math.min(12, Math.floor(720 / v.length))), hgt = 60;
     cv.width = v.length * w; cv.height = hgt;
@@ -163,29 +204,99 @@
     }
     return cv;
   }
-  $("n-query").addEventListener("change", function () { state.nq = +$("n-query").value; state.nk = null; AK.render(); });
-  $("n-key").addEventListener("change", function () { state.nk = +$("n-key").value; AK.render(); });
 
-  // ---- the selection strip: the chosen tokens' summed or mean attention
-  function drawSelection(g, labels) {
+  // ---- the selection strips: the chosen tokens' summed or mean attention, labelled
+  var STRIP = '<div class="pane-title"></div><div class="strip-box"><canvas></canvas><div class="strip-labels"></div></div>' +
+    '<div class="label-note"></div><div class="sel-top"></div>';
+  function strips(n) {
+    var box = $("strips");
+    while (box.children.length < n) {
+      var s = el("div", "strip");
+      s.innerHTML = STRIP;
+      s.querySelector("canvas").addEventListener("pointermove", stripTip);
+      s.querySelector("canvas").addEventListener("pointerleave", AK.hideTip);
+      box.appendChild(s);
+    }
+    for (var i = 0; i < box.children.length; i++) box.children[i].hidden = i >= n;
+    return Array.prototype.slice.call(box.children, 0, n);
+  }
+  function stripTip(ev) {
+    var s = ev.currentTarget.parentNode.parentNode.data;
+    if (!s) return;
+    var r = ev.currentTarget.getBoundingClientRect(), j = Math.floor((ev.clientX - r.left) / r.width * s.v.length);
+    if (j >= 0 && j < s.v.length) AK.tip(ev, "#" + j + " " + AK.plain(s.other[j]) + "   " + (s.signed && s.v[j] > 0 ? "+" : "") + AK.fmt(s.v[j]));
+  }
+  // items: [{side, g, layer, heads, signed}] in the order drawn.
+  function drawSelection(items) {
     var sel = state.sel, box = $("selection");
-    box.hidden = !sel.items.length || state.view === "stats" || state.view === "neuron";
+    box.hidden = !sel.items.length || state.view === "stats" || state.view === "neuron" || state.view === "image" || !items.length;
     if (box.hidden) return;
-    var heads = g === AK.S() ? AK.heads() : [0], l = g === AK.S() ? state.layer : 0;
-    var v = sel.axis === "q" ? AK.combine(g, l, heads, sel.items, state.combine).w : AK.column(g, l, heads, sel.items, state.combine);
-    var other = sel.axis === "q" ? labels[1] : labels[0], cv = $("sel-canvas"), n = v.length;
-    cv.width = Math.max(1, n); cv.height = 1;
-    var img = cv.getContext("2d").createImageData(n, 1), m = AK.maxOf(v);
-    for (var i = 0; i < n; i++) AK.paint(img.data, i, AK.toUnit(v[i], m, state.scale));
-    cv.getContext("2d").putImageData(img, 0, 0);
-    cv.style.imageRendering = "pixelated";
-    var names = sel.items.slice(0, 5).map(function (i) { return "#" + i + " " + AK.plain((sel.axis === "q" ? labels[0] : labels[1])[i]); });
-    $("sel-title").textContent = (state.combine === "sum" ? "Sum" : "Mean") + " of " + (sel.axis === "q" ?
-      "what the selected queries attend to" : "the attention the selected keys receive") + ": " + names.join(", ") +
-      (sel.items.length > 5 ? " and " + (sel.items.length - 5) + " more" : "") + " (shift-click or drag to add)";
-    var top = Array.prototype.slice.call(v).map(function (x, i) { return [x, i]; })
-      .sort(function (a, b) { return b[0] - a[0]; }).slice(0, 8);
-    $("sel-top").textContent = "most: " + top.map(function (t) { return "#" + t[1] + " " + AK.plain(other[t[1]]) + " " + AK.fmt(t[0]); }).join(",  ");
+    var nodes = strips(items.length);
+    items.forEach(function (it, n) {
+      var node = nodes[n], S = it.side.S, q = sel.axis === "q", limit = q ? S.shape[2] : S.shape[3];
+      var chosen = sel.items.filter(function (i) { return i < limit; }), missing = it.absent;
+      var title = node.querySelector(".pane-title"), cv = node.querySelector("canvas");
+      node.querySelector(".strip-box").hidden = !!missing || !chosen.length;
+      if (missing || !chosen.length) {
+        node.data = null; title.textContent = (it.side.name ? it.side.name + ": " : "") + (missing || "the selection is beyond this side's tokens");
+        node.querySelector(".label-note").textContent = ""; node.querySelector(".sel-top").textContent = "";
+        return;
+      }
+      var v = it.signed ? diffOf(it.g, it.layer, it.heads, sel.axis, chosen) : q ? AK.combine(it.g, it.layer, it.heads, chosen, state.combine).w
+        : AK.column(it.g, it.layer, it.heads, chosen, state.combine);
+      var mine = q ? S.tokens : S.keyTokens, other = q ? S.keyTokens : S.tokens, w = v.length;
+      node.data = { v: v, other: other, signed: it.signed };
+      cv.width = Math.max(1, w); cv.height = 1;
+      var ctx = cv.getContext("2d"), img = ctx.createImageData(w, 1), m = it.signed ? AK.absMaxOf(v) : AK.maxOf(v);
+      for (var i = 0; i < w; i++) {
+        if (it.signed) AK.paintSigned(img.data, i, AK.toSigned(v[i], m, state.scale));
+        else AK.paint(img.data, i, AK.toUnit(v[i], m, state.scale));
+      }
+      ctx.putImageData(img, 0, 0);
+      var names = chosen.slice(0, 5).map(function (i) { return "#" + i + " " + AK.plain(mine[i]); });
+      title.textContent = (it.side.name ? (it.signed ? "A \u2212 B" : it.side.name) + ": " : "") +
+        (state.combine === "sum" ? "Sum" : "Mean") + " of " + (q ? "what the selected queries attend to" :
+        "the attention the selected keys receive") + ": " + names.join(", ") +
+        (chosen.length > 5 ? " and " + (chosen.length - 5) + " more" : "") + (n ? "" : " (shift-click or drag to add)");
+      stripLabels(node, other, w, q ? "key" : "query", S);
+      var top = Array.prototype.slice.call(v).map(function (x, i) { return [x, i]; })
+        .sort(function (a, b) { return Math.abs(b[0]) - Math.abs(a[0]); }).slice(0, 8);
+      node.querySelector(".sel-top").textContent = (it.signed ? "largest differences: " : "most: ") + top.map(function (t) {
+        return "#" + t[1] + " " + AK.plain(other[t[1]]) + " " + (it.signed && t[0] > 0 ? "+" : "") + AK.fmt(t[0]);
+      }).join(",  ");
+    });
+  }
+  function diffOf(d, l, heads, axis, chosen) {
+    if (axis === "q") {
+      var out = new Float32Array(d.C);
+      chosen.forEach(function (i) { var r = AK.diffRow(d, l, heads, i); for (var j = 0; j < d.C; j++) out[j] += r[j]; });
+      if (state.combine !== "sum") for (var j2 = 0; j2 < d.C; j2++) out[j2] /= chosen.length;
+      return out;
+    }
+    var col = new Float32Array(d.R);
+    for (var i = 0; i < d.R; i++) {
+      var row = AK.diffRow(d, l, heads, i), s = 0;
+      chosen.forEach(function (j) { s += row[j]; });
+      col[i] = state.combine === "sum" ? s : s / chosen.length;
+    }
+    return col;
+  }
+  // Labels under the strip, one per token down to 12 px each, else every step-th (and the note says so).
+  function stripLabels(node, labels, n, what, S) {
+    var box = node.querySelector(".strip-labels"), width = node.querySelector(".strip-box").clientWidth || 800;
+    var cell = width / n, step = Math.max(1, Math.ceil(12 / cell)), found = AK.matches(S), longest = 1;
+    clear(box);
+    for (var u = 0; u < n; u += step) longest = Math.max(longest, AK.plain(labels[u]).length);
+    var tall = Math.min(88, 10 + 7 * longest);
+    box.style.height = tall + "px"; box.parentNode.style.paddingBottom = tall + 4 + "px";
+    for (var t = 0; t < n; t += step) {
+      var s = el("span", found[what === "key" ? "k" : "q"][t] ? "match" : "", AK.plain(labels[t]));
+      s.style.left = Math.max(0, (t + 0.5) * cell - 6) + "px";
+      s.title = "#" + t + " " + JSON.stringify(labels[t]);
+      box.appendChild(s);
+    }
+    node.querySelector(".label-note").textContent = step > 1 ? "Labels name every " + AK.ordinal(step) + " " + what +
+      " (#0, #" + step + ", #" + 2 * step + ", \u2026); hover the strip for each one." : "";
   }
 
   // ---- generation: the current token's attention over the prompt and earlier outputs
@@ -193,15 +304,16 @@
     var S = AK.S(), box = $("gen-box");
     box.hidden = S.genStart === null;
     if (box.hidden) return;
-    var n = S.shape[2] - S.genStart, cur = S.genStart + state.step - 1, heads = AK.heads();
+    var n = S.shape[2] - S.genStart, cur = S.genStart + state.step - 1, heads = AK.heads(S), found = AK.matches(S);
     $("step").max = String(n); $("step").value = String(state.step);
     $("step-text").textContent = "step " + state.step + " of " + n + ": #" + cur + " " + AK.plain(S.tokens[cur]);
     var v = AK.combine(S, state.layer, heads, [cur], "mean").w, m = AK.maxOf(v), text = $("gen-text");
     clear(text);
     for (var i = 0; i < S.shape[2]; i++) {
-      var s = el("span", i === cur ? "current" : i > cur ? "later" : "", S.tokens[i].replace(/\n/g, "\u21b5\n"));
+      var s = el("span", (i === cur ? "current" : i > cur ? "later" : "") + (found.q[i] ? " match" : ""),
+                 S.tokens[i].replace(/\n/g, "\u21b5\n"));
       if (i < cur) s.style.background = AK.shade(v[i], m);
-      s.title = "#" + i + " " + AK.rawOf("q", i) + (i < cur ? "  " + AK.fmt(v[i]) : "");
+      s.title = "#" + i + " " + AK.rawOf(S, "q", i) + (i < cur ? "  " + AK.fmt(v[i]) : "");
       text.appendChild(s);
     }
   }
@@ -214,72 +326,20 @@
     AK.render();
   });
 
-  // ---- saving the view: one SVG (vector lines and text, the canvases as images); PNG from it
-  var SVG_NS = ["http", "//www.w3.org/2000/svg"].join(":");  // a name, never fetched
-  function svgOf() {
-    var W = 0, H = 0, parts = [], title = AK.D.title + " \u2014 " + AK.describeView();
-    function esc(s) { return String(s).replace(/[&<>"]/g, function (c) { return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]; }); }
-    function image(cv, x, y, w, h) {
-      parts.push('<image x="' + x + '" y="' + y + '" width="' + w + '" height="' + h + '" preserveAspectRatio="none" ' +
-        'style="image-rendering:pixelated" href="' + cv.toDataURL("image/png") + '"/>');
-    }
-    var fg = getComputedStyle(document.body).color, bg = getComputedStyle(document.body).backgroundColor;
-    if (state.view === "head") {
-      var q = $("q-col").children, k = $("k-col").children, lines = $("lines"), ROW = AK.views.head.ROW, lw = 160;
-      H = Math.max(q.length, k.length) * ROW + 40; W = 2 * lw + lines.clientWidth + 20;
-      image(lines, lw, 30, lines.clientWidth, lines.clientHeight);
-      [[q, lw - 6, "end"], [k, lw + lines.clientWidth + 6, "start"]].forEach(function (c) {
-        for (var i = 0; i < c[0].length; i++) {
-          var bgc = c[0][i].style.background;
-          if (bgc) parts.push('<rect x="' + (c[2] === "end" ? c[1] - 150 : c[1] - 4) + '" y="' + (30 + i * ROW + 2) + '" width="154" height="' + (ROW - 4) + '" fill="' + bgc + '"/>');
-          parts.push('<text x="' + c[1] + '" y="' + (30 + i * ROW + ROW / 2 + 4) + '" text-anchor="' + c[2] + '" font-family="monospace" font-size="13" fill="' + fg + '">' + esc(c[0][i].textContent) + "</text>");
-        }
-      });
-    } else if (state.view === "model" || state.view === "stats" || state.view === "neuron") {
-      var cvs = state.view === "model" ? thumbs : Array.prototype.slice.call($("neuron").querySelectorAll("canvas"));
-      var S = AK.S(), nH = S.shape[1], side = 64;
-      if (state.view === "stats") { W = 400; H = 60; parts.push('<text x="10" y="45" fill="' + fg + '">Save the table from the page itself.</text>'); }
-      cvs.forEach(function (cv, i) {
-        var x = state.view === "model" ? 70 + (i % nH) * (side + 6) : 10, y = state.view === "model" ? 40 + Math.floor(i / nH) * (side + 6) : 40 + i * 70;
-        var w = state.view === "model" ? side : cv.width, h = state.view === "model" ? side : cv.height;
-        image(cv, x, y, w, h); W = Math.max(W, x + w + 10); H = Math.max(H, y + h + 10);
-        if (state.view === "model" && i % nH === 0) parts.push('<text x="64" y="' + (y + side / 2) + '" text-anchor="end" font-size="11" fill="' + fg + '">' + esc(S.layers[i / nH]) + "</text>");
-      });
-    } else {
-      var m = AK.views.matrix.canvas, cur = AK.views.matrix.current(), lab = 120;
-      var w2 = parseFloat(m.style.width), h2 = parseFloat(m.style.height);
-      W = lab + w2 + 20; H = lab + h2 + 40;
-      image(m, lab, 30, w2, h2);
-      var step = Math.max(1, Math.ceil(12 / cur.cell));
-      for (var i2 = 0; i2 < cur.rows; i2 += step) parts.push('<text x="' + (lab - 4) + '" y="' + (30 + (i2 + 0.5) * cur.cell + 4) + '" text-anchor="end" font-family="monospace" font-size="10" fill="' + fg + '">' + esc(AK.plain(cur.labels[0][cur.win[0] + i2])) + "</text>");
-      for (var j2 = 0; j2 < cur.cols; j2 += step) { var x2 = lab + (j2 + 0.5) * cur.cell; parts.push('<text transform="translate(' + (x2 + 4) + "," + (34 + h2) + ') rotate(90)" font-family="monospace" font-size="10" fill="' + fg + '">' + esc(AK.plain(cur.labels[1][cur.win[2] + j2])) + "</text>"); }
-    }
-    W = Math.max(W, 420);
-    return '<svg xmlns="' + SVG_NS + '" width="' + W + '" height="' + H + '" viewBox="0 0 ' + W + " " + H + '">' +
-      '<rect width="100%" height="100%" fill="' + bg + '"/><text x="8" y="18" font-size="13" fill="' + fg + '">' + esc(title) + "</text>" + parts.join("") + "</svg>";
-  }
-  function download(name, blob) {
-    var a = el("a"); a.href = URL.createObjectURL(blob); a.download = name;
-    document.body.appendChild(a); a.click(); a.remove();
-    setTimeout(function () { URL.revokeObjectURL(a.href); }, 1000);
-  }
-  function savePNG() {
-    var svg = svgOf(), img = new Image();
-    img.onload = function () {
-      var cv = el("canvas"), m = /width="(\d+(?:\.\d+)?)" height="(\d+(?:\.\d+)?)"/.exec(svg);
-      cv.width = Math.ceil(+m[1]) * 2; cv.height = Math.ceil(+m[2]) * 2;
-      var ctx = cv.getContext("2d"); ctx.scale(2, 2); ctx.imageSmoothingEnabled = false; ctx.drawImage(img, 0, 0);
-      cv.toBlob(function (b) { download("attention-" + state.view + ".png", b); document.body.dataset.saved = "png"; }, "image/png");
+  function panelView(Make, containerId) {
+    var panels = [];
+    return {
+      draw: function (sides) {
+        AK.panelRoots($(containerId), sides.length).forEach(function (root, i) {
+          if (!panels[i] || panels[i].root !== root) panels[i] = new Make(root);
+          panels[i].draw(sides[i]);
+        });
+      },
+      panels: function () { return panels; }
     };
-    img.src = "data:image/svg+xml;charset=utf-8," + encodeURIComponent(svg);
   }
-  $("save-svg").addEventListener("click", function () {
-    download("attention-" + state.view + ".svg", new Blob([svgOf()], { type: "image/svg+xml" }));
-    document.body.dataset.saved = "svg";
-  });
-  $("save-png").addEventListener("click", savePNG);
-  AK.views.model = { draw: drawModel };
-  AK.views.stats = { draw: drawStats };
-  AK.views.neuron = { draw: drawNeuron };
-  AK.drawSelection = drawSelection; AK.drawGeneration = drawGeneration; AK.svgOf = svgOf;
+  AK.views.model = panelView(ModelPanel, "model-panels");
+  AK.views.neuron = panelView(NeuronPanel, "neuron-panels");
+  AK.views.stats = { draw: drawStats, rows: statRows, cols: statCols };
+  AK.drawSelection = drawSelection; AK.drawGeneration = drawGeneration;
 })(AK);

@@ -1,4 +1,6 @@
-"""Seed 000: a Keras self-attention layer and an einsum multi-head attention, in attnkit.
+"""A Keras self-attention layer and an einsum multi-head attention over any batch axes.
+
+Reproduces seed 000 (Keras ``SelfAttention`` and an einsum ``MultiHeadAttention``).
 
 Two systems:
 
@@ -15,7 +17,7 @@ Two systems:
    over the axis just before the features (N = 3) with (7, 20) as batch dims:
    ``EinsumMultiHeadAttention(..., attention_axes=(2,))``.
 
-Run: ``python examples/seed000_keras_einsum_mha.py``
+Run: ``python examples/keras_einsum_multihead.py``
 """
 
 from __future__ import annotations

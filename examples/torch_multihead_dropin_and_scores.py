@@ -1,4 +1,7 @@
-"""Seed 001: torch.nn.MultiheadAttention and the four classic score functions, in attnkit.
+"""A drop-in for torch.nn.MultiheadAttention, and the four classic score functions.
+
+Reproduces seed 001 (``torch.nn.MultiheadAttention`` and additive, dot, scaled-dot and
+bilinear scores).
 
 1. ``attnkit.nn.MultiheadAttention`` is a drop-in for torch's layer: the same
    constructor and state_dict, inputs (L, N, E), weights (N, L, S). Here it
@@ -9,7 +12,7 @@
    scaled dot kᵀ q / sqrt(d) and bilinear kᵀ W q, each one ``score=`` of
    :func:`attnkit.attention`.
 
-Run: ``python examples/seed001_torch_mha_and_scores.py``
+Run: ``python examples/torch_multihead_dropin_and_scores.py``
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Seed 003: hand-written self-attention V1–V4, as one attnkit layer.
+"""Four hand-written self-attention variants (V1–V4) as one attnkit layer.
+
+Reproduces seed 003 (PyTorch self-attention V1–V4: separate or fused projections,
+dropout, padding masks, output projection).
 
 ``attnkit.nn.SelfAttention`` covers the four versions with its options:
 
@@ -18,7 +21,7 @@ The submodules carry the seed's names (``q``, ``k``, ``v``, ``proj``,
 ``masked_fill(mask == 0, -inf)`` turn a fully masked row into NaN; attnkit
 returns 0 there.
 
-Run: ``python examples/seed003_self_attention.py``
+Run: ``python examples/self_attention_v1_to_v4.py``
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Seed 002: the TensorFlow tutorial's attention with "1 = masked" masks, in attnkit.
+"""TensorFlow's "1 = masked" padding and look-ahead masks, and per-head weights.
+
+Reproduces seed 002 (the TensorFlow tutorial's ``scaled_dot_product_attention`` and
+``split_heads`` multi-head layer).
 
 The tutorial adds ``mask * -1e9`` to the logits, so its masks say 1 where a
 key is hidden. In attnkit that convention has a named constructor,
@@ -10,7 +13,7 @@ One deliberate difference: a query whose keys are all masked still gets a
 mix of the values in the tutorial (every logit is near -1e9, and the softmax
 normalizes whatever is left) and an output of 0 in attnkit.
 
-Run: ``python examples/seed002_tf_masks.py``
+Run: ``python examples/tensorflow_mask_convention.py``
 """
 
 from __future__ import annotations

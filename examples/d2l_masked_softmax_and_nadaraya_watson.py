@@ -1,4 +1,7 @@
-"""Seed 004: d2l's masked softmax, additive and dot-product attention, Nadaraya–Watson.
+"""d2l's masked softmax, additive and dot-product attention, and Nadaraya–Watson regression.
+
+Reproduces seed 004 (d2l's attention chapter: ``masked_softmax`` with ``valid_lens``,
+``AdditiveAttention``, ``DotProductAttention``, Gaussian-kernel attention).
 
 - ``masked_softmax(X, valid_lens)``: ``masks.valid_lens`` (one length per
   sequence, (B,), or per query, (B, L)) with the scores given as an additive
@@ -13,7 +16,7 @@
 One deliberate difference from d2l: a valid length of 0 gives 0, not a
 uniform average of every value.
 
-Run: ``python examples/seed004_d2l_nadaraya_watson.py``
+Run: ``python examples/d2l_masked_softmax_and_nadaraya_watson.py``
 """
 
 from __future__ import annotations

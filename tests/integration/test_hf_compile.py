@@ -1,0 +1,87 @@
+"""Compiled generation through transformers keeps one graph with attnkit, as with sdpa.
+
+With a static KV cache, transformers prepares each decode step's mask ahead of the
+compiled forward and hands it in: what changes from step to step (the query's
+position, which keys are filled) must reach the graph as tensor data, never as Python
+values dynamo guards on. A tiny model of each family generates twice through a
+forward compiled with ``fullgraph=True, dynamic=False``; attnkit must build no more
+graphs than sdpa (``torch._dynamo.utils.counters``) and give sdpa's tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch._dynamo
+import torch._dynamo.utils
+
+transformers = pytest.importorskip("transformers")
+
+import attnkit.integrations.transformers  # noqa: E402,F401  (registers "attnkit")
+
+transformers.logging.set_verbosity_error()
+
+VOCAB = 100
+DECODER = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 64,
+           "vocab_size": VOCAB}  # fmt: skip
+
+
+def _llama() -> torch.nn.Module:
+    return transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**DECODER))
+
+
+def _qwen3() -> torch.nn.Module:
+    return transformers.AutoModelForCausalLM.from_config(transformers.Qwen3Config(**DECODER))
+
+
+def _gpt2() -> torch.nn.Module:
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB)
+    return transformers.AutoModelForCausalLM.from_config(cfg)
+
+
+FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
+    "llama": _llama,
+    "qwen3": _qwen3,
+    "gpt2": _gpt2,
+}
+SLOW = {"qwen3"}  # (Llama's twin here: in the slow run only)
+
+
+def _graphs_and_tokens(build: Callable[[], torch.nn.Module], implementation: str):  # type: ignore[no-untyped-def]
+    """Graphs dynamo built for two static-cache generations of a compiled forward, and
+    the tokens of each."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    torch.manual_seed(0)
+    model = build().eval()
+    model.set_attn_implementation(implementation)
+    model.forward = torch.compile(model.forward, fullgraph=True, dynamic=False, backend="eager")
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, VOCAB, (2, 7), generator=g)
+    padding = torch.ones_like(ids)
+    padding[1, :2] = 0  # left padding, as generate() pads a batch
+    tokens = []
+    with torch.no_grad():
+        for _ in range(2):
+            out = model.generate(input_ids=ids, attention_mask=padding, max_new_tokens=6,
+                                 min_new_tokens=6, do_sample=False, pad_token_id=0,
+                                 cache_implementation="static")  # fmt: skip
+            tokens.append(out)
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"]), tokens
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW else []) for n in sorted(FAMILIES)],
+)
+def test_static_cache_generation_compiles_as_often_as_sdpa(name: str) -> None:
+    sdpa_graphs, sdpa_tokens = _graphs_and_tokens(FAMILIES[name], "sdpa")
+    graphs, tokens = _graphs_and_tokens(FAMILIES[name], "attnkit")
+    assert sdpa_graphs >= 1  # (the forward was compiled)
+    assert graphs <= sdpa_graphs, f"attnkit built {graphs} graphs, sdpa {sdpa_graphs}"
+    for ours, theirs in zip(tokens, sdpa_tokens, strict=True):
+        assert torch.equal(ours, theirs)
+    assert torch.equal(tokens[0], tokens[1])

@@ -1,0 +1,48 @@
+"""What the integration learns about the installed transformers, and what it tells.
+
+The record comes from public signatures only; ``attnkit explain --transformers``
+prints it and names, for what a release lacks, the release that has it.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+import transformers.masking_utils as mu  # noqa: E402
+
+from attnkit.cli import main  # noqa: E402
+from attnkit.integrations.transformers import FEATURES, family_reason  # noqa: E402
+from attnkit.integrations.transformers.features import version_tuple  # noqa: E402
+
+
+def test_the_record_reads_the_installed_mask_signature() -> None:
+    params = inspect.signature(mu.sdpa_mask).parameters
+    assert FEATURES.version == transformers.__version__
+    want = "offsets" if "q_length" in params else "cache_position"
+    assert FEATURES.mask_positions == want
+    # the releases' own history: cache_position up to 5.3.0, q_length from 5.4.0 on
+    newer = version_tuple(transformers.__version__) >= (5, 4, 0)
+    assert FEATURES.mask_positions == ("offsets" if newer else "cache_position")
+
+
+def test_families_that_do_not_reach_attnkit_name_the_release_that_does() -> None:
+    old = family_reason("t5", "5.14.1")
+    assert old is not None and "5.14.1" in old and "5.15.0" in old
+    assert family_reason("t5", "5.15.0") is None and family_reason("llama", "5.0.0") is None
+    assert "every release" in (family_reason("bloom", "5.24.0") or "")
+    assert version_tuple("5.15.0.dev0") == (5, 15, 0) and version_tuple("5") == (5, 0, 0)
+
+
+def test_explain_prints_what_the_installed_transformers_offers(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["explain", "--transformers"]) == 0
+    out = capsys.readouterr().out
+    assert f"transformers {transformers.__version__}" in out
+    t5 = family_reason("t5")
+    assert (t5 if t5 is not None else "T5 reaches attnkit") in out
+    assert "5.15.0" in out and "GPT-2" in out

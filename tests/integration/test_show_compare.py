@@ -1,0 +1,213 @@
+"""``attnkit show --compare`` and ``--compare-model`` on tiny GPT-2 checkpoints built here.
+
+Every model and tokenizer is created in the test (random weights, a word-level vocabulary)
+and saved to a temporary directory: nothing is downloaded. The pages are then opened in
+Chromium (when it is installed): no console error, and a click on side A moves side B.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attnkit.cli import main
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+WORDS = "the cat sat on mat because it was tired a dog slept all day long".split()
+SAMPLE = "the cat sat on the mat because it was tired"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _checkpoint(directory: Path, seed: int, layers: int, words: list[str]) -> Path:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=len(words) + 2, n_embd=16, n_layer=layers, n_head=2,
+                     n_positions=64, bos_token_id=None, eos_token_id=None)  # fmt: skip
+    GPT2LMHeadModel(cfg).save_pretrained(directory)
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", *words])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, model_max_length=64, unk_token="[UNK]", pad_token="[PAD]"
+    ).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("compare")
+    return {
+        "a": _checkpoint(root / "tiny-a", 0, 2, WORDS),
+        "b": _checkpoint(root / "tiny-b", 1, 2, WORDS),  # the same tokenizer, other weights
+        "deep": _checkpoint(root / "tiny-deep", 2, 3, WORDS),
+        "other": _checkpoint(root / "tiny-other", 3, 2, WORDS[::-1]),  # other token ids
+    }
+
+
+def _show(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["show", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _data(page: Path) -> dict:
+    m = re.search(r'id="attention-data">(.*?)</script>', page.read_text(encoding="utf-8"), re.S)
+    assert m is not None
+    return json.loads(m.group(1))
+
+
+def _decoded(part: dict, dtype: type, top: float) -> np.ndarray:
+    raw = base64.b64decode(part["data"])
+    if part["encoding"] == "deflate":
+        raw = zlib.decompress(raw)
+    codes = np.frombuffer(raw, dtype=dtype).reshape(part["shape"]).astype(np.float64)
+    return codes * np.asarray(part["scales"]).reshape(*part["shape"][:2], 1, 1) / top
+
+
+def _error_line(code: int, out: str, err: str, pattern: str) -> None:
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and re.fullmatch(f"attnkit show: error: {pattern}\n", err), err
+
+
+def _open(page_path: Path, state: str = ""):  # type: ignore[no-untyped-def]
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    if CHROMIUM is None:
+        pytest.skip("no system Chromium to drive")
+    p = sync_api.sync_playwright().start()
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(page_path.resolve().as_uri() + ("#" + state if state else ""))
+    page.wait_for_selector("body[data-ready='1']", timeout=20_000)
+    return p, browser, page, errors
+
+
+def test_compare_model_draws_both_models_and_their_difference(
+    capsys: pytest.CaptureFixture[str], models: dict[str, Path], tmp_path: Path
+) -> None:
+    page_path, picture = tmp_path / "m.html", tmp_path / "m.png"
+    code, out, err = _show(capsys, SAMPLE, "--model", str(models["a"]), "--compare-model",
+                           str(models["b"]), "--out", str(page_path), "--png", str(picture))  # fmt: skip
+    assert code == 0, err
+    assert "B: tiny-b, 10 tokens" in out and "compared: both sides in sync, and A − B" in out
+    data = _data(page_path)
+    assert data["title"] == "Attention of tiny-a and tiny-b"
+    a, b = data["sets"]
+    cmp = data["compare"]
+    assert cmp["names"] == ["tiny-a", "tiny-b"] and cmp["why"] is None
+    wa, wb = _decoded(a, np.uint8, 255), _decoded(b, np.uint8, 255)
+    d = _decoded(cmp["diffs"][0], np.int8, 127)
+    assert not np.allclose(wa, wb)  # two models
+    # A - B was made from the exact weights; the page's A and B are each within a byte of them.
+    tol = np.abs(d).max() / 254 + (wa.max() + wb.max()) / 510
+    assert np.abs(d - (wa - wb)).max() <= tol
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    p, browser, page, errors = _open(page_path, "view=head")
+    try:
+        panels = page.locator("#head-panels .head-panel:visible")
+        assert panels.count() == 2
+        panels.nth(1).locator(".q-col .tok").nth(3).click()  # a click on B ...
+        assert (
+            panels.nth(0).locator(".q-col .tok.active").get_attribute("data-i") == "3"
+        )  # ... moves A
+        page.locator("#view-matrix").click()
+        assert page.locator("#matrix-panels .matrix-panel:visible").count() == 3
+        assert errors == []
+    finally:
+        browser.close()
+        p.stop()
+
+
+def test_compare_a_second_text(
+    capsys: pytest.CaptureFixture[str], models: dict[str, Path], tmp_path: Path
+) -> None:
+    page_path = tmp_path / "t.html"
+    code, out, err = _show(capsys, SAMPLE, "--model", str(models["a"]), "--compare",
+                           "a dog slept all day", "--out", str(page_path), "--no-png")  # fmt: skip
+    assert code == 0, err
+    assert "B tokens: a ·dog ·slept ·all ·day" in out
+    assert (
+        "compared side by side only: The token sequences differ: A has 10 tokens and B has 5."
+        in out
+    )
+    data = _data(page_path)
+    assert data["subtitle"] == f"A: {SAMPLE}  ‖  B: a dog slept all day"
+    assert [s["shape"][2] for s in data["sets"]] == [10, 5] and data["compare"]["diffs"] == [None]
+
+    p, browser, page, errors = _open(page_path, "view=matrix")
+    try:
+        assert "Side by side only" in page.locator("#compare-note").inner_text()
+        page.locator("#find").fill("dog")
+        page.locator("#find").press("Enter")
+        assert page.locator("#find-count").inner_text().startswith("A: 0, B: 1 matches")
+        page.locator('#sides [data-side="B"]').click()
+        assert "side=B" in page.evaluate("location.hash")
+        page.locator("#find").press("Enter")  # B's own match: "dog" is token 1
+        assert "at=1" in page.evaluate("location.hash")
+        assert page.locator("#y-labels span.current").get_attribute("data-index") == "1"
+        assert errors == []
+    finally:
+        browser.close()
+        p.stop()
+
+
+def test_the_same_text_twice_gives_a_zero_difference(
+    capsys: pytest.CaptureFixture[str], models: dict[str, Path], tmp_path: Path
+) -> None:
+    page_path = tmp_path / "same.html"
+    code, _, err = _show(capsys, SAMPLE, "--model", str(models["a"]), "--compare", SAMPLE,
+                           "--out", str(page_path), "--no-png", "--layers", "1")  # fmt: skip
+    assert code == 0, err
+    (diff,) = _data(page_path)["compare"]["diffs"]
+    assert diff["shape"] == [1, 2, 10, 10]
+    assert np.all(_decoded(diff, np.int8, 127) == 0)
+
+
+def test_models_of_different_depth_are_side_by_side(
+    capsys: pytest.CaptureFixture[str], models: dict[str, Path], tmp_path: Path
+) -> None:
+    page_path = tmp_path / "deep.html"
+    code, _, err = _show(capsys, SAMPLE, "--model", str(models["a"]), "--compare-model",
+                         str(models["deep"]), "--out", str(page_path), "--no-png")  # fmt: skip
+    assert code == 0, err
+    data = _data(page_path)
+    assert data["compare"]["why"].startswith("A shows 2 layers × 2 heads and B 3 × 2")
+    assert [s["shape"][0] for s in data["sets"]] == [2, 3]
+
+
+def test_bad_comparisons_exit_with_one_line(
+    capsys: pytest.CaptureFixture[str], models: dict[str, Path], tmp_path: Path
+) -> None:
+    out_page = str(tmp_path / "x.html")
+    base = [SAMPLE, "--model", str(models["a"]), "--out", out_page, "--no-png"]
+    code, out, err = _show(capsys, *base, "--compare-model", str(models["other"]))
+    _error_line(code, out, err, r"--compare-model: tiny-other has another tokenizer than tiny-a "
+                r"\(the same tokens under other ids\); a comparison of models needs the same "
+                r"tokens on both sides")  # fmt: skip
+    code, out, err = _show(capsys, *base, "--compare", "a dog", "--compare-model",
+                           str(models["b"]))  # fmt: skip
+    _error_line(code, out, err, "--compare and --compare-model: give one; .*")
+    code, out, err = _show(capsys, *base, "--compare-model", str(tmp_path / "nowhere"))
+    _error_line(code, out, err, r"--compare-model: .*nowhere: no such directory")
+    code, out, err = _show(capsys, *base, "--compare", "   ")
+    _error_line(code, out, err, "--compare: the second text is empty; .*")
+    code, out, err = _show(capsys, *base, "--compare", "a dog", "--generate", "2")
+    _error_line(code, out, err, "--compare and --generate: .*")
+    code, out, err = _show(capsys, *base, "--compare", "a dog", "--pair", "a cat")
+    _error_line(code, out, err, "--compare and --pair: .*")
+    assert not Path(out_page).exists()

@@ -1,0 +1,140 @@
+"""Band masks whose global positions are tensors (a decode step against a static KV cache).
+
+A 0-d integer tensor as ``q_offset``/``k_offset`` keeps the same pairs as the int, on
+every path: read on the host where that is free (a band), or lowered to per-query key
+ranges on the device where it is not (accelerators, torch.compile). A compiled call
+keeps one graph while the offset moves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch._dynamo
+import torch._dynamo.utils
+
+import attnkit
+from attnkit import _host, masks
+from attnkit.blockplan import build_plan
+
+from cases import matrix_backends
+
+BANDS = [(None, 0), (2, 0), (1, 3), (0, None)]  # causal, sliding, two-sided, anti-causal
+PLACES = [(0, 0), (5, 2), (3, 7)]  # (q_offset, k_offset)
+SIZES = [(1, 9), (4, 9), (9, 9), (7, 3)]  # (L, S)
+
+
+def _expected(left, right, align, q0, k0, L, S) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """keep[i, j] at global positions: the query of row i sits at q0 + i (+ S - L at the
+    bottom right), the key of column j at k0 + j."""
+    keep = np.zeros((L, S), dtype=bool)
+    for i in range(L):
+        p = q0 + i + (S - L if align == "bottom_right" else 0)
+        for j in range(S):
+            d = (k0 + j) - p
+            keep[i, j] = (left is None or d >= -left) and (right is None or d <= right)
+    return keep
+
+
+@pytest.mark.parametrize("band", BANDS, ids=str)
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("place", PLACES, ids=str)
+def test_tensor_offsets_keep_what_int_offsets_keep(band, align, place) -> None:  # type: ignore[no-untyped-def]
+    left, right = band
+    q0, k0 = place
+    for L, S in SIZES:
+        want = _expected(left, right, align, q0, k0, L, S)
+        m = masks.window(left, right, align, q_offset=torch.tensor(q0), k_offset=torch.tensor([k0]))
+        assert np.array_equal(m.to_dense(L, S).numpy(), want)
+        i = torch.arange(L).view(1, 1, L, 1)
+        j = torch.arange(S).view(1, 1, 1, S)
+        b, h = torch.arange(2).view(2, 1, 1, 1), torch.zeros(1, 1, 1, 1, dtype=torch.long)
+        for strict in (False, True):  # read for free / lowered on the device
+            mask = masks.window(left, right, align, q_offset=torch.tensor(q0), k_offset=k0)
+            if strict:
+                with _host.device_semantics():
+                    plan = build_plan(mask, L, S, (2,), "cpu")
+            else:
+                plan = build_plan(mask, L, S, (2,), "cpu")
+            assert (plan.band() is not None) == (not strict)  # a band, or key ranges
+            kept = plan.keep_fn()(b, h, i, j).expand(2, 1, L, S)
+            assert np.array_equal(kept[0, 0].numpy(), want)
+            assert np.array_equal(kept[1, 0].numpy(), want)
+            exact = build_plan(masks.keep(torch.from_numpy(want)), L, S, (2,), "cpu")
+            for bq, bk in ((1, 1), (2, 4)):
+                got = plan.with_blocks(bq, bk).tile_states()
+                assert torch.equal(got, exact.with_blocks(bq, bk).tile_states().expand_as(got))
+
+
+@pytest.mark.parametrize("backend", matrix_backends("cpu"))
+def test_every_backend_attends_at_tensor_offsets(backend: str) -> None:
+    g = torch.Generator().manual_seed(0)
+    L, S = 3, 11
+    q = torch.randn(2, 2, L, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 2, S, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 2, S, 8, generator=g, dtype=torch.float64)
+    pad = torch.zeros(2, S, dtype=torch.bool)
+    pad[1, :2] = True
+    for left, right in BANDS:
+        keep = torch.from_numpy(_expected(left, right, "top_left", 6, 1, L, S)) & ~pad.view(
+            2, 1, 1, S
+        )  # (B, 1, L, S)
+        logits = (q @ k.transpose(-1, -2) / 8**0.5).masked_fill(~keep, float("-inf"))
+        weights = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # a row with no key: zeros
+        want = weights @ v
+        for strict in (False, True):
+            mask = masks.window(left, right, q_offset=torch.tensor(6), k_offset=1)
+            mask = mask & masks.key_padding(pad)
+            try:
+                if strict:
+                    with _host.device_semantics():
+                        out = attnkit.attention(q, k, v, mask=mask, backend=backend)
+                else:
+                    out = attnkit.attention(q, k, v, mask=mask, backend=backend)
+            except attnkit.BackendNotSupportedError:
+                continue  # (the backend says why it cannot run such a call)
+            torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+
+
+def test_an_offset_changed_in_place_is_seen_by_the_next_call() -> None:
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(1, 2, 1, 8, generator=g), torch.randn(1, 2, 9, 8, generator=g)
+    offset = torch.tensor(8)
+    mask = masks.causal(q_offset=offset)
+    first = attnkit.attention(q, k, k, mask=mask)  # the query at position 8 sees every key
+    torch.testing.assert_close(first, attnkit.attention(q, k, k))
+    offset.fill_(2)  # the same mask object, the query now at position 2
+    second = attnkit.attention(q, k, k, mask=mask)
+    torch.testing.assert_close(second, attnkit.attention(q, k, k, mask=masks.causal(q_offset=2)))
+    assert not torch.allclose(first, second)
+
+
+def test_bad_tensor_offsets_are_refused() -> None:
+    with pytest.raises(TypeError, match="q_offset must have an integer dtype"):
+        masks.causal(q_offset=torch.tensor(1.0))
+    with pytest.raises(ValueError, match="k_offset must be an int or a tensor of one element"):
+        masks.window(2, 0, k_offset=torch.tensor([1, 2]))
+    with pytest.raises(TypeError, match="q_offset must be an int or a 0-d integer tensor"):
+        masks.causal(q_offset=1.5)  # type: ignore[arg-type]
+
+
+def test_a_compiled_call_keeps_one_graph_while_the_offset_moves() -> None:
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    g = torch.Generator().manual_seed(2)
+    B, S = 2, 9
+    pad = torch.zeros(B, S, dtype=torch.bool)
+    pad[1, :2] = True
+
+    def step(q: torch.Tensor, k: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+        return attnkit.attention(
+            q, k, k, mask=masks.causal(q_offset=offset) & masks.key_padding(pad)
+        )
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=False, backend="aot_eager")
+    q, k = torch.randn(B, 2, 1, 8, generator=g), torch.randn(B, 2, S, 8, generator=g)
+    for pos in range(3, S):
+        want = attnkit.attention(q, k, k, mask=masks.causal(q_offset=pos) & masks.key_padding(pad))
+        torch.testing.assert_close(compiled(q, k, torch.tensor(pos)), want, rtol=0, atol=1e-6)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
