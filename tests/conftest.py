@@ -12,13 +12,22 @@
   with CUDA the conformance suite runs there as well.
 - ``ATTNKIT_TEST_BUDGET_S``: when set, a run whose tests take longer than that many
   seconds of wall time fails (a hard check that the suite stays fast; unset, nothing
-  is timed).
+  is timed). Under pytest-xdist the controlling process times the whole run, from
+  its start to the last worker's report; the workers time nothing.
+- ``ATEN_CPU_CAPABILITY``: when set (``default``, ``avx2``, ``avx512``), inductor's
+  on-disk cache goes to a folder of that capability, unless ``TORCHINDUCTOR_CACHE_DIR``
+  names one. torch's FX graph cache keys leave the capability out: C++ generated for
+  AVX-512 in a run without the variable is found again under ``default``, where it
+  is compiled without the vector headers and fails (``'at::vec' has not been
+  declared``), a failure of torch's cache that says nothing about attnkit.
 """
 
 from __future__ import annotations
 
+import getpass
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,7 +40,13 @@ import torch
 if not torch.cuda.is_available() and "triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from cases import DEVICES, matrix_backends
+_CAPABILITY = os.environ.get("ATEN_CPU_CAPABILITY", "").strip()
+if _CAPABILITY and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_cpu_{_CAPABILITY}"
+    )
+
+from cases import DEVICES, matrix_backends  # noqa: E402 - after the environment above
 
 
 def device_backends() -> list[tuple[str, str]]:
@@ -63,9 +78,13 @@ _BUDGET_ENV = "ATTNKIT_TEST_BUDGET_S"
 _budget: dict[str, float] = {}
 
 
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     raw = os.environ.get(_BUDGET_ENV)
-    if not raw:
+    if not raw or _is_xdist_worker(session.config):
         return
     try:
         seconds = float(raw)

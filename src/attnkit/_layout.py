@@ -23,16 +23,19 @@ every path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 __all__ = ["ONE_HEAD", "HeadLayout"]
 
 
-@dataclass(frozen=True)
-class HeadLayout:
+class HeadLayout(NamedTuple):
     """The leading dims of a call and its grouped-query factor.
+
+    A named tuple (immutable, like a frozen dataclass) so that torch's compiler builds
+    one inside a compiled call on every supported torch (2.12's cannot pass a frozen
+    dataclass made in the graph to another object's constructor).
 
     Attributes:
         batch_shape: the call's leading dims (*batch); () for 2-D inputs.

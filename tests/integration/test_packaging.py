@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -35,9 +37,9 @@ def test_metadata_and_test_extras() -> None:
     project = _project()["project"]
     assert isinstance(project, dict)
     assert project["keywords"] and project["classifiers"]
-    assert "torch>=2.4" in project["dependencies"]
     test_extra = project["optional-dependencies"]["test"]
-    assert "transformers" in test_extra
+    assert "attnkit[transformers]" in test_extra  # the tests use the supported transformers
+    assert {"pytest-xdist>=3.5", "nox>=2024.4.15"} <= set(test_extra)
     assert "triton>=3.0; platform_system == 'Linux'" in test_extra
 
 
@@ -51,6 +53,45 @@ def test_sdist_manifest_carries_the_tests_and_package_data() -> None:
         assert (ROOT / "tests" / name).is_file()
     package_data = _project()["tool"]["setuptools"]["package-data"]["attnkit"]  # type: ignore[index]
     assert {"py.typed", "kernels/*.c", "viz/static/*"} <= set(package_data)
+
+
+def _nox_constants() -> dict[str, str]:
+    """The version constants of noxfile.py, read without importing nox."""
+    tree = ast.parse((ROOT / "noxfile.py").read_text(encoding="utf-8"))
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and isinstance(node.value.value, str):
+                    out[target.id] = node.value.value
+    return out
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def test_the_supported_range_is_declared_once_and_tested_at_both_ends() -> None:
+    """pyproject's floors are the oldest versions noxfile.py tests, and the README's table
+    names the same oldest and newest versions."""
+    nox = _nox_constants()
+    project = _project()["project"]
+    assert isinstance(project, dict)
+    torch_floor = [d for d in project["dependencies"] if d.startswith("torch")]
+    assert torch_floor == [f"torch>={_minor(nox['TORCH_OLDEST'])}"]
+    assert project["optional-dependencies"]["transformers"] == [
+        f"transformers>={_minor(nox['TRANSFORMERS_OLDEST'])}"
+    ]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = {
+        "torch": (nox["TORCH_OLDEST"], nox["TORCH_NEWEST"]),
+        "transformers": (nox["TRANSFORMERS_OLDEST"], nox["TRANSFORMERS_NEWEST"]),
+    }
+    for name, (oldest, newest) in rows.items():
+        row = rf"\| {name}\b[^|\n]*\| {re.escape(oldest)} \| {re.escape(newest)} \|"
+        assert re.search(row, readme), f"README: no row '| {name} | {oldest} | {newest} |'"
+    install = (ROOT / "scripts" / "install.sh").read_text(encoding="utf-8")
+    assert f"torch=={nox['TORCH_DEFAULT']}" in install  # the transformers ends' torch
 
 
 def _package_files() -> set[str]:

@@ -126,14 +126,15 @@ def _build(
     dnf: DNF = [[]] if mask is None else mask.lower(L, S, device)
     clauses: list[Clause] = []
     biases: list[torch.Tensor] = []
-    seen: set[int] = set()
+    seen: list[torch.Tensor] = []
     for atoms in dnf:
         clause = Clause()
         for atom in atoms:
             atom.add_to(clause)
         for t in clause.biases:  # the same bias in every clause of bias & (a | b)
-            if id(t) not in seen:
-                seen.add(id(t))
+            # identity by `is`: torch < 2.13 cannot compile id() of a tensor made in the graph
+            if not any(t is s for s in seen):
+                seen.append(t)
                 biases.append(t.to(device=device, dtype=dtype))
         clause.biases = []
         clauses.append(clause)

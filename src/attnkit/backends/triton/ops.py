@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ...kernels._ops import schema_ready
 from .launch import WRAP_KERNELS, Operands, run_backward, run_forward, run_weights
 from .runtime import interpreting
 
@@ -46,7 +47,7 @@ def _register(name: str, fn: Any) -> Any:
     if uses_triton_op():
         WRAP_KERNELS[0] = True
         return torch.library.triton_op(name, fn, mutates_args=())
-    return torch.library.custom_op(name, fn, mutates_args=())
+    return torch.library.custom_op(name, schema_ready(fn), mutates_args=())
 
 
 def _forward(

@@ -42,9 +42,14 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+"""Looked up once, at import: a compiled call asks :func:`missing_reason`, and torch's
+compiler before 2.13 cannot trace ``find_spec`` (a graph break)."""
+
+
 def missing_reason() -> str | None:
     """Why Triton kernels cannot run on this install, or None when they can."""
-    if importlib.util.find_spec("triton") is None:
+    if not _TRITON_INSTALLED:
         return "triton is not installed (pip install 'triton>=3.0')"
     return None
 
