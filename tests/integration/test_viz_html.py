@@ -258,7 +258,20 @@ def _timed_dom(path: Path, state: str) -> tuple[float, str]:
 
 
 @needs_chromium
+def test_512_tokens_open_on_the_matrix_and_draw_every_thumbnail(
+    tmp_path: Path, page_512: str
+) -> None:
+    big = tmp_path / "big.html"
+    big.write_text(page_512, encoding="utf-8")
+    assert _pressed(_dom(big, ""), "view-matrix")  # a long input opens on the matrix view
+    dom = _dom(big, "view=model")
+    assert len(re.findall(r"<canvas[^>]*data-layer=", dom)) == 6 * 12
+
+
+@pytest.mark.slow
+@needs_chromium
 def test_512_tokens_load_fast_in_the_matrix_and_model_views(tmp_path: Path, page_512: str) -> None:
+    """A timing check (slow: a loaded machine misses any wall-clock budget)."""
     big = tmp_path / "big.html"
     big.write_text(page_512, encoding="utf-8")
     small = viz.to_html(_weights(1, 1, 5), list("abcde"), tmp_path / "small.html")
@@ -267,15 +280,10 @@ def test_512_tokens_load_fast_in_the_matrix_and_model_views(tmp_path: Path, page
     for state in ("", "view=model"):
         extra = []
         for _ in range(2):
-            big_s, dom = _timed_dom(big, state)
-            extra.append(big_s - _timed_dom(small, state or "view=matrix")[0])
+            extra.append(_timed_dom(big, state)[0] - _timed_dom(small, state or "view=matrix")[0])
             if extra[-1] < 2.0:
                 break
         assert min(extra) < 2.0, (state, extra)
-        if state == "":
-            assert _pressed(dom, "view-matrix")  # a long input opens on the matrix view
-        else:
-            assert len(re.findall(r"<canvas[^>]*data-layer=", dom)) == 6 * 12
 
 
 @needs_chromium
