@@ -80,23 +80,43 @@ class ALiBi(PositionMod):
         s = self.slopes.to(device=heads.device, dtype=_at_least_float32(self.slopes))
         return s[heads] if s.shape[0] != 1 else s.expand(heads.shape[0])  # (H,)
 
+    grows_with_distance = True
+
+    def _unit(self, offsets: torch.Tensor) -> torch.Tensor:
+        """The bias of a slope of 1 at ``offsets`` (long, key position - query position),
+        in exact integers: ``-(i - j) = j - i``, or the symmetric ``-|i - j|``."""
+        return offsets if self.causal else -offsets.abs()
+
     def offset_bias(self, heads: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        d = offsets.to(_at_least_float32(self.slopes))  # key position - query position
-        d = d if self.causal else -d.abs()  # -(i - j) = j - i; symmetric: -|i - j|
+        d = self._unit(offsets).to(_at_least_float32(self.slopes))  # (n,)
         return self.slope_of(heads).view(-1, 1) * d.view(1, -1)  # (H, n)
+
+    def common_offset_bias(self, heads: torch.Tensor, offsets: torch.Tensor, ref: int
+                           ) -> torch.Tensor:  # fmt: skip
+        at_ref = torch.full((1,), ref, dtype=torch.long, device=offsets.device)
+        d = self._unit(offsets) - self._unit(at_ref)  # (n,) exact: at most L + S - 2
+        return self.slope_of(heads).view(-1, 1) * d.to(_at_least_float32(self.slopes))  # (H, n)
 
     def folded(
         self, heads: torch.Tensor, L: int, S: int, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The causal form as a per-key bias plus a per-query constant, for kernels with
-        no position table: ``-slope (p_i - p_j) = slope r_j - slope r_i``, with r the
-        positions relative to the middle query (:meth:`Positions.relative`), so neither
-        term grows with the global offset. Returns (key (H, S), row (H, L)) in ``dtype``
-        (at least the slopes' own precision), differentiable in the slopes."""
-        rows, cols = self.positions(L, S).relative(L, S, heads.device)  # (L,), (S,)
+        no position table: ``-slope (p_i - p_j) = slope c_j - slope r_i + slope n``, with
+        (r, c, n) of :meth:`Positions.relative` and :meth:`Positions.nearest_offset`, so
+        neither term grows with the positions: the large ``slope n`` goes to the row
+        term, which only the lse sees, or, with :attr:`common_dropped`, is left out as
+        :meth:`bias_table` leaves it. Returns (key (H, S), row (H, L)) in ``dtype`` (at
+        least the slopes' own precision), differentiable in the slopes."""
+        pos = self.positions(L, S)
+        rows, cols = pos.relative(L, S, heads.device)  # (L,), (S,)
+        ref = pos.nearest_offset(L, S)
+        # n less the common part left out: the symmetric form's common part -|n| equals n
+        # wherever this fold applies (kept keys at or before their queries)
+        n = ref - (int(self._unit(torch.tensor(ref))) if self.common_dropped else 0)
         dt = torch.promote_types(_at_least_float32(self.slopes), dtype)
         slope = self.slope_of(heads).to(dt).view(-1, 1)  # (H, 1)
-        return slope * cols.to(dt).view(1, S), -(slope * rows.to(dt).view(1, L))
+        row = -(slope * (rows - n).to(dt).view(1, L))
+        return slope * cols.to(dt).view(1, S), row
 
     def signature(self) -> tuple[object, ...]:
         return (*super().signature(), self.causal)
