@@ -313,7 +313,7 @@ class SDPABackend(Backend):
                     gqa=gqa,
                 )  # (G, ..., qm, km)
             for n, sq in enumerate(group):
-                _put_rows(out_full[sq.b], sq, out_g[n, ..., : sq.q_len, :].to(inputs.dtype))
+                _put_rows(out_full[sq.b], sq, out_g[n, ..., : sq.q_len, :].to(out_full.dtype))
                 if lse_full is not None and lse_g is not None:
                     rows_lse = lse_g[n, ..., : sq.q_len].to(cd).unsqueeze(-1)  # (..., ql, 1)
                     _put_rows(lse_full[sq.b].unsqueeze(-1), sq, rows_lse)
