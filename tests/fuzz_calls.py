@@ -340,7 +340,8 @@ class _Case:
             self.finding(backend, "precision", f"{shown}; float64 replay exact")
 
 
-def run_case(index: int, seed: int, report: Report, layouts: tuple[int, ...] = (2, 3, 4)) -> None:
+def run_case(index: int, seed: int, report: Report, layouts: tuple[int, ...] = (2, 3, 4),
+             backends: tuple[str, ...] = BACKENDS) -> None:  # fmt: skip
     report.cases += 1
     d = draw(seed, index, layouts=layouts)
     try:
@@ -348,34 +349,36 @@ def run_case(index: int, seed: int, report: Report, layouts: tuple[int, ...] = (
     except (TypeError, ValueError) as exc:
         report.findings.append(Finding(index, "-", "refused", d.label(), f"building: {exc}"))
         return
-    for backend in BACKENDS:
+    for backend in backends:
         case.check(backend)
 
 
-def campaign(cases: int, seed: int, start: int = 0) -> Report:
-    """Cases ``start .. start + cases`` of the campaign with ``seed``, on one thread (the
-    calls are tiny: a pool of threads would cost more than the work)."""
+def campaign(cases: int, seed: int, start: int = 0, backends: tuple[str, ...] = BACKENDS
+             ) -> Report:  # fmt: skip
+    """Cases ``start .. start + cases`` of the campaign with ``seed`` on ``backends``, on
+    one thread (the calls are tiny: a pool of threads would cost more than the work)."""
     report = Report()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for i in range(start, start + cases):
-            run_case(i, seed, report)
+            run_case(i, seed, report, backends=backends)
     finally:
         torch.set_num_threads(threads)
     return report
 
 
-def campaign_until(per_backend: int, seed: int, max_cases: int = 200_000) -> Report:
-    """Cases 0, 1, ... of the campaign with ``seed`` until every backend has run
+def campaign_until(per_backend: int, seed: int, max_cases: int = 200_000,
+                   backends: tuple[str, ...] = BACKENDS) -> Report:  # fmt: skip
+    """Cases 0, 1, ... of the campaign with ``seed`` until each of ``backends`` has run
     ``per_backend`` of them (or ``max_cases`` were drawn), on one thread."""
     report = Report()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         i = 0
-        while i < max_cases and min(report.per_backend[b] for b in BACKENDS) < per_backend:
-            run_case(i, seed, report)
+        while i < max_cases and min(report.per_backend[b] for b in backends) < per_backend:
+            run_case(i, seed, report, backends=backends)
             i += 1
     finally:
         torch.set_num_threads(threads)
@@ -391,13 +394,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--show", type=int, default=30, help="findings to print")
     parser.add_argument("--backend", action="append", help="only these backends")
     args = parser.parse_args(argv)
-    if args.backend:
-        global BACKENDS
-        BACKENDS = tuple(args.backend)
+    backends = tuple(args.backend) if args.backend else BACKENDS
     if args.per_backend:
-        report = campaign_until(args.per_backend, args.seed)
+        report = campaign_until(args.per_backend, args.seed, backends=backends)
     else:
-        report = campaign(args.cases, args.seed, args.start)
+        report = campaign(args.cases, args.seed, args.start, backends=backends)
     for line in report.lines():
         print(line)
     for f in report.findings[: args.show]:

@@ -143,8 +143,8 @@ class PositionMod(Mod):
         parameters' own wider dtype, differentiable in the mod's parameters."""
         raise NotImplementedError
 
-    def common_offset_bias(self, heads: torch.Tensor, offsets: torch.Tensor, ref: int
-                           ) -> torch.Tensor:  # fmt: skip
+    def relative_offset_bias(self, heads: torch.Tensor, offsets: torch.Tensor, ref: int
+                             ) -> torch.Tensor:  # fmt: skip
         """:meth:`offset_bias` less the bias at offset ``ref``, (H, n): the part that
         varies across the call's pairs. Mods whose bias grows with distance override
         this to form it from exact integer differences."""
@@ -185,7 +185,7 @@ class PositionMod(Mod):
         offs, _ = self.offsets(L, S, device)
         if not self.common_dropped:
             return self.offset_bias(heads, offs)
-        return self.common_offset_bias(heads, offs, self.positions(L, S).nearest_offset(L, S))
+        return self.relative_offset_bias(heads, offs, self.positions(L, S).nearest_offset(L, S))
 
     def logits(self, s: torch.Tensor, L: int, S: int) -> torch.Tensor:
         layout = HeadLayout(tuple(s.shape[:-2]))  # the logits' own leading dims

@@ -51,6 +51,7 @@ class ALiBi(PositionMod):
     """
 
     kind = "alibi"
+    grows_with_distance = True
 
     def __init__(
         self,
@@ -80,21 +81,22 @@ class ALiBi(PositionMod):
         s = self.slopes.to(device=heads.device, dtype=_at_least_float32(self.slopes))
         return s[heads] if s.shape[0] != 1 else s.expand(heads.shape[0])  # (H,)
 
-    grows_with_distance = True
-
     def _unit(self, offsets: torch.Tensor) -> torch.Tensor:
         """The bias of a slope of 1 at ``offsets`` (long, key position - query position),
         in exact integers: ``-(i - j) = j - i``, or the symmetric ``-|i - j|``."""
         return offsets if self.causal else -offsets.abs()
 
+    def _unit_at(self, offset: int) -> int:
+        """:meth:`_unit` of one offset (a Python int: exact at any size)."""
+        return offset if self.causal else -abs(offset)
+
     def offset_bias(self, heads: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         d = self._unit(offsets).to(_at_least_float32(self.slopes))  # (n,)
         return self.slope_of(heads).view(-1, 1) * d.view(1, -1)  # (H, n)
 
-    def common_offset_bias(self, heads: torch.Tensor, offsets: torch.Tensor, ref: int
-                           ) -> torch.Tensor:  # fmt: skip
-        at_ref = torch.full((1,), ref, dtype=torch.long, device=offsets.device)
-        d = self._unit(offsets) - self._unit(at_ref)  # (n,) exact: at most L + S - 2
+    def relative_offset_bias(self, heads: torch.Tensor, offsets: torch.Tensor, ref: int
+                             ) -> torch.Tensor:  # fmt: skip
+        d = self._unit(offsets) - self._unit_at(ref)  # (n,) exact, at most L + S - 2 in size
         return self.slope_of(heads).view(-1, 1) * d.to(_at_least_float32(self.slopes))  # (H, n)
 
     def folded(
@@ -110,9 +112,10 @@ class ALiBi(PositionMod):
         pos = self.positions(L, S)
         rows, cols = pos.relative(L, S, heads.device)  # (L,), (S,)
         ref = pos.nearest_offset(L, S)
-        # n less the common part left out: the symmetric form's common part -|n| equals n
-        # wherever this fold applies (kept keys at or before their queries)
-        n = ref - (int(self._unit(torch.tensor(ref))) if self.common_dropped else 0)
+        # slope n less the common part bias_table leaves out, slope * unit(n): 0 for the
+        # causal form; n + |n| for the symmetric one, 0 wherever a pair is kept (this fold
+        # keeps keys at or before their queries only, so a kept pair means n <= 0)
+        n = ref - (self._unit_at(ref) if self.common_dropped else 0)
         dt = torch.promote_types(_at_least_float32(self.slopes), dtype)
         slope = self.slope_of(heads).to(dt).view(-1, 1)  # (H, 1)
         row = -(slope * (rows - n).to(dt).view(1, L))
