@@ -38,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import attnkit
 from attnkit import distributed as cp
 
-from fuzz_calls import BACKENDS, owner
 from fuzz_draws import Draw, fill
 
 REL = 1e-8
@@ -136,8 +135,7 @@ def _worker(rank: int, world: int, port: int, seed: int, start: int, cases: int,
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
-    report: dict[str, Any] = {"cases": 0, "strategies": {}, "mismatches": [], "crash": None,
-                              "owned": {}}  # fmt: skip
+    report: dict[str, Any] = {"cases": 0, "strategies": {}, "mismatches": [], "crash": None}
     try:
         dist.init_process_group(
             "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
@@ -146,12 +144,7 @@ def _worker(rank: int, world: int, port: int, seed: int, start: int, cases: int,
             d, _, layout = draw_cp(seed, i, world)
             try:
                 chosen, bad = run_case(rank, world, seed, i)
-            except Exception as exc:
-                item = next((o for b in BACKENDS if (o := owner(d, b, "crash", str(exc)))), "")
-                if item:  # an open item of issue 28: every rank raised it in its block
-                    report["owned"][item] = report["owned"].get(item, 0) + 1
-                    dist.barrier()
-                    continue
+            except Exception:
                 report["crash"] = f"case {i}: {d.label()} {layout}: {traceback.format_exc()}"
                 break
             report["cases"] += 1
@@ -196,9 +189,7 @@ def summary(world: int, reports: list[dict[str, Any]]) -> list[str]:
     r0 = reports[0]
     lines = [
         f"{world} ranks: {r0['cases']} cases ({', '.join(f'{k} {n}' for k, n in sorted(r0['strategies'].items()))}); "
-        f"mismatches {len(r0['mismatches'])}; crashes "
-        f"{sum(1 for r in reports if r['crash'])}; crashes of open items of issue 28: "
-        f"{r0['owned'] or 'none'}"
+        f"mismatches {len(r0['mismatches'])}; crashes {sum(1 for r in reports if r['crash'])}"
     ]  # fmt: skip
     for r, rep in enumerate(reports):
         lines += [f"  rank {r}: {m}" for m in rep["mismatches"][:10]]

@@ -16,7 +16,7 @@ from ._inputs import AttentionInputs, validate_inputs
 from .backends._common import graph_link
 from .backends.base import AttentionResult
 from .backends.dispatch import Explanation, explain_inputs, normalize_backend_arg, select_backend
-from .mods import Mod, Sinks
+from .mods import Mod, PositionMod, Sinks, Softcap
 from .scores import Score
 
 __all__ = ["attention", "attention_backward", "explain"]
@@ -106,11 +106,14 @@ def attention(
         check_finite=check_finite,
     )
     core, sinks = _split_sinks(inputs)
+    core, common = _split_common(core)
     chosen = select_backend(core, normalize_backend_arg(backend))
     empty = inputs.L == 0 or inputs.S == 0 or math.prod(inputs.batch_shape) == 0
     if plan_key is not None and not empty:
         _plans.remember(plan_key, inputs, chosen)
     result = _empty_result(core) if empty else chosen.forward(core)
+    if common and result.lse is not None and not empty:
+        result = replace(result, lse=_add_common(core, result.lse, common))
     if sinks:
         result = _join_sinks(inputs, result, sinks)
     if inputs.weights_mean and (empty or sinks or not chosen.averages_heads):
@@ -160,7 +163,38 @@ def explain(
         mods=mods,
         check_finite=check_finite,
     )
-    return explain_inputs(_split_sinks(inputs)[0], normalize_backend_arg(backend))
+    return explain_inputs(_split_common(_split_sinks(inputs)[0])[0], normalize_backend_arg(backend))
+
+
+def _split_common(inputs: AttentionInputs) -> tuple[AttentionInputs, tuple[PositionMod, ...]]:
+    """The call a backend runs, with each position bias that grows with distance
+    (ALiBi) and no softcap after it run without its part shared by every pair
+    (:meth:`attnkit.mods.PositionMod.without_common`), and those mods: softmax ignores
+    that part, so it is added to the lse alone (:func:`_add_common`), and no kernel
+    holds a number that grows with the distance of the positions. A softcap after a
+    bias does not ignore it: such a bias keeps it."""
+    mods = list(inputs.mods)
+    split: list[PositionMod] = []
+    for n, m in enumerate(mods):
+        if isinstance(m, PositionMod) and m.grows_with_distance:
+            if not any(isinstance(after, Softcap) for after in mods[n + 1 :]):
+                mods[n] = m.without_common()
+                split.append(m)
+    if not split:
+        return inputs, ()
+    return replace(inputs, mods=tuple(mods)), tuple(split)
+
+
+def _add_common(inputs: AttentionInputs, lse: torch.Tensor, split: Sequence[PositionMod]
+                ) -> torch.Tensor:  # fmt: skip
+    """``lse`` (*batch, L) with the common part of each mod of ``split`` added per head
+    (differentiably, so the parameters' gradient through it is exact); a row with no
+    key stays -inf."""
+    heads = torch.arange(inputs.heads, device=lse.device)
+    common = sum(m.common_bias(heads, inputs.L, inputs.S) for m in split)  # (H,)
+    assert isinstance(common, torch.Tensor)
+    shifted = lse + inputs.layout.per_head(common.to(lse.dtype), 1)  # (*batch, L)
+    return torch.where(torch.isneginf(lse), lse, shifted)
 
 
 def _split_sinks(inputs: AttentionInputs) -> tuple[AttentionInputs, tuple[Sinks, ...]]:

@@ -6,7 +6,9 @@
   layouts, grouped-query heads, every score, float and per-head scales, every modifier,
   two of a kind too, every mask kind, document ids in any order, weights, lse,
   gradients, every dtype) on every CPU backend against the float64 oracle, every miss
-  replayed in float64. Counts: ``python tests/fuzz_calls.py --per-backend 20000``.
+  replayed in float64; no finding of any kind is excused. Counts:
+  ``python tests/fuzz_calls.py --per-backend 20000``. (On triton under the interpreter:
+  tests/backends/test_triton_fuzz.py.)
 - The context-parallel campaign (tests/fuzz_cp.py): random calls over 2 and 4 gloo
   ranks, ring and all-to-all, against one process. ``python tests/fuzz_cp.py``.
 
@@ -47,9 +49,8 @@ def test_fuzz_campaign() -> None:
 
 
 def _check_calls(report: fuzz_calls.Report) -> None:
-    """No finding but those of issue 28's items whose fixes are not merged yet (their
-    signatures in fuzz_calls.OPEN_ITEMS)."""
-    found = report.open()
+    """No finding of any kind: no defect, precision loss, crash or refused valid call."""
+    found = report.findings
     assert not found, "\n".join(report.lines() + [f.line() for f in found[:20]])
 
 
@@ -63,19 +64,19 @@ def test_conformance_fuzz_sample() -> None:
 
 @pytest.mark.slow
 def test_conformance_fuzz_campaign() -> None:
-    """Every CPU backend runs at least 20,000 cases (about 45,000 drawn: sdpa takes the
-    fewest; about 15 minutes on two cores)."""
+    """Every CPU backend runs at least 20,000 cases (46,461 drawn: sdpa takes the fewest;
+    about 3 minutes on two shared cores)."""
     report = fuzz_calls.campaign_until(20_000, CALLS_SEED)
     _check_calls(report)
     assert all(report.per_backend[b] >= 20_000 for b in fuzz_calls.BACKENDS), report.lines()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("world", "cases"), [(2, 200), (4, 60)])
+@pytest.mark.parametrize(("world", "cases"), [(2, 400), (4, 400)])
 def test_context_parallel_fuzz(world: int, cases: int) -> None:
     """Random context-parallel calls over gloo ranks against one process, in float64."""
     reports = fuzz_cp.campaign(world, cases, seed=CALLS_SEED, deadline_s=1800)
     lines = fuzz_cp.summary(world, reports)
     assert not any(r["mismatches"] or r["crash"] for r in reports), "\n".join(lines)
-    assert reports[0]["cases"] + sum(reports[0]["owned"].values()) == cases
+    assert reports[0]["cases"] == cases
     assert set(reports[0]["strategies"]) == {"ring", "all_to_all"}

@@ -20,7 +20,16 @@ from hypothesis import strategies as st
 import attnkit
 from attnkit import masks
 
-from cases import LARGE_SHAPES, MASKS, SCORES, check_case, make_case, matrix_backends, np_of
+from cases import (
+    LARGE_SHAPES,
+    MASKS,
+    SCORES,
+    assert_within_tolerance,
+    check_case,
+    make_case,
+    matrix_backends,
+    np_of,
+)
 from reference import oracle
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -185,3 +194,43 @@ def test_huge_logits_and_neg_inf_bias(backend: str, dtype: torch.dtype, score: s
         # Logits of ~1e3..1e4 from half inputs: a few units of error is the half rounding
         # of the inputs themselves (plain half math does no better).
         np.testing.assert_allclose(np_of(lse)[finite.numpy()], ref_lse[finite.numpy()], rtol=1e-2)
+
+
+def _gradients_through_lse(dtype: torch.dtype, backend: str, seed: int) -> list[torch.Tensor]:
+    """Gradients (q, k, v, sigma, sinks) of a half call whose lse a loss uses: the
+    Gaussian score (it runs upcast to float32), sinks, a causal mask."""
+    g = torch.Generator().manual_seed(seed)
+    B, H, L, S, E, Ev = 2, 4, 7, 9, 5, 3
+    q, k = (torch.randn(B, H, n, E, generator=g) for n in (L, S))
+    v = torch.randn(B, H, S, Ev, generator=g)
+    sink = torch.randn(H, generator=g)
+    w_out, w_lse = torch.randn(B, H, L, Ev, generator=g), torch.randn(B, H, L, generator=g)
+    run = dtype if dtype == torch.float64 else torch.float32  # the sinks' own dtype
+    leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+    score = attnkit.scores.Gaussian(1.3, learnable=True).to(dtype)
+    sinks = sink.to(run).requires_grad_()
+    out, lse = attnkit.attention(*leaves, score=score, mask=masks.causal(),
+                                 mods=attnkit.mods.sinks(sinks), return_lse=True,
+                                 backend=backend)  # fmt: skip
+    loss = (out.double() * w_out.double()).sum() + (lse.double() * w_lse.double()).sum()
+    return list(torch.autograd.grad(loss, [*leaves, score.sigma, sinks]))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=HALF_IDS)
+def test_half_gradients_through_the_lse_are_those_of_plain_math(dtype: torch.dtype, seed: int,
+                                                                backend: str) -> None:  # fmt: skip
+    """A half call computed in float32 is differentiated from its float32 output, not from
+    the output rounded to half: its gradients are plain same-dtype math's (the reference
+    backend in ``dtype``) to far less than half a unit in the last place, and within the
+    suite's rule of the float64 oracle's. (Regression: sdpa's backward from (out, lse)
+    took ``rowsum(d_out * out)`` from the half output: gradients off by a unit of bf16.)"""
+    got = _gradients_through_lse(dtype, backend, seed)
+    plain = _gradients_through_lse(dtype, "reference", seed)
+    want = _gradients_through_lse(torch.float64, "reference", seed)
+    names = ("d_q", "d_k", "d_v", "d_sigma", "d_sinks")
+    for name, a, p, w in zip(names, got, plain, want, strict=True):
+        assert_within_tolerance(np_of(a), np_of(w), np_of(p), f"{name} in {dtype}")
+    for name, a, p in zip(names[:2], got[:2], plain[:2], strict=True):  # the most sensitive
+        gap = float((a.double() - p.double()).abs().max() / p.double().abs().max())
+        assert gap <= torch.finfo(dtype).eps / 8, f"{name}: {gap:.3g} from plain math"

@@ -266,7 +266,6 @@ def _with_mods(inputs: AttentionInputs, ops: ScoreOperands, *, fold_alibi: bool)
             kb = key_term if kb is None else layout.query_heads(kb, 2) + key_term
             rc = row_term if rc is None else rc + row_term
         elif isinstance(m, PositionMod):
-            offs, _ = m.offsets(L, S, dev)
-            table = m.offset_bias(heads, offs)  # (H, L + S - 1)
+            table = m.bias_table(heads, L, S, dev)  # (H, L + S - 1)
             pos = table if pos is None else pos + table
     return replace(ops, key_bias=kb, row_constant=rc, pos=pos, softcaps=tuple(softcaps))

@@ -16,10 +16,21 @@ Positions are global: query row ``i`` sits at ``q_offset + i`` (plus ``S - L`` w
 ``align="bottom_right"``, where new queries are the last positions of a KV cache), key
 column ``j`` at ``k_offset + j``, so a block of a longer sequence (context
 parallelism) sees its true positions.
+
+Far positions: a bias that grows with distance (ALiBi) is, for queries and keys far
+apart, a large part shared by every pair of the call plus a part bounded by L and S.
+:meth:`PositionMod.bias_table` forms both from exact integer offsets, and
+:meth:`PositionMod.without_common` gives the mod that leaves the shared part out:
+softmax ignores it, so :func:`attnkit.attention` runs that mod and adds the shared part
+(:meth:`PositionMod.common_bias`, differentiable) to the lse alone. Neither the logits
+nor the gradients then hold a number that grows with the distance, so float32 keeps
+its precision at a query offset of 10**6 and the slopes' gradient has no large terms
+that cancel.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -56,17 +67,23 @@ class Positions:
     q0: int
     k0: int
 
-    def relative(self, L: int, S: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row and column positions relative to the middle query row's, (L,) and (S,)
-        long: row i at ``i - m``, column j at ``k0 + j - (q0 + m)``, ``m = (L - 1) // 2``.
+    def nearest_offset(self, L: int, S: int) -> int:
+        """The relative position ``p_j - p_i`` of smallest magnitude among the call's
+        (L, S) pairs: 0 when a query and a key share a position, else the offset of the
+        closest pair (every offset of the call lies within L + S of it)."""
+        gap = self.k0 - self.q0
+        return min(max(0, gap - (L - 1)), gap + S - 1)
 
-        A difference of the two is the pair's true relative position ``p_j - p_i``;
-        their magnitudes are bounded by L, S and the gap ``k0 - q0`` (a decoding step's
-        keys end at its query: the columns are then exactly ``p_j - p_i``), never by the
-        global offset."""
+    def relative(self, L: int, S: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row and column positions, (L,) and (S,) long, bounded by L and S: row i at
+        ``i - m`` (``m = (L - 1) // 2``), column j at ``k0 + j - (q0 + m) - n`` with n the
+        :meth:`nearest_offset`, so that ``cols[j] - rows[i] + n = p_j - p_i``, the pair's
+        true relative position. Neither grows with the global offset nor with the gap
+        ``k0 - q0``: that is all in n."""
         mid = (L - 1) // 2
         rows = torch.arange(L, device=device) - mid  # (L,)
-        cols = torch.arange(S, device=device) + (self.k0 - self.q0 - mid)  # (S,)
+        shift = self.k0 - self.q0 - mid - self.nearest_offset(L, S)
+        cols = torch.arange(S, device=device) + shift  # (S,)
         return rows, cols
 
 
@@ -102,6 +119,12 @@ class PositionMod(Mod):
     """An additive bias from positions and heads (see the module docstring)."""
 
     additive = True
+    grows_with_distance: bool = False
+    """True when the bias is unbounded in the distance (ALiBi), so that far positions
+    give it a large part shared by every pair (:meth:`common_bias`)."""
+    common_dropped: bool = False
+    """True on the copy :meth:`without_common` makes: its bias leaves the shared part
+    out (softmax ignores it; :func:`attnkit.attention` adds it to the lse)."""
 
     def __init__(self, align: Align, q_offset: int, k_offset: int, where: str) -> None:
         super().__init__()
@@ -120,6 +143,31 @@ class PositionMod(Mod):
         parameters' own wider dtype, differentiable in the mod's parameters."""
         raise NotImplementedError
 
+    def relative_offset_bias(self, heads: torch.Tensor, offsets: torch.Tensor, ref: int
+                             ) -> torch.Tensor:  # fmt: skip
+        """:meth:`offset_bias` less the bias at offset ``ref``, (H, n): the part that
+        varies across the call's pairs. Mods whose bias grows with distance override
+        this to form it from exact integer differences."""
+        at_ref = torch.full((1,), ref, dtype=torch.long, device=offsets.device)
+        return self.offset_bias(heads, offsets) - self.offset_bias(heads, at_ref)
+
+    def common_bias(self, heads: torch.Tensor, L: int, S: int) -> torch.Tensor:
+        """The part of the bias shared by every pair of an (L, S) call: its bias at the
+        call's :meth:`Positions.nearest_offset`, (H,) in float32 or the parameters'
+        wider dtype, differentiable in the mod's parameters."""
+        ref = self.positions(L, S).nearest_offset(L, S)
+        at_ref = torch.full((1,), ref, dtype=torch.long, device=heads.device)
+        return self.offset_bias(heads, at_ref)[:, 0]  # (H,)
+
+    def without_common(self) -> PositionMod:
+        """This mod with :meth:`common_bias` left out of its bias (a shallow copy sharing
+        its parameters); itself when its bias is bounded (nothing large to leave out)."""
+        if not self.grows_with_distance or self.common_dropped:
+            return self
+        clone = copy.copy(self)  # a new __dict__; the parameter dict is shared
+        clone.common_dropped = True
+        return clone
+
     def offsets(self, L: int, S: int, device: torch.device) -> tuple[torch.Tensor, int]:
         """Every offset a call of (L, S) can see, (L + S - 1,) ascending, and the first:
         query row i and key column j see offset ``(j - i) + k0 - q0``."""
@@ -127,10 +175,22 @@ class PositionMod(Mod):
         first = pos.k0 - pos.q0 - (L - 1)
         return torch.arange(first, first + L + S - 1, device=device), first
 
+    def bias_table(self, heads: torch.Tensor, L: int, S: int, device: torch.device
+                   ) -> torch.Tensor:  # fmt: skip
+        """The bias of each head by relative position for an (L, S) call, (H, L + S - 1):
+        entry ``j - i + L - 1`` is the bias of query row i and key column j; without the
+        :meth:`common_bias` when :attr:`common_dropped`. The one place a position bias
+        is formed (the reference's logits, the tiles' table; ALiBi's folded form agrees
+        with it)."""
+        offs, _ = self.offsets(L, S, device)
+        if not self.common_dropped:
+            return self.offset_bias(heads, offs)
+        return self.relative_offset_bias(heads, offs, self.positions(L, S).nearest_offset(L, S))
+
     def logits(self, s: torch.Tensor, L: int, S: int) -> torch.Tensor:
         layout = HeadLayout(tuple(s.shape[:-2]))  # the logits' own leading dims
-        offs, _ = self.offsets(L, S, s.device)
-        table = self.offset_bias(torch.arange(layout.heads, device=s.device), offs)  # (H, n)
+        heads = torch.arange(layout.heads, device=s.device)
+        table = self.bias_table(heads, L, S, s.device)  # (H, L + S - 1)
         idx = torch.arange(S, device=s.device).view(1, S) - torch.arange(L, device=s.device).view(
             L, 1
         )
@@ -138,7 +198,8 @@ class PositionMod(Mod):
         return s + layout.per_head(bias.to(s.dtype), 2)  # (*batch, L, S)
 
     def signature(self) -> tuple[object, ...]:
-        return (*super().signature(), self.align, self.q_offset, self.k_offset)
+        return (*super().signature(), self.align, self.q_offset, self.k_offset,
+                self.common_dropped)  # fmt: skip
 
     def heads_of(self, n: int) -> int:
         """How many heads a per-head parameter of first dim ``n`` describes."""

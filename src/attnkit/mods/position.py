@@ -51,6 +51,7 @@ class ALiBi(PositionMod):
     """
 
     kind = "alibi"
+    grows_with_distance = True
 
     def __init__(
         self,
@@ -80,23 +81,45 @@ class ALiBi(PositionMod):
         s = self.slopes.to(device=heads.device, dtype=_at_least_float32(self.slopes))
         return s[heads] if s.shape[0] != 1 else s.expand(heads.shape[0])  # (H,)
 
+    def _unit(self, offsets: torch.Tensor) -> torch.Tensor:
+        """The bias of a slope of 1 at ``offsets`` (long, key position - query position),
+        in exact integers: ``-(i - j) = j - i``, or the symmetric ``-|i - j|``."""
+        return offsets if self.causal else -offsets.abs()
+
+    def _unit_at(self, offset: int) -> int:
+        """:meth:`_unit` of one offset (a Python int: exact at any size)."""
+        return offset if self.causal else -abs(offset)
+
     def offset_bias(self, heads: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        d = offsets.to(_at_least_float32(self.slopes))  # key position - query position
-        d = d if self.causal else -d.abs()  # -(i - j) = j - i; symmetric: -|i - j|
+        d = self._unit(offsets).to(_at_least_float32(self.slopes))  # (n,)
         return self.slope_of(heads).view(-1, 1) * d.view(1, -1)  # (H, n)
+
+    def relative_offset_bias(self, heads: torch.Tensor, offsets: torch.Tensor, ref: int
+                             ) -> torch.Tensor:  # fmt: skip
+        d = self._unit(offsets) - self._unit_at(ref)  # (n,) exact, at most L + S - 2 in size
+        return self.slope_of(heads).view(-1, 1) * d.to(_at_least_float32(self.slopes))  # (H, n)
 
     def folded(
         self, heads: torch.Tensor, L: int, S: int, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The causal form as a per-key bias plus a per-query constant, for kernels with
-        no position table: ``-slope (p_i - p_j) = slope r_j - slope r_i``, with r the
-        positions relative to the middle query (:meth:`Positions.relative`), so neither
-        term grows with the global offset. Returns (key (H, S), row (H, L)) in ``dtype``
-        (at least the slopes' own precision), differentiable in the slopes."""
-        rows, cols = self.positions(L, S).relative(L, S, heads.device)  # (L,), (S,)
+        no position table: ``-slope (p_i - p_j) = slope c_j - slope r_i + slope n``, with
+        (r, c, n) of :meth:`Positions.relative` and :meth:`Positions.nearest_offset`, so
+        neither term grows with the positions: the large ``slope n`` goes to the row
+        term, which only the lse sees, or, with :attr:`common_dropped`, is left out as
+        :meth:`bias_table` leaves it. Returns (key (H, S), row (H, L)) in ``dtype`` (at
+        least the slopes' own precision), differentiable in the slopes."""
+        pos = self.positions(L, S)
+        rows, cols = pos.relative(L, S, heads.device)  # (L,), (S,)
+        ref = pos.nearest_offset(L, S)
+        # slope n less the common part bias_table leaves out, slope * unit(n): 0 for the
+        # causal form; n + |n| for the symmetric one, 0 wherever a pair is kept (this fold
+        # keeps keys at or before their queries only, so a kept pair means n <= 0)
+        n = ref - (self._unit_at(ref) if self.common_dropped else 0)
         dt = torch.promote_types(_at_least_float32(self.slopes), dtype)
         slope = self.slope_of(heads).to(dt).view(-1, 1)  # (H, 1)
-        return slope * cols.to(dt).view(1, S), -(slope * rows.to(dt).view(1, L))
+        row = -(slope * (rows - n).to(dt).view(1, L))
+        return slope * cols.to(dt).view(1, S), row
 
     def signature(self) -> tuple[object, ...]:
         return (*super().signature(), self.causal)

@@ -89,6 +89,16 @@ class SDPABackend(Backend):
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
         if inputs.return_lse and inputs.needs_grad:  # the kernels' lse has no autograd
             return differentiable_lse_forward(self, inputs)
+        res = self.forward_unrounded(inputs)
+        if res.output.dtype == inputs.dtype:
+            return res
+        return AttentionResult(res.output.to(inputs.dtype), res.weights, res.lse)
+
+    def forward_unrounded(self, inputs: AttentionInputs) -> AttentionResult:
+        """:meth:`forward` with the output in the dtype the kernel computed it in: the
+        compute dtype (float32) where half inputs run upcast, else the inputs' own. A
+        backward from (out, lse) takes ``rowsum(d_out * out)`` from it, so a call whose
+        forward ran in float32 is not differentiated from its output rounded to half."""
         if plan.is_direct(inputs):
             return AttentionResult(output=_direct(inputs))
         if varlen.torch_varlen_route(inputs):
@@ -115,7 +125,7 @@ class SDPABackend(Backend):
         if lse is not None and inputs.return_lse:
             lse = ops.finish_lse(lse.to(inputs.compute_dtype))
         return AttentionResult(
-            output=out.to(inputs.dtype),
+            output=out,
             weights=weights if inputs.return_weights else None,
             lse=lse if inputs.return_lse else None,
         )
@@ -247,7 +257,7 @@ class SDPABackend(Backend):
         seqs, causal = layout
         q_len = [sq.q_len for sq in seqs]
         k_len = [sq.k_len for sq in seqs]
-        out_full = torch.zeros(*batch, L, v.shape[-1], dtype=inputs.dtype, device=dev)
+        out_full = torch.zeros(*batch, L, v.shape[-1], dtype=q.dtype, device=dev)
         lse_full = (
             torch.full((*batch, L), float("-inf"), dtype=cd, device=dev) if want_lse else None
         )
@@ -303,7 +313,7 @@ class SDPABackend(Backend):
                     gqa=gqa,
                 )  # (G, ..., qm, km)
             for n, sq in enumerate(group):
-                _put_rows(out_full[sq.b], sq, out_g[n, ..., : sq.q_len, :].to(inputs.dtype))
+                _put_rows(out_full[sq.b], sq, out_g[n, ..., : sq.q_len, :].to(out_full.dtype))
                 if lse_full is not None and lse_g is not None:
                     rows_lse = lse_g[n, ..., : sq.q_len].to(cd).unsqueeze(-1)  # (..., ql, 1)
                     _put_rows(lse_full[sq.b].unsqueeze(-1), sq, rows_lse)

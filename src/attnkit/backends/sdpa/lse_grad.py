@@ -7,19 +7,26 @@ in an autograd Function whose backward is the backend's own backward from
 (out, lse) (:mod:`.backward`: torch's fused flash backward, the lse's gradient riding
 in one more value feature). Gradients reach the query, key, value, the score's
 parameters and the modifiers' parameters. Once differentiable (no double backward).
+
+The Function keeps the output in the dtype the forward computed it in (float32 for
+half inputs run upcast) and the cast to the inputs' dtype comes after it, so the
+backward's ``rowsum(d_out * out)`` is not taken from an output rounded to half.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.autograd.function import once_differentiable
 
 from ..._inputs import AttentionInputs
 from ...scores import is_shared_score
-from ..base import AttentionResult, Backend
+from ..base import AttentionResult
+
+if TYPE_CHECKING:
+    from .backend import SDPABackend
 
 __all__ = ["differentiable_lse_forward", "trainable"]
 
@@ -40,10 +47,10 @@ def trainable(inputs: AttentionInputs) -> list[torch.Tensor]:
 class _WithLse(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, backend: Backend, inputs: AttentionInputs, n: int, *tensors: torch.Tensor
+        ctx: Any, backend: SDPABackend, inputs: AttentionInputs, n: int, *tensors: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
-            res = backend.forward(inputs)
+            res = backend.forward_unrounded(inputs)
         assert res.lse is not None
         ctx.backend, ctx.inputs, ctx.n = backend, inputs, n
         ctx.save_for_backward(res.output, res.lse)
@@ -60,12 +67,13 @@ class _WithLse(torch.autograd.Function):
         return (None, None, None, *grads[: ctx.n])
 
 
-def differentiable_lse_forward(backend: Backend, inputs: AttentionInputs) -> AttentionResult:
+def differentiable_lse_forward(backend: SDPABackend, inputs: AttentionInputs) -> AttentionResult:
     """``backend.forward(inputs)`` with an output and an lse that autograd differentiates.
     Weights, when asked for too, come from a second, differentiable pass."""
     tensors = [inputs.query, inputs.key, inputs.value, *trainable(inputs)]
     plain = replace(inputs, return_weights=False, weights_mean=False)
     out, lse = _WithLse.apply(backend, plain, len(tensors), *tensors)
+    out = out.to(inputs.dtype)  # (a no-op unless the forward ran upcast)
     weights = None
     if inputs.return_weights:
         weights = backend.forward(replace(inputs, return_lse=False)).weights
