@@ -278,7 +278,14 @@ _CHECKED_MAX = 256
 def _checked_key(
     layer: MultiheadAttention, query: object, key: object, value: object
 ) -> tuple[object, ...] | None:
-    """What the input checks depend on, or None for inputs that are not plain tensors."""
+    """What the input checks depend on, or None for inputs that are not plain tensors.
+
+    None under torch.compile too: the checks run once as the graph is traced, and a
+    lookup in the memo would make dynamo guard on the memo's contents (a recompile
+    as soon as the call that traced it stores its key).
+    """
+    if torch.compiler.is_compiling():
+        return None
     if not (
         type(query) is torch.Tensor and type(key) is torch.Tensor and type(value) is torch.Tensor
     ) or (query.is_nested or key.is_nested or value.is_nested):
