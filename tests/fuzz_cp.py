@@ -156,6 +156,7 @@ def _worker(rank: int, world: int, port: int, seed: int, start: int, cases: int,
     finally:
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
         if dist.is_initialized():
+            dist.barrier()  # every rank's transfers done before any rank tears down
             dist.destroy_process_group()
 
 

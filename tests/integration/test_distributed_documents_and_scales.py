@@ -164,6 +164,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     finally:
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"ran": ran, "failures": failures}))
         if dist.is_initialized():
+            dist.barrier()  # every rank's transfers done before any rank tears down
             dist.destroy_process_group()
 
 
