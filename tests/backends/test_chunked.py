@@ -418,4 +418,4 @@ def test_double_backward_passes_gradgradcheck() -> None:
         return attnkit.attention(q_, k_, v_, mask=mask, backend="chunked")
 
     with chunked.block_sizes(2, 2):
-        assert torch.autograd.gradgradcheck(f, (q, k, v))
+        assert torch.autograd.gradgradcheck(f, (q, k, v), fast_mode=True)

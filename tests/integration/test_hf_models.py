@@ -270,10 +270,10 @@ def test_generate_gives_eager_tokens(name: str, monkeypatch) -> None:
     tokens = []
     with torch.no_grad():
         for model in (eager, ours):
-            tokens.append(model.generate(**inputs, max_new_tokens=20, min_new_tokens=20,
+            tokens.append(model.generate(**inputs, max_new_tokens=8, min_new_tokens=8,
                                          do_sample=False, pad_token_id=0))  # fmt: skip
     assert spy.calls  # the attention reached attnkit
-    assert tokens[0].shape[1] >= 20
+    assert tokens[0].shape[1] >= 8
     assert torch.equal(tokens[1], tokens[0])
 
 

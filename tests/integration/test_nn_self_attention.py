@@ -89,7 +89,7 @@ def test_gradcheck_and_training() -> None:
     layer = SelfAttention(4, 2, dtype=torch.float64)
     x = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
     keep = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    assert torch.autograd.gradcheck(lambda x: layer(x, keep), (x,))
+    assert torch.autograd.gradcheck(lambda x: layer(x, keep), (x,), fast_mode=True)
 
     layer32 = SelfAttention(8, 2)
     data = torch.randn(16, 6, 8)
