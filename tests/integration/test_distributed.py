@@ -376,6 +376,10 @@ def _worker(rank: int, world: int, port: int, out_dir: str, every: bool) -> None
         if dist.is_initialized():
             dist.barrier()  # every rank's transfers done before any rank tears down
             dist.destroy_process_group()
+        # Leave without the interpreter's teardown: gloo's threads sometimes abort the
+        # process there ("terminate called without an active exception"), after the
+        # results are written and the group is gone.
+        os._exit(0)
 
 
 def _free_port() -> int:
