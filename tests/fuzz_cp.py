@@ -21,7 +21,6 @@ import datetime
 import json
 import os
 import random
-import socket
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ import attnkit
 from attnkit import distributed as cp
 
 from fuzz_draws import Draw, fill
+from gloo_ranks import free_port, report_and_leave
 
 REL = 1e-8
 """Error allowed relative to a result's largest magnitude (float64 on both sides)."""
@@ -154,20 +154,7 @@ def _worker(rank: int, world: int, port: int, seed: int, start: int, cases: int,
     except Exception:
         report["crash"] = traceback.format_exc()
     finally:
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
-        if dist.is_initialized():
-            dist.barrier()  # every rank's transfers done before any rank tears down
-            dist.destroy_process_group()
-        # Leave without the interpreter's teardown: gloo's threads sometimes abort the
-        # process there ("terminate called without an active exception"), after the
-        # results are written and the group is gone.
-        os._exit(0)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        report_and_leave(Path(out_dir, f"rank{rank}.json"), report)
 
 
 def campaign(world: int, cases: int, seed: int = 28, start: int = 0,
@@ -175,7 +162,7 @@ def campaign(world: int, cases: int, seed: int = 28, start: int = 0,
     """Cases ``start .. start + cases`` on ``world`` gloo ranks: every rank's report."""
     with tempfile.TemporaryDirectory() as tmp:
         ctx = mp.start_processes(
-            _worker, args=(world, _free_port(), seed, start, cases, tmp), nprocs=world,
+            _worker, args=(world, free_port(), seed, start, cases, tmp), nprocs=world,
             join=False, start_method="spawn",
         )  # fmt: skip
         deadline = time.monotonic() + deadline_s

@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from attnkit.distributed import ring
 from attnkit.nn import MultiheadAttention, SelfAttention
 
 from cases import packed_ids
+from gloo_ranks import free_port, report_and_leave
 
 RTOL, ATOL = 1e-9, 1e-10  # float64, as the oracle tests
 GROUP_DEADLINE_S = 240
@@ -372,20 +372,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, every: bool) -> None
     except Exception:
         failures.append(traceback.format_exc())
     finally:
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"ran": ran, "failures": failures}))
-        if dist.is_initialized():
-            dist.barrier()  # every rank's transfers done before any rank tears down
-            dist.destroy_process_group()
-        # Leave without the interpreter's teardown: gloo's threads sometimes abort the
-        # process there ("terminate called without an active exception"), after the
-        # results are written and the group is gone.
-        os._exit(0)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        report_and_leave(Path(out_dir, f"rank{rank}.json"), {"ran": ran, "failures": failures})
 
 
 @pytest.mark.parametrize(
@@ -398,7 +385,7 @@ def _free_port() -> int:
 )
 def test_context_parallel_matches_single_process(world: int, every: bool, tmp_path: Path) -> None:
     ctx = mp.start_processes(
-        _worker, args=(world, _free_port(), str(tmp_path), every), nprocs=world, join=False,
+        _worker, args=(world, free_port(), str(tmp_path), every), nprocs=world, join=False,
         start_method="spawn",
     )  # fmt: skip
     deadline = time.monotonic() + GROUP_DEADLINE_S

@@ -18,7 +18,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import time
 import traceback
 from pathlib import Path
@@ -32,6 +31,8 @@ import torch.multiprocessing as mp
 import attnkit
 from attnkit import distributed as cp
 from attnkit import masks
+
+from gloo_ranks import free_port, report_and_leave
 
 B, H, E = 2, 4, 3
 GROUP_DEADLINE_S = 240
@@ -162,20 +163,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     except Exception:
         failures.append(traceback.format_exc())
     finally:
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"ran": ran, "failures": failures}))
-        if dist.is_initialized():
-            dist.barrier()  # every rank's transfers done before any rank tears down
-            dist.destroy_process_group()
-        # Leave without the interpreter's teardown: gloo's threads sometimes abort the
-        # process there ("terminate called without an active exception"), after the
-        # results are written and the group is gone.
-        os._exit(0)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        report_and_leave(Path(out_dir, f"rank{rank}.json"), {"ran": ran, "failures": failures})
 
 
 @pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
@@ -183,7 +171,7 @@ def test_documents_in_any_order_and_per_head_scales_match_one_process(
     world: int, tmp_path: Path
 ) -> None:
     ctx = mp.start_processes(
-        _worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=False,
+        _worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=False,
         start_method="spawn",
     )  # fmt: skip
     deadline = time.monotonic() + GROUP_DEADLINE_S

@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -36,6 +35,8 @@ from attnkit import masks, scores
 from attnkit.distributed import all_to_all as a2a
 from attnkit.distributed import ring
 from attnkit.nn import MultiheadAttention, SelfAttention
+
+from gloo_ranks import free_port
 
 B, H, E = 2, 12, 4  # H divides by 2, 3 and 4 ranks
 PROMPT_S = 10.0  # "within seconds": well under the group's timeout
@@ -394,19 +395,13 @@ def _worker(
     os._exit(0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_group(
     tmp_path: Path, world: int, names: list[str], *, timeout_s: float, dies: int | None = None
 ) -> None:
     """Run scenarios ``names`` in order on ``world`` spawned ranks; rank ``dies`` is
     expected to exit with DEATH_EXIT during the last one."""
     ctx = mp.start_processes(
-        _worker, args=(world, _free_port(), str(tmp_path), names, timeout_s), nprocs=world,
+        _worker, args=(world, free_port(), str(tmp_path), names, timeout_s), nprocs=world,
         join=False, start_method="spawn",
     )  # fmt: skip
     deadline = time.monotonic() + 60 + 3 * timeout_s * len(names)
