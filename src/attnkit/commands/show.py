@@ -35,7 +35,7 @@ from .show_args import (
     resolve,
     weights_file,
 )
-from .show_report import elide_text, focus_lines, save_picture, tokens_line
+from .show_report import elide_text, focus_lines, open_page, save_picture, tokens_line
 from .show_sources import open_source
 
 __all__ = ["DESCRIPTION", "add_arguments", "parse_selection", "run"]
@@ -324,13 +324,7 @@ def _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_
         holds = "every weight" if not first.long else "block overviews and exact top-k"
         print(f"wrote {out_data}  ({out_data.stat().st_size / 1024:,.0f} KB; {holds})")
     if args.open:
-        import webbrowser
-
-        url = out_html.resolve().as_uri()
-        if webbrowser.open(url):
-            print(f"opened {url}")
-        else:
-            print(f"attnkit show: warning: no web browser to open {url}", file=sys.stderr)
+        open_page(out_html)
     return 0
 
 

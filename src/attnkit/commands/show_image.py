@@ -17,12 +17,11 @@ vision transformer (the message lists the families), or a checkpoint without
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
 from .show_args import UsageError, check_writable, count, parse_selection, picture_format, resolve
-from .show_report import focus_lines, save_picture
+from .show_report import focus_lines, open_page, save_picture
 
 __all__ = ["add_arguments", "run"]
 
@@ -172,13 +171,7 @@ def _write(
     if out_pic is not None:
         print(f"wrote {out_pic}{pic_note}")
     if args.open:
-        import webbrowser
-
-        url = out_html.resolve().as_uri()
-        if webbrowser.open(url):
-            print(f"opened {url}")
-        else:
-            print(f"attnkit show: warning: no web browser to open {url}", file=sys.stderr)
+        open_page(out_html)
     return 0
 
 

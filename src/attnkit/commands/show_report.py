@@ -8,6 +8,7 @@ layers × heads grid of every kind of attention the page holds.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from ..viz.reduce import ReducedSet
 from ..viz.stats import describe
 from ..viz.tokens import mark
 
-__all__ = ["elide_text", "focus_lines", "save_picture", "tokens_line"]
+__all__ = ["elide_text", "focus_lines", "open_page", "save_picture", "tokens_line"]
 
 _HEAD, _TAIL = 40, 10  # tokens printed before and after the elision
 
@@ -105,3 +106,14 @@ def save_picture(
     with path.open("rb") as f:
         head = f.read(24)
     return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def open_page(page: Path) -> None:
+    """Open ``page`` in the default web browser (``--open``); a warning when there is none."""
+    import webbrowser
+
+    url = page.resolve().as_uri()
+    if webbrowser.open(url):
+        print(f"opened {url}")
+    else:
+        print(f"attnkit show: warning: no web browser to open {url}", file=sys.stderr)

@@ -59,6 +59,26 @@ def _int_field(config: Any, names: Sequence[str]) -> int | None:
     return None
 
 
+def read_checkpoint_config(directory: Path) -> dict[str, Any]:
+    """The checked ``config.json`` of checkpoint ``directory`` (no remote code, sane numbers).
+
+    Raises:
+        CheckpointError: not a directory, no config.json, or a config refused.
+    """
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: not a directory")
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{directory}: missing config.json")
+    try:
+        data = read_json(config_path)
+        refuse_remote_code(data, str(config_path))
+        check_numbers(data, str(config_path))
+    except ConfigError as exc:
+        raise CheckpointError(str(exc)) from None
+    return data
+
+
 class Checkpoint:
     """A local Hugging Face checkpoint directory, checked on construction, loaded on first use.
 
@@ -75,17 +95,8 @@ class Checkpoint:
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         self.name = self.directory.name
-        if not self.directory.is_dir():
-            raise CheckpointError(f"{self.directory}: not a directory")
+        data = read_checkpoint_config(self.directory)
         config_path = self.directory / "config.json"
-        if not config_path.is_file():
-            raise CheckpointError(f"{self.directory}: missing config.json")
-        try:
-            data = read_json(config_path)
-            refuse_remote_code(data, str(config_path))
-            check_numbers(data, str(config_path))
-        except ConfigError as exc:
-            raise CheckpointError(str(exc)) from None
         model_type = str(data.get("model_type", "unknown"))
         if _is_image_model(data):
             raise CheckpointError(

@@ -37,8 +37,8 @@ from torch import nn
 from ..viz.image import ImageLayout, ImageSetReducer
 from ..viz.reduce import Budget, ReducedSet
 from ..viz.stream import Progress, Router
-from .config_json import ConfigError, check_numbers, read_json, refuse_remote_code
-from .hf import CheckpointError, _first_line, _int_field
+from .config_json import ConfigError
+from .hf import CheckpointError, _first_line, _int_field, read_checkpoint_config
 from .hf_run import _forward
 from .image_input import ImageInput, read_image_input
 from .weights import HeaderError, layer_counts, read_shapes, safetensors_files
@@ -246,17 +246,8 @@ class ImageCheckpoint:
         self.directory = Path(directory)
         self.name = self.directory.name
         where = str(self.directory)
-        if not self.directory.is_dir():
-            raise CheckpointError(f"{where}: not a directory")
+        data = read_checkpoint_config(self.directory)
         config_path = self.directory / "config.json"
-        if not config_path.is_file():
-            raise CheckpointError(f"{where}: missing config.json")
-        try:
-            data = read_json(config_path)
-            refuse_remote_code(data, str(config_path))
-            check_numbers(data, str(config_path))
-        except ConfigError as exc:
-            raise CheckpointError(str(exc)) from None
         self.family = family_of(data.get("model_type", "unknown"), where)
         try:
             self.image_input = read_image_input(self.directory)
