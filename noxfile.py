@@ -11,6 +11,11 @@ test suite (``pytest``: conformance, unit, backends and integration tests, witho
 the ``slow`` ones) on every core. Each end leaves pytest's JUnit XML and the versions
 it ran under in ``.nox/matrix/``, which the summary reads.
 
+An environment with a CUDA build of torch takes about 6 GB. With
+``ATTNKIT_NOX_DISCARD=1`` (CI sets it) each end removes its environment once its
+results are written, so that only one lies on disk at a time; without it the
+environments stay for ``nox -r`` to reuse.
+
 The versions below are the tested ends of the range that ``pyproject.toml`` and the
 README declare (``tests/integration/test_packaging.py`` checks that the three agree).
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -82,6 +88,8 @@ def _run_end(session: nox.Session, torch_version: str, transformers_version: str
     finally:
         record["minutes"] = round((time.monotonic() - start) / 60, 2)
         meta.write_text(json.dumps(record))
+        if os.environ.get("ATTNKIT_NOX_DISCARD") == "1":
+            shutil.rmtree(str(session.virtualenv.location), ignore_errors=True)
 
 
 @nox.session

@@ -4,7 +4,7 @@
 #   scripts/install.sh --test   the package with the test tools and peers (for scripts/test.sh)
 # torch is installed first, pinned to 2.13.0, only when no torch is present: a bare
 # `torch` requirement would otherwise pull a multi-gigabyte CUDA build. The package
-# itself accepts any torch >= 2.4.
+# itself accepts any torch in its supported range (pyproject.toml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
