@@ -8,7 +8,8 @@
 #
 # WORKDIR (default: a new temporary folder) receives a copy of the sources (tree/), the
 # build environment, the wheel (dist/), the fresh environment (venv/) and the page and
-# picture `attnkit show` writes (run/).
+# picture `attnkit show` writes (run/). A temporary folder is removed when the check
+# passes (it holds a torch of about 1 GB) and kept for a look when it fails.
 #
 # The wheel is built by `python -m build --wheel`, the PyPA build front end: it builds
 # in an isolated environment holding only the build requirements pyproject.toml
@@ -23,7 +24,8 @@ cd "$(dirname "$0")/.."
 ROOT="$PWD"
 PY="${PYTHON:-python3}"
 TORCH="${TORCH:-torch==2.13.0}"
-WORK="${1:-$(mktemp -d "${TMPDIR:-/tmp}/attnkit-wheel.XXXXXX")}"
+TEMPORARY=0
+if [ -n "${1:-}" ]; then WORK="$1"; else WORK="$(mktemp -d "${TMPDIR:-/tmp}/attnkit-wheel.XXXXXX")"; TEMPORARY=1; fi
 mkdir -p "$WORK"
 WORK="$(cd "$WORK" && pwd)"
 quiet=(--quiet --disable-pip-version-check)
@@ -76,3 +78,5 @@ grep -q "<!DOCTYPE html>" attention.html \
     || { echo "check_wheel: attention.html is not the viewer page" >&2; exit 1; }
 echo "check_wheel: ok ($(basename "$WHEEL"): attention.html $(wc -c <attention.html) bytes," \
     "attention.png $(wc -c <attention.png) bytes)"
+cd "$ROOT"
+if [ "$TEMPORARY" = "1" ]; then rm -rf "$WORK"; fi

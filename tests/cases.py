@@ -6,6 +6,7 @@ NumPy spec the oracle in reference.py understands, built from the same arrays.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -382,6 +383,17 @@ def capabilities(case: Case, backend: str) -> tuple[bool, bool, bool]:
     w = not attnkit.explain(case.q, case.k, case.v, return_weights=True, **kw).reasons[backend]
     lse = not attnkit.explain(case.q, case.k, case.v, return_lse=True, **kw).reasons[backend]
     return runs, w, lse
+
+
+def refused(params: Mapping[str, Any]) -> bool:
+    """For ``@pytest.mark.pairwise(unsupported=refused)``: whether the backend in a
+    test's parameters refuses its score and mask (tiny float64 inputs on the CPU; a
+    refusal depends on the score, the mask and the backend, not on the sizes)."""
+    score_name = params.get("score_name", params.get("score"))
+    mask_name = params.get("mask_name", "none")
+    mask_name = mask_name if mask_name in MASKS else "none"  # another test's own mask set
+    case = make_case(str(score_name), str(mask_name), SHAPES[0], seed=0, dtype=torch.float64)
+    return not capabilities(case, str(params["backend"]))[0]
 
 
 def check_case(case: Case, backend: str) -> None:

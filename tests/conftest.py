@@ -47,6 +47,7 @@ if _CAPABILITY and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     )
 
 from cases import DEVICES, matrix_backends  # noqa: E402 - after the environment above
+from pairwise import mark_all_but_pairs_slow  # noqa: E402
 
 
 def device_backends() -> list[tuple[str, str]]:
@@ -72,6 +73,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize(("device", "backend"), pairs, ids=[f"{d}-{b}" for d, b in pairs])
     else:
         metafunc.parametrize("backend", [b for d, b in pairs if d == "cpu"])
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m 'not slow'`` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test marked ``pairwise`` keeps an all-pairs set of its combinations in the
+    default run; the rest are ``slow`` (see ``pairwise.py``)."""
+    mark_all_but_pairs_slow(items)
 
 
 _BUDGET_ENV = "ATTNKIT_TEST_BUDGET_S"

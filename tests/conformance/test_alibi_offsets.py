@@ -166,6 +166,7 @@ def _rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got[fin] - want[fin]).abs().max()) / max(scale, 1e-300)
 
 
+@pytest.mark.pairwise
 @pytest.mark.parametrize("backend", ["sdpa", "chunked", "reference"])
 @pytest.mark.parametrize("with_lse", [False, True], ids=["loss-out-weights", "loss-lse-too"])
 @pytest.mark.parametrize("gap", FAR_GAPS)

@@ -58,6 +58,7 @@ def _qkv(seed: int) -> list[torch.Tensor]:
     return [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
 
 
+@pytest.mark.pairwise
 @pytest.mark.parametrize("strict", [False, True], ids=["host", "device_semantics"])
 @pytest.mark.parametrize("extra", ["none", "causal", "query_lens"])
 @pytest.mark.parametrize("family", sorted(IDS))

@@ -9,7 +9,7 @@ import torch
 import attnkit
 from attnkit import masks
 
-from cases import MASKS, SCORES, make_case, matrix_backends
+from cases import MASKS, SCORES, make_case, matrix_backends, refused
 
 BACKENDS = matrix_backends("cpu")
 
@@ -19,6 +19,7 @@ def _runs(case, backend: str) -> bool:  # type: ignore[no-untyped-def]
     return not ex.reasons[backend]
 
 
+@pytest.mark.pairwise(unsupported=refused)
 @pytest.mark.parametrize("mask_name", MASKS)
 @pytest.mark.parametrize("score_name", SCORES)
 def test_gradcheck(score_name: str, mask_name: str, device: str, backend: str) -> None:

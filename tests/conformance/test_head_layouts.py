@@ -15,6 +15,7 @@ T5 bias.)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,6 +164,17 @@ def _grads(c: Call, backend: str) -> list[torch.Tensor]:
                                                                      strict=True)]  # fmt: skip
 
 
+def _refused(params: Mapping[str, Any]) -> bool:
+    """Whether the parameters name a call that is skipped or that the backend refuses."""
+    layout, mask_name = params["layout"], params["mask_name"]
+    if layout == "2d" and mask_name in PER_BATCH:
+        return True
+    return not _runs(
+        _call(layout, params["mod_name"], mask_name, params["score"]), params["backend"]
+    )
+
+
+@pytest.mark.pairwise(unsupported=_refused)
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize("mask_name", MASKS)

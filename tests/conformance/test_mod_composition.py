@@ -10,6 +10,7 @@ only the last one.)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -83,6 +84,17 @@ def _spec(s: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(x.detach().numpy() if isinstance(x, torch.Tensor) else x for x in s)
 
 
+def _refused(params: Mapping[str, Any]) -> bool:
+    """Whether the parameters' backend refuses their combination of modifiers."""
+    shape = params["shape"]
+    case = make_case("scaled_dot", params["mask_name"], shape, seed=2, dtype=torch.float64)
+    ms, _, _ = _combo(params["combo"], shape[1])
+    ex = attnkit.explain(case.q, case.k, case.v, mask=case.mask, mods=ms, return_weights=True,
+                         return_lse=True, backend=params["backend"])  # fmt: skip
+    return bool(ex.reasons[params["backend"]])
+
+
+@pytest.mark.pairwise(unsupported=_refused)
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("mask_name", ["none", "causal_bottom_right", "key_padding"])
 @pytest.mark.parametrize("shape", [SHAPE, GQA_SHAPE], ids=["mha", "gqa"])

@@ -5,6 +5,9 @@ parameter; a deterministic table gradient; backends that decline say why."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import pytest
 import torch
 
@@ -70,6 +73,14 @@ def _runs(case, ms, scale, backend: str) -> bool:  # type: ignore[no-untyped-def
     return not ex.reasons[backend]
 
 
+def _refused(params: Mapping[str, Any]) -> bool:
+    """Whether the parameters' backend refuses their modifiers, score and mask."""
+    case = make_case(params["score_name"], params["mask_name"], SHAPE, seed=5, dtype=torch.float64)
+    ms, _, scale = _mods(params["mod_name"], torch.float64)
+    return not _runs(case, ms, scale, params["backend"])
+
+
+@pytest.mark.pairwise(unsupported=_refused)
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("score_name", SCORES)
 @pytest.mark.parametrize("mask_name", MASKS)

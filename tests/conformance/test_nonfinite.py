@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 import attnkit
 from attnkit import masks
 
-from cases import MASKS, SCORES, make_score, mask_to, matrix_backends
+from cases import MASKS, SCORES, make_score, mask_to, matrix_backends, refused
 from nonfinite_cases import (
     FIXED_MASKS,
     B,
@@ -51,6 +51,7 @@ from nonfinite_cases import (
 CPU_BACKENDS = matrix_backends("cpu")
 
 
+@pytest.mark.pairwise(unsupported=refused)
 @pytest.mark.parametrize("mask_name", FIXED_MASKS)
 @pytest.mark.parametrize("where", ["query", "key", "value"])
 @pytest.mark.parametrize("score_name", SCORES)

@@ -24,6 +24,7 @@ from cases import (
     make_case,
     matrix_backends,
     np_of,
+    refused,
     shapes_for,
 )
 from reference import oracle
@@ -32,6 +33,7 @@ from tolerance import assert_close_to_scale
 CPU_BACKENDS = matrix_backends("cpu")
 
 
+@pytest.mark.pairwise(unsupported=refused)
 @pytest.mark.parametrize("mask_name", MASKS)
 @pytest.mark.parametrize("score_name", SCORES)
 def test_matches_oracle(score_name: str, mask_name: str, device: str, backend: str) -> None:
