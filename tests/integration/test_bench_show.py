@@ -19,6 +19,7 @@ def test_the_show_suite_is_its_own() -> None:
     assert SHOW_CASES[0].target == "(show − start-up) ≤ 3× forward; page ≤ 20 MiB, peak ≤ 3 GiB"
 
 
+@pytest.mark.slow  # three fresh processes that load transformers: 14 s of the default run
 def test_quick_case_measures_show_start_up_and_forward() -> None:
     r = run_show_case(SHOW_CASES[0], quick=True)
     assert r.error is None, r.error
