@@ -112,10 +112,7 @@ def _oracle_matrix() -> list[Any]:
     compound = ("none", "causal_and_padding", "bias_and_window")
     bodies = ("scaled_dot", "additive")
     quick = [
-        (s, m)
-        for s in SCORES
-        for n, m in enumerate(MASKS)
-        if m in compound or s == bodies[n % 2]
+        (s, m) for s in SCORES for n, m in enumerate(MASKS) if m in compound or s == bodies[n % 2]
     ]
     rest = [
         pytest.param(s, m, marks=pytest.mark.slow)

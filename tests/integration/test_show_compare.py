@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import shutil
 import zlib
 from pathlib import Path
 
@@ -25,7 +24,6 @@ tokenizers = pytest.importorskip("tokenizers")
 
 WORDS = "the cat sat on mat because it was tired a dog slept all day long".split()
 SAMPLE = "the cat sat on the mat because it was tired"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def _checkpoint(directory: Path, seed: int, layers: int, words: list[str]) -> Path:
@@ -81,23 +79,24 @@ def _error_line(code: int, out: str, err: str, pattern: str) -> None:
     assert err.count("\n") == 1 and re.fullmatch(f"attnkit show: error: {pattern}\n", err), err
 
 
-def _open(page_path: Path, state: str = ""):  # type: ignore[no-untyped-def]
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    if CHROMIUM is None:
-        pytest.skip("no system Chromium to drive")
-    p = sync_api.sync_playwright().start()
-    browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-    page = browser.new_page(viewport={"width": 1300, "height": 900})
+def _open(request: pytest.FixtureRequest, page_path: Path, state: str = ""):  # type: ignore[no-untyped-def]
+    """A new page of the shared browser (tests/integration/conftest.py) on ``page_path``,
+    and the list its errors go to; asked for here, so that the checks before it run (and
+    only the browser's part skips) where there is no browser."""
+    page = request.getfixturevalue("browser").new_page(viewport={"width": 1300, "height": 900})
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(page_path.resolve().as_uri() + ("#" + state if state else ""))
     page.wait_for_selector("body[data-ready='1']", timeout=20_000)
-    return p, browser, page, errors
+    return page, errors
 
 
 def test_compare_model_draws_both_models_and_their_difference(
-    capsys: pytest.CaptureFixture[str], models: dict[str, Path], tmp_path: Path
+    capsys: pytest.CaptureFixture[str],
+    models: dict[str, Path],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     page_path, picture = tmp_path / "m.html", tmp_path / "m.png"
     code, out, err = _show(capsys, SAMPLE, "--model", str(models["a"]), "--compare-model",
@@ -117,7 +116,7 @@ def test_compare_model_draws_both_models_and_their_difference(
     assert np.abs(d - (wa - wb)).max() <= tol
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    p, browser, page, errors = _open(page_path, "view=head")
+    page, errors = _open(request, page_path, "view=head")
     try:
         panels = page.locator("#head-panels .head-panel:visible")
         assert panels.count() == 2
@@ -129,12 +128,14 @@ def test_compare_model_draws_both_models_and_their_difference(
         assert page.locator("#matrix-panels .matrix-panel:visible").count() == 3
         assert errors == []
     finally:
-        browser.close()
-        p.stop()
+        page.close()
 
 
 def test_compare_a_second_text(
-    capsys: pytest.CaptureFixture[str], models: dict[str, Path], tmp_path: Path
+    capsys: pytest.CaptureFixture[str],
+    models: dict[str, Path],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     page_path = tmp_path / "t.html"
     code, out, err = _show(capsys, SAMPLE, "--model", str(models["a"]), "--compare",
@@ -149,7 +150,7 @@ def test_compare_a_second_text(
     assert data["subtitle"] == f"A: {SAMPLE}  ‖  B: a dog slept all day"
     assert [s["shape"][2] for s in data["sets"]] == [10, 5] and data["compare"]["diffs"] == [None]
 
-    p, browser, page, errors = _open(page_path, "view=matrix")
+    page, errors = _open(request, page_path, "view=matrix")
     try:
         assert "Side by side only" in page.locator("#compare-note").inner_text()
         page.locator("#find").fill("dog")
@@ -162,8 +163,7 @@ def test_compare_a_second_text(
         assert page.locator("#y-labels span.current").get_attribute("data-index") == "1"
         assert errors == []
     finally:
-        browser.close()
-        p.stop()
+        page.close()
 
 
 def test_the_same_text_twice_gives_a_zero_difference(

@@ -26,14 +26,6 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no system Chromium to 
 VIEWS = ("head", "matrix", "model", "stats", "rollout", "neuron")
 
 
-@pytest.fixture(scope="module")
-def browser():  # type: ignore[no-untyped-def]
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
-
-
 def _visit(browser, path: Path, state: str = "") -> tuple:  # type: ignore[no-untyped-def]
     page = browser.new_page(viewport={"width": 1200, "height": 900})
     errors: list[str] = []

@@ -5,12 +5,10 @@ from __future__ import annotations
 import base64
 import json
 import re
-import shutil
-import subprocess
-import tempfile
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -148,49 +146,33 @@ def test_show_returns_a_page_for_notebooks(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- in a browser
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(
-    CHROMIUM is None, reason="chromium is not installed (Debian package 'chromium')"
-)
+
+def _open(browser: Any, path: Path, state: str, **viewport: int) -> tuple[Any, list[str]]:
+    """A new page of the shared headless Chromium (tests/integration/conftest.py) on
+    ``path#state``, once its script has run to its end; and the list that every console
+    message, page error and network request (a self-contained page makes none) goes to."""
+    page = browser.new_page(viewport=viewport or {"width": 1200, "height": 900})
+    said: list[str] = []
+    page.on("console", lambda m: said.append(f"console {m.type}: {m.text}"))
+    page.on("pageerror", lambda e: said.append(f"page error: {e}"))
+
+    def refuse(route: Any) -> None:
+        said.append(f"network request: {route.request.url}")
+        route.abort()
+
+    page.route(re.compile(r"^(?!file:).*"), refuse)
+    page.goto(path.resolve().as_uri() + ("#" + state if state else ""))
+    page.wait_for_selector("body[data-ready='1']", state="attached", timeout=30_000)
+    return page, said
 
 
-def _chromium(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    assert CHROMIUM is not None
-    with tempfile.TemporaryDirectory() as profile:
-        return subprocess.run(
-            [
-                CHROMIUM,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--host-resolver-rules=MAP * ~NOTFOUND",  # any network access fails loudly
-                f"--user-data-dir={profile}",
-                "--enable-logging=stderr",
-                "--v=0",
-                "--virtual-time-budget=30000",  # let the data decode before the dump
-                *extra,
-                url,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-
-
-def _console_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
-
-
-def _dom(path: Path, state: str) -> str:
-    done = _chromium(path.resolve().as_uri() + "#" + state, "--dump-dom")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert _console_lines(done.stderr) == []
-    dom = done.stdout
+def _dom(browser: Any, path: Path, state: str) -> str:
+    page, said = _open(browser, path, state)
+    try:
+        dom = page.content()
+    finally:
+        page.close()
+    assert said == []
     assert 'data-ready="1"' in dom  # the script ran to its end
     assert re.search(r'<div id="error"[^>]*hidden', dom)  # no error banner
     return dom
@@ -202,75 +184,72 @@ def _pressed(dom: str, element_id: str) -> bool:
     return 'aria-pressed="true"' in m.group(0)
 
 
-@needs_chromium
-def test_views_render_without_console_errors(tmp_path: Path) -> None:
+def test_views_render_without_console_errors(tmp_path: Path, browser: Any) -> None:
     path = viz.to_html(
         _weights(), TOKENS, tmp_path / "a.html", title="Attention test",
         notes=["The input had 9 tokens; truncated to 7."],
     )  # fmt: skip
-    dom = _dom(path, "view=head&token=2&layer=1")
+    dom = _dom(browser, path, "view=head&token=2&layer=1")
     for token in ("[CLS]", "cat", "[SEP]", "&lt;/script&gt;&lt;b&gt;x&lt;/b&gt;"):
         assert token in dom
     assert dom.count('class="tok') >= 2 * len(TOKENS)  # both token columns
     assert "<b>x</b>" not in dom  # tokens are text, never markup
     assert "truncated to 7" in dom and not re.search(r'id="notes"[^>]*hidden', dom)
-    dom = _dom(path, "view=matrix&heads=1&scale=log")
+    dom = _dom(browser, path, "view=matrix&heads=1&scale=log")
     assert _pressed(dom, "view-matrix") and not _pressed(dom, "view-head")
     assert re.search(r'<canvas id="matrix" width="7" height="7"', dom)
     assert re.search(r'id="bar-name"[^>]*>log scale<', dom)  # the colorbar names its scale
     # The model view: one clickable thumbnail per layer x head.
-    dom = _dom(path, "view=model")
+    dom = _dom(browser, path, "view=model")
     assert len(re.findall(r'<canvas[^>]*data-layer="\d"[^>]*data-head="\d"', dom)) == 2 * 3
 
 
-@needs_chromium
-def test_sentence_pair_filter_crops_the_matrix(tmp_path: Path) -> None:
+def test_sentence_pair_filter_crops_the_matrix(tmp_path: Path, browser: Any) -> None:
     tokens = ["[CLS]", "a", "b", "[SEP]", "c", "d", "e", "[SEP]"]
     path = viz.to_html(_weights(L=8), tokens, tmp_path / "p.html", pair_start=4)
-    dom = _dom(path, "view=matrix&filter=AB")
+    dom = _dom(browser, path, "view=matrix&filter=AB")
     assert re.search(r'data-filter="AB"[^>]*aria-pressed="true"', dom)
     # Queries of sentence A (4 rows) against keys of sentence B (4 columns).
     assert re.search(r'<canvas id="matrix" width="4" height="4"', dom)
-    dom = _dom(path, "view=matrix")
+    dom = _dom(browser, path, "view=matrix")
     assert re.search(r'<canvas id="matrix" width="8" height="8"', dom)
     assert dom.count('class="divider-line"') == 2  # one across, one down, at the separator
-    dom = _dom(path, "view=head&filter=BA")
+    dom = _dom(browser, path, "view=head&filter=BA")
     assert dom.count("tok divider") == 2 and "tok dim" in dom
 
 
-@needs_chromium
-def test_attention_kind_selector_for_an_encoder_decoder(tmp_path: Path) -> None:
+def test_attention_kind_selector_for_an_encoder_decoder(tmp_path: Path, browser: Any) -> None:
     enc = viz.AttentionSet("encoder self-attention", _weights(L=6), list("abcdef"))
     dec = viz.AttentionSet("decoder self-attention", torch.tril(_weights(L=3)), list("xyz"))
     cross = viz.AttentionSet(
         "cross-attention", _weights(L=6)[..., :3, :], list("xyz"), key_tokens=list("abcdef")
     )
     path = viz.to_html([enc, dec, cross], None, tmp_path / "s.html")
-    dom = _dom(path, "set=2&view=matrix")
+    dom = _dom(browser, path, "set=2&view=matrix")
     assert not re.search(r'<label id="set-box"[^>]*hidden', dom)
     assert re.search(r'<canvas id="matrix" width="6" height="3"', dom)  # 3 queries x 6 keys
 
 
-def _timed_dom(path: Path, state: str) -> tuple[float, str]:
+def _timed_dom(browser, path: Path, state: str) -> tuple[float, str]:
     start = time.perf_counter()
-    dom = _dom(path, state)
+    dom = _dom(browser, path, state)
     return time.perf_counter() - start, dom
 
 
-@needs_chromium
 def test_512_tokens_open_on_the_matrix_and_draw_every_thumbnail(
-    tmp_path: Path, page_512: str
+    tmp_path: Path, page_512: str, browser: Any
 ) -> None:
     big = tmp_path / "big.html"
     big.write_text(page_512, encoding="utf-8")
-    assert _pressed(_dom(big, ""), "view-matrix")  # a long input opens on the matrix view
-    dom = _dom(big, "view=model")
+    assert _pressed(_dom(browser, big, ""), "view-matrix")  # a long input opens on the matrix view
+    dom = _dom(browser, big, "view=model")
     assert len(re.findall(r"<canvas[^>]*data-layer=", dom)) == 6 * 12
 
 
 @pytest.mark.slow
-@needs_chromium
-def test_512_tokens_load_fast_in_the_matrix_and_model_views(tmp_path: Path, page_512: str) -> None:
+def test_512_tokens_load_fast_in_the_matrix_and_model_views(
+    tmp_path: Path, page_512: str, browser: Any
+) -> None:
     """A timing check (slow: a loaded machine misses any wall-clock budget)."""
     big = tmp_path / "big.html"
     big.write_text(page_512, encoding="utf-8")
@@ -280,27 +259,27 @@ def test_512_tokens_load_fast_in_the_matrix_and_model_views(tmp_path: Path, page
     for state in ("", "view=model"):
         extra = []
         for _ in range(2):
-            extra.append(_timed_dom(big, state)[0] - _timed_dom(small, state or "view=matrix")[0])
+            extra.append(
+                _timed_dom(browser, big, state)[0]
+                - _timed_dom(browser, small, state or "view=matrix")[0]
+            )
             if extra[-1] < 2.0:
                 break
         assert min(extra) < 2.0, (state, extra)
 
 
-@needs_chromium
-def test_screenshots_are_not_blank(tmp_path: Path) -> None:
+def test_screenshots_are_not_blank(tmp_path: Path, browser: Any) -> None:
     from matplotlib.image import imread
 
     path = viz.to_html(_weights(L=7), TOKENS, tmp_path / "a.html")
     for state in ("token=2", "view=matrix&zoom=30", "view=model"):
         shot = tmp_path / "shot.png"
-        done = _chromium(
-            path.resolve().as_uri() + "#" + state,
-            f"--screenshot={shot}",
-            "--window-size=1000,700",
-            "--hide-scrollbars",
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert _console_lines(done.stderr) == []
+        page, said = _open(browser, path, state, width=1000, height=700)
+        try:
+            page.screenshot(path=str(shot))
+        finally:
+            page.close()
+        assert said == []
         image = imread(str(shot))[..., :3]  # (700, 1000, 3) floats in [0, 1]
         assert image.shape[:2] == (700, 1000)
         # Coloured pixels (lines, cells or thumbnails), not only text on white.

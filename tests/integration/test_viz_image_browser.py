@@ -30,14 +30,6 @@ VIEWS = ("head", "matrix", "model", "stats", "rollout", "neuron", "image")
 
 
 @pytest.fixture(scope="module")
-def browser():  # type: ignore[no-untyped-def]
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
-
-
-@pytest.fixture(scope="module")
 def picture(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rng = np.random.default_rng(0)
     arr = (rng.random((40, 40, 3)) * 60).astype(np.uint8)  # (H, W, 3)
