@@ -47,7 +47,7 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
     "qwen3": _qwen3,
     "gpt2": _gpt2,
 }
-SLOW = {"qwen3"}  # (Llama's twin here: in the slow run only)
+SLOW = {"qwen3", "gpt2"}  # (Llama's twin, and GPT-2's own attention: in the slow run only)
 
 
 def _graphs_and_tokens(build: Callable[[], torch.nn.Module], implementation: str):  # type: ignore[no-untyped-def]
