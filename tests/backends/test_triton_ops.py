@@ -60,7 +60,12 @@ def _ops():
     return ops
 
 
-def test_compiles_fullgraph_without_graph_breaks_or_recompiles() -> None:
+@pytest.mark.parametrize(
+    "compiler", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)]
+)
+def test_compiles_fullgraph_without_graph_breaks_or_recompiles(compiler: str) -> None:
+    """The op is one node of one graph, under dynamo and AOTAutograd by default, and
+    through inductor's code generation too under ``slow``."""
     torch._dynamo.reset()
     counters = torch._dynamo.utils.counters
     counters.clear()
@@ -73,13 +78,17 @@ def test_compiles_fullgraph_without_graph_breaks_or_recompiles() -> None:
 
     graphs_seen: list[str] = []
 
-    def inductor(gm: torch.fx.GraphModule, example_inputs: list) -> object:
-        from torch._inductor.compile_fx import compile_fx
-
+    def recording(gm: torch.fx.GraphModule, example_inputs: list) -> object:
         graphs_seen.append(str(gm.code))
-        return compile_fx(gm, example_inputs)
+        if compiler == "inductor":
+            from torch._inductor.compile_fx import compile_fx
 
-    compiled = torch.compile(model, fullgraph=True, backend=inductor)
+            return compile_fx(gm, example_inputs)
+        from torch._dynamo.backends.registry import lookup_backend
+
+        return lookup_backend("aot_eager")(gm, example_inputs)
+
+    compiled = torch.compile(model, fullgraph=True, backend=recording)
     gen = torch.Generator().manual_seed(0)
     k = torch.randn(2, 2, 9, 8, generator=gen, requires_grad=True)
     v = torch.randn(2, 2, 9, 8, generator=gen, requires_grad=True)

@@ -1,10 +1,13 @@
-"""Every attnkit.nn layer under torch.compile's default (inductor) backend.
+"""Every attnkit.nn layer under torch.compile, traced whole and under inductor.
 
-Inductor compiles C++ on the CPU, which is slow, so the layers run in one
-function and compile once: fullgraph (no graph break), the same numbers as
-eager, and no recompilation over repeated calls at fixed shapes. It is the default
-run's inductor compile of the layers and of attnkit's native custom ops (through
-``AdditiveAttention``). The other layer tests compile with the "eager" backend.
+The layers run in one function and compile once: fullgraph (no graph break), the same
+numbers as eager, and no recompilation over repeated calls at fixed shapes. The default
+run traces them with "aot_eager" (dynamo and AOTAutograd, where graph breaks,
+recompiles and custom-op registration show); the slow run compiles them with inductor,
+the default backend, whose C++ code generation takes half a minute on a cold cache
+(it is also the inductor compile of attnkit's native custom ops, through
+``AdditiveAttention``). The default run's inductor compile of ``attention()`` itself is
+in test_compile_attention.py. The other layer tests compile with the "eager" backend.
 """
 
 from __future__ import annotations
@@ -26,8 +29,11 @@ from tolerance import assert_close_to_scale
 B, L, E = 2, 5, 8
 
 
+@pytest.mark.parametrize(
+    "compiler", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)]
+)
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_every_layer_compiles_fullgraph_under_inductor_without_recompiles() -> None:
+def test_every_layer_compiles_fullgraph_without_recompiles(compiler: str) -> None:
     torch.manual_seed(0)
     mha = MultiheadAttention(E, 2, batch_first=True).eval()
     decoder = SelfAttention(E, 4, causal=True, num_kv_heads=2).eval()
@@ -53,7 +59,7 @@ def test_every_layer_compiles_fullgraph_under_inductor_without_recompiles() -> N
     torch._dynamo.reset()
     counters = torch._dynamo.utils.counters
     counters.clear()
-    compiled = torch.compile(layers, fullgraph=True)
+    compiled = torch.compile(layers, fullgraph=True, backend=compiler)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         x = torch.randn(B, L, E, generator=g)
