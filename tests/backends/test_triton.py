@@ -106,10 +106,10 @@ PLAN_MASKS = ("document_causal", "document_spread", "prefix_lm", "window_or_padd
 
 def _oracle_matrix() -> list[Any]:
     """Every mask kind with scaled_dot or additive in turn (the dot-form and the tanh
-    kernel bodies, each under half the mask kinds), every score with the compound masks,
+    kernel bodies, each under half the mask kinds), every score with a compound mask,
     the plan-only masks with scaled_dot; the rest of the score x mask product (the same
     mask code) under ``slow``."""
-    compound = ("none", "causal_and_padding", "bias_and_window")
+    compound = ("causal_and_padding",)
     bodies = ("scaled_dot", "additive")
     quick = [
         (s, m) for s in SCORES for n, m in enumerate(MASKS) if m in compound or s == bodies[n % 2]
