@@ -67,6 +67,7 @@ def test_end_to_end_on_the_default_checkpoint(tmp_path: Path) -> None:
     page = tmp_path / "attention.html"
     picture = tmp_path / "attention.png"
     assert f"wrote {page.name}" in out and f"wrote {picture.name}" in out
+    assert "statistics, rollout and neuron views)" in out  # q and k fit: the page has it
     html = page.read_text(encoding="utf-8")
     assert "http:" not in html and "https:" not in html
     data = json.loads(

@@ -228,6 +228,10 @@ def test_cli_writes_an_image_page(checkpoints, picture_file, tmp_path, capsys) -
     data = json.loads(
         re.search(r'id="attention-data">(.*?)</script>', page, re.S).group(1)  # type: ignore[union-attr]
     )
+    # The closing line names the page's views, the neuron view where a set kept q and k.
+    last = "rollout and neuron views)" if "neuron" in data["sets"][0] else "and rollout views)"
+    assert "open it in a browser: image, head, matrix, model, statistics" in text
+    assert last in text
     image = data["image"]
     assert (image["rows"], image["cols"], image["patch"], image["prefix"]) == (4, 4, [8, 8],
                                                                             ["[CLS]", "[DIST]"])  # fmt: skip

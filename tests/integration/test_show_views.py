@@ -96,6 +96,7 @@ def test_no_special_drops_them_and_renormalises(
                            str(page), "--save-weights", str(saved), "--quiet")  # fmt: skip
     assert code == 0, err
     assert "[CLS]" not in out and "[SEP]" not in out and f"wrote {saved}" in out
+    assert "statistics and rollout views)" in out  # the word view has no neuron view
     data = _data(page)
     (s,) = data["sets"]
     assert s["renormalised"] is True and s["tokens"][0] == "The" and len(s["tokens"]) == 11

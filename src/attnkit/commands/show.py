@@ -35,7 +35,14 @@ from .show_args import (
     resolve,
     weights_file,
 )
-from .show_report import elide_text, focus_lines, open_page, save_picture, tokens_line
+from .show_report import (
+    elide_text,
+    focus_lines,
+    open_page,
+    page_views,
+    save_picture,
+    tokens_line,
+)
 from .show_sources import open_source
 
 __all__ = ["DESCRIPTION", "add_arguments", "parse_selection", "run"]
@@ -308,8 +315,8 @@ def _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_
     if other is not None:
         print("\n".join(other.summary(page_sets)))
     size_kb = out_html.stat().st_size / 1024
-    print(f"wrote {out_html}  ({size_kb:,.0f} KB; open it in a browser: head, matrix, model, "
-          "statistics and rollout views)")  # fmt: skip
+    print(f"wrote {out_html}  ({size_kb:,.0f} KB; open it in a browser: "
+          f"{page_views(page_sets)})")  # fmt: skip
     if out_pic is not None:
         print(f"wrote {out_pic}{pic_note}")
     if out_data is not None:

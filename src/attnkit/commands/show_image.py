@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .show_args import UsageError, check_writable, count, parse_selection, picture_format, resolve
-from .show_report import focus_lines, open_page, save_picture
+from .show_report import focus_lines, open_page, page_views, save_picture
 
 __all__ = ["add_arguments", "run"]
 
@@ -165,8 +165,8 @@ def _write(
         print(line)
     size_kb = out_html.stat().st_size / 1024
     print(
-        f"wrote {out_html}  ({size_kb:,.0f} KB; open it in a browser: image, head, matrix, "
-        "model, statistics and rollout views)"
+        f"wrote {out_html}  ({size_kb:,.0f} KB; open it in a browser: "
+        f"{page_views(run.sets, first=('image',))})"
     )
     if out_pic is not None:
         print(f"wrote {out_pic}{pic_note}")

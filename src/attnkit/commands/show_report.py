@@ -55,6 +55,16 @@ def focus_lines(s: ReducedSet, layers: Sequence[int], heads: Sequence[int]) -> l
     return lines
 
 
+def page_views(sets: Sequence[Any], first: Sequence[str] = ()) -> str:
+    """The views a written page offers, as its closing line names them: ``first`` (the
+    image view of a picture's page), then the five every page has, and the neuron view
+    where a set kept its queries and keys."""
+    names = [*first, "head", "matrix", "model", "statistics", "rollout"]
+    if any(getattr(s, "neuron", None) is not None for s in sets):
+        names.append("neuron")
+    return ", ".join(names[:-1]) + f" and {names[-1]} views"
+
+
 def _panels(s: ReducedSet) -> np.ndarray:
     """(layers, heads, Q', K') what the picture draws: every weight, or the block max."""
     if s.dense is not None:
