@@ -316,7 +316,7 @@ def _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_
         print("\n".join(other.summary(page_sets)))
     size_kb = out_html.stat().st_size / 1024
     print(f"wrote {out_html}  ({size_kb:,.0f} KB; open it in a browser: "
-          f"{page_views(page_sets)})")  # fmt: skip
+          f"{page_views(run.sets)})")  # fmt: skip
     if out_pic is not None:
         print(f"wrote {out_pic}{pic_note}")
     if out_data is not None:
