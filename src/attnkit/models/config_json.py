@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ConfigError", "check_numbers", "read_json", "refuse_remote_code"]
+__all__ = ["ConfigError", "check_numbers", "read_checked_config", "read_json", "refuse_remote_code"]
 
 # A config.json is a few kilobytes; anything near this is not one.
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
@@ -82,3 +82,16 @@ def refuse_remote_code(data: Any, source: str) -> None:
             f"{source}: the checkpoint brings its own model code (auto_map); attnkit never "
             "runs code from a model folder"
         )
+
+
+def read_checked_config(path: Path) -> dict[str, Any]:
+    """A checkpoint's config file, read and checked: readable JSON, no code of its own
+    (``auto_map``), sane numbers (:func:`check_numbers`).
+
+    Raises:
+        ConfigError: naming the file and what is wrong.
+    """
+    data = read_json(path)
+    refuse_remote_code(data, str(path))
+    check_numbers(data, str(path))  # also refuses anything but a JSON object
+    return data

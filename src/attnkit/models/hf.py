@@ -30,7 +30,7 @@ from typing import Any
 
 from ..viz.options import ViewOptions
 from ..viz.reduce import Budget
-from .config_json import ConfigError, check_numbers, read_json, refuse_remote_code
+from .config_json import ConfigError, read_checked_config
 from .hf_run import AttentionRun, attend, generate
 from .weights import HeaderError, layer_counts, read_shapes, safetensors_files
 
@@ -71,12 +71,9 @@ def read_checkpoint_config(directory: Path) -> dict[str, Any]:
     if not config_path.is_file():
         raise CheckpointError(f"{directory}: missing config.json")
     try:
-        data = read_json(config_path)
-        refuse_remote_code(data, str(config_path))
-        check_numbers(data, str(config_path))
+        return read_checked_config(config_path)
     except ConfigError as exc:
         raise CheckpointError(str(exc)) from None
-    return data
 
 
 class Checkpoint:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..config_json import ConfigError, check_numbers, read_json, refuse_remote_code
+from ..config_json import ConfigError, read_checked_config
 from ..weights import HeaderError, layer_counts, read_shapes
 from .config import BertConfig, CheckpointError
 from .modeling import Bert
@@ -46,9 +46,7 @@ def read_config(directory: Path) -> BertConfig:
     """The checkpoint's ``config.json`` as a :class:`BertConfig`; CheckpointError when unreadable."""
     path = directory / "config.json"
     try:
-        data = read_json(path)
-        refuse_remote_code(data, str(path))
-        check_numbers(data, str(path))
+        data = read_checked_config(path)
     except ConfigError as exc:
         raise CheckpointError(str(exc)) from None
     return BertConfig.from_dict(data, source=str(path))
