@@ -52,3 +52,7 @@ __all__ = [
     "use_backend",
     "viz",
 ]
+
+from ._namespace import public_dir as _public_dir  # noqa: E402
+
+__dir__ = _public_dir(__all__)

@@ -301,3 +301,8 @@ def _pack(inputs: AttentionInputs, result: AttentionResult) -> Any:
         assert result.lse is not None
         out.append(result.lse)
     return tuple(out)
+
+
+from ._namespace import public_dir as _public_dir  # noqa: E402
+
+__dir__ = _public_dir(__all__)

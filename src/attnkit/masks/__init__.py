@@ -191,3 +191,8 @@ def prefix_lm(
     and key ``j`` by query ``i`` when ``j <= i`` (causal). ``prefix``: an int or a (B,)
     tensor of per-batch lengths; ``align`` and the offsets as for :func:`causal`."""
     return PrefixLMMask(prefix, align, q_offset=q_offset, k_offset=k_offset)
+
+
+from .._namespace import public_dir as _public_dir  # noqa: E402
+
+__dir__ = _public_dir(__all__)

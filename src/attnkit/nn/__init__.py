@@ -34,3 +34,7 @@ __all__ = [
     "SelfAttention",
     "attention_override",
 ]
+
+from .._namespace import public_dir as _public_dir
+
+__dir__ = _public_dir(__all__)
