@@ -52,6 +52,8 @@ def attention(
         value: (..., S, Ev).
         score: "scaled_dot" (default), "dot", "gaussian", or a
             :mod:`attnkit.scores` object (Bilinear, Additive, Gaussian(sigma), ...).
+            "bilinear" and "additive" (names ``attnkit explain --score`` knows) hold
+            learned weights, so as strings they are refused with the object to pass.
         mask: an :mod:`attnkit.masks` object (``masks.keep``, ``masks.causal()``,
             ``masks.valid_lens(lens)``, combinations with ``&``), or a float
             tensor (..., L, S) added to the logits. A raw bool tensor is refused:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .. import _score_names as score_names
 from .. import masks, scores
 from ..backends.dispatch import Explanation
 from ..functional import explain
@@ -60,7 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--score",
         default="scaled_dot",
-        choices=["dot", "scaled_dot", "gaussian", "bilinear", "additive"],
+        choices=score_names.ALL,
+        help=f"the score: {', '.join(score_names.NAMED)} as attention(score=NAME) takes them; "
+        "bilinear and additive hold weights, so the call described passes the object "
+        "scores.Bilinear(E, E) or scores.Additive(E, E, E) (default: %(default)s)",
     )
     parser.add_argument(
         "--mask", default="none", choices=["none", "causal", "window", "valid_lens", "key_padding"]
@@ -107,13 +111,9 @@ def shape_only_cpu_tensor(
 
 
 def _score(name: str, E: int, dtype: torch.dtype, make: TensorFactory) -> str | scores.Score:
-    if name not in ("bilinear", "additive"):
-        return name
-    built: scores.Score = (
-        scores.Bilinear(E, E, device="meta", dtype=dtype)
-        if name == "bilinear"
-        else scores.Additive(E, E, E, device="meta", dtype=dtype)
-    )
+    if name not in score_names.NEEDS_WEIGHTS:
+        return name  # a string attention(score=...) takes
+    built = score_names.build_with_weights(name, E, device="meta", dtype=dtype)
     # Parameters as described tensors too: (E, E) weights would be allocated otherwise.
     for module in built.modules():
         for pname, param in list(module._parameters.items()):
