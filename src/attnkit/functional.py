@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, Literal, Never
 
 import torch
 
@@ -13,6 +14,7 @@ from . import _plans, _recording
 from . import masks as _masks
 from ._backward_inputs import check_backward_tensors
 from ._inputs import AttentionInputs, validate_inputs
+from ._keywords import refuse_unknown, sdpa_mask
 from .backends._common import graph_link
 from .backends.base import AttentionResult
 from .backends.dispatch import Explanation, explain_inputs, normalize_backend_arg, select_backend
@@ -41,6 +43,10 @@ def attention(
     backend: BackendArg = None,
     mods: ModsArg = None,
     check_finite: bool = True,
+    is_causal: bool = False,
+    attn_mask: torch.Tensor | None = None,
+    enable_gqa: bool | None = None,
+    **unexpected: Never,
 ) -> Any:
     """Exact attention with any score and any mask convention.
 
@@ -76,12 +82,44 @@ def attention(
             inputs. False: the caller guarantees finite inputs (like scipy's
             ``check_finite=False``); the checks are skipped and non-finite inputs give
             whatever the kernel gives.
+        is_causal: SDPA's keyword: True = ``mask=masks.causal()`` (top-left aligned, as
+            SDPA: query i keeps keys j <= i). With ``mask=`` it is ``mask &
+            masks.causal()``; with ``attn_mask`` it is refused, as SDPA refuses it.
+        attn_mask: SDPA's keyword: a bool tensor (..., L, S) in SDPA's polarity (True =
+            may attend, ``masks.keep(attn_mask)``) or a float tensor added to the logits
+            (``masks.bias(attn_mask)``). Refused together with ``mask=``.
+        enable_gqa: SDPA's keyword. None (default): the query's head dim (-3) may be a
+            multiple of the key's (grouped-query attention). True: the same. False:
+            SDPA's default rule, the head dims must be equal (or the key's 1).
+
+    From :func:`torch.nn.functional.scaled_dot_product_attention`, every keyword works
+    and gives SDPA's numbers: ``attn_mask``, ``dropout_p``, ``is_causal``, ``scale``
+    (None = 1/sqrt(E), as SDPA) and ``enable_gqa``; the one difference is a row whose
+    mask keeps no key, which gives 0 here on every path. In attnkit's own terms:
+
+    ==========================  ==============================================
+    SDPA                        attnkit
+    ==========================  ==============================================
+    ``attn_mask=b`` (bool)      ``mask=masks.keep(b)``
+    ``attn_mask=f`` (float)     ``mask=f`` or ``mask=masks.bias(f)``
+    ``is_causal=True``          ``mask=masks.causal()`` (``"top_left"``)
+    ``enable_gqa=True``         always on: query heads a multiple of key heads
+    ``dropout_p``, ``scale``    the same
+    ==========================  ==============================================
+
+    A keyword ``attention()`` does not take raises TypeError naming the close ones
+    (``is_casual`` -> ``is_causal``) and, for other libraries' names (``causal``,
+    ``softmax_scale``, ``key_padding_mask``, ...), attnkit's equivalent.
 
     Returns:
         output (..., L, Ev); with ``return_weights``/``return_lse`` a tuple
         ``(output, weights?, lse?)`` in that order. A query row with no key to
         attend gives output 0, weights 0 and lse -inf (never NaN).
     """
+    if is_causal is not False or attn_mask is not None or enable_gqa is not None or unexpected:
+        if unexpected:
+            refuse_unknown("attention", unexpected, _KEYWORDS)
+        mask = sdpa_mask(query, key, mask, is_causal, attn_mask, enable_gqa)  # type: ignore[assignment]
     plan_key = None
     if return_weights is False and return_lse is False and mods is None:
         plan_key = _plans.plan_key(
@@ -145,6 +183,10 @@ def explain(
     backend: BackendArg = None,
     mods: ModsArg = None,
     check_finite: bool = True,
+    is_causal: bool = False,
+    attn_mask: torch.Tensor | None = None,
+    enable_gqa: bool | None = None,
+    **unexpected: Never,
 ) -> Explanation:
     """Which backend :func:`attention` would run for these arguments, and why.
 
@@ -152,6 +194,10 @@ def explain(
     result's ``reasons`` maps every backend to its reasons not to run (an empty
     list means it can); ``chosen`` is the one that would run (None if none).
     """
+    if is_causal is not False or attn_mask is not None or enable_gqa is not None or unexpected:
+        if unexpected:
+            refuse_unknown("explain", unexpected, _KEYWORDS)
+        mask = sdpa_mask(query, key, mask, is_causal, attn_mask, enable_gqa)  # type: ignore[assignment]
     inputs = validate_inputs(
         query,
         key,
@@ -166,6 +212,12 @@ def explain(
         check_finite=check_finite,
     )
     return explain_inputs(_split_common(_split_sinks(inputs)[0])[0], normalize_backend_arg(backend))
+
+
+_KEYWORDS = tuple(
+    name for name in inspect.signature(attention).parameters if name not in ("unexpected",)
+)
+"""The keyword names attention() and explain() take (named in the error for any other)."""
 
 
 def _split_common(inputs: AttentionInputs) -> tuple[AttentionInputs, tuple[PositionMod, ...]]:
