@@ -15,13 +15,14 @@ from . import masks as _masks
 from ._backward_inputs import check_backward_tensors
 from ._inputs import AttentionInputs, validate_inputs
 from ._keywords import refuse_unknown, sdpa_mask
+from ._masked_softmax import masked_softmax
 from .backends._common import graph_link
 from .backends.base import AttentionResult
 from .backends.dispatch import Explanation, explain_inputs, normalize_backend_arg, select_backend
 from .mods import Mod, PositionMod, Sinks, Softcap
 from .scores import Score
 
-__all__ = ["attention", "attention_backward", "explain"]
+__all__ = ["attention", "attention_backward", "explain", "masked_softmax"]
 
 ScoreArg = str | Score
 MaskArg = _masks.Mask | torch.Tensor | None
