@@ -44,35 +44,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--suite",
         default="all",
         choices=all_suite_names(),
-        help="which cases to run (default: all; 'overhead' is its own suite)",
+        help="which cases to run; 'all' leaves out 'overhead', its own suite (default: %(default)s)",
     )
     parser.add_argument(
         "--device",
         default="cpu",
         choices=["cpu", "cuda"],
-        help="cpu (default) or cuda: the GPU cases, or the overhead suite on the GPU",
+        help="cpu or cuda: the GPU cases, or the overhead suite on the GPU (default: %(default)s)",
     )
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="tiny shapes, no memory runs: checks every case works, in seconds",
+        help="tiny shapes, no memory runs: checks every case works, in seconds (default: off)",
     )
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    parser.add_argument(
+        "--json", metavar="FILE", help="also write the results as JSON to FILE (default: none)"
+    )
     memory = parser.add_mutually_exclusive_group()
     memory.add_argument(
         "--no-memory",
         action="store_true",
-        help="skip the peak-memory runs (each side once in a child process)",
+        help="skip the peak-memory runs (each side once in a child process; default: they run, except with --quick)",
     )
     memory.add_argument(
-        "--memory", action="store_true", help="run the peak-memory children with --quick too"
+        "--memory",
+        action="store_true",
+        help="run the peak-memory children with --quick too (default: off)",
     )
     parser.add_argument(
         "--budget",
         type=budget_seconds,
         default=None,
         metavar="SECONDS",
-        help="timing budget per case (default 8, 0.2 with --quick); at least 3 pairs run",
+        help="timing budget per case; at least 3 pairs run (default: 8, 0.2 with --quick)",
     )
 
 
