@@ -152,6 +152,13 @@ def _row(r: Any, judged: bool = True) -> list[str]:
     return [*times, *verdict, *memory]
 
 
+def _judged_order(results: list[Any]) -> list[Any]:
+    """The cases where attnkit wins most first, failures last."""
+    return sorted(
+        results, key=lambda r: (r.error is not None, r.speedup is None, -(r.speedup or 0.0))
+    )
+
+
 def table(results: list[Any], *, judged: bool = True) -> str:
     """The results as a text table, the cases where attnkit wins most first.
 
@@ -159,10 +166,7 @@ def table(results: list[Any], *, judged: bool = True) -> str:
     cases in the order they ran.
     """
     if judged:
-        results = sorted(
-            results,
-            key=lambda r: (r.error is not None, r.speedup is None, -(r.speedup or 0.0)),
-        )
+        results = _judged_order(results)
         head = ["case", "attnkit", "baseline", "speedup", "target", "met"]
     else:
         head = ["case", "attnkit", "baseline", "status"]
@@ -172,6 +176,21 @@ def table(results: list[Any], *, judged: bool = True) -> str:
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def legend(results: list[Any]) -> str:
+    """What each row of :func:`table` compares: its baseline and the shape it measured.
+
+    One line per case, in the table's order, after a heading; a case that failed before
+    its sides were built says so instead of a baseline and a shape.
+    """
+    width = max((len(r.name) for r in results), default=0)
+    lines = ["baseline and shape of each case (the 'baseline' column times the baseline):"]
+    for r in results:
+        base = r.baseline_name if r.baseline_name not in ("", "-") else "not built"
+        shape = r.shape if r.shape not in ("", "-") else "not built"
+        lines.append(f"  {r.name:<{width}}  baseline: {base}; shape: {shape}")
     return "\n".join(lines)
 
 
@@ -226,8 +245,10 @@ def run(args: argparse.Namespace) -> int:
         print(QUICK_NOTE)
         print(table(results, judged=False))
         print("times: median per call of interleaved pairs; MiB = peak extra")
+        print(legend(results))
     else:
         print(table(results))
+        print(legend(_judged_order(results)))
         print(
             "speedup = baseline time / attnkit time (median of interleaved pairs); MiB = peak extra"
         )
