@@ -100,9 +100,10 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
         self.query_features = self.key_features = self.value_features = 0  # not known yet
         for name, param in list(self._parameters.items()):
             if param is not None:
-                self._parameters[name] = UninitializedParameter(device=device, dtype=dtype)
+                lazy = UninitializedParameter(device=device, dtype=dtype)  # type: ignore[call-arg]
+                self._parameters[name] = lazy  # type: ignore[assignment]
 
-    def initialize_parameters(  # type: ignore[override]
+    def initialize_parameters(
         self, query: object, value: object, key: object = None, *args: Any, **kwargs: Any
     ) -> None:
         """Build the parameters from the first call's feature sizes (LazyModuleMixin).
