@@ -94,9 +94,10 @@ def attention(
             SDPA's default rule, the head dims must be equal (or the key's 1).
 
     From :func:`torch.nn.functional.scaled_dot_product_attention`, every keyword works
-    and gives SDPA's numbers: ``attn_mask``, ``dropout_p``, ``is_causal``, ``scale``
-    (None = 1/sqrt(E), as SDPA) and ``enable_gqa``; the one difference is a row whose
-    mask keeps no key, which gives 0 here on every path. In attnkit's own terms:
+    and gives SDPA's numbers: ``attn_mask``, ``dropout_p`` (its own random draws),
+    ``is_causal``, ``scale`` (None = 1/sqrt(E), as SDPA) and ``enable_gqa``. A row whose
+    mask keeps no key gives 0 here on every path (SDPA gives 0 or NaN, by kernel). In
+    attnkit's own terms:
 
     ==========================  ==============================================
     SDPA                        attnkit
