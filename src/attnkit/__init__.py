@@ -20,7 +20,7 @@ from .backends.dispatch import (
     unregister_backend,
     use_backend,
 )
-from .functional import attention, attention_backward, explain
+from .functional import attention, attention_backward, explain, masked_softmax
 
 __version__ = "0.1.0"
 
@@ -43,6 +43,7 @@ __all__ = [
     "available_backends",
     "explain",
     "get_backend",
+    "masked_softmax",
     "masks",
     "mods",
     "nn",
@@ -52,3 +53,7 @@ __all__ = [
     "use_backend",
     "viz",
 ]
+
+from ._namespace import public_dir as _public_dir  # noqa: E402
+
+__dir__ = _public_dir(__all__)

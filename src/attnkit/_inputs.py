@@ -16,6 +16,7 @@ import torch
 from . import masks as _masks
 from ._host import readable
 from ._layout import HeadLayout
+from ._score_names import check_score_name
 from .blockplan import BlockPlan, build_plan
 from .mods.base import Mod, as_list
 from .scores import Score, is_shared_score, resolve_score
@@ -292,7 +293,7 @@ def validate_inputs(
             f"query, key: feature dim must be >= 1, got query {_shape(q)}, key {_shape(k)}"
         )
 
-    sc = resolve_score(score)  # type: ignore[arg-type]
+    sc = resolve_score(check_score_name(score))  # type: ignore[arg-type]
     qd, kd = sc.query_dim(), sc.key_dim()
     if qd is None and kd is None:
         if E != Ek:

@@ -23,10 +23,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+TOP_LEVEL_OPTIONS: dict[str, str] = {
+    "-h, --help": "print this message and exit",
+    "-V, --version": "print attnkit's version and exit",
+}
+"""The options ``attnkit`` takes before a command (none has a value, so none a default)."""
+
+
 def _usage() -> str:
-    width = max(len(n) for n in COMMANDS)
+    width = max(len(n) for n in [*COMMANDS, *TOP_LEVEL_OPTIONS])
     lines = ["usage: attnkit COMMAND [options]", "", "commands:"]
     lines += [f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()]
+    lines += ["", "options:"]
+    lines += [f"  {flags:<{width}}  {what}" for flags, what in TOP_LEVEL_OPTIONS.items()]
     lines += ["", "Run 'attnkit COMMAND --help' for a command's options."]
     return "\n".join(lines)
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, Literal, Never
 
 import torch
 
@@ -13,13 +14,15 @@ from . import _plans, _recording
 from . import masks as _masks
 from ._backward_inputs import check_backward_tensors
 from ._inputs import AttentionInputs, validate_inputs
+from ._keywords import refuse_unknown, sdpa_mask
+from ._masked_softmax import masked_softmax
 from .backends._common import graph_link
 from .backends.base import AttentionResult
 from .backends.dispatch import Explanation, explain_inputs, normalize_backend_arg, select_backend
 from .mods import Mod, PositionMod, Sinks, Softcap
 from .scores import Score
 
-__all__ = ["attention", "attention_backward", "explain"]
+__all__ = ["attention", "attention_backward", "explain", "masked_softmax"]
 
 ScoreArg = str | Score
 MaskArg = _masks.Mask | torch.Tensor | None
@@ -41,6 +44,10 @@ def attention(
     backend: BackendArg = None,
     mods: ModsArg = None,
     check_finite: bool = True,
+    is_causal: bool = False,
+    attn_mask: torch.Tensor | None = None,
+    enable_gqa: bool | None = None,
+    **unexpected: Never,
 ) -> Any:
     """Exact attention with any score and any mask convention.
 
@@ -52,6 +59,8 @@ def attention(
         value: (..., S, Ev).
         score: "scaled_dot" (default), "dot", "gaussian", or a
             :mod:`attnkit.scores` object (Bilinear, Additive, Gaussian(sigma), ...).
+            "bilinear" and "additive" (names ``attnkit explain --score`` knows) hold
+            learned weights, so as strings they are refused with the object to pass.
         mask: an :mod:`attnkit.masks` object (``masks.keep``, ``masks.causal()``,
             ``masks.valid_lens(lens)``, combinations with ``&``), or a float
             tensor (..., L, S) added to the logits. A raw bool tensor is refused:
@@ -74,12 +83,45 @@ def attention(
             inputs. False: the caller guarantees finite inputs (like scipy's
             ``check_finite=False``); the checks are skipped and non-finite inputs give
             whatever the kernel gives.
+        is_causal: SDPA's keyword: True = ``mask=masks.causal()`` (top-left aligned, as
+            SDPA: query i keeps keys j <= i). With ``mask=`` it is ``mask &
+            masks.causal()``; with ``attn_mask`` it is refused, as SDPA refuses it.
+        attn_mask: SDPA's keyword: a bool tensor (..., L, S) in SDPA's polarity (True =
+            may attend, ``masks.keep(attn_mask)``) or a float tensor added to the logits
+            (``masks.bias(attn_mask)``). Refused together with ``mask=``.
+        enable_gqa: SDPA's keyword. None (default): the query's head dim (-3) may be a
+            multiple of the key's (grouped-query attention). True: the same. False:
+            SDPA's default rule, the head dims must be equal (or the key's 1).
+
+    From :func:`torch.nn.functional.scaled_dot_product_attention`, every keyword works
+    and gives SDPA's numbers: ``attn_mask``, ``dropout_p`` (its own random draws),
+    ``is_causal``, ``scale`` (None = 1/sqrt(E), as SDPA) and ``enable_gqa``. A row whose
+    mask keeps no key gives 0 here on every path (SDPA gives 0 or NaN, by kernel). In
+    attnkit's own terms:
+
+    ==========================  ==============================================
+    SDPA                        attnkit
+    ==========================  ==============================================
+    ``attn_mask=b`` (bool)      ``mask=masks.keep(b)``
+    ``attn_mask=f`` (float)     ``mask=f`` or ``mask=masks.bias(f)``
+    ``is_causal=True``          ``mask=masks.causal()`` (``"top_left"``)
+    ``enable_gqa=True``         always on: query heads a multiple of key heads
+    ``dropout_p``, ``scale``    the same
+    ==========================  ==============================================
+
+    A keyword ``attention()`` does not take raises TypeError naming the close ones
+    (``is_casual`` -> ``is_causal``) and, for other libraries' names (``causal``,
+    ``softmax_scale``, ``key_padding_mask``, ...), attnkit's equivalent.
 
     Returns:
         output (..., L, Ev); with ``return_weights``/``return_lse`` a tuple
         ``(output, weights?, lse?)`` in that order. A query row with no key to
         attend gives output 0, weights 0 and lse -inf (never NaN).
     """
+    if is_causal is not False or attn_mask is not None or enable_gqa is not None or unexpected:
+        if unexpected:
+            refuse_unknown("attention", unexpected, _KEYWORDS)
+        mask = sdpa_mask(query, key, mask, is_causal, attn_mask, enable_gqa)  # type: ignore[assignment]
     plan_key = None
     if return_weights is False and return_lse is False and mods is None:
         plan_key = _plans.plan_key(
@@ -143,6 +185,10 @@ def explain(
     backend: BackendArg = None,
     mods: ModsArg = None,
     check_finite: bool = True,
+    is_causal: bool = False,
+    attn_mask: torch.Tensor | None = None,
+    enable_gqa: bool | None = None,
+    **unexpected: Never,
 ) -> Explanation:
     """Which backend :func:`attention` would run for these arguments, and why.
 
@@ -150,6 +196,10 @@ def explain(
     result's ``reasons`` maps every backend to its reasons not to run (an empty
     list means it can); ``chosen`` is the one that would run (None if none).
     """
+    if is_causal is not False or attn_mask is not None or enable_gqa is not None or unexpected:
+        if unexpected:
+            refuse_unknown("explain", unexpected, _KEYWORDS)
+        mask = sdpa_mask(query, key, mask, is_causal, attn_mask, enable_gqa)  # type: ignore[assignment]
     inputs = validate_inputs(
         query,
         key,
@@ -164,6 +214,12 @@ def explain(
         check_finite=check_finite,
     )
     return explain_inputs(_split_common(_split_sinks(inputs)[0])[0], normalize_backend_arg(backend))
+
+
+_KEYWORDS = tuple(
+    name for name in inspect.signature(attention).parameters if name not in ("unexpected",)
+)
+"""The keyword names attention() and explain() take (named in the error for any other)."""
 
 
 def _split_common(inputs: AttentionInputs) -> tuple[AttentionInputs, tuple[PositionMod, ...]]:
@@ -301,3 +357,8 @@ def _pack(inputs: AttentionInputs, result: AttentionResult) -> Any:
         assert result.lse is not None
         out.append(result.lse)
     return tuple(out)
+
+
+from ._namespace import public_dir as _public_dir  # noqa: E402
+
+__dir__ = _public_dir(__all__)

@@ -300,3 +300,8 @@ def resolve_score(score: str | Score) -> Score:
         f"score: expected a string ({', '.join(sorted(_NAMED))}) or an attnkit.scores.Score, "
         f"got {type(score).__name__}"
     )
+
+
+from ._namespace import public_dir as _public_dir  # noqa: E402
+
+__dir__ = _public_dir(__all__)

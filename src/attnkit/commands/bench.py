@@ -44,35 +44,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--suite",
         default="all",
         choices=all_suite_names(),
-        help="which cases to run (default: all; 'overhead' is its own suite)",
+        help="which cases to run; 'all' leaves out 'overhead', its own suite (default: %(default)s)",
     )
     parser.add_argument(
         "--device",
         default="cpu",
         choices=["cpu", "cuda"],
-        help="cpu (default) or cuda: the GPU cases, or the overhead suite on the GPU",
+        help="cpu or cuda: the GPU cases, or the overhead suite on the GPU (default: %(default)s)",
     )
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="tiny shapes, no memory runs: checks every case works, in seconds",
+        help="tiny shapes, no memory runs: checks every case works, in seconds (default: off)",
     )
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    parser.add_argument(
+        "--json", metavar="FILE", help="also write the results as JSON to FILE (default: none)"
+    )
     memory = parser.add_mutually_exclusive_group()
     memory.add_argument(
         "--no-memory",
         action="store_true",
-        help="skip the peak-memory runs (each side once in a child process)",
+        help="skip the peak-memory runs (each side once in a child process; default: they run, except with --quick)",
     )
     memory.add_argument(
-        "--memory", action="store_true", help="run the peak-memory children with --quick too"
+        "--memory",
+        action="store_true",
+        help="run the peak-memory children with --quick too (default: off)",
     )
     parser.add_argument(
         "--budget",
         type=budget_seconds,
         default=None,
         metavar="SECONDS",
-        help="timing budget per case (default 8, 0.2 with --quick); at least 3 pairs run",
+        help="timing budget per case; at least 3 pairs run (default: 8, 0.2 with --quick)",
     )
 
 
@@ -148,6 +152,13 @@ def _row(r: Any, judged: bool = True) -> list[str]:
     return [*times, *verdict, *memory]
 
 
+def _judged_order(results: list[Any]) -> list[Any]:
+    """The cases where attnkit wins most first, failures last."""
+    return sorted(
+        results, key=lambda r: (r.error is not None, r.speedup is None, -(r.speedup or 0.0))
+    )
+
+
 def table(results: list[Any], *, judged: bool = True) -> str:
     """The results as a text table, the cases where attnkit wins most first.
 
@@ -155,10 +166,7 @@ def table(results: list[Any], *, judged: bool = True) -> str:
     cases in the order they ran.
     """
     if judged:
-        results = sorted(
-            results,
-            key=lambda r: (r.error is not None, r.speedup is None, -(r.speedup or 0.0)),
-        )
+        results = _judged_order(results)
         head = ["case", "attnkit", "baseline", "speedup", "target", "met"]
     else:
         head = ["case", "attnkit", "baseline", "status"]
@@ -168,6 +176,21 @@ def table(results: list[Any], *, judged: bool = True) -> str:
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def legend(results: list[Any]) -> str:
+    """What each row of :func:`table` compares: its baseline and the shape it measured.
+
+    One line per case, in the table's order, after a heading; a case that failed before
+    its sides were built says so instead of a baseline and a shape.
+    """
+    width = max((len(r.name) for r in results), default=0)
+    lines = ["baseline and shape of each case (the 'baseline' column times the baseline):"]
+    for r in results:
+        base = r.baseline_name if r.baseline_name not in ("", "-") else "not built"
+        shape = r.shape if r.shape not in ("", "-") else "not built"
+        lines.append(f"  {r.name:<{width}}  baseline: {base}; shape: {shape}")
     return "\n".join(lines)
 
 
@@ -222,8 +245,10 @@ def run(args: argparse.Namespace) -> int:
         print(QUICK_NOTE)
         print(table(results, judged=False))
         print("times: median per call of interleaved pairs; MiB = peak extra")
+        print(legend(results))
     else:
         print(table(results))
+        print(legend(_judged_order(results)))
         print(
             "speedup = baseline time / attnkit time (median of interleaved pairs); MiB = peak extra"
         )

@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--seed",
         type=seed_value,
         default=0,
-        help=f"random seed for the examples, in [0, {SEED_MAX}] (default 0)",
+        help=f"random seed for the examples, in [0, {SEED_MAX}] (default: %(default)s)",
     )
 
 

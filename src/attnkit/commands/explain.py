@@ -29,6 +29,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .. import _score_names as score_names
 from .. import masks, scores
 from ..backends.dispatch import Explanation
 from ..functional import explain
@@ -42,6 +43,15 @@ _DTYPES = {
     "bfloat16": torch.bfloat16,
 }
 
+MASK_HELP = {
+    "none": "no mask",
+    "causal": 'masks.causal("top_left")',
+    "window": "masks.window(min(128, S), 0)",
+    "valid_lens": "masks.valid_lens(lens), every length S",
+    "key_padding": "masks.key_padding(pad) of shape (B, S), no padding",
+}
+"""The masks ``--mask`` describes, as the call passes them."""
+
 MAX_ELEMENTS = 2**62
 """Largest element count of any described tensor (torch indexes elements with int64)."""
 
@@ -52,36 +62,62 @@ TensorFactory = Callable[..., torch.Tensor]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--batch", type=int, default=2, help="batch size B (default 2)")
-    parser.add_argument("--heads", type=int, default=8, help="heads H (default 8)")
-    parser.add_argument("-L", "--queries", type=int, default=512, help="query length L")
-    parser.add_argument("-S", "--keys", type=int, default=None, help="key length S (default L)")
-    parser.add_argument("-E", "--dim", type=int, default=64, help="feature dim E (default 64)")
+    parser.add_argument("--batch", type=int, default=2, help="batch size B (default: %(default)s)")
+    parser.add_argument("--heads", type=int, default=8, help="heads H (default: %(default)s)")
+    parser.add_argument(
+        "-L", "--queries", type=int, default=512, help="query length L (default: %(default)s)"
+    )
+    parser.add_argument(
+        "-S", "--keys", type=int, default=None, help="key length S (default: L, as -L gives it)"
+    )
+    parser.add_argument(
+        "-E", "--dim", type=int, default=64, help="feature dim E (default: %(default)s)"
+    )
     parser.add_argument(
         "--score",
         default="scaled_dot",
-        choices=["dot", "scaled_dot", "gaussian", "bilinear", "additive"],
+        choices=score_names.ALL,
+        help=f"the score: {', '.join(score_names.NAMED)} as attention(score=NAME) takes them; "
+        "bilinear and additive hold weights, so the call described passes the object "
+        "scores.Bilinear(E, E) or scores.Additive(E, E, E) (default: %(default)s)",
     )
     parser.add_argument(
-        "--mask", default="none", choices=["none", "causal", "window", "valid_lens", "key_padding"]
+        "--mask",
+        default="none",
+        choices=list(MASK_HELP),
+        help="the mask: "
+        + "; ".join(f"{name}: {what}" for name, what in MASK_HELP.items())
+        + " (default: %(default)s)",
     )
-    parser.add_argument("--dtype", default="float32", choices=sorted(_DTYPES))
-    parser.add_argument("--weights", action="store_true", help="ask for the attention weights")
-    parser.add_argument("--lse", action="store_true", help="ask for the log-sum-exp")
-    parser.add_argument("--grad", action="store_true", help="inputs require gradients")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=sorted(_DTYPES),
+        help="dtype of query, key and value (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--weights", action="store_true", help="ask for the attention weights (default: off)"
+    )
+    parser.add_argument("--lse", action="store_true", help="ask for the log-sum-exp (default: off)")
+    parser.add_argument(
+        "--grad", action="store_true", help="inputs require gradients (default: off)"
+    )
     parser.add_argument(
         "--gpu-targets",
         action="store_true",
         help="instead: compile the triton kernels for every NVIDIA target (sm_75 to sm_90, "
-        "no GPU needed) and print shared memory and register spills per target",
+        "no GPU needed) and print shared memory and register spills per target (default: off)",
     )
     parser.add_argument(
-        "--full", action="store_true", help="with --gpu-targets: the whole matrix (slow)"
+        "--full",
+        action="store_true",
+        help="with --gpu-targets: the whole matrix, slow (default: off)",
     )
     parser.add_argument(
         "--transformers",
         action="store_true",
-        help='instead: what the installed transformers offers attn_implementation="attnkit"',
+        help="instead: what the installed transformers offers "
+        'attn_implementation="attnkit" (default: off)',
     )
 
 
@@ -107,13 +143,9 @@ def shape_only_cpu_tensor(
 
 
 def _score(name: str, E: int, dtype: torch.dtype, make: TensorFactory) -> str | scores.Score:
-    if name not in ("bilinear", "additive"):
-        return name
-    built: scores.Score = (
-        scores.Bilinear(E, E, device="meta", dtype=dtype)
-        if name == "bilinear"
-        else scores.Additive(E, E, E, device="meta", dtype=dtype)
-    )
+    if name not in score_names.NEEDS_WEIGHTS:
+        return name  # a string attention(score=...) takes
+    built = score_names.build_with_weights(name, E, device="meta", dtype=dtype)
     # Parameters as described tensors too: (E, E) weights would be allocated otherwise.
     for module in built.modules():
         for pname, param in list(module._parameters.items()):

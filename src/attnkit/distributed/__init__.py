@@ -41,3 +41,7 @@ __all__ = [
     "shard_lengths",
     "unshard",
 ]
+
+from .._namespace import public_dir as _public_dir
+
+__dir__ = _public_dir(__all__)

@@ -120,7 +120,20 @@ def tf(tensor: torch.Tensor) -> KeepMask:
 
 
 def valid_lens(lens: torch.Tensor | Sequence[int], queries: bool = False) -> ValidLensMask:
-    """d2l ``valid_lens``: (B,) per batch or (B, L) per query; key j kept when j < length."""
+    """d2l's ``valid_lens``: key ``j`` is kept when ``j < length``.
+
+    Args:
+        lens: int lengths in [0, S]: (B,), one per batch element (first leading dim of
+            the query; they broadcast over the other leading dims, e.g. heads), or
+            (B, L), one per query row.
+        queries: False (default, d2l's behaviour): only keys are masked. True (needs
+            (B,) lengths): query rows ``i >= length`` are padding too and become fully
+            masked rows (output 0, weights 0, lse -inf), for self-attention over padded
+            sequences.
+
+    A row that keeps no key (a length of 0) gives output 0 and weights 0, where d2l's
+    ``masked_softmax`` gives a uniform row (see :func:`attnkit.masked_softmax`).
+    """
     return ValidLensMask(lens, queries=queries)
 
 
@@ -191,3 +204,8 @@ def prefix_lm(
     and key ``j`` by query ``i`` when ``j <= i`` (causal). ``prefix``: an int or a (B,)
     tensor of per-batch lengths; ``align`` and the offsets as for :func:`causal`."""
     return PrefixLMMask(prefix, align, q_offset=q_offset, k_offset=k_offset)
+
+
+from .._namespace import public_dir as _public_dir  # noqa: E402
+
+__dir__ = _public_dir(__all__)

@@ -102,3 +102,8 @@ def softcap(cap: float) -> Softcap:
 def sinks(logits: torch.Tensor) -> Sinks:
     """Attention sinks: ``logits`` (H,), one learnable logit per query head (gpt-oss)."""
     return Sinks(logits)
+
+
+from .._namespace import public_dir as _public_dir  # noqa: E402
+
+__dir__ = _public_dir(__all__)

@@ -63,7 +63,8 @@ class EinsumMultiHeadAttention(nn.Module):
         attention_axes: the query/value axes attention runs over, ints
             counted on the input (negative from the end; the feature axis
             -1 is not allowed). None: every axis but the first and the last.
-        query_features: Fq, the last dim of ``query`` (required).
+        query_features: Fq, the last dim of ``query`` (required; for feature sizes
+            inferred from the first call use :class:`attnkit.nn.MultiHeadAttention`).
         value_features: Fv, the last dim of ``value`` (default ``query_features``).
         key_features: Fk, the last dim of ``key`` (default ``value_features``).
         sliding_window: None, or w > 0: query position i attends only to key
@@ -92,7 +93,7 @@ class EinsumMultiHeadAttention(nn.Module):
         output_shape: int | Sequence[int] | None = None,
         attention_axes: int | Sequence[int] | None = None,
         *,
-        query_features: int,
+        query_features: int | None = None,
         value_features: int | None = None,
         key_features: int | None = None,
         sliding_window: int | None = None,
@@ -109,6 +110,12 @@ class EinsumMultiHeadAttention(nn.Module):
         )
         self.dropout = check_dropout(_OWNER, dropout)
         self.use_bias = bool(use_bias)
+        if query_features is None:
+            raise TypeError(
+                f"{_OWNER}: query_features (Fq, the last dim of query) is required, the "
+                "parameters' shapes depend on it; to infer the feature sizes from the first "
+                "call, as Keras does, use attnkit.nn.MultiHeadAttention(num_heads, key_dim, ...)"
+            )
         self.query_features = check_positive_int(_OWNER, "query_features", query_features)
         vf = value_features if value_features is not None else query_features
         self.value_features = check_positive_int(_OWNER, "value_features", vf)
@@ -226,6 +233,8 @@ class EinsumMultiHeadAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         return_attention_scores: bool = False,
         use_causal_mask: bool = False,
+        *,
+        training: bool | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query`` to ``key``/``value`` (``key`` defaults to ``value``).
 
@@ -244,6 +253,9 @@ class EinsumMultiHeadAttention(nn.Module):
             use_causal_mask: query position i attends to key positions j <= i
                 (top-left; positions of several attention axes in row-major order).
                 Combines with the layer's ``sliding_window``.
+            training: Keras's flag: None (default) follows the module's mode
+                (``.train()``/``.eval()``); True or False applies dropout or not
+                for this call.
 
         Returns:
             output (B, *T, *O); with ``return_attention_scores`` the tuple
@@ -265,6 +277,8 @@ class EinsumMultiHeadAttention(nn.Module):
             raise TypeError(
                 f"{_OWNER}: use_causal_mask must be True or False, got {use_causal_mask!r}"
             )
+        if training is not None and not isinstance(training, bool):
+            raise TypeError(f"{_OWNER}: training must be None, True or False, got {training!r}")
         t_sizes = tuple(int(query.shape[a]) for a in axes)
         s_sizes = tuple(int(key.shape[a]) for a in axes)
         b_sizes = tuple(int(query.shape[a]) for a in batch_axes)
@@ -281,7 +295,7 @@ class EinsumMultiHeadAttention(nn.Module):
         k = k.permute(perm).reshape(*b_sizes, H, Sf, self.key_dim)  # (*batch, H, S, Dk)
         v = v.permute(perm).reshape(*b_sizes, H, Sf, self.value_dim)  # (*batch, H, S, Dv)
 
-        dropout_p = self.dropout if self.training else 0.0
+        dropout_p = self.dropout if (self.training if training is None else training) else 0.0
         out, weights = attend(
             q,
             k,

@@ -63,3 +63,8 @@ def __getattr__(name: str) -> Any:
 
         return getattr(heatmap, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+from .._namespace import public_dir as _public_dir  # noqa: E402
+
+__dir__ = _public_dir(__all__)

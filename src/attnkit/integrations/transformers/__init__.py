@@ -66,3 +66,7 @@ def register() -> None:
 
 
 register()
+
+from ..._namespace import public_dir as _public_dir  # noqa: E402
+
+__dir__ = _public_dir(__all__)

@@ -1,0 +1,26 @@
+"""What ``dir()`` of a public namespace lists: the names it exports, nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+__all__ = ["public_dir"]
+
+
+def public_dir(names: Iterable[str]) -> Callable[[], list[str]]:
+    """A module-level ``__dir__`` that lists ``names`` (a module's ``__all__``), sorted.
+
+    Args:
+        names: the module's exported names.
+
+    Returns:
+        a function of no arguments returning those names, sorted, as ``dir(module)``
+        calls it (``module.__dir__ = public_dir(__all__)``): the imports a module
+        uses (``torch``, ``math``, ...) are not listed.
+    """
+    listed = sorted(set(names))
+
+    def __dir__() -> list[str]:
+        return list(listed)
+
+    return __dir__

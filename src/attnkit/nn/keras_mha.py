@@ -1,0 +1,205 @@
+"""``keras.layers.MultiHeadAttention`` in PyTorch: feature sizes inferred from the first call.
+
+:class:`MultiHeadAttention` takes Keras's constructor and call arguments. Like a Keras
+layer (and torch's lazy modules, :class:`torch.nn.modules.lazy.LazyModuleMixin`), it
+learns the feature sizes of query, key and value from its first call: until then its
+kernels are :class:`torch.nn.parameter.UninitializedParameter` (``.to(device)`` works;
+build an optimizer after the first call). It is an
+:class:`attnkit.nn.EinsumMultiHeadAttention` once built: same parameters, same
+state_dict keys, same numbers, attention through :func:`attnkit.attention`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.nn.modules.lazy import LazyModuleMixin
+from torch.nn.parameter import UninitializedParameter
+
+from ._common import check_factory_dtype, shape_str
+from .einsum import EinsumMultiHeadAttention
+
+__all__ = ["MultiHeadAttention"]
+
+_OWNER = "MultiHeadAttention"
+
+
+class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
+    """Keras's ``MultiHeadAttention``, feature sizes inferred from the first call.
+
+    Not torch's layer: for ``torch.nn.MultiheadAttention(embed_dim, num_heads)`` use
+    :class:`attnkit.nn.MultiheadAttention` (lower-case h, torch's spelling).
+
+    Args:
+        num_heads: H.
+        key_dim: Dk, the size of each head for query and key; logits scaled by 1/sqrt(Dk).
+        value_dim: Dv, the size of each head for value (default ``key_dim``).
+        dropout: dropout on the attention weights while training, in [0, 1).
+        use_bias: biases on the four projections.
+        output_shape: the trailing output shape O, an int or a tuple (default: the
+            query's feature size Fq, known at the first call).
+        attention_axes: the axes attention runs over (None: every axis but the first
+            and the last), as in :class:`attnkit.nn.EinsumMultiHeadAttention`.
+        sliding_window, use_gate: as in :class:`attnkit.nn.EinsumMultiHeadAttention`.
+        device, dtype: of the parameters when they are built (floating point).
+
+    Parameters, built at the first call from query (B, *T, Fq), value (B, *S, Fv) and
+    key (B, *S, Fk): ``query_kernel`` (Fq, H, Dk), ``key_kernel`` (Fk, H, Dk),
+    ``value_kernel`` (Fv, H, Dv), ``output_kernel`` (H, Dv, *O) and their biases, Glorot
+    uniform and zeros as Keras initializes them. ``load_state_dict`` before the first
+    call builds them from the loaded shapes.
+
+    >>> import torch
+    >>> from attnkit.nn import MultiHeadAttention
+    >>> mha = MultiHeadAttention(num_heads=2, key_dim=4)
+    >>> x = torch.randn(3, 5, 8)                          # (B, T, F)
+    >>> mha(x, x, use_causal_mask=True).shape             # self-attention, causal
+    torch.Size([3, 5, 8])
+    >>> mha.query_kernel.shape                            # (Fq, H, Dk), from the call
+    torch.Size([8, 2, 4])
+    """
+
+    cls_to_become = None  # stays this class: its forward takes Keras's ``training``
+
+    def __init__(
+        self,
+        num_heads: int,
+        key_dim: int,
+        value_dim: int | None = None,
+        dropout: float = 0.0,
+        use_bias: bool = True,
+        output_shape: int | Sequence[int] | None = None,
+        attention_axes: int | Sequence[int] | None = None,
+        *,
+        sliding_window: int | None = None,
+        use_gate: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        check_factory_dtype(_OWNER, dtype)
+        # Every argument is checked by EinsumMultiHeadAttention; its parameters are built
+        # on the meta device (nothing allocated) with placeholder feature sizes, then
+        # replaced by uninitialized ones until the first call gives the sizes.
+        super().__init__(
+            num_heads,
+            key_dim,
+            value_dim,
+            dropout,
+            use_bias,
+            output_shape,
+            attention_axes,
+            query_features=1,
+            sliding_window=sliding_window,
+            use_gate=use_gate,
+            device="meta",
+            dtype=dtype,
+        )
+        self._output_shape_arg = None if output_shape is None else self.output_shape
+        self.query_features = self.key_features = self.value_features = 0  # not known yet
+        for name, param in list(self._parameters.items()):
+            if param is not None:
+                lazy = UninitializedParameter(device=device, dtype=dtype)  # type: ignore[call-arg]
+                self._parameters[name] = lazy  # type: ignore[assignment]
+
+    def initialize_parameters(
+        self, query: object, value: object, key: object = None, *args: Any, **kwargs: Any
+    ) -> None:
+        """Build the parameters from the first call's feature sizes (LazyModuleMixin).
+
+        Args:
+            query: (B, *T, Fq); value: (B, *S, Fv); key: (B, *S, Fk) or None (= value).
+        """
+        if key is None:
+            key = kwargs.get("key", None)
+        if key is None:
+            key = value
+        sizes = {}
+        for name, t in (("query", query), ("value", value), ("key", key)):
+            if not isinstance(t, torch.Tensor) or t.ndim < 3:
+                got = shape_str(t) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise (ValueError if isinstance(t, torch.Tensor) else TypeError)(
+                    f"{_OWNER}: {name} must be a tensor of shape (B, *T, F) with at least 3 "
+                    f"dims (its last dim F sets the layer's {name} features), got {got}"
+                )
+            sizes[name] = int(t.shape[-1])
+        if not self.has_uninitialized_params():  # built, or loaded from a state_dict
+            self._read_sizes()
+            return
+        Fq, Fv, Fk = sizes["query"], sizes["value"], sizes["key"]
+        self.query_features, self.value_features, self.key_features = Fq, Fv, Fk
+        if self._output_shape_arg is None:
+            self.output_shape = (Fq,)
+        H, Dk, Dv, out = self.num_heads, self.key_dim, self.value_dim, self.output_shape
+        shapes = {
+            "query_kernel": (Fq, H, Dk),
+            "key_kernel": (Fk, H, Dk),
+            "value_kernel": (Fv, H, Dv),
+            "output_kernel": (H, Dv, *out),
+            "gate_kernel": (Fq, H, Dv),
+            "query_bias": (H, Dk),
+            "key_bias": (H, Dk),
+            "value_bias": (H, Dv),
+            "output_bias": out,
+            "gate_bias": (H, Dv),
+        }
+        with torch.no_grad():
+            for name, param in self._parameters.items():
+                if isinstance(param, UninitializedParameter):
+                    param.materialize(shapes[name])
+            self.reset_parameters()
+
+    def _read_sizes(self) -> None:
+        """The feature sizes and output shape of parameters already built (loaded)."""
+        self.query_features = int(self.query_kernel.shape[0])
+        self.key_features = int(self.key_kernel.shape[0])
+        self.value_features = int(self.value_kernel.shape[0])
+        self.output_shape = tuple(int(d) for d in self.output_kernel.shape[2:])
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        if not self.has_uninitialized_params():
+            self._read_sizes()
+
+    def extra_repr(self) -> str:
+        if self.has_uninitialized_params():
+            return (
+                f"num_heads={self.num_heads}, key_dim={self.key_dim}, "
+                f"value_dim={self.value_dim}, feature sizes: inferred at the first call"
+            )
+        return super().extra_repr()
+
+    def forward(  # type: ignore[override]
+        self,
+        query: torch.Tensor,
+        value: torch.Tensor,
+        key: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        return_attention_scores: bool = False,
+        training: bool | None = None,
+        use_causal_mask: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Keras's call: attend from ``query`` to ``key``/``value``.
+
+        Args:
+            query: (B, *T, Fq); value: (B, *S, Fv); key: (B, *S, Fk), default ``value``.
+            attention_mask: Keras's polarity: bool True (or 1) = may attend, broadcastable
+                to (B, H, *T, *S) under Keras's rule (a (B, T, S) mask fits 3-D inputs).
+                A query row it masks entirely gives 0 (Keras: a uniform average).
+            return_attention_scores: also return the weights (B, H, *T, *S).
+            training: None follows ``.train()``/``.eval()``; True/False: dropout or not.
+            use_causal_mask: query i attends to keys j <= i (top-left, as Keras).
+
+        Returns:
+            output (B, *T, *O), or ``(output, scores)``.
+        """
+        return super().forward(
+            query,
+            value,
+            key,
+            attention_mask,
+            return_attention_scores,
+            use_causal_mask,
+            training=training,
+        )

@@ -1,0 +1,39 @@
+"""dir() of every public namespace lists what it exports (its ``__all__``), sorted."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+NAMESPACES = [
+    "attnkit",
+    "attnkit.masks",
+    "attnkit.scores",
+    "attnkit.mods",
+    "attnkit.nn",
+    "attnkit.viz",
+    "attnkit.distributed",
+    "attnkit.integrations.transformers",
+    "attnkit.functional",
+]
+
+
+@pytest.mark.parametrize("name", NAMESPACES)
+def test_dir_lists_exports_only(name: str) -> None:
+    if name.endswith(".transformers"):
+        pytest.importorskip("transformers")
+    module = importlib.import_module(name)
+    listed = dir(module)
+    assert listed == sorted(module.__all__)
+    for imported in ("torch", "math", "nn", "annotations", "importlib"):
+        if imported not in module.__all__:
+            assert imported not in listed
+    for exported in module.__all__:  # every listed name resolves
+        assert getattr(module, exported) is not None
+
+
+def test_dir_of_scores_names_no_imports() -> None:
+    import attnkit.scores
+
+    assert {"math", "nn", "torch"}.isdisjoint(dir(attnkit.scores))
