@@ -151,7 +151,7 @@ def test_neuron_window_errors_are_one_clear_line() -> None:
         NeuronWindow(near="dog").resolve(tokens, 3)
 
 
-@pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
+@pytest.mark.parametrize("suffix", [".npz", ".safetensors", ".NPZ", ".SafeTensors"])
 @pytest.mark.parametrize("long", [False, True], ids=["dense", "long"])
 def test_saved_weights_round_trip(tmp_path, suffix: str, long: bool) -> None:  # type: ignore[no-untyped-def]
     L = 40
@@ -162,6 +162,7 @@ def test_saved_weights_round_trip(tmp_path, suffix: str, long: bool) -> None:  #
     s = r.finish()
     s.tokens = [f" t{i}" for i in range(L)]
     path = save_weights([s], tmp_path / f"w{suffix}", meta={"model": "tiny"})
+    assert path == tmp_path / f"w{suffix}" and [p.name for p in tmp_path.iterdir()] == [path.name]
     arrays, meta = load_weights(path)
     assert meta["holds"] == ("long" if long else "dense") and meta["meta"] == {"model": "tiny"}
     (info,) = meta["sets"]

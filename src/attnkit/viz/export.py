@@ -20,7 +20,7 @@ the array ``attnkit_meta``), says which kind each set holds (``"holds"``:
 ``"dense"`` or ``"long"``, and the file's own ``"holds"``), with the tokens as
 the page shows them, the layer and head labels, the view (tokens or words,
 renormalised or not), the block size, k, the neuron window and the statistics.
-:func:`load_weights` reads both formats back.
+:func:`load_weights` reads both formats back, whatever the case of the suffix.
 """
 
 from __future__ import annotations
@@ -97,11 +97,12 @@ def save_weights(
     Args:
         sets: the reduced sets (an :class:`~attnkit.models.hf_run.AttentionRun`'s
             ``.sets``), or one set.
-        path: a file name ending in ``.safetensors`` or ``.npz``.
+        path: a file name ending in ``.safetensors`` or ``.npz`` (any case: ``.NPZ``
+            is an npz file, written under exactly this name).
         meta: a few ``name: value`` facts kept in the metadata (the model, the text).
 
     Returns:
-        the path written.
+        the path written: ``path`` itself.
 
     Raises:
         ValueError: another suffix, or no set.
@@ -137,7 +138,9 @@ def save_weights(
         save_file(arrays, str(out), metadata={"attnkit": text})
     else:
         named: dict[str, Any] = {"attnkit_meta": np.array(text), **arrays}
-        np.savez_compressed(out, **named)
+        # A file object: given a name, numpy appends ".npz" to any other ending (".NPZ").
+        with out.open("wb") as f:
+            np.savez_compressed(f, **named)
     return out
 
 
