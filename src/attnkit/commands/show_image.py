@@ -9,9 +9,11 @@ model, statistics and neuron views work as for text.
 Every check runs before a model is built, and each failure is one line with
 exit status 2: Pillow missing (``pip install "attnkit[image]"``), a file that is
 not a picture, a text given as well (a vision transformer reads the picture
-alone), a text-only option, an output that cannot be written, no ``--model``, a
-model that is not a supported vision transformer (the message lists the families),
-or a checkpoint without ``preprocessor_config.json``.
+alone), a text-only option (``--pair``, ``--words``, ``--no-special``, the
+neuron window, ...), an output that cannot be written, no ``--model``, a model
+that is not a supported vision transformer (the message lists the families), or
+a checkpoint without ``preprocessor_config.json``. ``--save-weights`` writes the
+picture's weights as for a text.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ _TEXT_ONLY = (
     ("seed", "--seed", None),
     ("compare", "--compare", None),
     ("compare_model", "--compare-model", None),
+    ("words", "--words", False),
+    ("no_special", "--no-special", False),
+    ("neuron_window", "--neuron-window", None),
+    ("neuron_token", "--neuron-token", None),
 )
 
 
@@ -91,6 +97,7 @@ def _run(args: argparse.Namespace) -> int:
     picture = _open_picture(args.image)
 
     from ..models import hf, hf_vision
+    from ..viz.progress import quiet
     from ..viz.reduce import Budget
 
     try:
@@ -101,7 +108,8 @@ def _run(args: argparse.Namespace) -> int:
     heads = resolve(head_sel, ck.num_heads, "--heads", "head")
     try:
         ck.load()
-        run = ck.attend(picture, layers=layers, heads=heads, budget=Budget(top_k=args.top_k))
+        with quiet(args.quiet):
+            run = ck.attend(picture, layers=layers, heads=heads, budget=Budget(top_k=args.top_k))
     except hf.CheckpointError as exc:
         raise UsageError(f"--model: {exc}") from None
     except ValueError as exc:
@@ -118,8 +126,10 @@ def _write(
     heads: list[int],
     outputs: ShowOutputs,
 ) -> int:
-    """Write the page and the picture of layers × heads (both or none), then print the summary."""
+    """Write the page, the picture of layers × heads and the weights (all or none), then print
+    the summary."""
     from ..viz import to_html
+    from ..viz.export import save_weights
 
     s, layout = run.sets[0], run.layout
     size = f"{count(ck.num_layers, 'layer')} × {count(ck.num_heads, 'head')}"
@@ -150,6 +160,8 @@ def _write(
         jobs.append(
             (outputs.picture, lambda path: save_picture(run.sets, path, fmt, ck.name, args.scale))
         )
+    if outputs.weights is not None:
+        jobs.append((outputs.weights, lambda path: save_weights(run.sets, path, meta=meta)))
     written = write_all(jobs)
 
     print(
@@ -170,6 +182,10 @@ def _write(
         grid = f"{count(len(layers), 'layer')} × {count(len(heads), 'head')}"
         pic_note = f"  ({grid}, {px[0]}×{px[1]} px)" if px else f"  ({grid}, SVG)"
         print(f"wrote {shown_path(outputs.picture.path)}{pic_note}")
+    if outputs.weights is not None:
+        holds = "every weight" if not s.long else "block overviews and exact top-k"
+        kb = outputs.weights.path.stat().st_size / 1024
+        print(f"wrote {shown_path(outputs.weights.path)}  ({kb:,.0f} KB; {holds})")
     if args.open:
         open_page(out_html)
     return 0
