@@ -275,6 +275,7 @@ def _write(args, source, run, text, pair, layers, heads, outputs: ShowOutputs,
     from ..viz import to_html
 
     page_sets, title = run.sets, f"Attention of {source.name}"
+    side_a = shown
     if other is not None:  # a comparison: both sides and A - B on one page
         page_sets, shown = other.page_sets(run), show_compare.subtitle(other, shown)
         notes.extend(other.notes())
@@ -292,7 +293,7 @@ def _write(args, source, run, text, pair, layers, heads, outputs: ShowOutputs,
     if outputs.picture is not None:
         jobs.append((outputs.picture, picture))
     if outputs.weights is not None:
-        jobs.append((outputs.weights, lambda path: _save_weights(path, run, meta, shown)))
+        jobs.append((outputs.weights, lambda path: _save_weights(path, run, meta, side_a, other)))
     written = write_all(jobs)
 
     print(f"{source.name}: {size}, {count(len(run.tokens), 'token')}")
@@ -318,17 +319,34 @@ def _write(args, source, run, text, pair, layers, heads, outputs: ShowOutputs,
     if outputs.weights is not None:
         print(f"wrote {shown_path(outputs.weights.path)}  "
               f"({outputs.weights.path.stat().st_size / 1024:,.0f} KB; "
-              f"{'every weight' if not first.long else 'block overviews and exact top-k'})")  # fmt: skip
+              f"{_holds_line(first, other)})")  # fmt: skip
     if args.open:
         open_page(out_html)
     return 0
 
 
-def _save_weights(path: Path, run: Any, meta: dict[str, str], shown: str) -> None:
-    """``--save-weights``: the run's sets, with the text."""
+def _holds_line(first: Any, other: Any = None) -> str:
+    """What a weights file holds, for the closing line."""
+    holds = "every weight" if not first.long else "block overviews and exact top-k"
+    if other is None:
+        return holds
+    return f"{holds} of both sides: a/… for A, b/… for B"
+
+
+def _save_weights(path: Path, run: Any, meta: dict[str, str], side_a: str, other: Any) -> None:
+    """``--save-weights``: the run's sets, or both sides of a comparison, named a/ and b/."""
     from ..viz.export import save_weights
 
-    save_weights(run.sets, path, meta={**meta, "text": shown})
+    if other is None:
+        save_weights(run.sets, path, meta={**meta, "text": side_a})
+        return
+    names = other.names
+    side_meta = {
+        "a": {"name": names[0], "model": meta["model"], "text": side_a},
+        "b": {"name": names[1], "model": other.model_name, "text": other.text},
+    }
+    save_weights({"a": run.sets, "b": other.run.sets}, path,
+                 meta={**meta, "compared": other.what}, side_meta=side_meta)  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
