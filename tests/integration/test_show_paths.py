@@ -90,7 +90,9 @@ def _one_line_error(code: int, out: str, err: str, pattern: str) -> None:
 def test_an_upper_case_weights_suffix_is_written_under_that_name(
     capsys: pytest.CaptureFixture[str], gpt2_dir: Path, tmp_path: Path, suffix: str
 ) -> None:
-    saved = tmp_path / f"w{suffix}"
+    saved, page = tmp_path / f"w{suffix}", tmp_path / "a.html"
+    page.write_text("the page before")
+    page.chmod(0o640)
     code, out, err = _show(capsys, "the cat sat", "--model", str(gpt2_dir), "--no-png", "--quiet",
                            "--out", str(tmp_path / "a.html"), "--save-weights", str(saved))  # fmt: skip
     assert code == 0, err
@@ -98,6 +100,10 @@ def test_an_upper_case_weights_suffix_is_written_under_that_name(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.html", saved.name]
     arrays, meta = load_weights(saved)
     assert arrays["self.weights"].shape[:2] == (2, 2) and meta["holds"] == "dense"
+    # Written under a temporary name and renamed: the modes are those open() would give.
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (page.stat().st_mode & 0o777, saved.stat().st_mode & 0o777) == (0o640, 0o666 & ~umask)
 
 
 # R5-4 ------------------------------------------------------------------------------------------

@@ -265,11 +265,14 @@ def write_all(jobs: Sequence[tuple[Output, Callable[[Path], Any]]]) -> list[Any]
         for out, write in jobs:
             temp = _temporary_name(out.target)
             try:
-                os.close(_create(temp))
+                fd = _create(temp)
                 temporaries.append(temp)
-                if out.target.exists():  # keep the replaced file's permissions
-                    os.chmod(temp, stat.S_IMODE(os.stat(out.target).st_mode))
+                mode = stat.S_IMODE(os.fstat(fd).st_mode)  # 0o666 less the umask
+                os.close(fd)
+                if out.target.exists():  # the replaced file's permissions
+                    mode = stat.S_IMODE(os.stat(out.target).st_mode)
                 results.append(write(temp))
+                os.chmod(temp, mode)  # a writer may make the file anew (safetensors: 0o600)
             except OSError as exc:
                 raise UsageError(
                     f"{out.option}: cannot write {shown_path(out.path)}: {_why(exc)}"
