@@ -211,3 +211,43 @@ def test_bad_comparisons_exit_with_one_line(
     code, out, err = _show(capsys, *base, "--compare", "a dog", "--pair", "a cat")
     _error_line(code, out, err, "--compare and --pair: .*")
     assert not Path(out_page).exists()
+
+
+@pytest.mark.parametrize(("suffix", "flag"), [(".npz", "--compare"),
+                                              (".safetensors", "--compare-model")])  # fmt: skip
+def test_save_weights_of_a_comparison_holds_both_sides(
+    capsys: pytest.CaptureFixture[str], models: dict[str, Path], tmp_path: Path, suffix: str,
+    flag: str,
+) -> None:  # fmt: skip
+    """R5-5: side B was dropped from the file while the page and the metadata named both."""
+    from attnkit.viz.export import load_weights
+
+    base = ["--no-png", "--quiet", "--layers", "1", "--out"]
+    text_b, model_b = ("a dog slept all day", models["a"]) if flag == "--compare" else (
+        SAMPLE, models["b"])  # fmt: skip
+    second = text_b if flag == "--compare" else str(model_b)
+    both = tmp_path / f"both{suffix}"
+    code, out, err = _show(capsys, SAMPLE, "--model", str(models["a"]), flag, second,
+                           *base, str(tmp_path / "c.html"), "--save-weights", str(both))  # fmt: skip
+    assert code == 0, err
+    assert "of both sides: a/… for A, b/… for B" in out
+    arrays, meta = load_weights(both)
+    singles = {}
+    for side, text, model in (("a", SAMPLE, models["a"]), ("b", text_b, model_b)):
+        one = tmp_path / f"{side}{suffix}"
+        code, _, err = _show(capsys, text, "--model", str(model), *base,
+                             str(tmp_path / f"{side}.html"), "--save-weights", str(one))  # fmt: skip
+        assert code == 0, err
+        singles[side] = load_weights(one)
+    for side, (alone, alone_meta) in singles.items():
+        assert set(alone) == {"self.weights", "self.rollout", *(k for k in alone if "neuron" in k)}
+        for name, value in alone.items():
+            np.testing.assert_array_equal(arrays[f"{side}/{name}"], value)
+        (record,) = [s for s in meta["sets"] if s["side"] == side]
+        assert record["key"] == f"{side}/self"
+        assert record["tokens"] == alone_meta["sets"][0]["tokens"]
+    assert len(arrays) == sum(len(a) for a, _ in singles.values())
+    sides = {s["key"]: s for s in meta["sides"]}
+    assert sides["a"]["text"] == SAMPLE and sides["b"]["text"] == text_b
+    assert sides["b"]["model"] == model_b.name
+    assert meta["meta"]["compared"] == ("text" if flag == "--compare" else "model")

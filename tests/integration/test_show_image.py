@@ -359,3 +359,45 @@ def test_a_centre_crop_larger_than_the_picture_pads_it() -> None:
 def test_every_supported_family_is_tested_here() -> None:
     assert set(FAMILIES) == set(hf_vision.FAMILIES)
     assert not set(hf_vision.NOT_SUPPORTED) & set(hf_vision.FAMILIES)
+
+
+def test_save_weights_with_image_writes_them(checkpoints, picture_file, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """R5-3: --save-weights beside --image exited 0 and wrote no file."""
+    from attnkit.viz.export import load_weights
+
+    saved = tmp_path / "vit.npz"
+    rc = main(["show", "--image", str(picture_file), "--model", str(checkpoints["vit"]), "--out",
+               str(tmp_path / "vit.html"), "--no-png", "--save-weights", str(saved), "--quiet"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert rc == 0 and err == "", err  # --quiet is honoured too
+    assert f"wrote {saved}" in out
+    arrays, meta = load_weights(saved)
+    n = 1 + GRID * GRID  # [CLS] and the patches
+    assert arrays["self.weights"].shape == (2, 2, n, n)
+    assert (
+        meta["sets"][0]["tokens"][:2] == ["[CLS]", "p(0,0)"]
+        and "scene.png" in meta["meta"]["image"]
+    )
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--words"],
+        ["--no-special"],
+        ["--neuron-window", "0:2"],
+        ["--neuron-window", "0:900"],
+        ["--neuron-token", "p(1"],
+    ],
+    ids=lambda f: f[0] + (f[1] if len(f) > 1 else ""),
+)
+def test_text_only_view_flags_with_image_are_refused(  # type: ignore[no-untyped-def]
+    checkpoints, picture_file, tmp_path, capsys, flag
+) -> None:
+    """R5-3: --words, --no-special and any neuron window were accepted and dropped."""
+    rc = main(["show", "--image", str(picture_file), "--model", str(checkpoints["vit"]), *flag,
+               "--out", str(tmp_path / "x.html"), "--no-png"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and err == f"attnkit show: error: --image and {flag[0]}: {flag[0]} is for a " \
+        "text; leave it out\n"  # fmt: skip
+    assert list(tmp_path.iterdir()) == []

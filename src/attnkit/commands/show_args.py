@@ -1,13 +1,14 @@
-"""The options of ``attnkit show``: reading the text, layer/head selections, output files.
+"""The options of ``attnkit show``: reading the text, layer/head selections, the picture's format.
 
-Everything here is arithmetic on the command line or a stat of a path: it runs
-before any model is built, so bad input exits with status 2 at once.
+Everything here is arithmetic on the command line or reading the text: it runs
+before any model is built, so bad input exits with status 2 at once. The output
+files are checked by :mod:`.outputs`.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import errno
 import re
 import sys
 from pathlib import Path
@@ -18,19 +19,19 @@ __all__ = [
     "MAX_TEXT_BYTES",
     "Selection",
     "UsageError",
-    "check_writable",
     "count",
     "parse_selection",
     "picture_format",
     "read_text",
     "resolve",
-    "weights_file",
+    "shown_path",
 ]
 
 EXAMPLE = 'attnkit show "The cat sat on the mat because it was tired."'
 # The largest text read from a file or stdin: far more than any model's positions.
 MAX_TEXT_BYTES = 10 * 1024 * 1024
 _PICTURE_FORMATS = {".png": "png", ".svg": "svg"}
+_SHOWN = 120  # characters of a path a message shows (the middle is elided past that)
 _ITEM = re.compile(r"^(-?\d+)(?:-(-?\d+))?$")
 
 Selection = list[tuple[int, int]]
@@ -116,12 +117,22 @@ def read_text(args: argparse.Namespace) -> str:
     if args.text_file is not None and args.text is not None:
         raise UsageError("TEXT and --text-file: give one of them, not both")
     if args.text_file is not None:
+        if not args.text_file.strip() or "\0" in args.text_file:
+            raise UsageError(
+                f"--text-file: expected a file name, got {shown_path(repr(args.text_file))}"
+            )
         path = Path(args.text_file).expanduser()
         try:
             with path.open("rb") as f:
-                return _read_limited(f, f"--text-file: {path}")
+                text = _read_limited(f, f"--text-file: {shown_path(path)}")
         except OSError as exc:
-            raise UsageError(f"--text-file: cannot read {path}: {exc.strerror or exc}") from None
+            why = "the name is too long for the file system" if exc.errno == errno.ENAMETOOLONG \
+                else exc.strerror or str(exc)  # fmt: skip
+            raise UsageError(f"--text-file: cannot read {shown_path(path)}: {why}") from None
+        if not text.strip():
+            raise UsageError(f"--text-file: {shown_path(path)} holds no text"
+                             + (" (only whitespace)" if text else ""))  # fmt: skip
+        return text
     if args.text is None:
         raise UsageError(
             f"TEXT is missing; give the text, '-' for stdin, or --text-file PATH; try: {EXAMPLE}"
@@ -151,27 +162,10 @@ def picture_format(path: Path) -> str:
     return fmt
 
 
-def check_writable(path_text: str, option: str) -> Path:
-    """Fail early, before any compute, when an output file cannot be written."""
-    if not path_text.strip():
-        raise UsageError(f"{option}: expected a file name, got an empty one")
-    path = Path(path_text).expanduser()
-    if path.is_dir():
-        raise UsageError(f"{option}: cannot write {path}: it is a directory")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"{option}: cannot write {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise UsageError(f"{option}: cannot write {path}: permission denied")
-    return path
-
-
-def weights_file(path_text: str) -> Path:
-    """``--save-weights FILE``: a writable .safetensors or .npz file name."""
-    path = check_writable(path_text, "--save-weights")
-    if path.suffix.lower() not in (".safetensors", ".npz"):
-        raise UsageError(
-            f"--save-weights: expected a file name ending in .safetensors or .npz, got "
-            f"{str(path)!r}"
-        )
-    return path
+def shown_path(path: str | Path) -> str:
+    """The path for a message: elided in the middle past 120 characters."""
+    text = str(path)
+    if len(text) <= _SHOWN:
+        return text
+    keep = _SHOWN // 2
+    return f"{text[:keep]}…({len(text) - 2 * keep:,} more characters)…{text[-keep // 2 :]}"

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .outputs import check_input
 from .show_args import UsageError, count, resolve
 from .show_report import elide_text, tokens_line
 from .show_sources import open_source
@@ -63,8 +64,8 @@ def check(args: argparse.Namespace) -> None:
             "--compare and --pair: the second text replaces the whole input; compare pairs from "
             "Python (attnkit.viz.compare)"
         )
-    if other is not None and not Path(other).expanduser().is_dir():
-        raise UsageError(f"--compare-model: {other}: no such directory")
+    if other is not None:
+        check_input(other, "--compare-model", directory=True)
 
 
 def open_second(args: argparse.Namespace) -> Any:

@@ -9,18 +9,22 @@ model, statistics and neuron views work as for text.
 Every check runs before a model is built, and each failure is one line with
 exit status 2: Pillow missing (``pip install "attnkit[image]"``), a file that is
 not a picture, a text given as well (a vision transformer reads the picture
-alone), a text-only option, no ``--model``, a model that is not a supported
-vision transformer (the message lists the families), or a checkpoint without
-``preprocessor_config.json``.
+alone), a text-only option (``--pair``, ``--words``, ``--no-special``, the
+neuron window, ...), an output that cannot be written, no ``--model``, a model
+that is not a supported vision transformer (the message lists the families), or
+a checkpoint without ``preprocessor_config.json``. ``--save-weights`` writes the
+picture's weights as for a text.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .show_args import UsageError, check_writable, count, parse_selection, picture_format, resolve
+from .outputs import Output, ShowOutputs, check_input, show_outputs, shown_path, write_all
+from .show_args import UsageError, count, parse_selection, resolve
 from .show_report import focus_lines, open_page, page_views, save_picture
 
 __all__ = ["add_arguments", "run"]
@@ -34,6 +38,10 @@ _TEXT_ONLY = (
     ("seed", "--seed", None),
     ("compare", "--compare", None),
     ("compare_model", "--compare-model", None),
+    ("words", "--words", False),
+    ("no_special", "--no-special", False),
+    ("neuron_window", "--neuron-window", None),
+    ("neuron_token", "--neuron-token", None),
 )
 
 
@@ -69,10 +77,9 @@ def _check_options(args: argparse.Namespace) -> None:
 def _open_picture(path_text: str) -> Any:
     from ..viz.image import open_image
 
-    if not path_text.strip():
-        raise UsageError("--image: expected a file name, got an empty one")
+    path = check_input(path_text, "--image", directory=False)
     try:
-        return open_image(path_text)
+        return open_image(path)
     except ImportError:
         raise UsageError(
             "--image needs Pillow, which is not installed: pip install 'attnkit[image]'"
@@ -85,30 +92,29 @@ def _run(args: argparse.Namespace) -> int:
     _check_options(args)
     layer_sel = parse_selection(args.layers, "--layers")
     head_sel = parse_selection(args.heads, "--heads")
-    out_html = check_writable(args.out, "--out")
-    out_pic = None if args.no_png else check_writable(args.png, "--png")
-    pic_format = picture_format(out_pic) if out_pic is not None else None
-    if out_pic is not None and out_pic.resolve() == out_html.resolve():
-        raise UsageError("--png: the picture and the page would be the same file; choose two names")
+    outputs = show_outputs(args)
+    model = check_input(args.model, "--model", directory=True)
     picture = _open_picture(args.image)
 
     from ..models import hf, hf_vision
+    from ..viz.progress import quiet
     from ..viz.reduce import Budget
 
     try:
-        ck = hf_vision.ImageCheckpoint(args.model)
+        ck = hf_vision.ImageCheckpoint(str(model))
     except hf.CheckpointError as exc:
         raise UsageError(f"--model: {exc}") from None
     layers = sorted(resolve(layer_sel, ck.num_layers, "--layers", "layer"))
     heads = resolve(head_sel, ck.num_heads, "--heads", "head")
     try:
         ck.load()
-        run = ck.attend(picture, layers=layers, heads=heads, budget=Budget(top_k=args.top_k))
+        with quiet(args.quiet):
+            run = ck.attend(picture, layers=layers, heads=heads, budget=Budget(top_k=args.top_k))
     except hf.CheckpointError as exc:
         raise UsageError(f"--model: {exc}") from None
     except ValueError as exc:
         raise UsageError(f"--image: {exc}") from None
-    return _write(args, ck, run, picture, layers, heads, out_html, out_pic, pic_format)
+    return _write(args, ck, run, picture, layers, heads, outputs)
 
 
 def _write(
@@ -118,12 +124,12 @@ def _write(
     picture: Any,
     layers: list[int],
     heads: list[int],
-    out_html: Path,
-    out_pic: Path | None,
-    pic_format: str | None,
+    outputs: ShowOutputs,
 ) -> int:
-    """Write the page and the picture of layers × heads, and print the summary."""
+    """Write the page, the picture of layers × heads and the weights (all or none), then print
+    the summary."""
     from ..viz import to_html
+    from ..viz.export import save_weights
 
     s, layout = run.sets[0], run.layout
     size = f"{count(ck.num_layers, 'layer')} × {count(ck.num_heads, 'head')}"
@@ -134,11 +140,12 @@ def _write(
         "image": f"{image_name}, {picture.size[0]} × {picture.size[1]} px, seen at {w} × {h}",
         "tokens": f"{len(run.tokens)}: {layout.describe()}",
     }
-    try:
+
+    def page(path: Path) -> None:
         to_html(
             run.sets,
             None,
-            out_html,
+            path,
             title=f"Attention of {ck.name} on {image_name}",
             subtitle=layout.describe(),
             meta=meta,
@@ -146,16 +153,17 @@ def _write(
             scale=args.scale,
             image=layout,
         )
-    except OSError as exc:
-        raise UsageError(f"--out: cannot write {out_html}: {exc.strerror or exc}") from None
-    pic_note = ""
-    if out_pic is not None and pic_format is not None:
-        try:
-            px = save_picture(run.sets, out_pic, pic_format, ck.name, args.scale)
-        except OSError as exc:
-            raise UsageError(f"--png: cannot write {out_pic}: {exc.strerror or exc}") from None
-        grid = f"{count(len(layers), 'layer')} × {count(len(heads), 'head')}"
-        pic_note = f"  ({grid}, {px[0]}×{px[1]} px)" if px else f"  ({grid}, SVG)"
+
+    jobs: list[tuple[Output, Callable[[Path], Any]]] = [(outputs.page, page)]
+    if outputs.picture is not None and outputs.picture_format is not None:
+        fmt = outputs.picture_format
+        jobs.append(
+            (outputs.picture, lambda path: save_picture(run.sets, path, fmt, ck.name, args.scale))
+        )
+    if outputs.weights is not None:
+        jobs.append((outputs.weights, lambda path: save_weights(run.sets, path, meta=meta)))
+    written = write_all(jobs)
+
     print(
         f"{ck.name}: {ck.family.name}, {size}, {count(len(run.tokens), 'token')}: "
         f"{layout.describe()} on {image_name} (seen at {w} × {h} px)"
@@ -163,13 +171,21 @@ def _write(
     print("most focused head of each layer (lowest mean entropy of a query's attention):")
     for line in focus_lines(s, layers, heads):
         print(line)
+    out_html = outputs.page.path
     size_kb = out_html.stat().st_size / 1024
     print(
-        f"wrote {out_html}  ({size_kb:,.0f} KB; open it in a browser: "
+        f"wrote {shown_path(out_html)}  ({size_kb:,.0f} KB; open it in a browser: "
         f"{page_views(run.sets, first=('image',))})"
     )
-    if out_pic is not None:
-        print(f"wrote {out_pic}{pic_note}")
+    if outputs.picture is not None:
+        px = written[1]
+        grid = f"{count(len(layers), 'layer')} × {count(len(heads), 'head')}"
+        pic_note = f"  ({grid}, {px[0]}×{px[1]} px)" if px else f"  ({grid}, SVG)"
+        print(f"wrote {shown_path(outputs.picture.path)}{pic_note}")
+    if outputs.weights is not None:
+        holds = "every weight" if not s.long else "block overviews and exact top-k"
+        kb = outputs.weights.path.stat().st_size / 1024
+        print(f"wrote {shown_path(outputs.weights.path)}  ({kb:,.0f} KB; {holds})")
     if args.open:
         open_page(out_html)
     return 0

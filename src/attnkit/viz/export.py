@@ -15,12 +15,20 @@ encoder-decoder):
 - either may hold ``rollout`` (Q, K) and the neuron view's ``neuron_q`` and
   ``neuron_k`` (float16).
 
+A comparison (``attnkit show --compare`` or ``--compare-model``) writes both
+sides in one file: ``sets`` is then a mapping of side keys (``"a"``, ``"b"``) to
+each side's sets, and every array name starts with its side,
+``"<side>/<set>.<array>"`` (``a/self.weights``, ``b/self.weights``); a run
+without sides keeps the plain names above.
+
 The metadata, one JSON document (safetensors: ``__metadata__["attnkit"]``; npz:
 the array ``attnkit_meta``), says which kind each set holds (``"holds"``:
 ``"dense"`` or ``"long"``, and the file's own ``"holds"``), with the tokens as
 the page shows them, the layer and head labels, the view (tokens or words,
 renormalised or not), the block size, k, the neuron window and the statistics.
-:func:`load_weights` reads both formats back.
+A file with sides also lists them (``"sides"``: each side's key and what it is,
+e.g. its name, model and text), and each set's record names its ``"side"``.
+:func:`load_weights` reads both formats back, whatever the case of the suffix.
 """
 
 from __future__ import annotations
@@ -86,25 +94,58 @@ def _describe(s: ReducedSet, key: str) -> dict[str, Any]:
     return out
 
 
+_Sets = Sequence[ReducedSet] | ReducedSet
+
+
+def _side_items(
+    sets: _Sets | Mapping[str, _Sets], side_meta: Mapping[str, Mapping[str, str]] | None
+) -> list[tuple[str | None, list[ReducedSet]]]:
+    """(side key or None, its sets) for each side; one side without a key for a plain run."""
+    if not isinstance(sets, Mapping):
+        if side_meta is not None:
+            raise ValueError("side_meta: only with sides (sets given as {side: sets})")
+        return [(None, [sets] if isinstance(sets, ReducedSet) else list(sets))]
+    if not sets:
+        raise ValueError("sets: expected at least one side, got an empty mapping")
+    out: list[tuple[str | None, list[ReducedSet]]] = []
+    for side, value in sets.items():
+        if not isinstance(side, str) or not side or "/" in side or "." in side:
+            raise ValueError(
+                f"sets: a side's key must be a short name without '/' or '.', got {side!r}"
+            )
+        out.append((side, [value] if isinstance(value, ReducedSet) else list(value)))
+    unknown = sorted(set(side_meta or {}) - set(sets))
+    if unknown:
+        raise ValueError(f"side_meta: {', '.join(map(repr, unknown))} is not a side of sets")
+    return out
+
+
 def save_weights(
-    sets: Sequence[ReducedSet] | ReducedSet,
+    sets: _Sets | Mapping[str, _Sets],
     path: str | Path,
     *,
     meta: Mapping[str, str] | None = None,
+    side_meta: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Path:
     """Write what was captured, with the tokens, to ``path`` (.safetensors or .npz).
 
     Args:
         sets: the reduced sets (an :class:`~attnkit.models.hf_run.AttentionRun`'s
-            ``.sets``), or one set.
-        path: a file name ending in ``.safetensors`` or ``.npz``.
+            ``.sets``), or one set; or, for a comparison, ``{side: sets}`` (e.g.
+            ``{"a": run_a.sets, "b": run_b.sets}``): each side's arrays are named
+            ``"<side>/<set>.<array>"``.
+        path: a file name ending in ``.safetensors`` or ``.npz`` (any case: ``.NPZ``
+            is an npz file, written under exactly this name).
         meta: a few ``name: value`` facts kept in the metadata (the model, the text).
+        side_meta: with sides, a few facts about each side (its name, model, text),
+            kept in the metadata's ``"sides"``.
 
     Returns:
-        the path written.
+        the path written: ``path`` itself.
 
     Raises:
-        ValueError: another suffix, or no set.
+        ValueError: another suffix, no set, a side key holding '/' or '.', or
+            ``side_meta`` without sides.
     """
     out = Path(path)
     suffix = out.suffix.lower()
@@ -112,24 +153,37 @@ def save_weights(
         raise ValueError(
             f"path: expected a file name ending in .safetensors or .npz, got {str(out)!r}"
         )
-    items = [sets] if isinstance(sets, ReducedSet) else list(sets)
-    if not items:
+    sides = _side_items(sets, side_meta)
+    if not all(items for _, items in sides):
         raise ValueError("sets: expected at least one reduced set, got none")
     arrays: dict[str, np.ndarray] = {}
     described = []
-    keys: list[str] = []
-    for s in items:
-        key = set_key(s.name, keys)
-        keys.append(key)
-        described.append(_describe(s, key))
-        arrays |= {f"{key}.{name}": a for name, a in s.arrays().items()}
+    for side, items in sides:
+        keys: list[str] = []
+        prefix = "" if side is None else f"{side}/"
+        for s in items:
+            key = set_key(s.name, keys)
+            keys.append(key)
+            record = _describe(s, prefix + key)
+            if side is not None:
+                record["side"] = side
+            described.append(record)
+            arrays |= {f"{prefix}{key}.{name}": a for name, a in s.arrays().items()}
     holds = {d["holds"] for d in described}
-    document = {
+    document: dict[str, Any] = {
         "format": FORMAT,
         "holds": holds.pop() if len(holds) == 1 else "mixed",
         "sets": described,
         "meta": {str(k): str(v) for k, v in (meta or {}).items()},
     }
+    if sides[0][0] is not None:
+        document["sides"] = [
+            {
+                "key": side,
+                **{str(k): str(v) for k, v in (side_meta or {}).get(str(side), {}).items()},
+            }
+            for side, _ in sides
+        ]
     text = json.dumps(document, ensure_ascii=False)
     if suffix == ".safetensors":
         from safetensors.numpy import save_file
@@ -137,7 +191,9 @@ def save_weights(
         save_file(arrays, str(out), metadata={"attnkit": text})
     else:
         named: dict[str, Any] = {"attnkit_meta": np.array(text), **arrays}
-        np.savez_compressed(out, **named)
+        # A file object: given a name, numpy appends ".npz" to any other ending (".NPZ").
+        with out.open("wb") as f:
+            np.savez_compressed(f, **named)
     return out
 
 
@@ -145,7 +201,9 @@ def load_weights(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any
     """The arrays and the metadata of a file :func:`save_weights` wrote.
 
     Returns:
-        (``{"self.weights": array, ...}``, the metadata document: ``holds``, ``sets``, ``meta``).
+        (``{"self.weights": array, ...}``, or ``{"a/self.weights": ..., "b/self.weights": ...}``
+        for a comparison; the metadata document: ``holds``, ``sets``, ``meta``, and ``sides``
+        for a comparison).
 
     Raises:
         ValueError: not such a file.
