@@ -110,6 +110,14 @@ def plan_key(
             and type(key) is torch.Tensor
             and type(value) is torch.Tensor
         )
+        # dense strided only: a sparse tensor has the shape of a dense one, and a
+        # nested one no shape; both take the full path, whose validation refuses them
+        or query.layout is not torch.strided
+        or key.layout is not torch.strided
+        or value.layout is not torch.strided
+        or query.is_nested
+        or key.is_nested
+        or value.is_nested
     ):
         return None
     mask_key: tuple[object, ...] | None = None

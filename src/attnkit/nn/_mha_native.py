@@ -116,7 +116,7 @@ def metadata_blocker(
     """The conditions of :func:`blocker` on types, shapes, flags and state (no values)."""
     if query is not key or key is not value:
         return "not self-attention (query, key and value are not one tensor)"
-    if type(query) is not torch.Tensor or query.is_nested:
+    if type(query) is not torch.Tensor or query.is_nested or query.layout is not torch.strided:
         return "the input is not a plain dense tensor (nested inputs take the ragged path)"
     x = query
     if x.ndim != 3:

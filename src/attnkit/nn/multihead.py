@@ -239,8 +239,9 @@ class MultiheadAttention(nn.Module):
             and key_padding_mask is None
             and attn_mask is None
             and type(query) is torch.Tensor
-            and query.ndim == 3
             and not query.is_nested
+            and query.layout is torch.strided
+            and query.ndim == 3
             and (is_causal is False or is_causal is True)
         ):
             x = query if self.batch_first else query.transpose(0, 1)  # (N, L, E)
