@@ -48,7 +48,11 @@ def _leaf(t: torch.Tensor) -> torch.Tensor:
     """A detached copy of ``t`` that requires grad. An inference tensor (made under
     ``torch.inference_mode()``) cannot require grad outside inference mode: it is cloned
     into a normal tensor there (inside inference mode no graph is recorded anyway)."""
-    if t.is_inference() and not torch.is_inference_mode_enabled():
+    if (
+        not torch.compiler.is_compiling()  # (dynamo cannot trace is_inference)
+        and t.is_inference()
+        and not torch.is_inference_mode_enabled()
+    ):
         t = t.clone()
     return t.detach().requires_grad_(True)
 

@@ -160,7 +160,11 @@ class KVCache:
         ``owner`` names the caller in error messages.
         """
         self.check_write(owner, keys, values)
-        if self.keys.is_inference() and not torch.is_inference_mode_enabled():
+        if (
+            not torch.compiler.is_compiling()  # (dynamo cannot trace is_inference)
+            and self.keys.is_inference()
+            and not torch.is_inference_mode_enabled()
+        ):
             # Made under torch.inference_mode(): only inference mode may write its
             # buffers. Outside it they become normal tensors, contents kept (one copy).
             self.keys, self.values = self.keys.clone(), self.values.clone()
