@@ -419,6 +419,7 @@ def _check_mods(mods: object, heads: int, device: torch.device) -> tuple[Mod, ..
 
 
 def _check_head_scale(scale: torch.Tensor, heads: int, device: torch.device) -> torch.Tensor:
+    check_strided("", "scale", scale)
     if scale.ndim != 1 or not scale.is_floating_point() or scale.shape[0] not in (1, heads):
         raise ValueError(
             f"scale: a tensor scale is one multiplier per query head, shape ({heads},) "

@@ -104,6 +104,12 @@ def test_a_sparse_mask_is_refused() -> None:
                 "mask: a tensor t it holds is a sparse COO tensor", "t.to_dense()")  # fmt: skip
 
 
+def test_a_sparse_per_head_scale_is_refused() -> None:
+    scale = torch.tensor([0.5, 0.0, 0.25]).to_sparse()
+    _raises(lambda: attnkit.attention(q, k, v, scale=scale), TypeError,
+            "scale is a sparse COO tensor", "scale.to_dense()")  # fmt: skip
+
+
 def _backward_args() -> dict[str, torch.Tensor]:
     out, lse = attnkit.attention(q, k, v, return_lse=True)
     return {"query": q, "key": k, "value": v, "out": out, "lse": lse,
