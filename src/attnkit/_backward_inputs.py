@@ -25,6 +25,7 @@ import torch
 
 from ._host import readable
 from ._inputs import AttentionInputs
+from ._strided import check_strided
 
 __all__ = ["check_backward_tensors"]
 
@@ -46,6 +47,7 @@ def _tensor(
     want = f"a {dtype} tensor of shape {layout} = {_shape(shape)}"
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected {want}, got {type(t).__name__}")
+    check_strided("", name, t)
     if t.device != inputs.device:
         raise ValueError(
             f"{name}: is on {t.device} but the query is on {inputs.device}; expected "

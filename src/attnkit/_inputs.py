@@ -17,6 +17,7 @@ from . import masks as _masks
 from ._host import readable
 from ._layout import HeadLayout
 from ._score_names import check_score_name
+from ._strided import check_strided
 from .blockplan import BlockPlan, build_plan
 from .mods.base import Mod, as_list
 from .scores import Score, is_shared_score, resolve_score
@@ -161,11 +162,32 @@ def _shape(t: torch.Tensor | Sequence[int]) -> str:
     return "(" + ", ".join(str(int(d)) for d in dims) + ")"
 
 
+_NESTED_HINT = {
+    "query": (
+        "(N, L_max, E), drop the output's padded rows, and give the keys' lengths as "
+        "mask=masks.valid_lens(lengths) (queries=True when they are the queries' too); "
+        "attnkit.nn.MultiheadAttention takes nested inputs as they are"
+    ),
+    "key": (
+        "(N, S_max, E) and give its lengths (key.offsets().diff() for a jagged key) as "
+        "mask=masks.valid_lens(lengths); attnkit.nn.MultiheadAttention takes nested inputs "
+        "as they are"
+    ),
+}
+_NESTED_HINT["value"] = (
+    _NESTED_HINT["key"]
+    .replace("(N, S_max, E)", "(N, S_max, Ev)")
+    .replace("key.offsets", "value.offsets")
+)
+"""What to do after padding a nested query, key or value (the lengths become a mask)."""
+
+
 def _check_tensor(name: str, t: object, layout: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(
             f"{name}: expected a torch.Tensor of shape {layout}, got {type(t).__name__}"
         )
+    check_strided("", name, t, nested_hint=_NESTED_HINT[name])
     if t.ndim < 2:
         raise ValueError(f"{name}: expected shape {layout} with at least 2 dims, got {_shape(t)}")
     if t.dtype not in _FLOAT_DTYPES:
@@ -211,6 +233,7 @@ def normalize_mask(mask: object) -> _masks.Mask | None:
     if mask is None or isinstance(mask, _masks.Mask):
         return mask
     if isinstance(mask, torch.Tensor):
+        check_strided("", "mask", mask)
         if mask.dtype == torch.bool:
             raise TypeError(
                 "mask: a raw bool tensor is ambiguous; wrap it as masks.keep(t) (True = may "
@@ -268,14 +291,14 @@ def validate_inputs(
     k = _check_tensor("key", key, "(..., S, E)")
     v = _check_tensor("value", value, "(..., S, Ev)")
     qs, ks, vs = q.shape, k.shape, v.shape
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(
-            f"query, key, value: dtypes must match, got {q.dtype}, {k.dtype}, {v.dtype}"
-        )
     device = q.device
     if not (device == k.device == v.device):
         raise ValueError(
             f"query, key, value: must be on one device, got {q.device}, {k.device}, {v.device}"
+        )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"query, key, value: dtypes must match, got {q.dtype}, {k.dtype}, {v.dtype}"
         )
     if ks[-2] != vs[-2]:
         raise ValueError(
@@ -345,6 +368,8 @@ def validate_inputs(
 
     m = normalize_mask(mask)
     if m is not None:
+        for t in m.tensors():
+            check_strided("mask", "a tensor t it holds", t, var="t")
         m.validate(batch_shape, L, S)
         if device.type != "meta" and any(t.device.type == "meta" for t in m.tensors()):
             raise ValueError(
@@ -395,6 +420,7 @@ def _check_mods(mods: object, heads: int, device: torch.device) -> tuple[Mod, ..
 
 
 def _check_head_scale(scale: torch.Tensor, heads: int, device: torch.device) -> torch.Tensor:
+    check_strided("", "scale", scale)
     if scale.ndim != 1 or not scale.is_floating_point() or scale.shape[0] not in (1, heads):
         raise ValueError(
             f"scale: a tensor scale is one multiplier per query head, shape ({heads},) "

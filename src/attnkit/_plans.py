@@ -110,6 +110,12 @@ def plan_key(
             and type(key) is torch.Tensor
             and type(value) is torch.Tensor
         )
+        # dense strided only: a sparse or MKL-DNN tensor has the shape of a dense one;
+        # it takes the full path, whose validation refuses it (a nested tensor of the
+        # strided layout has no shape: reading it raises, below)
+        or query.layout is not torch.strided
+        or key.layout is not torch.strided
+        or value.layout is not torch.strided
     ):
         return None
     mask_key: tuple[object, ...] | None = None
@@ -118,10 +124,12 @@ def plan_key(
         if type(band.q_offset) is not int or type(band.k_offset) is not int:
             return None  # a tensor offset is data, read by each call
         mask_key = (type(band), band.left, band.right, band.align, band.q_offset, band.k_offset)
+    try:
+        shapes = (query.shape, key.shape, value.shape)
+    except RuntimeError:  # a nested tensor (strided layout): the full path names it
+        return None
     return (
-        query.shape,
-        key.shape,
-        value.shape,
+        *shapes,
         query.dtype,
         key.dtype,
         value.dtype,

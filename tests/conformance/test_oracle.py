@@ -42,6 +42,25 @@ def test_matches_oracle(score_name: str, mask_name: str, device: str, backend: s
         check_case(case, backend)
 
 
+@pytest.mark.pairwise(unsupported=refused)
+@pytest.mark.parametrize("where", ["inside", "made_inside"])
+@pytest.mark.parametrize("mask_name", MASKS)
+@pytest.mark.parametrize("score_name", ["scaled_dot", "additive"])  # no parameters; parameters
+def test_matches_oracle_under_inference_mode(
+    score_name: str, mask_name: str, where: str, device: str, backend: str
+) -> None:
+    """Serving code runs under ``torch.inference_mode()``: a call inside it, and inputs,
+    scores and masks made inside it used outside it, hold to the oracle (forward only,
+    one small shape)."""
+    with torch.inference_mode():
+        case = make_case(score_name, mask_name, shapes_for(device)[0], seed=31, device=device)
+        assert case.q.is_inference()
+        if where == "inside":
+            check_case(case, backend)
+    if where == "made_inside":
+        check_case(case, backend)
+
+
 @pytest.mark.parametrize("score_name", SCORES)
 def test_float64_matches_oracle_tightly(score_name: str, device: str, backend: str) -> None:
     case = make_case(

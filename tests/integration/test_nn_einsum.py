@@ -326,3 +326,41 @@ def test_dtype_checks() -> None:
     x = torch.randn(2, 4, 5, dtype=torch.float64)
     with pytest.raises(TypeError, match=r"parameter gate_bias is torch\.float16"):
         layer(x, x)
+
+
+@pytest.mark.parametrize("use_gate", [False, True])
+def test_from_keras_merges_lora_projections(use_gate: bool) -> None:
+    """A Keras layer with LoRA on its projections (as Keras' own test_lora enables it):
+    from_keras copies each kernel as Keras computes it, kernel + (alpha / rank) a @ b, by
+    value; the output equals the Keras layer's with LoRA active."""
+    from tolerance import assert_close_to_scale, scaled_error
+
+    keras.utils.set_random_seed(5)
+    gen = np.random.default_rng(5)
+    layer = keras.layers.MultiHeadAttention(num_heads=2, key_dim=3, use_gate=use_gate)
+    q = gen.standard_normal((2, 5, 6)).astype(np.float32)
+    v = gen.standard_normal((2, 7, 4)).astype(np.float32)
+    layer(q, v)  # build
+    _randomize(layer, gen)
+    without = _np(layer(q, v))
+    denses = [layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense]
+    if use_gate:
+        denses.append(layer._gate_dense)
+    for n, dense in enumerate(denses):
+        dense.enable_lora(2, lora_alpha=3.0 + n)
+        b = dense.lora_kernel_b  # Keras starts it at 0 (LoRA a no-op): make it count
+        b.assign(gen.standard_normal(tuple(b.shape)).astype(np.float32) * 0.5)
+    ref, ref_scores = layer(q, v, return_attention_scores=True)
+    assert scaled_error(torch.from_numpy(_np(ref)), torch.from_numpy(without)) > 0.05
+    ours = EinsumMultiHeadAttention.from_keras(layer)
+    for p in ours.parameters():
+        assert p.is_leaf and p.grad_fn is None
+    out, scores = ours(torch.from_numpy(q), torch.from_numpy(v), return_attention_scores=True)
+    assert_close_to_scale(out, torch.from_numpy(_np(ref)), what="output")
+    assert_close_to_scale(scores, torch.from_numpy(_np(ref_scores)), what="scores")
+    # copied by value: training ours leaves the Keras layer as it was
+    out.square().sum().backward()
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.sub_(p.grad if p.grad is not None else 0.0)
+    assert_close_to_scale(torch.from_numpy(_np(layer(q, v))), torch.from_numpy(_np(ref)))

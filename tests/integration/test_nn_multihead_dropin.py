@@ -9,6 +9,8 @@ import torch
 
 from attnkit.nn import InputShapeError, MultiheadAttention
 
+from tolerance import assert_close_to_scale
+
 pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
 
 TOL = 1e-5
@@ -133,6 +135,28 @@ def test_strided_nested_equals_torchs_fast_path() -> None:
         assert a.shape == b.shape and (a - b).abs().max() <= TOL
     assert got_w is not None and want_w is not None
     assert (got_w - want_w).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_jagged_equals_torchs_fast_path_on_the_same_sequences(need_weights: bool) -> None:
+    """Nested inputs are supported through the layer: a jagged batch gives what torch's
+    layer gives on its inference fast path for the same sequences (torch's layer takes
+    them in the strided nested layout only; a jagged one it refuses)."""
+    theirs, ours = _pair(50, embed_dim=8, num_heads=2, batch_first=True)
+    theirs.eval(), ours.eval()
+    parts = _seqs(torch.Generator().manual_seed(51), [6, 2, 4], 8)
+    strided, jagged = torch.nested.nested_tensor(parts), _jagged(parts)
+    with torch.no_grad():
+        want, want_w = theirs(strided, strided, strided, need_weights=need_weights)
+        got, got_w = ours(jagged, jagged, jagged, need_weights=need_weights)
+    assert got.is_nested and got.layout == torch.jagged
+    for a, b in zip(got.unbind(), want.unbind(), strict=True):
+        assert_close_to_scale(a, b, what="output")
+    if need_weights:
+        assert got_w is not None and want_w is not None
+        assert_close_to_scale(got_w, want_w, what="weights")
+    else:
+        assert got_w is None and want_w is None
 
 
 def test_nested_inputs_bad_combinations() -> None:

@@ -252,3 +252,37 @@ def test_the_sizes_given_to_the_op_are_bounded_per_mask_kind() -> None:
                 kw = {"key_padding_mask": torch.zeros(fits, L, dtype=torch.bool)}
             x = _x(fits, L)
             assert ours.explain_path(x, x, x, **kw) == OP, kind  # type: ignore[arg-type]
+
+
+def test_a_finite_half_input_whose_sum_overflows_float16_takes_the_op() -> None:
+    """The finiteness check sums a float16 input in float32: a finite input whose sum
+    passes 65504 is not called non-finite, and keeps torch's fused op."""
+    theirs, ours = _pair(13)
+    theirs, ours = theirs.half(), ours.half()
+    x = (torch.randn(8, 32, E, generator=torch.Generator().manual_seed(14)) + 20).half()
+    assert torch.isfinite(x).all() and not torch.isfinite(x.sum())  # 8·32·16 · ~20 > 65504
+    with torch.no_grad():
+        assert ours.explain_path(x, x, x) == OP
+        got, got_w = ours(x, x, x)
+        want, want_w = theirs(x, x, x)
+    assert got_w is not None and want_w is not None
+    assert torch.isfinite(want).all()
+    assert torch.equal(got, want) and torch.equal(got_w, want_w)  # the same op: same bits
+    y = x.clone()
+    y[1, 2, 3] = float("inf")
+    with torch.no_grad():
+        assert "NaN or an inf" in ours.explain_path(y, y, y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_the_finiteness_check_is_isfinite_all(dtype: torch.dtype) -> None:
+    """Finite values whose sum passes the dtype's range are finite; one NaN or inf is not."""
+    big = torch.finfo(dtype).max / 2
+    x = torch.full((3, 4), big, dtype=dtype)  # (N·L, E): finite, its sum in dtype is inf
+    assert not torch.isfinite(x.sum())
+    assert native._finite(x)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        y = x.clone()
+        y[2, 1] = bad
+        assert not native._finite(y)
+        assert not native._finite(-y)

@@ -44,12 +44,25 @@ def _maybe(rows: torch.Tensor) -> torch.Tensor | None:
     return rows
 
 
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    """A detached copy of ``t`` that requires grad. An inference tensor (made under
+    ``torch.inference_mode()``) cannot require grad outside inference mode: it is cloned
+    into a normal tensor there (inside inference mode no graph is recorded anyway)."""
+    if (
+        not torch.compiler.is_compiling()  # (dynamo cannot trace is_inference)
+        and t.is_inference()
+        and not torch.is_inference_mode_enabled()
+    ):
+        t = t.clone()
+    return t.detach().requires_grad_(True)
+
+
 def leaf_call(
     inputs: AttentionInputs, **changes: Any
 ) -> tuple[list[torch.Tensor], AttentionInputs]:
     """Detached copies of the call's query, key and value that require grad, and the call
     on them (with ``changes`` to other fields): what a backward differentiates through."""
-    leaves = [t.detach().requires_grad_(True) for t in (inputs.query, inputs.key, inputs.value)]
+    leaves = [_leaf(t) for t in (inputs.query, inputs.key, inputs.value)]
     return leaves, replace(inputs, query=leaves[0], key=leaves[1], value=leaves[2], **changes)
 
 

@@ -9,7 +9,8 @@ tiles, the unpadded and varlen paths, the Triton kernel arguments and the
 context-parallel block schedule. Nothing here asks a mask for its type.
 
 Plans are cached (:func:`build_plan`): per mask object for masks holding tensors
-(keyed by the tensors' versions, so an in-place change is seen), by value for
+(keyed by the tensors' versions, so an in-place change is seen; never for tensors
+that need a gradient or inference tensors, which have no version), by value for
 tensor-free masks (causal, window), like FlexAttention's ``create_block_mask`` meant
 to be built once per model step. Building reads nothing on the host.
 """
@@ -96,7 +97,16 @@ def build_plan(
             total_S if total_S is not None else k_start + S,
         )
     tensors = mask.tensors() if mask is not None else ()
-    cacheable = not torch.compiler.is_compiling() and not any(t.requires_grad for t in tensors)
+    # A plan of a mask holding tensors is keyed by their version counters, so an
+    # in-place change is seen. An inference tensor (made under torch.inference_mode())
+    # has no version counter, and may still be changed in place inside inference mode:
+    # no key read from it would see that change (its data pointer stays; its values
+    # would have to be read, a host sync per call). So masks holding one are never
+    # cached: their plan is built on each call, like that of a mask whose tensors need
+    # a gradient. Tensor-free masks (causal, window) stay cached by value.
+    cacheable = not torch.compiler.is_compiling() and not any(
+        t.requires_grad or t.is_inference() for t in tensors
+    )
     if not cacheable:
         return _build(mask, L, S, batch, dev, dtype).with_blocks(block_q, block_k)
     key: tuple[object, ...] = (L, S, batch, dev, dtype)

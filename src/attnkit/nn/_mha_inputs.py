@@ -19,12 +19,13 @@ import torch
 import torch.nn.functional as F
 
 from .. import masks
+from .._strided import check_strided, is_plain_strided
 from ._common import InputShapeError, check_key_value, check_param_dtype, shape_str
 
 if TYPE_CHECKING:
     from .multihead import MultiheadAttention
 
-__all__ = ["OWNER", "build_mask", "check_inputs", "check_params"]
+__all__ = ["OWNER", "build_mask", "check_devices", "check_inputs", "check_params"]
 
 OWNER = "MultiheadAttention"
 
@@ -70,6 +71,16 @@ def check_inputs(layer: MultiheadAttention, query: object, key: object, value: o
     return batched
 
 
+def check_devices(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+    """Raise unless key and value are on the query's device."""
+    for name, t in (("key", key), ("value", value)):
+        if t.device != query.device:
+            raise ValueError(
+                f"{OWNER}: {name} is on {t.device} but query is on {query.device}; expected "
+                f"query, key and value on one device (move {name} with .to({str(query.device)!r}))"
+            )
+
+
 def check_query_dims(layer: MultiheadAttention, query: torch.Tensor) -> None:
     """Raise unless ``query`` has 2 or 3 dims."""
     if query.ndim not in (2, 3):
@@ -105,10 +116,12 @@ def _check_inputs_once(
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{OWNER}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        check_strided(OWNER, name, t)
         if not t.is_floating_point():
             raise TypeError(f"{OWNER}: {name} must be a floating-point tensor, got dtype {t.dtype}")
     assert isinstance(query, torch.Tensor)
     assert isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor)
+    check_devices(query, key, value)
     check_query_dims(layer, query)
     batched = query.ndim == 3
     if key.ndim != query.ndim or value.ndim != query.ndim:
@@ -154,7 +167,7 @@ def build_mask(
     parts: list[masks.Mask] = []
 
     if key_padding_mask is not None:
-        kpm = _check_mask_tensor("key_padding_mask", key_padding_mask)
+        kpm = _check_mask_tensor("key_padding_mask", key_padding_mask, layer)
         want = (N, S) if batched else (S,)
         if kpm.ndim != len(want):
             raise InputShapeError(
@@ -184,7 +197,7 @@ def build_mask(
             else:
                 parts.append(attn_mask)
         else:
-            am = _check_mask_tensor("attn_mask", attn_mask)
+            am = _check_mask_tensor("attn_mask", attn_mask, layer)
             am = _attn_mask_4d(layer, am, batched, N, L, S)  # (N or 1, H or 1, L, S)
             if extra:
                 am = F.pad(am, (0, extra))  # (.., L, S'): False / 0.0 = visible
@@ -248,17 +261,25 @@ def _attn_mask_4d(
     raise bad
 
 
-def _check_mask_tensor(name: str, value: object) -> torch.Tensor:
+def _check_mask_tensor(name: str, value: object, layer: MultiheadAttention) -> torch.Tensor:
+    """``value`` when it is a dense bool or float tensor on the layer's (the query's) device."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(
             f"{OWNER}: {name} must be a bool or float tensor"
             + (" or an attnkit mask" if name == "attn_mask" else "")
             + f", got {type(value).__name__}"
         )
+    check_strided(OWNER, name, value)
     if value.dtype != torch.bool and not value.is_floating_point():
         raise TypeError(
             f"{OWNER}: {name} must be bool (True = masked) or float (added to the logits), "
             f"got dtype {value.dtype}"
+        )
+    device = layer.out_proj.weight.device  # the query's (check_params)
+    if value.device != device:
+        raise ValueError(
+            f"{OWNER}: {name} is on {value.device} but query is on {device}; expected the "
+            f"masks on the query's device (move it with .to({str(device)!r}))"
         )
     return value
 
@@ -288,7 +309,7 @@ def _checked_key(
         return None
     if not (
         type(query) is torch.Tensor and type(key) is torch.Tensor and type(value) is torch.Tensor
-    ) or (query.is_nested or key.is_nested or value.is_nested):
+    ) or not (is_plain_strided(query) and is_plain_strided(key) and is_plain_strided(value)):
         return None
     return (
         layer.embed_dim,
@@ -301,4 +322,7 @@ def _checked_key(
         query.dtype,
         key.dtype,
         value.dtype,
+        query.device,
+        key.device,
+        value.device,
     )

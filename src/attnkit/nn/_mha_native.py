@@ -9,8 +9,8 @@ attnkit's policy holds:
 
 - **Non-finite inputs** (README, "Non-finite inputs"): the op lets a NaN behind a
   padding or attention mask reach the rows that do not use it (``0 * NaN``). So the
-  input is checked first (one sum read on the host); a NaN or inf in it sends the
-  call to :func:`attnkit.attention`, which applies the policy.
+  input is checked first (one sum read on the host, in float32 for half inputs); a NaN
+  or inf in it sends the call to :func:`attnkit.attention`, which applies the policy.
 - **Fully masked rows give 0** (then ``out_proj``'s bias), where the op gives NaN. A
   call whose masks leave a row with no key takes :func:`attnkit.attention` too.
 - **is_causal works on its own.** torch's fast path ignores ``is_causal`` (a hint
@@ -116,7 +116,7 @@ def metadata_blocker(
     """The conditions of :func:`blocker` on types, shapes, flags and state (no values)."""
     if query is not key or key is not value:
         return "not self-attention (query, key and value are not one tensor)"
-    if type(query) is not torch.Tensor or query.is_nested:
+    if type(query) is not torch.Tensor or query.is_nested or query.layout is not torch.strided:
         return "the input is not a plain dense tensor (nested inputs take the ragged path)"
     x = query
     if x.ndim != 3:
@@ -207,6 +207,20 @@ def _masks_blocker(
     return None
 
 
+def _finite(x: torch.Tensor) -> bool:
+    """``torch.isfinite(x).all()``, from one sum read on the host where the sum is finite.
+
+    A half-precision input is summed in float32: in float16 the sum of finite inputs of
+    ordinary size passes 65504. A sum that is still not finite (a NaN or an inf, or
+    finite values near the dtype's largest adding up past it) is confirmed element by
+    element, which costs only calls that leave the op anyway or hold such values.
+    """
+    wide = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    if math.isfinite(x.sum(dtype=wide).item()):
+        return True
+    return bool(torch.isfinite(x).all())
+
+
 def op_mask(
     layer: MultiheadAttention,
     x: torch.Tensor,
@@ -218,7 +232,7 @@ def op_mask(
     non-finite input, a fully masked row), or None with the mask the op takes, merged
     as torch's layer merges it: (N, S) type 1 for a padding mask alone, (N, H, L, S)
     type 2 otherwise (bool, True = masked), or None without masks."""
-    if not math.isfinite(x.sum().item()):
+    if not _finite(x):
         return "the input holds a NaN or an inf (attnkit's non-finite policy)", None, None
     assert attn_mask is None or isinstance(attn_mask, torch.Tensor)  # (metadata_blocker)
     given = key_padding_mask is not None or attn_mask is not None

@@ -23,7 +23,7 @@ import torch
 from .. import masks
 from .._host import readable
 from ._common import InputShapeError, shape_str
-from ._mha_inputs import OWNER, build_mask, check_inputs_dtype, check_query_dims
+from ._mha_inputs import OWNER, build_mask, check_devices, check_inputs_dtype, check_query_dims
 
 if TYPE_CHECKING:
     from .multihead import MultiheadAttention
@@ -153,6 +153,7 @@ def _check(
             )
     assert isinstance(query, torch.Tensor)
     assert isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor)
+    check_devices(query, key, value)
     check_query_dims(layer, query)
     for name, t in named:
         assert isinstance(t, torch.Tensor)

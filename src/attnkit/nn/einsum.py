@@ -442,7 +442,9 @@ class EinsumMultiHeadAttention(nn.Module):
 
         The Keras layer must be built (called once, or ``build(query_shape,
         value_shape)``). Its ``use_gate`` (with the ``gate`` kernel and bias) and
-        ``sliding_window`` options carry over.
+        ``sliding_window`` options carry over. Projections with LoRA enabled are copied
+        merged: each kernel as Keras computes it, ``kernel + (alpha / rank) lora_a @
+        lora_b``, by value (later training of either layer does not reach the other).
         """
         qd = getattr(layer, "_query_dense", None)
         if qd is None or not getattr(layer, "built", False):
@@ -454,7 +456,13 @@ class EinsumMultiHeadAttention(nn.Module):
         window = getattr(layer, "_sliding_window", None)
 
         def arr(var: Any) -> torch.Tensor:
-            return torch.from_numpy(np.array(var.numpy(), dtype=np.float32))
+            """A weight's value, copied (float32, CPU, no autograd history). A kernel with
+            LoRA enabled (``enable_lora``) is computed on each read, ``kernel + (alpha /
+            rank) lora_a @ lora_b``: on the torch backend a tensor in Keras's graph."""
+            if isinstance(var, torch.Tensor):
+                return var.detach().to(device="cpu", dtype=torch.float32).clone()
+            value = var.numpy() if hasattr(var, "numpy") else var
+            return torch.from_numpy(np.array(value, dtype=np.float32))
 
         qk, kk, vk = arr(qd.kernel), arr(layer._key_dense.kernel), arr(layer._value_dense.kernel)
         ok = arr(layer._output_dense.kernel)

@@ -56,7 +56,8 @@ class KVCache:
     ``length`` is the number of positions filled so far; :meth:`reset` empties
     the cache (the buffers are kept and overwritten by the next writes).
     Inference decoding runs under ``torch.no_grad()`` or ``torch.inference_mode()``
-    (writes in place, no autograd graph across steps). With gradients enabled the
+    (writes in place, no autograd graph across steps); a cache made under
+    ``torch.inference_mode()`` and written outside it copies its buffers once. With gradients enabled the
     steps stay differentiable: gradients of step-by-step decoding equal those of
     the full causal forward (see the module docstring for the cost).
 
@@ -159,6 +160,14 @@ class KVCache:
         ``owner`` names the caller in error messages.
         """
         self.check_write(owner, keys, values)
+        if (
+            not torch.compiler.is_compiling()  # (dynamo cannot trace is_inference)
+            and self.keys.is_inference()
+            and not torch.is_inference_mode_enabled()
+        ):
+            # Made under torch.inference_mode(): only inference mode may write its
+            # buffers. Outside it they become normal tensors, contents kept (one copy).
+            self.keys, self.values = self.keys.clone(), self.values.clone()
         start = self.length
         end = start + int(keys.shape[2])
         grad = torch.is_grad_enabled()

@@ -200,9 +200,15 @@ class MultiheadAttention(nn.Module):
         """Attend from ``query`` to ``key``/``value``.
 
         Args:
-            query: (L, N, E), or (N, L, E) with ``batch_first``, or (L, E) unbatched.
-            key: (S, N, kdim), (N, S, kdim) or (S, kdim).
-            value: (S, N, vdim), (N, S, vdim) or (S, vdim).
+            query: (L, N, E), or (N, L, E) with ``batch_first``, or (L, E) unbatched;
+                or a nested tensor (N, L*, E) (``torch.jagged`` or strided layout,
+                always batch first), with key and value nested too: the output is
+                nested like the query (see the class notes). Dense strided tensors
+                otherwise: sparse or MKL-DNN ones are refused, naming the conversion.
+            key: (S, N, kdim), (N, S, kdim) or (S, kdim), or nested (N, S*, kdim); on
+                the query's device.
+            value: (S, N, vdim), (N, S, vdim) or (S, vdim), or nested (N, S*, vdim); on
+                the query's device.
             key_padding_mask: (N, S) or (S,) unbatched; bool (True = padding key,
                 ignored) or float (added to the logits).
             need_weights: also return the attention weights.
@@ -239,8 +245,9 @@ class MultiheadAttention(nn.Module):
             and key_padding_mask is None
             and attn_mask is None
             and type(query) is torch.Tensor
-            and query.ndim == 3
             and not query.is_nested
+            and query.layout is torch.strided
+            and query.ndim == 3
             and (is_causal is False or is_causal is True)
         ):
             x = query if self.batch_first else query.transpose(0, 1)  # (N, L, E)
