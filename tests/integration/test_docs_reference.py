@@ -17,7 +17,8 @@ from attnkit.cli import COMMANDS, main
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference"
-HOOKS = ROOT / "docs" / "hooks"
+DOCS = ROOT / "docs"
+HOOKS = DOCS / "hooks"
 NAMESPACES = [
     "attnkit",
     "attnkit.masks",
@@ -163,3 +164,28 @@ def test_docstring_layouts_are_normalized() -> None:
         "    dtype: where the weights live.\n        More.\n    x: one.\n\nRaises:\n"
         "    ValueError: when a shape is wrong\n        or a dtype."
     )
+
+
+def test_offline_hook_finds_assets_from_another_host() -> None:
+    remote_assets = _hook("offline").remote_assets
+    page = (
+        '<link rel="stylesheet" href="https://fonts.example/css"><script src="//cdn.example/x.js">'
+        '</script><img src="../images/a.png"><a href="https://example.org/">a link</a>'
+        "<style>@import url('https://fonts.example/f.css');</style>"
+    )
+    assert remote_assets(page) == [
+        "https://fonts.example/css",
+        "//cdn.example/x.js",
+        "https://fonts.example/f.css",
+    ]
+
+
+def test_performance_page_carries_benchmarks_with_site_links() -> None:
+    text = _hook("benchmarks").benchmarks_markdown("guides")
+    source = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    assert not text.lstrip().startswith("# ")  # the title is the page's own
+    for heading in re.findall(r"^## (.+)$", source, re.M):
+        assert f"\n### {heading}\n" in text, heading  # one level down
+    for target in re.findall(r"(?<!!)\]\(([^)\s#]+)", text):
+        assert not re.match(r"[a-z]+://", target), target
+        assert (DOCS / "guides" / target).resolve().is_file(), target
