@@ -189,3 +189,10 @@ def test_performance_page_carries_benchmarks_with_site_links() -> None:
     for target in re.findall(r"(?<!!)\]\(([^)\s#]+)", text):
         assert not re.match(r"[a-z]+://", target), target
         assert (DOCS / "guides" / target).resolve().is_file(), target
+
+
+def test_viewer_guide_explains_every_flag_of_show() -> None:
+    hook = _hook("cli_reference")
+    guide = (DOCS / "guides" / "viewer.md").read_text(encoding="utf-8")
+    flags = [f for a in hook.options(hook.command_parser("show")) for f in a.option_strings]
+    assert [f for f in flags if f"`{f}" not in guide] == []
