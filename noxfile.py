@@ -157,3 +157,16 @@ def summary(session: nox.Session) -> None:
     """Print the table of the ends' last results (read from their JUnit reports)."""
     for line in summary_table():
         print(line)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site into site/ with ``mkdocs build --strict``.
+
+    Not in the default sessions. Any warning fails the build: a docstring the
+    reference cannot read, a broken link, a page outside the nav, an asset loaded from
+    another host.
+    """
+    session.install(f"torch=={TORCH_DEFAULT}", env=PIP_ENV)
+    session.install("-e", ".[docs]", f"torch=={TORCH_DEFAULT}", env=PIP_ENV)
+    session.run("mkdocs", "build", "--strict", *session.posargs)

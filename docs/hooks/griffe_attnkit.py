@@ -1,0 +1,102 @@
+"""A griffe extension: read attnkit's docstring conventions, show real return types.
+
+attnkit's docstrings are Google style with two habits the Google parser does not
+read on its own, and this extension rewrites them before parsing (the text is
+unchanged, only its layout):
+
+- several parameters described together (``device, dtype: where and in what
+  dtype...``): one entry per name, each with the shared description;
+- a ``Raises:`` entry written as a sentence (``ContextParallelError, the same on
+  every rank...``) or continued at the entry's own indentation.
+
+A function whose annotation says ``Any`` because its result depends on its flags
+gets the real union in the reference (``REAL_RETURNS``).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any
+
+import griffe
+
+# Functions annotated ``-> Any`` whose result is one of a few known types.
+REAL_RETURNS = {
+    "attnkit.functional.attention": "torch.Tensor | tuple[torch.Tensor, ...]",
+}
+
+_SECTION = re.compile(r"^(\w[\w ]*):\s*$")
+_GROUPED = re.compile(r"^(\s+)([A-Za-z_]\w*(?:,\s*[A-Za-z_]\w*)+):\s?(.*)$")
+_RAISES_ITEM = re.compile(r"^\s+[A-Za-z_][\w.]*(?:\s*[/,]\s*[A-Za-z_][\w.]*)*\s*:(\s|$)")
+_RAISES_SENTENCE = re.compile(r"^(\s+)([A-Z]\w*(?:Error|Exception|Warning)),\s+(.*)$")
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def normalize(text: str) -> str:
+    """The docstring ``text`` with grouped parameters split and Raises entries as items."""
+    lines = text.splitlines()
+    out: list[str] = []
+    section = ""
+    item_indent: int | None = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        heading = _SECTION.match(line)
+        if heading and _indent(line) == 0:
+            section, item_indent = heading.group(1).lower(), None
+            out.append(line)
+            i += 1
+            continue
+        if not line.strip():
+            out.append(line)
+            i += 1
+            continue
+        if _indent(line) == 0:
+            section = ""
+        if item_indent is None and section:
+            item_indent = _indent(line)
+        at_item = section and _indent(line) == item_indent
+        if at_item and section in ("args", "arguments", "parameters", "params"):
+            grouped = _GROUPED.match(line)
+            if grouped:
+                pad, names, first = grouped.groups()
+                rest = []
+                j = i + 1
+                while j < len(lines) and (not lines[j].strip() or _indent(lines[j]) > len(pad)):
+                    rest.append(lines[j])
+                    j += 1
+                while rest and not rest[-1].strip():
+                    rest.pop()
+                for name in re.split(r",\s*", names):
+                    out.append(f"{pad}{name}: {first}")
+                    out.extend(rest)
+                i = j
+                continue
+        if at_item and section == "raises" and not _RAISES_ITEM.match(line):
+            sentence = _RAISES_SENTENCE.match(line)
+            if sentence and (not out or _SECTION.match(out[-1])):
+                pad, name, first = sentence.groups()
+                line = f"{pad}{name}: {first}"
+            else:
+                line = " " * 4 + line  # a continuation of the entry above
+        out.append(line)
+        i += 1
+    return "\n".join(out)
+
+
+class AttnkitDocstrings(griffe.Extension):
+    """Normalizes docstrings as they load and sets the real return types."""
+
+    def on_object(self, *, obj: griffe.Object, **kwargs: Any) -> None:
+        if obj.docstring is not None:
+            obj.docstring.value = normalize(obj.docstring.value)
+        real = REAL_RETURNS.get(obj.path)
+        if real is not None and isinstance(obj, griffe.Function):
+            if str(obj.returns) != "Any":
+                raise ValueError(f"{obj.path} no longer returns Any: remove it from REAL_RETURNS")
+            expr = ast.parse(real, mode="eval").body
+            obj.returns = griffe.safe_get_annotation(expr, parent=obj.parent)  # type: ignore[arg-type]
