@@ -34,7 +34,7 @@ import torch
 import attnkit
 from attnkit import scores
 
-from cases import Case, make_mask, np_of
+from cases import Case, make_case, make_mask, np_of
 from reference import oracle, oracle_mask
 
 SHAPE = (2, 2, 1, 7, 11, 6, 3)  # (B, H, Hk, L, S, E, Ev): GQA, L != S, odd sizes
@@ -47,8 +47,9 @@ additive bias with -inf entries, key padding and query lengths (fully masked row
 EPS = torch.finfo(torch.float32).eps
 """The softmax accumulates in float32 for every dtype here."""
 ROW_SUM = 0.25
-"""Row sums within ``ROW_SUM * |lse| * eps`` of 1 (a softmax normalized by its own row sums
-meets it with room to spare; exp(s - lse) from its own lse met about 1/4)."""
+"""Row sums within ``ROW_SUM * |lse| * eps`` of 1: a softmax divided by its own row sums
+meets it with room to spare (the chunked backend's ``exp(s - lse)``, from its own lse,
+was off by up to 0.4 |lse| eps before its weights were divided by their sums)."""
 MEAN_ROW_SUM = 1.0
 """Head means computed tile by tile without gradients (chunked, triton) average each
 head's ``exp(s - lse)`` without holding every head's weights: their rows meet
@@ -372,6 +373,35 @@ def test_half_gradients_through_the_weights_bilinear_at_scale_1e4(
         assert_softmax(_weights(case, backend), *_oracle(case), what)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_half_head_mean_of_one_hot_rows_bilinear_at_scale_1e4(
+    dtype: torch.dtype, backend: str
+) -> None:
+    """Random inputs (queries x10, keys x3), Bilinear at scale 1e4: |lse| up to 7.5e6 and
+    every row one-hot. The head mean of the weights is exact (0, 1/H, ...) and the true
+    gradients vanish; weights rebuilt from another lse were 0.43 off and gave 5 infinite
+    query gradients in float16."""
+    c = make_case("bilinear", "none", (2, 4, 2, 17, 19, 16, 8), seed=500, dtype=dtype)
+    case = Case(c.q * 10, c.k * 3, c.v, c.score, c.score_spec, None, None, 1e4)
+    if not _runs(case, backend, return_weights="mean"):
+        pytest.skip(f"{backend} does not return weights for bilinear")
+    q = case.q.detach().requires_grad_()
+    _, w = attnkit.attention(q, case.k, case.v, score=case.score, scale=case.scale,
+                             return_weights="mean", backend=backend)  # fmt: skip
+    ref_w, ref_lse = _oracle(case)  # (B, H, L, S), (B, H, L)
+    lse = np.abs(ref_lse).max(-2)  # (B, L): every row is live
+    assert lse.min() > 1e5
+    assert_softmax(w, ref_w.mean(-3), lse, f"{backend} {dtype} mean", MEAN_ROW_SUM)
+    G = torch.randn(w.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    (dq,) = torch.autograd.grad((w.double() * G).sum(), q)
+    q64 = case.q.double().requires_grad_()
+    w64 = _plain_weights(case, q64, case.k.double()).mean(-3)  # (B, L, S)
+    (dq64,) = torch.autograd.grad((w64 * G).sum(), q64)
+    assert dq64.abs().max() < 1  # one-hot rows: the true gradients vanish
+    assert torch.isfinite(dq).all(), f"{backend}: {int((~torch.isfinite(dq)).sum())} not finite"
+    assert dq.abs().max() <= 1, f"{backend}: a query gradient of {dq.abs().max():.3g}"
+
+
 def test_default_call_gradients_in_float16() -> None:
     """The default call, float16, Bilinear at scale 1e4, |logit| 1e6."""
     case = large_case("bilinear", "none", 1e6, torch.float16, seed=120, scale=1e4)
@@ -396,8 +426,9 @@ def test_multihead_attention_layer_weights_at_large_logits() -> None:
     pad[1, 3:] = True
     layer = attnkit.nn.MultiheadAttention(E, H, batch_first=True)
     peer = torch.nn.MultiheadAttention(E, H, batch_first=True, dtype=torch.float64)
+    assert layer.in_proj_weight is not None and layer.in_proj_bias is not None
     with torch.no_grad():
-        layer.in_proj_weight.copy_(torch.eye(E).repeat(3, 1))
+        layer.in_proj_weight.copy_(torch.eye(E).repeat(3, 1))  # (3E, E): q, k, v = inputs
         layer.in_proj_bias.zero_()
     peer.load_state_dict({n: t.double() for n, t in layer.state_dict().items()})
     qh = xq.view(N, L, H, d).transpose(1, 2)  # (N, H, L, d)
