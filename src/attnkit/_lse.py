@@ -8,6 +8,9 @@ calls, GPU kernels, context-parallel ring steps) ends a softmax the same way:
   ``exp(-inf - 0) = 0`` instead of ``exp(-inf + inf) = NaN``;
 - a row whose normalizer is 0 (no key to attend) gives output 0 and lse ``-inf``
   (:func:`finish`), with zero gradients;
+- returned weights are divided by their own row sums (:func:`normalize_rows_`): an
+  lse is one float rounded by about ``|lse| * eps``, so ``exp(s - lse)`` alone sums to
+  1 only within that, which large logits make visible;
 - partial results over disjoint sets of keys combine exactly through their lse
   (:func:`merge`, :func:`merge_all`): with ``lse = logaddexp(lse_a, lse_b)``,
   ``out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b``.
@@ -23,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["empty_lse", "finish", "merge", "merge_all", "safe_max"]
+__all__ = ["empty_lse", "finish", "merge", "merge_all", "normalize_rows_", "safe_max"]
 
 
 def safe_max(m: torch.Tensor) -> torch.Tensor:
@@ -32,6 +35,24 @@ def safe_max(m: torch.Tensor) -> torch.Tensor:
     m: (...,) any float dtype. NaN stays NaN, so a used NaN propagates.
     """
     return torch.where(torch.isinf(m), torch.zeros((), dtype=m.dtype, device=m.device), m)
+
+
+def normalize_rows_(weights: torch.Tensor, sums: torch.Tensor | None = None) -> torch.Tensor:
+    """Divide each row of ``weights`` (..., L, S) by its sum, in place; return it.
+
+    Args:
+        weights: non-negative entries (..., L, S), 0 where blocked.
+        sums: (..., L) the row sums when already computed (as
+            :func:`attnkit.kernels.softmax.exp_rows_` gives them), else summed here.
+
+    A row summing to 0 (fully masked) stays 0 and a NaN row stays NaN (its blocked
+    entries stay 0): both are divided by 1. Afterwards no entry exceeds 1 and a row
+    sums to 1 within ``S * eps``.
+    """
+    if sums is None:
+        sums = weights.sum(dim=-1)  # (..., L)
+    one = torch.ones((), dtype=sums.dtype, device=sums.device)
+    return weights.div_(torch.where(sums > 0, sums, one).unsqueeze(-1).to(weights.dtype))
 
 
 def finish(

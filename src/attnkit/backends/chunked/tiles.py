@@ -224,7 +224,11 @@ def forward_tiles(
             if nan_rows is not None:  # a used value that is not finite propagates
                 o = o.masked_fill(nan_rows.unsqueeze(-1), float("nan"))
             out[rows, i0:i1] = o
-    weights = weights_tiles(ops, plan, lse) if want_weights else None
+    weights = None
+    if want_weights:
+        # exp(s - lse) sums to 1 only within |lse| * eps (the rounding of lse): divided
+        # by its own row sums, so the backward's rowsum(dW * W) cancels its p * dW
+        weights = _lse.normalize_rows_(weights_tiles(ops, plan, lse))  # (N, L, S)
     return out, lse, weights
 
 

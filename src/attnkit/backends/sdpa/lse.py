@@ -9,10 +9,15 @@ only when present (feature-detected, never assumed):
   ``aten._scaled_dot_product_efficient_attention`` with ``compute_log_sumexp``
   (any float dtype, an additive mask; see :func:`cuda_lse_op`).
 
-The weights of a call are then ``exp(scale * q k^T + bias - lse)`` in a second pass,
-with no softmax materialized in the forward. Returned weights are differentiable:
-their backward is the softmax backward, recomputed from the logits, so it can be
-differentiated again.
+The weights of a call are then the softmax of the logits ``scale * q k^T + bias``
+recomputed in a second pass (no softmax is materialized in the forward), normalized
+over those logits themselves: shifted by their own row maximum and divided by their
+own row sum. The kernel's lse is not their shift: it comes from another computation
+of the same logits, whose rounding grows with the logits (about ``|lse| * eps``), so
+``exp(s - lse)`` is off by that much in every entry (entries above 1 and rows that
+do not sum to 1 at large logits). The kernel's lse only marks the rows that use a
+non-finite input (NaN). Returned weights are differentiable: their backward is the
+softmax backward, recomputed from the logits, so it can be differentiated again.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ... import _host
+from ... import _host, _lse
 from ..._inputs import AttentionInputs
 from ...kernels.softmax import exp_rows_
 from .._common import all_finite, clean_rows, masked_softmax
@@ -32,6 +37,7 @@ __all__ = [
     "cuda_lse_op",
     "has_lse_kernel",
     "lse_call",
+    "softmax_rows_",
     "weights_from_lse",
     "weights_of_call",
 ]
@@ -140,45 +146,58 @@ def _cuda_lse_call(
     return out[..., :E], lse[..., :L]  # (B, H, L, E), (B, H, L)
 
 
-class _SoftmaxFromLse(torch.autograd.Function):
-    """weights = exp(logits - lse) with the softmax backward; lse is treated as given.
+class _RowSoftmax(torch.autograd.Function):
+    """weights = softmax(logits) over each row, with the softmax backward.
 
-    logits (..., L, S) with -inf where blocked; lse (..., L), finite or -inf.
+    logits (..., L, S) with -inf where blocked; nan_rows (..., L) bool, rows whose
+    weights are NaN (they use a non-finite input) and that pass no gradient.
     """
 
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-        weights = logits.contiguous().clone()  # (..., L, S)
-        exp_rows_(weights, _shift(lse), want_sum=False)
-        ctx.save_for_backward(weights, logits, lse)
+    def forward(ctx: Any, logits: torch.Tensor, nan_rows: torch.Tensor) -> torch.Tensor:
+        weights = softmax_rows_(logits.contiguous().clone(), nan_rows)  # (..., L, S)
+        ctx.save_for_backward(weights, logits, nan_rows)
         return weights
 
     @staticmethod
     def backward(ctx: Any, d_weights: torch.Tensor) -> tuple[torch.Tensor, None]:
-        weights, logits, lse = ctx.saved_tensors
+        weights, logits, nan_rows = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: weights as a function of the logits
             weights = masked_softmax(logits)[0]  # (..., L, S)
         row = (d_weights * weights).sum(dim=-1, keepdim=True)  # (..., L, 1)
         grad = weights * (d_weights - row)  # (..., L, S)
-        # a row whose lse is NaN (it uses a non-finite input; its weights are NaN) passes
-        # no gradient, so a NaN never reaches the pairs it does not use (a row of padding
-        # that a caller drops has d_weights 0, and NaN * 0 is NaN)
-        return torch.where(torch.isnan(lse).unsqueeze(-1), 0.0, grad), None
+        # a NaN row (it uses a non-finite input; its weights are NaN) passes no gradient,
+        # so a NaN never reaches the pairs it does not use (a row of padding that a
+        # caller drops has d_weights 0, and NaN * 0 is NaN)
+        return torch.where(nan_rows.unsqueeze(-1), 0.0, grad), None
 
 
-def _shift(lse: torch.Tensor) -> torch.Tensor:
-    """The lse as an exp shift: -inf (an empty row) -> 0; a NaN row stays NaN."""
-    return torch.where(torch.isinf(lse), torch.zeros((), dtype=lse.dtype), lse)
+def softmax_rows_(logits: torch.Tensor, nan_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Replace logits (..., L, S) by their softmax over each row, in place; return them.
+
+    Three passes over (L, S): the row maximum, ``exp(s - max)`` with its row sums, the
+    division by them. Every entry is at most 1 and every row that keeps a key sums to 1
+    to float rounding, whatever the logits' magnitude; a row of -inf (fully masked)
+    gives 0. ``nan_rows`` (..., L), None or bool: rows made NaN (as a NaN shift does).
+    """
+    m = logits.amax(dim=-1)  # (..., L)
+    shift = _lse.safe_max(m)  # a fully masked row: 0, its exp stays 0
+    if nan_rows is not None:
+        shift = torch.where(nan_rows, float("nan"), shift)
+    sums = exp_rows_(logits, shift, want_sum=True)  # (..., L)
+    return _lse.normalize_rows_(logits, sums)
 
 
 def weights_from_lse(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """Exact weights (..., L, S) from masked logits (..., L, S) and lse (..., L)."""
-    lse = lse.to(logits.dtype)  # (..., L)
+    """Exact weights (..., L, S): the softmax of the masked logits (..., L, S).
+
+    ``lse`` (..., L) is the kernel's, from the same logits computed its own way: not
+    used as the shift (see the module docstring), only its NaN rows, whose weights are
+    NaN (they use a non-finite input)."""
+    nan_rows = torch.isnan(lse)  # (..., L)
     if torch.is_grad_enabled() and logits.requires_grad:
-        return _SoftmaxFromLse.apply(logits, lse.detach())
-    logits = logits.contiguous()
-    exp_rows_(logits, _shift(lse), want_sum=False)
-    return logits
+        return _RowSoftmax.apply(logits, nan_rows)
+    return softmax_rows_(logits.contiguous(), nan_rows)
 
 
 def weights_of_call(
@@ -192,7 +211,7 @@ def weights_of_call(
     gqa: bool,
     alive: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Exact weights (..., L, S) of one SDPA call, recomputed from the lse it returned.
+    """Exact weights (..., L, S) of one SDPA call: the softmax of its logits, recomputed.
 
     q (..., L, E'), k (..., S, E') as given to the call (k with its own heads when
     ``gqa``), lse (..., L); ``attn_mask``/``is_causal`` exactly as the call had them,

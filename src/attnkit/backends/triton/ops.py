@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ..._lse import normalize_rows_
 from ...kernels._ops import schema_ready
 from .launch import WRAP_KERNELS, Operands, run_backward, run_forward, run_weights
 from .runtime import interpreting
@@ -66,7 +67,11 @@ def _forward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     op = Operands(q, k, v, kb, w, vbad, records, keep, bias, list(ints), scale)
     out, lse = run_forward(op)
-    weights = run_weights(op, lse, mean=False) if with_weights else q.new_empty(0)
+    weights = q.new_empty(0)
+    if with_weights:
+        # exp(s - lse) sums to 1 only within |lse| * eps (the rounding of lse): divided
+        # by its own row sums, so the backward's rowsum(dW * W) cancels its p * dW
+        weights = normalize_rows_(run_weights(op, lse, mean=False))  # (B, H, L, S)
     return out, lse, weights
 
 
