@@ -241,3 +241,106 @@ def test_integrated_gradients_equal_captum_and_complete(case: Any, method: str) 
         _close(
             viz.explain(model, tok, TEXT, method="input_x_gradient", compare=compare).scores, ixg
         )
+
+
+def test_language_model_targets() -> None:
+    model, tok = _gpt2(), _tokenizer(False)
+    _set_eager(model)
+    ids = torch.tensor([tok(TEXT)["input_ids"]])
+    with torch.no_grad():
+        logits = model(ids).logits[0]  # (L, V)
+    mat = tok.convert_tokens_to_ids("mat")
+    a = viz.explain(model, tok, TEXT, target=(3, "mat"), method="input_x_gradient")
+    assert (a.target.kind, a.target.position, a.target.index) == ("next_token", 3, mat)
+    assert a.target_value == pytest.approx(float(logits[3, mat]), rel=1e-12)
+    assert torch.all(a.scores[4:] == 0) and torch.any(a.scores[:4] != 0)  # causal: 0..3 only
+    b = viz.explain(model, tok, TEXT, target=-2, method="rollout")
+    assert b.target.position == len(b.tokens) - 2
+    assert b.target.index == int(logits[-2].argmax())
+    c = viz.explain(model, tok, TEXT, target="cat")
+    assert (c.target.position, c.target.index) == (len(c.tokens) - 1, 1 + WORDS.index("cat") + 3)
+    assert c.target_value == pytest.approx(float(logits[-1, c.target.index]), rel=1e-12)
+
+
+def test_classifier_targets_by_index_and_name() -> None:
+    model, tok = _bert_classifier(), _tokenizer(True)
+    model.config.id2label = {0: "neg", 1: "neutral", 2: "pos"}
+    model.config.label2id = {"neg": 0, "neutral": 1, "pos": 2}
+    a = viz.explain(model, tok, TEXT, target="pos", method="input_x_gradient")
+    b = viz.explain(model, tok, TEXT, target=2, method="input_x_gradient")
+    assert a.target == b.target and a.target.label == "pos" and a.target.position == 0
+    torch.testing.assert_close(a.scores, b.scores, rtol=0, atol=0)
+
+
+def test_grouped_query_heads_are_exact() -> None:
+    """∂y/∂A read as (∂y/∂o)·Vᵀ with one key/value head serving two query heads."""
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=16, num_attention_heads=2,
+                                   num_key_value_heads=1, intermediate_size=32,
+                                   vocab_size=len(WORDS) + 4, initializer_range=0.3)  # fmt: skip
+    torch.manual_seed(3)
+    model = transformers.LlamaForCausalLM(cfg).double().eval()
+    tok = _tokenizer(False)
+    ids = torch.tensor([tok(TEXT)["input_ids"]])
+    ref_model_heads = [layer.self_attn.o_proj for layer in model.model.layers]
+    _set_eager(model)
+    x = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+    heads: list[torch.Tensor] = []
+
+    def keep(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        args[0].retain_grad()
+        heads.append(args[0])
+
+    hooks = [m.register_forward_pre_hook(keep) for m in ref_model_heads]
+    out = model(inputs_embeds=x, output_attentions=True)
+    for h in hooks:
+        h.remove()
+    for w in out.attentions:
+        w.retain_grad()
+    _lm_top(out).backward()
+    r = torch.eye(ids.shape[1], dtype=torch.float64)
+    for w in out.attentions:
+        r = r + (w.grad * w)[0].clamp(min=0).mean(0) @ r
+    importance = torch.stack([(o * o.grad)[0].reshape(o.shape[1], 2, -1).sum(dim=(0, 2)).abs()
+                              for o in heads])  # fmt: skip
+    a = viz.explain(model, tok, TEXT)
+    # Llama's eager attention takes its softmax in float32, whatever the model's dtype
+    _close(a.relevance, r, 1e-6)
+    _close(a.head_importance, importance, 1e-6)
+
+
+def test_checkpoint_folder(tmp_path: Any) -> None:
+    model, tok = _gpt2().float(), _tokenizer(False)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    a = viz.explain(tmp_path, None, TEXT, method="input_x_gradient")
+    b = viz.explain(model, tok, TEXT, method="input_x_gradient")
+    assert a.tokens == b.tokens and a.target == b.target
+    torch.testing.assert_close(a.scores, b.scores)
+
+
+def test_errors_before_compute() -> None:
+    gpt2, bert, tok = _gpt2(), _bert(), _tokenizer(False)
+
+    def refuse(module: Any, args: Any, kwargs: Any) -> None:
+        raise AssertionError("the model ran")
+
+    for m in (gpt2, bert):
+        m.register_forward_pre_hook(refuse, with_kwargs=True)
+    bad = [
+        (gpt2, {"method": "saliency"}, "method"),
+        (gpt2, {"method": "integrated_gradients", "steps": 0}, "steps"),
+        (gpt2, {"integration": "simpson"}, "integration"),
+        (gpt2, {"target": 99}, "target"),
+        (gpt2, {"target": "cat mat"}, "target"),
+        (gpt2, {"target": 1.5}, "target"),
+        (gpt2, {"compare": OTHER}, "compare"),
+        (bert, {}, "compare"),
+        (bert, {"compare": OTHER, "target": 0}, "target"),
+    ]
+    for model, kwargs, name in bad:
+        with pytest.raises(ValueError, match=f"^{name}: "):
+            viz.explain(model, tok, TEXT, **kwargs)
+    with pytest.raises(ValueError, match=r"^text: "):
+        viz.explain(gpt2, tok, "  ")
+    with pytest.raises(TypeError, match=r"^tokenizer: "):
+        viz.explain(gpt2, None, TEXT)
