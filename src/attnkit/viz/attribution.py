@@ -352,7 +352,10 @@ def explain(
             of the two texts' mean-pooled last hidden states, attributed to ``text``'s tokens.
         integration: where integrated gradients samples the path, as captum's
             ``method=``: ``"gausslegendre"`` (default), ``"riemann_left"``,
-            ``"riemann_right"``, ``"riemann_middle"`` or ``"riemann_trapezoid"``.
+            ``"riemann_right"``, ``"riemann_middle"`` or ``"riemann_trapezoid"`` (captum's:
+            ``steps`` points from 0 to 1, each weighing 1/steps, halved at both ends, so
+            the weights sum to 1 − 1/steps and the scores fall short of ``y(e) − y(0)``
+            by about that fraction).
 
     Returns:
         an :class:`Attribution`: ``scores`` (n_tokens,) and ``tokens``; ``head_importance``

@@ -200,7 +200,7 @@ def integration_points(integration: str, steps: int) -> tuple[list[float], list[
     places them: Gauss–Legendre nodes and weights mapped to [0, 1]; Riemann sums of
     ``steps`` points of width 1/steps at the left ends, right ends or middles; and
     captum's trapezoid: ``steps`` points from 0 to 1 inclusive, each of width 1/steps,
-    halved at both ends."""
+    halved at both ends (weights summing to 1 − 1/steps, as captum has them)."""
     import numpy as np
 
     n = steps
