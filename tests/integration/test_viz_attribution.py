@@ -229,7 +229,9 @@ def test_integrated_gradients_equal_captum_and_complete(case: Any, method: str) 
     )[0].sum(-1)  # fmt: skip
     _close(ig.scores, want, CAPTUM)
     _close(ig.head_importance, ref.importance)
-    assert ig.baseline_value == pytest.approx(float(fn(torch.zeros_like(ref.embeds))[0]), rel=1e-12)
+    assert ig.baseline_value == pytest.approx(
+        float(fn(torch.zeros_like(ref.embeds))[0].detach()), rel=1e-12
+    )
     if method == "gausslegendre":
         gap = ig.target_value - ig.baseline_value
         assert abs(float(ig.scores.sum()) - gap) <= 0.01 * abs(gap)
