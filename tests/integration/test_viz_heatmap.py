@@ -119,3 +119,13 @@ def test_grid_helper_reads_per_layer_lists_like_hugging_face_attentions() -> Non
     assert image.shape == (2 * 5 + 1, 3 * 5 + 2) and np.isnan(image[5]).all()
     with pytest.raises(ValueError, match="one shape"):
         as_grid([torch.rand(3, 5, 5), torch.rand(3, 4, 4)])
+
+
+def test_a_notebook_shows_the_figures_without_pyplot() -> None:
+    m = torch.softmax(torch.randn(1, 2, 4, 4, generator=torch.Generator().manual_seed(0)), -1)
+    for fig in (viz.heatmaps(m, figsize=(3, 2)), viz.attention_grid(m, ["a", "b", "c", "d"])):
+        png = fig._repr_png_()
+        w, h = _png_size(png)
+        assert (w, h) == tuple(round(x * fig.dpi) for x in fig.get_size_inches())
+    formatters = pytest.importorskip("IPython.core.formatters")
+    assert _png_size(formatters.PNGFormatter()(fig))[0] > 0  # what Jupyter calls

@@ -13,6 +13,9 @@
   as heatmaps over the picture it saw: patches are its tokens (:class:`ImageLayout`).
 - :func:`compare` puts two sides (two texts, or two models on one text) on
   one page in sync, with A − B where their tokens are equal.
+- :func:`explain` attributes a model's output on a text to its input tokens
+  (input × gradient, integrated gradients, attention × gradient, rollout) and to
+  its heads (head importance), as an :class:`Attribution`.
 - :func:`attention_rollout` and :func:`attention_flow` trace which input tokens
   each position draws from through the stack; :func:`head_statistics` gives
   every head's entropy, distance and pattern class.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .attribution import Attribution, Target, explain
 from .capture import AttentionRecord, Capture, capture
 from .compare import Comparison, compare
 from .html import AttentionSet, Page, render_html, show, to_html
@@ -38,15 +42,18 @@ if TYPE_CHECKING:
 __all__ = [
     "AttentionRecord",
     "AttentionSet",
+    "Attribution",
     "Capture",
     "Comparison",
     "ImageLayout",
     "Page",
+    "Target",
     "attention_flow",
     "attention_grid",
     "attention_rollout",
     "capture",
     "compare",
+    "explain",
     "from_generate",
     "head_statistics",
     "heatmaps",

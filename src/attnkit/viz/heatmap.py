@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +15,7 @@ from .grid import as_grid, max_pool, tile
 
 __all__ = [
     "SCALES",
+    "AttentionFigure",
     "as_grid",
     "attention_grid",
     "color_norm",
@@ -26,6 +28,22 @@ SCALES = ("linear", "power", "log")
 LOG_FLOOR = 1e-3
 # The web page's white-to-blue ramp, so the picture and the page agree.
 PAGE_RAMP = ("#ffffff", "#d4e2f7", "#7fa6e0", "#2f5fd0", "#0d2463")
+
+
+class AttentionFigure(Figure):
+    """A matplotlib ``Figure`` that a notebook shows as its picture.
+
+    The drawing functions build figures without pyplot, so no backend displays them:
+    without this, Jupyter printed ``<Figure size ...>`` unless pyplot had been imported
+    first. A notebook asks ``_repr_png_`` for the picture (when pyplot's inline backend
+    is active, its own formatter answers instead: one picture either way).
+    """
+
+    def _repr_png_(self) -> bytes:
+        """The figure as PNG bytes, at its own size and the default dpi."""
+        buffer = io.BytesIO()
+        self.savefig(buffer, format="png")
+        return buffer.getvalue()
 
 
 def page_colormap() -> Any:
@@ -97,8 +115,8 @@ def heatmaps(
         fontsize: size of the tick labels in points.
 
     Returns:
-        a ``matplotlib.figure.Figure`` (not registered with pyplot): save it
-        with ``fig.savefig(path)``.
+        a ``matplotlib.figure.Figure`` (an :class:`AttentionFigure`, not registered
+        with pyplot): a notebook shows it as a picture; save it with ``fig.savefig(path)``.
     """
     grid = as_grid(matrices, name="matrices")  # (rows, cols, Q, K)
     rows, cols, Q, K = grid.shape
@@ -112,7 +130,7 @@ def heatmaps(
     hi = float(np.nanmax(grid)) if vmax is None else vmax
     if figsize is None:
         figsize = (2.4 * cols + 1.4, 2.4 * rows + 0.8)
-    fig = Figure(figsize=figsize, layout="constrained")
+    fig = AttentionFigure(figsize=figsize, layout="constrained")
     axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False)
     image = None
     for i in range(rows):
@@ -183,8 +201,9 @@ def attention_grid(
         colorbar: add a colorbar right of the grid.
 
     Returns:
-        a ``matplotlib.figure.Figure`` whose size in pixels is
-        ``fig.get_size_inches() * dpi`` when saved (no tight bounding box).
+        a ``matplotlib.figure.Figure`` (an :class:`AttentionFigure`: a notebook shows
+        it as a picture) whose size in pixels is ``fig.get_size_inches() * dpi`` when
+        saved (no tight bounding box).
     """
     norm = color_norm(scale)
     grid = as_grid(matrices, name="matrices")  # (rows, cols, Q, K)
@@ -230,7 +249,7 @@ def attention_grid(
     # Whole hundredths of an inch: a whole number of pixels at dpi 100.
     fig_w = round(left + W * cell + right, 2)
     fig_h = round(bottom + H * cell + top, 2)
-    fig = Figure(figsize=(fig_w, fig_h))
+    fig = AttentionFigure(figsize=(fig_w, fig_h))
     ax = fig.add_axes((left / fig_w, bottom / fig_h, W * cell / fig_w, H * cell / fig_h))
     base = page_colormap() if cmap is None else matplotlib.colormaps[cmap]
     colormap = base.with_extremes(bad="white")

@@ -36,9 +36,28 @@
     return i < (axis === "q" ? nq : nk) ? { axis: axis, i: i } : null;
   }
 
+  // Where the address lives. A notebook shows the page in an about:srcdoc or sandboxed frame,
+  // whose history.replaceState throws: the first write that fails moves the address into memory
+  // for good (the state itself stays the one object above), so every view works there too.
+  var inMemory = false, memory = "";
+  function currentHash() {
+    if (inMemory) return memory;
+    try { return location.hash; } catch (e) { inMemory = true; return memory; }
+  }
+  function writeHash(hash) {
+    if (!inMemory) {
+      try {
+        if (location.hash !== hash) history.replaceState(null, "", hash);
+        return;
+      } catch (e) { inMemory = true; }
+    }
+    memory = hash;
+  }
+  AK.address = currentHash;  // "#view=...&layer=..." wherever it is kept
+
   // The state from the address (anything missing or invalid keeps its default).
   AK.fromAddress = function () {
-    var want = parse(location.hash);
+    var want = parse(currentHash());
     state.set = INT.test(want.set || "") && +want.set < AK.kinds() ? +want.set : 0;
     state.side = AK.compare && ["A", "B"].indexOf(want.side) >= 0 ? want.side : "both";
     state.win = 0; state.nq = null; state.nk = null; state.filter = "all"; state.combine = "mean";
@@ -106,8 +125,7 @@
     if (state.overview !== "max") p.push("ov=" + state.overview);
     if (state.flow !== "rollout") p.push("flow=" + state.flow);
     if (state.img !== "attention") p.push("img=" + state.img);
-    var hash = "#" + p.join("&");
-    if (location.hash !== hash && history.replaceState) history.replaceState(null, "", hash);
+    writeHash("#" + p.join("&"));
   };
   // An address typed or pasted into the bar: read it again and draw.
   window.addEventListener("hashchange", function () {
