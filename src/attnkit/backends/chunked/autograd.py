@@ -88,6 +88,10 @@ def dense_logits(ops: Operands, plan: BlockPlan) -> torch.Tensor:
         s = torch.bmm(ops.qa, ops.ka.transpose(1, 2)) * ops.scale  # (N, L, S)
         if ops.kb is not None:
             s = s + ops.kb  # (N, 1, S) broadcast
+    elif ops.kind == "distance":
+        assert ops.w is not None
+        d = ops.qa.unsqueeze(2) - ops.ka.unsqueeze(1)  # (N, L, S, E)
+        s = (d * d).sum(-1) * ops.w * -ops.scale  # (N, L, S)
     else:
         assert ops.w is not None
         hidden = torch.tanh(ops.qa.unsqueeze(2) + ops.ka.unsqueeze(1))  # (N, L, S, h)

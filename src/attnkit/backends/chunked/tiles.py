@@ -27,7 +27,9 @@ class Operands:
     """The tensors a tile is computed from (all rows N = B0 * R flattened).
 
     kind "dot": s = scale * qa @ ka^T + kb (kb pre-scaled key bias or None);
-    kind "additive": s = scale * sum_h w[h] tanh(qa[:, i, h] + ka[:, j, h]).
+    kind "additive": s = scale * sum_h w[h] tanh(qa[:, i, h] + ka[:, j, h]);
+    kind "distance": s = -scale * w[n] * ‖qa[n, i] - ka[n, j]‖² (the Gaussian formed from
+    its differences, w (N, 1, 1) its 1/2σ² per row).
 
     Score modifiers: ``pos`` (H, L + S - 1) adds ``pos[h, j - i + L - 1]`` to the rows
     of head h (``layout`` says which head a row holds) after the scale, then each cap
@@ -45,7 +47,7 @@ class Operands:
     kind: str
     qa: torch.Tensor  # (N, L, Eq)
     ka: torch.Tensor  # (N, S, Eq)
-    w: torch.Tensor | None  # (hidden,) for additive
+    w: torch.Tensor | None  # (hidden,) for additive, (N, 1, 1) for distance
     v: torch.Tensor  # (N, S, Ev)
     kb: torch.Tensor | None  # (N, 1, S)
     scale: float
@@ -103,6 +105,11 @@ def _tile_logits(
             s = torch.baddbmm(bias, qt, kt.transpose(1, 2), alpha=ops.scale)
         else:
             s = torch.bmm(qt, kt.transpose(1, 2)).mul_(ops.scale)  # (R, bi, bj)
+    elif ops.kind == "distance":
+        assert ops.w is not None
+        s = squared_distances(qt, kt).mul_(ops.w[rows] * -ops.scale)  # (R, bi, bj)
+        if bias is not None:
+            s = s.add_(bias)
     else:
         assert ops.w is not None
         s = _additive.logits(qt, kt, ops.w).mul_(ops.scale)  # (R, bi, bj)
@@ -119,6 +126,47 @@ def _tile_logits(
     if keep is not None:
         s = s.masked_fill_(~keep, float("-inf"))
     return s
+
+
+def _key_chunk(qt: torch.Tensor, kt: torch.Tensor) -> int:
+    """Keys per step of a tile's (R, bi, keys, E) differences within TILE_ELEMENTS."""
+    R, bi, E = qt.shape
+    return max(1, min(kt.shape[1], TILE_ELEMENTS // max(1, R * bi * E)))
+
+
+def squared_distances(qt: torch.Tensor, kt: torch.Tensor) -> torch.Tensor:
+    """‖q_i - k_j‖² (R, bi, bj) of qt (R, bi, E) and kt (R, bj, E), each difference formed
+    first (its rounding is relative to itself, not to |q| or |k|), a chunk of keys at a
+    time so the (R, bi, keys, E) differences stay within TILE_ELEMENTS."""
+    R, bi, bj = qt.shape[0], qt.shape[1], kt.shape[1]
+    out = qt.new_empty(R, bi, bj)
+    step = _key_chunk(qt, kt)
+    for j in range(0, bj, step):
+        d = qt.unsqueeze(2) - kt[:, j : j + step].unsqueeze(1)  # (R, bi, c, E)
+        out[:, :, j : j + step] = torch.linalg.vecdot(d, d)
+    return out
+
+
+def _distance_grads(
+    qt: torch.Tensor, kt: torch.Tensor, w: torch.Tensor, h: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of a tile's ``w * D``, D = ‖q_i - k_j‖², given h (R, bi, bj) its gradient
+    and w (R, 1, 1): (dq (R, bi, E), dk (R, bj, E), dw (R, 1, 1)) with g = w h,
+    dq_i = 2 sum_j g_ij (q_i - k_j), dk_j = -2 sum_i g_ij (q_i - k_j), dw = sum h D, all
+    from the differences themselves (``q_i·sum g - g @ k`` would round at the size of
+    |q| and |k|, not of q - k)."""
+    dq = torch.zeros_like(qt)
+    dk = torch.zeros_like(kt)
+    dw = torch.zeros_like(w)
+    step = _key_chunk(qt, kt)
+    for j in range(0, kt.shape[1], step):
+        d = qt.unsqueeze(2) - kt[:, j : j + step].unsqueeze(1)  # (R, bi, c, E)
+        hj = h[:, :, j : j + step]  # (R, bi, c)
+        dw += (hj * torch.linalg.vecdot(d, d)).sum(dim=(1, 2)).view(-1, 1, 1)
+        t = d.mul_((hj * w).unsqueeze(-1))  # (R, bi, c, E): g_ij (q_i - k_j)
+        dq += t.sum(dim=2)
+        dk[:, j : j + step] -= t.sum(dim=1)
+    return dq.mul_(2), dk.mul_(2), dw
 
 
 def position_tile(pos: torch.Tensor, i0: int, i1: int, j0: int, j1: int, L: int) -> torch.Tensor:
@@ -423,6 +471,13 @@ def backward_tiles(
                     ds.mul_(ops.scale)
                     dqa[rows, i0:i1] += torch.bmm(ds, kt)  # (R, bi, Eq)
                     dka[rows, j0:j1] += torch.bmm(ds.transpose(1, 2), qt)  # (R, bj, Eq)
+                elif ops.kind == "distance":  # s = -scale * w * D
+                    assert ops.w is not None and dw is not None
+                    ds.mul_(-ops.scale)  # (R, bi, bj): the gradient of w * D
+                    gq, gk, gw = _distance_grads(qt, kt, ops.w[rows], ds)
+                    dqa[rows, i0:i1] += gq
+                    dka[rows, j0:j1] += gk
+                    dw[rows] += gw
                 else:
                     assert ops.w is not None and dw is not None
                     gq, gk, gw = _additive.grads(qt, kt, ops.w, ds.mul_(ops.scale))
