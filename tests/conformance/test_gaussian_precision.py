@@ -1,0 +1,130 @@
+"""The Gaussian score at a small bandwidth or a large input scale, against the float64
+oracle: every backend that runs it keeps within a small multiple of plain float32 math
+(the error of -‖q - k‖²/2σ² and softmax written out in float32), forward and backward.
+
+Its dot form q·k/σ² - ‖k‖²/2σ² evaluates a logit near 0 as the difference of terms of
+the size of ‖q - c‖²/2σ²; on inputs spanning many bandwidths that cancelled (1-D
+Nadaraya–Watson on [0, 5] at σ = 0.03: a hundred times plain float32's error). There
+the score is formed from the differences q - k, and the dot-product kernels decline it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnkit
+from attnkit import BackendNotSupportedError, scores
+from attnkit.nn import NadarayaWatson
+
+from cases import CPU_BACKENDS
+from tolerance import scaled_error
+
+RATIO = 4.0
+"""How many times plain float32 math's error a backend may have (the fuzz's yardstick)."""
+FLOOR = 2e-7
+"""Errors below this share of a result's scale (a few float32 roundings) always pass."""
+
+
+def _oracle(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sigma: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, ...]:
+    """(out, d_q, d_k, d_v) of -‖q - k‖²/2σ² attention written out in ``dtype``, for the
+    loss sum(out * g) with a fixed g."""
+    leaves = [t.detach().to(dtype).requires_grad_(True) for t in (q, k, v)]
+    qq, kk, vv = leaves
+    diff = qq.unsqueeze(-2) - kk.unsqueeze(-3)  # (..., L, S, E)
+    logits = -(diff * diff).sum(-1) / (2 * sigma**2)  # (..., L, S)
+    out = torch.softmax(logits, dim=-1) @ vv  # (..., L, Ev)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    grads = torch.autograd.grad((out * g.to(dtype)).sum(), leaves)
+    return (out.detach(), *grads)
+
+
+def _attnkit(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sigma: float, backend: str | None
+) -> tuple[torch.Tensor, ...]:
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    out = attnkit.attention(*leaves, score=scores.Gaussian(sigma), backend=backend)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    grads = torch.autograd.grad((out * g.to(out.dtype)).sum(), leaves)
+    return (out.detach(), *grads)
+
+
+def _within_plain(got: tuple[torch.Tensor, ...], q, k, v, sigma: float) -> None:
+    want = _oracle(q, k, v, sigma, torch.float64)
+    plain = _oracle(q, k, v, sigma, torch.float32)
+    for name, g, w, p in zip(("out", "d_q", "d_k", "d_v"), got, want, plain, strict=True):
+        err, base = scaled_error(g, w), scaled_error(p, w)
+        assert err <= max(RATIO * base, FLOOR), (
+            f"{name}: error {err:.3g} of its scale, plain float32 math {base:.3g}"
+        )
+
+
+def _regression(sigma: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """1-D Nadaraya–Watson on [0, 5]: 50 queries, 100 noisy samples of 2 sin x + x^0.8."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.sort(torch.rand(100, generator=gen) * 5).values  # (100,)
+    y = 2 * torch.sin(x) + x**0.8 + torch.randn(100, generator=gen) * 0.5  # (100,)
+    xq = torch.arange(0, 5, 0.1)  # (50,)
+    return xq.reshape(50, 1), x.reshape(100, 1), y.reshape(100, 1)
+
+
+@pytest.mark.parametrize("sigma", [0.03, 0.1])
+@pytest.mark.parametrize("backend", [*CPU_BACKENDS, None])
+def test_regression_small_sigma(backend: str | None, sigma: float) -> None:
+    """Within 4x plain float32 math on every backend that runs it (the default call too);
+    a dot-product kernel declines, naming the cancellation."""
+    q, k, v = _regression(sigma)
+    try:
+        got = _attnkit(q, k, v, sigma, backend)
+    except BackendNotSupportedError as exc:
+        assert backend == "sdpa", exc
+        assert "would cancel" in str(exc)
+        return
+    _within_plain(got, q, k, v, sigma)
+
+
+@pytest.mark.parametrize("sigma", [0.03, 0.1])
+def test_nadaraya_watson_layer_small_sigma(sigma: float) -> None:
+    """attnkit.nn.NadarayaWatson at a small bandwidth: its predictions and their gradient
+    with respect to the queries within 4x plain float32 math."""
+    q, k, v = _regression(sigma)
+    xq = q.reshape(-1).requires_grad_(True)  # (50,)
+    pred = NadarayaWatson(sigma=sigma)(xq, k.reshape(-1), v.reshape(-1))  # (50,)
+    (d_q,) = torch.autograd.grad(pred.sum(), xq)
+    want = []
+    for dtype in (torch.float64, torch.float32):
+        x = q.reshape(-1).to(dtype).requires_grad_(True)  # (50,)
+        logits = -((x.unsqueeze(-1) - k.reshape(1, -1).to(dtype)) ** 2) / (2 * sigma**2)
+        p = torch.softmax(logits, dim=-1) @ v.reshape(-1).to(dtype)  # (50,)
+        want.append((p.detach(), torch.autograd.grad(p.sum(), x)[0]))
+    (p64, g64), (p32, g32) = want
+    for name, got, w, plain in (("pred", pred, p64, p32), ("d_q", d_q, g64, g32)):
+        err, base = scaled_error(got, w), scaled_error(plain, w)
+        assert err <= max(RATIO * base, FLOOR), f"{name}: {err:.3g} against plain {base:.3g}"
+
+
+@pytest.mark.parametrize("sigma", [1e4, 3e3])
+@pytest.mark.parametrize("backend", [*CPU_BACKENDS, None])
+def test_large_input_scale_with_gradients(backend: str | None, sigma: float) -> None:
+    """Multi-head 8-D inputs of scale 1e4: output and the gradients of q, k and v."""
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 3, 40, 8, generator=gen) * 1e4  # (B, H, L, E)
+    k = torch.randn(2, 3, 50, 8, generator=gen) * 1e4  # (B, H, S, E)
+    v = torch.randn(2, 3, 50, 5, generator=gen)  # (B, H, S, Ev)
+    try:
+        got = _attnkit(q, k, v, sigma, backend)
+    except BackendNotSupportedError as exc:
+        assert backend == "sdpa", exc
+        assert "would cancel" in str(exc)
+        return
+    _within_plain(got, q, k, v, sigma)
+
+
+def test_well_conditioned_calls_keep_the_dot_product_kernel() -> None:
+    """Inputs within a few bandwidths (σ = 2 on unit 64-D features) still run on sdpa."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 2, 64, 64, generator=gen) for _ in range(3))
+    ex = attnkit.explain(q, k, v, score=scores.Gaussian(2.0))
+    assert not ex.reasons["sdpa"], ex.reasons["sdpa"]
