@@ -51,7 +51,13 @@ def _attnkit(
     return (out.detach(), *grads)
 
 
-def _within_plain(got: tuple[torch.Tensor, ...], q, k, v, sigma: float) -> None:
+def _within_plain(
+    got: tuple[torch.Tensor, ...],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sigma: float,
+) -> None:
     want = _oracle(q, k, v, sigma, torch.float64)
     plain = _oracle(q, k, v, sigma, torch.float32)
     for name, g, w, p in zip(("out", "d_q", "d_k", "d_v"), got, want, plain, strict=True):
