@@ -134,3 +134,32 @@ def test_well_conditioned_calls_keep_the_dot_product_kernel() -> None:
     q, k, v = (torch.randn(2, 2, 64, 64, generator=gen) for _ in range(3))
     ex = attnkit.explain(q, k, v, score=scores.Gaussian(2.0))
     assert not ex.reasons["sdpa"], ex.reasons["sdpa"]
+
+
+@pytest.mark.parametrize("backend", ["reference", "chunked"])
+def test_weights_and_gradients_far_from_every_key(backend: str) -> None:
+    """Queries many bandwidths from every key (|lse| about 1e4): the returned weights stay
+    at most 1 and, with the output's gradients, within 4x plain float32 math (the tiles
+    recompute ``exp(s - lse)`` with the lse's rounding carried apart)."""
+    gen = torch.Generator().manual_seed(5)
+    q = (torch.rand(6, 1, generator=gen) * 0.5 + 10).requires_grad_(True)  # (L, E)
+    k = torch.rand(9, 1, generator=gen) * 5  # (S, E)
+    k[:2, 0] = torch.tensor([5.0, 4.9996])  # two nearest keys about one logit apart
+    v = torch.randn(9, 2, generator=gen)  # (S, Ev)
+    sigma = 0.05
+    out, w = attnkit.attention(
+        q, k, v, score=scores.Gaussian(sigma), return_weights=True, backend=backend
+    )
+    assert float(w.max()) <= 1.0
+    (d_q,) = torch.autograd.grad(out.sum(), q)
+    want = []
+    for dtype in (torch.float64, torch.float32):
+        x = q.detach().to(dtype).requires_grad_(True)  # (L, E)
+        logits = -((x - k.to(dtype).T) ** 2) / (2 * sigma**2)  # (L, S)
+        p = torch.softmax(logits, dim=-1)  # (L, S)
+        o = p @ v.to(dtype)  # (L, Ev)
+        want.append((o.detach(), p.detach(), torch.autograd.grad(o.sum(), x)[0]))
+    for n, name in enumerate(("out", "weights", "d_q")):
+        err = scaled_error((out, w, d_q)[n], want[0][n])
+        base = scaled_error(want[1][n], want[0][n])
+        assert err <= max(RATIO * base, FLOOR), f"{name}: {err:.3g} against plain {base:.3g}"

@@ -94,7 +94,7 @@ class ChunkedBackend(Backend):
             if inputs.weights_mean:
                 weights = weights.mean(dim=-3)  # (*batch[:-1], L, S)
         elif mean_only:
-            weights = _head_mean_weights(ops, plan, lse.detach(), inputs)
+            weights = _head_mean_weights(ops, plan, lse.detach(), inputs, call.low.get("lse"))
         return AttentionResult(output=out, weights=weights, lse=lse_out)
 
     def backward(
@@ -168,7 +168,11 @@ def _plan(inputs: AttentionInputs) -> BlockPlan:
 
 
 def _head_mean_weights(
-    ops: Operands, plan: BlockPlan, lse: torch.Tensor, inputs: AttentionInputs
+    ops: Operands,
+    plan: BlockPlan,
+    lse: torch.Tensor,
+    inputs: AttentionInputs,
+    low: torch.Tensor | None,
 ) -> torch.Tensor:
     """Weights averaged over the head dim (-3), tile by tile: (*batch[:-1], L, S).
 
@@ -180,9 +184,9 @@ def _head_mean_weights(
         if plan.per_batch and plan.R % heads:
             # (H, L, E) with a per-batch mask: its batch dim is the head dim, so each group
             # holds one head and there is no run of heads to average tile by tile.
-            weights = weights_tiles(ops, plan, lse).mean(dim=0, keepdim=True)  # (1, L, S)
+            weights = weights_tiles(ops, plan, lse, low=low).mean(dim=0, keepdim=True)  # (1, L, S)
         else:
-            weights = weights_tiles(ops, plan, lse, heads=heads)  # (N // H, L, S)
+            weights = weights_tiles(ops, plan, lse, heads=heads, low=low)  # (N // H, L, S)
     return weights.reshape(*inputs.batch_shape[:-1], inputs.L, inputs.S)  # (..., L, S)
 
 

@@ -226,19 +226,40 @@ def _blocks(start: int, end: int, size: int) -> Iterator[tuple[int, int]]:
         yield a, min(a + size, end)
 
 
+def lse_low(lse: torch.Tensor, m: torch.Tensor, denom: torch.Tensor) -> torch.Tensor:
+    """What ``lse = fl(m + log(denom))`` (...) rounded off: ``(m - lse) + log(denom)``
+    (``m - lse`` is exact where the two are close), 0 where lse or the result is not
+    finite. ``exp((s - lse) - low)`` then keeps the precision of ``exp(s - m) / denom``
+    at any |lse|, where ``exp(s - lse)`` loses ``eps * |lse|``."""
+    low = (m - lse) + torch.log(denom)
+    return torch.where(torch.isfinite(lse) & torch.isfinite(low), low, torch.zeros_like(low))
+
+
+def exp_from_lse_(s: torch.Tensor, lse: torch.Tensor, low: torch.Tensor | None) -> None:
+    """s (R, bi, bj) becomes ``exp(s - lse)``, the lse (R, bi) finite, ``low`` (R, bi)
+    its rounding (:func:`lse_low`) or None."""
+    if low is None:
+        exp_rows_(s, lse, want_sum=False)
+        return
+    exp_rows_(s.sub_(lse.unsqueeze(-1)), low, want_sum=False)
+
+
 def forward_tiles(
-    ops: Operands, plan: BlockPlan, want_weights: bool
+    ops: Operands, plan: BlockPlan, want_weights: bool, low: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Online-softmax forward over all tiles: out (N, L, Ev), lse (N, L), weights or None."""
+    """Online-softmax forward over all tiles: out (N, L, Ev), lse (N, L), weights or None;
+    ``low`` (N, L), when given, receives the lse's rounding (:func:`lse_low`)."""
     N, L, Ev = ops.qa.shape[0], plan.L, ops.v.shape[-1]
     dt, dev = ops.qa.dtype, ops.qa.device
     out = torch.zeros(N, L, Ev, dtype=dt, device=dev)
     lse = torch.full((N, L), float("-inf"), dtype=dt, device=dev)
+    if low is None:
+        low = torch.zeros(N, L, dtype=dt, device=dev)
     band = plan.band_offsets() if ops.kind == "dot" and ops.clean and ops.plain else None
     for rows, b, q_start, q_end, k_start, k_end in plan.groups():
         done: set[int] = set()
         if band is not None:
-            done = _forward_band_runs(ops, plan, rows, q_end, k_start, k_end, band, out, lse)
+            done = _forward_band_runs(ops, plan, rows, q_end, k_start, k_end, band, out, lse, low)
         for i0, i1 in _blocks(q_start, q_end, plan.block_q):
             if i0 in done:
                 continue
@@ -268,11 +289,14 @@ def forward_tiles(
                     acc = acc.mul_(alpha.unsqueeze(-1)).add_(pv)
                 m = m_new
             assert acc is not None and denom is not None and m is not None
-            o, lse[rows, i0:i1] = _lse.finish(acc, denom, _lse.safe_max(m))
+            m_safe = _lse.safe_max(m)
+            o, lse_t = _lse.finish(acc, denom, m_safe)  # (R, bi, Ev), (R, bi)
+            lse[rows, i0:i1] = lse_t
+            low[rows, i0:i1] = lse_low(lse_t, m_safe, denom)
             if nan_rows is not None:  # a used value that is not finite propagates
                 o = o.masked_fill(nan_rows.unsqueeze(-1), float("nan"))
             out[rows, i0:i1] = o
-    weights = weights_tiles(ops, plan, lse) if want_weights else None
+    weights = weights_tiles(ops, plan, lse, low=low) if want_weights else None
     return out, lse, weights
 
 
@@ -286,6 +310,7 @@ def _forward_band_runs(
     band: tuple[int, int],
     out: torch.Tensor,
     lse: torch.Tensor,
+    low: torch.Tensor,
 ) -> set[int]:
     """Forward of the interior blocks of a band mask, many query blocks per operation.
 
@@ -335,13 +360,20 @@ def _forward_band_runs(
         o, lse_b = _lse.finish(o, denom, m)  # (R, g, bq, Ev), (R, g, bq)
         out[rows, i0 : i0 + g * bq] = o.reshape(R, g * bq, Ev)
         lse[rows, i0 : i0 + g * bq] = lse_b.reshape(R, g * bq)
+        low[rows, i0 : i0 + g * bq] = lse_low(lse_b, m, denom).reshape(R, g * bq)
     return {n * bq for n in range(first, last)}
 
 
 def weights_tiles(
-    ops: Operands, plan: BlockPlan, lse: torch.Tensor, *, heads: int = 1
+    ops: Operands,
+    plan: BlockPlan,
+    lse: torch.Tensor,
+    *,
+    heads: int = 1,
+    low: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Exact weights exp(s - lse), tile by tile; skipped tiles stay 0.
+    """Exact weights exp(s - lse), tile by tile; skipped tiles stay 0. ``low`` (N, L): the
+    lse's rounding (:func:`lse_low`), or None.
 
     Returns (N, L, S), or with ``heads`` > 1 the mean over each run of ``heads``
     consecutive rows (the head dim, last of the batch dims): (N // heads, L, S),
@@ -356,9 +388,10 @@ def weights_tiles(
         for i0, i1 in _blocks(q_start, q_end, plan.block_q):
             lo, hi = plan.key_range(b, i0, i1, k_start, k_end)
             shift = lse_safe[rows, i0:i1]  # (R, bi)
+            low_t = low[rows, i0:i1] if low is not None else None  # (R, bi)
             for j0, j1 in _blocks(lo, hi, plan.block_k):
                 s = _tile_logits(ops, plan, rows, b, i0, i1, j0, j1)  # (R, bi, bj)
-                exp_rows_(s, shift, want_sum=False)
+                exp_from_lse_(s, shift, low_t)
                 if heads > 1:
                     s = s.view(-1, heads, i1 - i0, j1 - j0).mean(dim=1)  # (R // heads, bi, bj)
                 weights[out_rows, i0:i1, j0:j1] = s
@@ -404,6 +437,7 @@ def backward_tiles(
     d_weights: torch.Tensor | None,
     d_rows: torch.Tensor | None = None,
     d_pos: torch.Tensor | None = None,
+    low: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
     """Gradients (dqa, dka, dw, dv, dkb) by recomputing each tile's probabilities.
 
@@ -412,7 +446,8 @@ def backward_tiles(
     ``p * (dW - rowsum(dW * W))``, times ``1 - tanh²`` under each softcap. ``d_rows``
     (N, L), when given, accumulates each row's sum of the logits' gradient (what a
     per-row constant of the logits receives); ``d_pos`` (H, L + S - 1) the position
-    table's gradient, summed along each tile's diagonals per head.
+    table's gradient, summed along each tile's diagonals per head. ``low`` (N, L): the
+    lse's rounding (:func:`lse_low`) where the forward gave it, or None.
     """
     dqa = torch.zeros_like(ops.qa)
     dka = torch.zeros_like(ops.ka)
@@ -438,13 +473,14 @@ def backward_tiles(
                 continue
             do_t = d_out[rows, i0:i1]  # (R, bi, Ev)
             shift = lse_safe[rows, i0:i1]  # (R, bi)
+            low_t = low[rows, i0:i1] if low is not None else None  # (R, bi)
             rt = row_term[rows, i0:i1].unsqueeze(-1)  # (R, bi, 1)
             qt = qa[rows, i0:i1]  # (R, bi, Eq)
             for j0, j1 in _blocks(lo, hi, plan.block_k):
                 tanh: list[torch.Tensor] = []
                 p = _tile_logits(ops, plan, rows, b, i0, i1, j0, j1, tanh)  # (R, bi, bj)
                 blocked = torch.isneginf(p) if guard is not None else None
-                exp_rows_(p, shift, want_sum=False)  # p = exp(s - lse)
+                exp_from_lse_(p, shift, low_t)  # p = exp(s - lse)
                 if blocked is not None:  # exactly 0, even in a row whose lse is NaN
                     p.masked_fill_(blocked, 0.0)
                 vt = ops.v[rows, j0:j1]  # (R, bj, Ev)
