@@ -163,3 +163,20 @@ def test_weights_and_gradients_far_from_every_key(backend: str) -> None:
         err = scaled_error((out, w, d_q)[n], want[0][n])
         base = scaled_error(want[1][n], want[0][n])
         assert err <= max(RATIO * base, FLOOR), f"{name}: {err:.3g} against plain {base:.3g}"
+
+
+def test_form_is_chosen_per_call_not_per_shape() -> None:
+    """A well-conditioned call, then one spanning many bandwidths with the same shapes and
+    the named score: the second is not run the way the first was planned (a cached
+    dispatch or plain-call plan would put it on the dot form)."""
+    gen = torch.Generator().manual_seed(6)
+    yk = torch.randn(100, 1, generator=gen)  # (S, Ev)
+    near_q, near_k = torch.randn(50, 1, generator=gen), torch.randn(100, 1, generator=gen)
+    attnkit.attention(near_q, near_k, yk, score="gaussian")
+    xk = torch.sort(torch.rand(100, generator=gen) * 500).values.reshape(100, 1)  # (S, E)
+    xq = torch.arange(0, 500, 10.0).reshape(50, 1)  # (L, E)
+    out = attnkit.attention(xq, xk, yk, score="gaussian")
+    want = torch.softmax(-((xq.double() - xk.double().T) ** 2) / 2, -1) @ yk.double()
+    plain = torch.softmax(-((xq - xk.T) ** 2) / 2, -1) @ yk
+    err, base = scaled_error(out, want), scaled_error(plain, want)
+    assert err <= max(RATIO * base, FLOOR), f"{err:.3g} against plain {base:.3g}"

@@ -234,7 +234,8 @@ def _gaussian_form(inputs: AttentionInputs, score: Gaussian) -> str:
         eps = torch.finfo(cd).eps * 4 * q.shape[-1]
         for i in range(0, q.shape[-2], step):
             qi, ni = qc[..., i : i + step, :], nq[..., i : i + step]  # (..., l, E), (..., l)
-            far = (nk.unsqueeze(-2) - 2 * (qi @ kc.transpose(-2, -1))).amin(-1)  # (..., l)
+            far = torch.matmul(qi, kc.transpose(-2, -1)).mul_(-2).add_(nk.unsqueeze(-2))
+            far = far.amin(-1)  # (..., l): min_j ‖k_j - c‖² - 2 (q_i - c)·(k_j - c)
             top = torch.clamp(ni, min=rk)  # (..., l): the dot form's largest terms
             near = (ni + far - eps * top).clamp(min=0)  # (..., l): ‖q_i - k‖² at least
             rho = g * top / (g * near).clamp(min=1.0)  # (..., l)
