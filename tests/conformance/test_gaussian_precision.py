@@ -17,6 +17,7 @@ import attnkit
 from attnkit import BackendNotSupportedError, scores
 from attnkit.nn import NadarayaWatson
 
+import fuzz_calls
 from cases import CPU_BACKENDS
 from tolerance import scaled_error
 
@@ -180,3 +181,15 @@ def test_form_is_chosen_per_call_not_per_shape() -> None:
     plain = torch.softmax(-((xq - xk.T) ** 2) / 2, -1) @ yk
     err, base = scaled_error(out, want), scaled_error(plain, want)
     assert err <= max(RATIO * base, FLOOR), f"{err:.3g} against plain {base:.3g}"
+
+
+@pytest.mark.parametrize("index", [4, 66, 715, 1026, 1791, 1840])
+def test_extremes_fuzz_findings_on_chunked(index: int) -> None:
+    """Cases of the conformance fuzz's Gaussian extremes (seed 28) that chunked once
+    failed: weights and gradients far from every key (|lse| of 1e4 and more: exp(s - lse)
+    lost eps * |lse|), and rows held by one key, whose gradients were the rounding of
+    ``rowsum(dO * O)`` magnified by the Gaussian's derivative |q - k|/σ²."""
+    report = fuzz_calls.Report()
+    fuzz_calls.run_case(index, 28, report, backends=("chunked",), focus="gaussian_extremes")
+    assert report.per_backend["chunked"] == 1, report.lines()
+    assert not report.findings, "\n".join(f.line() for f in report.findings)

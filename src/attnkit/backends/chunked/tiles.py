@@ -426,6 +426,38 @@ def _backward_guard(
     return reached, qa, ka
 
 
+def _weighted_dp(
+    ops: Operands,
+    plan: BlockPlan,
+    lse_safe: torch.Tensor,
+    low: torch.Tensor | None,
+    d_out: torch.Tensor,
+    d_weights: torch.Tensor | None,
+    guarded: bool,
+) -> torch.Tensor:
+    """``sum_j p_ij (dO_i · v_j + dW_ij)`` (N, L), tile by tile: the row term of the
+    logits' gradient as plain softmax math forms it. ``rowsum(dO * O) + rowsum(dW * W)``
+    equals it in exact arithmetic but rounds at the size of ``|dO| |v|``, so a row held
+    by one key (p = 1) gets a logit gradient of that rounding instead of 0, which the
+    Gaussian's far keys (a derivative of the logits of ``|q - k|/σ²``) magnify."""
+    out = torch.zeros_like(lse_safe)  # (N, L)
+    for rows, b, q_start, q_end, k_start, k_end in plan.groups():
+        for i0, i1 in _blocks(q_start, q_end, plan.block_q):
+            lo, hi = plan.key_range(b, i0, i1, k_start, k_end)
+            low_t = low[rows, i0:i1] if low is not None else None  # (R, bi)
+            for j0, j1 in _blocks(lo, hi, plan.block_k):
+                p = _tile_logits(ops, plan, rows, b, i0, i1, j0, j1)  # (R, bi, bj)
+                blocked = torch.isneginf(p) if guarded else None
+                exp_from_lse_(p, lse_safe[rows, i0:i1], low_t)
+                if blocked is not None:
+                    p.masked_fill_(blocked, 0.0)
+                dp = torch.bmm(d_out[rows, i0:i1], ops.v[rows, j0:j1].transpose(1, 2))
+                if d_weights is not None:
+                    dp += d_weights[rows, i0:i1, j0:j1]
+                out[rows, i0:i1] += (p * dp).sum(dim=-1)  # (R, bi)
+    return out
+
+
 def backward_tiles(
     ops: Operands,
     plan: BlockPlan,
@@ -466,6 +498,13 @@ def backward_tiles(
         d_out = d_out.masked_fill(reached.unsqueeze(-1), 0.0)
         row_term = row_term.masked_fill(reached, 0.0)
     lse_safe = _lse.safe_max(lse)
+    # The Gaussian (see _weighted_dp), when this call's keys are the whole row (its own
+    # forward's lse); a backward from a given lse may see a block of the keys only.
+    if low is not None and (ops.kind == "distance" or ops.kb is not None):
+        exact = _weighted_dp(ops, plan, lse_safe, low, d_out, d_weights, guard is not None)
+        row_term = exact if d_lse is None else exact - d_lse
+        if guard is not None:
+            row_term = row_term.masked_fill(guard[0], 0.0)
     for rows, b, q_start, q_end, k_start, k_end in plan.groups():
         for i0, i1 in _blocks(q_start, q_end, plan.block_q):
             lo, hi = plan.key_range(b, i0, i1, k_start, k_end)
