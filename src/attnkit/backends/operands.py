@@ -72,9 +72,11 @@ __all__ = [
     "lower_score",
 ]
 
-DOT_FORM_LIMIT = 4.0
+DOT_FORM_LIMIT = 8.0
 """The largest loss of the Gaussian's dot form, in units of the plain computation's
-rounding, at which it still runs on a dot-product kernel (see :func:`gaussian_form`)."""
+rounding, at which it still runs on a dot-product kernel (see :func:`gaussian_form`).
+At 8 the dot form's output keeps plain float32's error and its gradients stay within
+about 6x of it (1-D Nadaraya–Watson on [0, 5] at σ = 0.7); the differences keep 1-2x."""
 
 
 def cast_score(score: Score, dtype: torch.dtype) -> Score:
