@@ -45,7 +45,7 @@ import attnkit
 from attnkit._host import device_semantics
 
 from cases import matrix_backends
-from fuzz_draws import Built, Draw, draw
+from fuzz_draws import FOCUS, Built, Draw, draw
 from reference import oracle
 
 BACKENDS: tuple[str, ...] = matrix_backends("cpu")
@@ -225,6 +225,12 @@ def _yardstick(name: str, dtype: torch.dtype) -> float:
     return 8.0 if half and name.startswith("d_") else 4.0
 
 
+def _weights_at_most_one(w: torch.Tensor, dtype: torch.dtype) -> bool:
+    """True when no finite weight exceeds 1 by more than a few roundings of ``dtype``."""
+    fin = w[torch.isfinite(w)]
+    return not fin.numel() or float(fin.max()) <= 1 + 8 * torch.finfo(dtype).eps
+
+
 class _Case:
     """One drawn case: its oracle, reference gradients and yardsticks, computed once."""
 
@@ -294,6 +300,9 @@ class _Case:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             self.finding(backend, "crash", f"{type(exc).__name__}: {first}")
             return
+        if "weights" in got and not _weights_at_most_one(got["weights"], d.dtype):
+            top = float(got["weights"][torch.isfinite(got["weights"])].max())
+            self.finding(backend, "defect", f"a returned weight of {top:.6g} exceeds 1")
         errs = _errors(got, self.wanted(grad), d.dtype)
         bad = _too_big(errs, d.dtype)
         if not bad:
@@ -341,9 +350,9 @@ class _Case:
 
 
 def run_case(index: int, seed: int, report: Report, layouts: tuple[int, ...] = (2, 3, 4),
-             backends: tuple[str, ...] = BACKENDS) -> None:  # fmt: skip
+             backends: tuple[str, ...] = BACKENDS, focus: str | None = None) -> None:  # fmt: skip
     report.cases += 1
-    d = draw(seed, index, layouts=layouts)
+    d = draw(seed, index, layouts=layouts, focus=focus)
     try:
         case = _Case(index, d, report)
     except (TypeError, ValueError) as exc:
@@ -353,23 +362,25 @@ def run_case(index: int, seed: int, report: Report, layouts: tuple[int, ...] = (
         case.check(backend)
 
 
-def campaign(cases: int, seed: int, start: int = 0, backends: tuple[str, ...] = BACKENDS
-             ) -> Report:  # fmt: skip
-    """Cases ``start .. start + cases`` of the campaign with ``seed`` on ``backends``, on
-    one thread (the calls are tiny: a pool of threads would cost more than the work)."""
+def campaign(cases: int, seed: int, start: int = 0, backends: tuple[str, ...] = BACKENDS,
+             focus: str | None = None) -> Report:  # fmt: skip
+    """Cases ``start .. start + cases`` of the campaign with ``seed`` on ``backends`` (every
+    case on the extreme ``focus`` when given, see :data:`fuzz_draws.FOCUS`), on one thread
+    (the calls are tiny: a pool of threads would cost more than the work)."""
     report = Report()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for i in range(start, start + cases):
-            run_case(i, seed, report, backends=backends)
+            run_case(i, seed, report, backends=backends, focus=focus)
     finally:
         torch.set_num_threads(threads)
     return report
 
 
 def campaign_until(per_backend: int, seed: int, max_cases: int = 200_000,
-                   backends: tuple[str, ...] = BACKENDS) -> Report:  # fmt: skip
+                   backends: tuple[str, ...] = BACKENDS, focus: str | None = None
+                   ) -> Report:  # fmt: skip
     """Cases 0, 1, ... of the campaign with ``seed`` until each of ``backends`` has run
     ``per_backend`` of them (or ``max_cases`` were drawn), on one thread."""
     report = Report()
@@ -378,7 +389,7 @@ def campaign_until(per_backend: int, seed: int, max_cases: int = 200_000,
     try:
         i = 0
         while i < max_cases and min(report.per_backend[b] for b in backends) < per_backend:
-            run_case(i, seed, report, backends=backends)
+            run_case(i, seed, report, backends=backends, focus=focus)
             i += 1
     finally:
         torch.set_num_threads(threads)
@@ -393,12 +404,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--show", type=int, default=30, help="findings to print")
     parser.add_argument("--backend", action="append", help="only these backends")
+    parser.add_argument("--focus", choices=FOCUS, help="every case on this extreme")
     args = parser.parse_args(argv)
     backends = tuple(args.backend) if args.backend else BACKENDS
     if args.per_backend:
-        report = campaign_until(args.per_backend, args.seed, backends=backends)
+        report = campaign_until(args.per_backend, args.seed, backends=backends,
+                                focus=args.focus)  # fmt: skip
     else:
-        report = campaign(args.cases, args.seed, args.start, backends=backends)
+        report = campaign(args.cases, args.seed, args.start, backends=backends,
+                          focus=args.focus)  # fmt: skip
     for line in report.lines():
         print(line)
     for f in report.findings[: args.show]:

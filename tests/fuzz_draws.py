@@ -21,7 +21,11 @@ The axes are drawn together:
   spread: interleaved, padding inside a document; self or cross), prefix LM, and
   ``&``, ``|``, ``~`` of two of them;
 - weights, lse, gradients (inputs and every learnable parameter), the accelerator
-  paths (``device_semantics``), and dtypes float32, bfloat16, float16 and float64.
+  paths (``device_semantics``), and dtypes float32, bfloat16, float16 and float64;
+- extremes (:func:`_draw_extremes`, drawn from their own stream so the other axes of a
+  case do not move): the Gaussian's sigma (1e-3 .. 1e3) and the input scale of its
+  query and key (1e-3 .. 1e4), and large logits (|logit| 1e3 .. 1e6) with the weights
+  returned. ``focus`` draws every case on one of them.
 
 Every mask's oracle spec is a dense keep (and bias) array computed here from the
 definitions, independently of attnkit's lowering.
@@ -100,6 +104,7 @@ class Draw:
             f"{self.score_name} scale={f['scale']} mods={f['mods']} mask={f['mask']}"
             f" w{self.want_w:d} lse{self.want_lse:d} grad{self.grad:d}"
             + (" device_semantics" if self.strict else "")
+            + (f" extreme={f['extreme']}" if "extreme" in f else "")
         )
 
     # ------------------------------------------------------------------ building
@@ -180,8 +185,15 @@ class Draw:
 # ---------------------------------------------------------------------- drawing
 
 
-def draw(seed: int, index: int, *, layouts: tuple[int, ...] = (2, 3, 4)) -> Draw:
-    """Call ``index`` of the campaign with ``seed`` (structure and values)."""
+FOCUS = ("gaussian_extremes", "large_logits")
+"""The extremes a campaign may draw on every case (``focus=``)."""
+
+
+def draw(
+    seed: int, index: int, *, layouts: tuple[int, ...] = (2, 3, 4), focus: str | None = None
+) -> Draw:
+    """Call ``index`` of the campaign with ``seed`` (structure and values); with ``focus``
+    (one of :data:`FOCUS`) every case is drawn on that extreme."""
     rng = random.Random(seed * 1_000_003 + index)
     gen = torch.Generator().manual_seed(rng.randrange(2**31))
     dtype = rng.choices(DTYPES, weights=[70, 10, 10, 10])[0]
@@ -190,6 +202,8 @@ def draw(seed: int, index: int, *, layouts: tuple[int, ...] = (2, 3, 4)) -> Draw
     if rng.random() < 0.3:
         S = L  # self-attention sizes: document ids shared by queries and keys
     score_name = rng.choice(SCORES)
+    if focus == "gaussian_extremes":
+        score_name = "gaussian"
     E = rng.randint(1, 6)
     Ek = rng.randint(1, 6) if score_name in ("bilinear", "additive") else E
     Ev = rng.randint(1, 5)
@@ -210,7 +224,41 @@ def draw(seed: int, index: int, *, layouts: tuple[int, ...] = (2, 3, 4)) -> Draw
     fill(d, rng, gen, with_mods=True)
     d.want_w, d.want_lse = rng.random() < 0.3, rng.random() < 0.4
     d.grad, d.strict = rng.random() < 0.35, rng.random() < 0.15
+    if focus is not None:
+        _draw_extremes(d, random.Random(seed * 7_000_003 + index), focus)
     return d
+
+
+def _draw_extremes(d: Draw, rng: random.Random, focus: str) -> None:
+    """The extreme ``focus``, from its own stream ``rng``: "gaussian_extremes" an extreme
+    sigma (1e-3 .. 1e3), input scale (1e-3 .. 1e4, 1e2 for half inputs) or both (the
+    inputs scaled, sigma within a decade or two of their scale: a float64 replay keeps
+    logits far above 1e8 no better than 1e-8); "large_logits" (float32 and float64
+    cases) the scale brought to 1e3 .. 1e6, the weights returned.
+
+    Extremes run off the accelerator paths: there no host read may decide between the
+    Gaussian's dot form and its differences, and the dot-product kernels keep the
+    dot form, which cancels at these extremes (a known limit of those paths)."""
+    m = d.masters
+    wide = d.dtype in (torch.float32, torch.float64)
+    if focus == "gaussian_extremes":
+        kind = rng.choice(("sigma", "input", "both"))
+        factor = 1.0
+        if kind != "sigma":  # half inputs: randn times 1e4 would overflow float16
+            factor = 10 ** rng.uniform(-3, 4 if wide else 2)
+            m["q"], m["k"] = m["q"] * factor, m["k"] * factor
+        if kind == "sigma":
+            m["sigma"] = torch.tensor(10 ** rng.uniform(-3, 3), dtype=torch.float64)
+        elif kind == "both":
+            m["sigma"] = torch.tensor(factor * 10 ** rng.uniform(-2, 1), dtype=torch.float64)
+        d.features["extreme"] = kind
+        d.strict = False
+    elif focus == "large_logits" and wide:
+        m.pop("scale_tensor", None)
+        m["scale"] = 10 ** rng.uniform(3, 6)
+        d.features["scale"] = "large"
+        d.features["extreme"] = "large_logits"
+        d.want_w = True
 
 
 def fill(d: Draw, rng: random.Random, gen: torch.Generator, *, with_mods: bool) -> None:

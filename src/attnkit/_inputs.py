@@ -59,6 +59,9 @@ class AttentionInputs:
     check_finite: bool = True
     """False when the caller guarantees finite inputs (``check_finite=False``): the
     non-finite policy's checks and cleaning are skipped."""
+    gaussian_form: str | None = None
+    """How a Gaussian score is computed for these inputs, once decided
+    (:func:`attnkit.backends.operands.gaussian_form`): None until then."""
 
     @property
     def mod_kinds(self) -> frozenset[str]:

@@ -11,7 +11,8 @@ and dispatched in full, and later ones skip both: :func:`lookup` returns the pla
 backend's shortcut, :meth:`Backend.plain_runner`) takes the tensors, or else
 :meth:`CallPlan.inputs` builds the call record for the backend's ``forward``.
 
-Anything else (tensor masks, score objects with parameters, weights or lse, a
+Anything else (tensor masks, score objects with parameters, the Gaussian score, whose
+dot form or differences are chosen from the inputs' values, weights or lse, a
 recording in progress, code being traced by torch.compile) takes the full path
 every time. The cache is cleared when a backend is registered.
 """
@@ -99,6 +100,7 @@ def plan_key(
     if (
         torch.compiler.is_compiling()  # traced code takes the full path (no dict guards)
         or type(score) is not str
+        or score == "gaussian"  # its form is chosen from the inputs' values (operands.py)
         or not (mask is None or type(mask) in _TENSOR_FREE_MASKS)
         or not (scale is None or type(scale) is float)  # (1 and True would share a key)
         or (scale is not None and scale > SCALE_READ_ABOVE)  # checked against each call's values

@@ -9,6 +9,8 @@
   replayed in float64; no finding of any kind is excused. Counts:
   ``python tests/fuzz_calls.py --per-backend 20000``. (On triton under the interpreter:
   tests/backends/test_triton_fuzz.py.)
+- The extremes (``focus=``): the Gaussian's sigma and input scale, large logits with the
+  weights returned, on every CPU backend; a sample on the reference backend by default.
 - The context-parallel campaign (tests/fuzz_cp.py): random calls over 2 and 4 gloo
   ranks, ring and all-to-all, against one process. ``python tests/fuzz_cp.py``.
 
@@ -69,6 +71,56 @@ def test_conformance_fuzz_campaign() -> None:
     report = fuzz_calls.campaign_until(20_000, CALLS_SEED)
     _check_calls(report)
     assert all(report.per_backend[b] >= 20_000 for b in fuzz_calls.BACKENDS), report.lines()
+
+
+LARGE_LSE = "R5-8"
+"""sdpa's returned weights (and the gradients through them) recompute exp(s - lse): at
+|lse| of 1e3 .. 1e8 they lose eps * |lse| (weights above 1), fixed on its own branch."""
+CHUNKED_LARGE_LOGITS = (
+    "chunked's backward at logits of 1e3 .. 1e6 for the scores other than the Gaussian "
+    "(dot, bilinear, additive): the row term rowsum(dO * O) and exp(s - lse) round at "
+    "eps times the logits' size (the Gaussian forms sum_j p dp instead)"
+)
+
+
+def _focus_params(focus: str) -> list[object]:
+    """The CPU backends, each with its known failure on ``focus`` marked."""
+    chunked: object = "chunked"
+    if focus == "large_logits":
+        chunked = pytest.param(
+            "chunked", marks=pytest.mark.xfail(strict=False, reason=CHUNKED_LARGE_LOGITS)
+        )
+    sdpa = pytest.param("sdpa", marks=pytest.mark.xfail(strict=False, reason=LARGE_LSE))
+    return [pytest.param(focus, "reference"), _with_focus(focus, chunked), _with_focus(focus, sdpa)]
+
+
+def _with_focus(focus: str, backend: object) -> object:
+    if isinstance(backend, str):
+        return pytest.param(focus, backend)
+    values, marks = backend.values, backend.marks  # type: ignore[attr-defined]
+    return pytest.param(focus, *values, marks=marks)
+
+
+@pytest.mark.parametrize("focus", fuzz_calls.FOCUS)
+def test_extremes_fuzz_sample(focus: str) -> None:
+    """Cases 0-29 of each extreme (tests/fuzz_draws.py: the Gaussian's sigma and input
+    scale, large logits with the weights returned) on the reference backend: the oracle
+    holds at the extremes, and no returned weight exceeds 1."""
+    report = fuzz_calls.campaign(30, CALLS_SEED, backends=("reference",), focus=focus)
+    _check_calls(report)
+    assert report.per_backend["reference"] == 30, report.lines()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("focus", "backend"), [p for f in fuzz_calls.FOCUS for p in _focus_params(f)]
+)
+def test_extremes_fuzz_campaign(focus: str, backend: str) -> None:
+    """2,000 cases of each extreme on each CPU backend (a few minutes each; the script
+    runs any number: ``python tests/fuzz_calls.py --focus gaussian_extremes
+    --per-backend 20000``). Known failures at large |lse| and large logits are marked."""
+    report = fuzz_calls.campaign(2_000, CALLS_SEED, backends=(backend,), focus=focus)
+    _check_calls(report)
 
 
 @pytest.mark.slow

@@ -110,6 +110,10 @@ def test_overflowing_scale_names_the_largest_usable_one(
         q.double(), k.double(), v.double(), score=s64, scale=usable, backend="reference"
     )
     for backend in BACKENDS:
+        if score_name == "gaussian" and backend == "sdpa":  # many bandwidths apart at this
+            reasons = attnkit.explain(q, k, v, score=score, scale=usable).reasons[backend]
+            assert any("would cancel" in r for r in reasons), reasons  # scale: declined
+            continue
         if _runs(backend, score_name):
             got = attnkit.attention(q, k, v, score=score, scale=usable, backend=backend)
             assert torch.isfinite(got).all(), backend

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeAlias
 import torch
 
 from .._inputs import AttentionInputs
+from .operands import DOT_FORM_LIMIT, gaussian_form
 
 if TYPE_CHECKING:
     from ._backward import InputGrads
@@ -86,6 +87,9 @@ class Backend:
     every backend, from its (out, lse))."""
     supports_head_scale: ClassVar[bool] = False
     """True when it takes a per-head scale (``scale=`` a (H,) tensor)."""
+    gaussian_differences: ClassVar[bool] = False
+    """True when it computes a Gaussian score from the differences ``q - k`` where its dot
+    form would cancel (:func:`attnkit.backends.operands.gaussian_form`)."""
     averages_heads: ClassVar[bool] = False
     """True when the backend itself returns head-averaged weights for
     ``return_weights="mean"`` (else attention() averages the per-head weights)."""
@@ -123,6 +127,14 @@ class Backend:
             reasons.append(f"score modifier(s) {', '.join(mods)} not supported")
         if inputs.head_scale is not None and not self.supports_head_scale:
             reasons.append("a per-head scale (scale= a tensor) is not supported")
+        if not self.gaussian_differences and not reasons:
+            if gaussian_form(inputs) == "distance":
+                reasons.append(
+                    "the Gaussian score's dot form q·k/σ² - ‖k‖²/2σ² would cancel: these "
+                    "inputs span many bandwidths (its rounding would exceed "
+                    f"{DOT_FORM_LIMIT:g}x that of -‖q - k‖²/2σ²); chunked and reference "
+                    "form the differences q - k"
+                )
         return reasons
 
     def materialized_masks(self, inputs: AttentionInputs) -> list[str]:

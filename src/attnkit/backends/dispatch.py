@@ -38,6 +38,7 @@ from .. import _host
 from .._inputs import AttentionInputs
 from .base import Backend
 from .chunked import ChunkedBackend
+from .operands import gaussian_form
 from .reference import ReferenceBackend
 from .sdpa import SDPABackend
 from .triton import TritonBackend
@@ -327,7 +328,8 @@ def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
     forced = backend if backend is not None else forced_backends()
     key: tuple[object, ...] | None = None
     if not torch.compiler.is_compiling():  # (a traced dict lookup would guard on the dict)
-        key = (forced, _host.strict(), inputs.signature())
+        # a Gaussian's form is read from the inputs' values (operands.gaussian_form)
+        key = (forced, _host.strict(), inputs.signature(), gaussian_form(inputs))
         hit = _CHOICES.get(key)
         if hit is not None:
             return hit

@@ -5,7 +5,9 @@
 - kind "dot" (every dot-reducible score): ``logits = scale * (q' · k' + key_bias)``
   plus a per-query ``row_constant`` that softmax ignores (Gaussian: ``-‖q - c‖²/2σ²``);
 - kind "additive" (Bahdanau): ``logits = scale * w · tanh(q' + k')`` over the hidden
-  dim, with ``q' = W_q q`` and ``k' = W_k k``.
+  dim, with ``q' = W_q q`` and ``k' = W_k k``;
+- kind "distance" (the Gaussian where its dot form would cancel, see below):
+  ``logits = -scale * w * ‖q - k‖²`` with ``w = 1/2σ²`` (per head with a per-head scale).
 
 The projections run under autograd here, once, so gradients reach the score's
 parameters through them whatever kernel computes the attention; a kernel's backward
@@ -20,6 +22,19 @@ gets them with non-finite rows zeroed, and those rows are put back after it: a N
 key row as NaN, an inf Gaussian key as infinitely far (``excluded``: its logit is
 -inf by construction).
 
+Gaussian: its dot form ``q·k/σ² - ‖k‖²/2σ²`` evaluates a logit of the size of
+``‖q - k‖²/2σ²`` (small for the keys that matter) as the difference of terms of the
+size of ``‖q - c‖²/2σ²`` and ``‖k - c‖²/2σ²``, c the keys' mean: where the inputs
+span many bandwidths (a small σ, a large input scale) those terms are large and close,
+and their float rounding swamps the logit. No shared centre avoids that (a query far
+from c and its nearest keys are all far from it), and the dropped per-query constant
+does not either (it is the size of the terms, and softmax ignores it anyway).
+:func:`gaussian_form` measures that loss on the host: where it exceeds
+:data:`DOT_FORM_LIMIT` units of the plain computation's rounding, the score is lowered
+to kind "distance" (``logits = -scale * w * ‖q - k‖²``, the differences formed first),
+which the chunked tiles and the reference backend compute and the dot-product kernels
+decline.
+
 Half precision: with ``upcast`` the dot form is computed in the compute dtype
 (float32), so terms such as the Gaussian's ``-‖k‖²/2σ²`` are not rounded to half
 first. The score's parameters are cast without touching the module (:func:`cast_score`
@@ -29,6 +44,7 @@ builds a shallow copy), so a score shared by threads is never changed under them
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -38,7 +54,7 @@ from .._host import readable
 from .._inputs import AttentionInputs
 from .._layout import ONE_HEAD, HeadLayout
 from ..mods import ALiBi, PositionMod, Softcap
-from ..scores import Additive, Dot, Score
+from ..scores import Additive, Dot, Gaussian, Score
 from ._common import (
     all_finite,
     clean_keys,
@@ -47,7 +63,20 @@ from ._common import (
     restore_nonfinite_keys,
 )
 
-__all__ = ["ScoreOperands", "alibi_folds", "cast_score", "lower_score"]
+__all__ = [
+    "DOT_FORM_LIMIT",
+    "ScoreOperands",
+    "alibi_folds",
+    "cast_score",
+    "gaussian_form",
+    "lower_score",
+]
+
+DOT_FORM_LIMIT = 8.0
+"""The largest loss of the Gaussian's dot form, in units of the plain computation's
+rounding, at which it still runs on a dot-product kernel (see :func:`gaussian_form`).
+At 8 the dot form's output keeps plain float32's error and its gradients stay within
+about 6x of it (1-D Nadaraya–Watson on [0, 5] at σ = 0.7); the differences keep 1-2x."""
 
 
 def cast_score(score: Score, dtype: torch.dtype) -> Score:
@@ -75,11 +104,12 @@ class ScoreOperands:
     """A call's score as kernel operands (see the module docstring).
 
     Attributes:
-        kind: "dot" or "additive".
-        q: (..., L, E') q' (dot) or W_q q (additive).
-        k: (..., S, E') k' (dot) or W_k k (additive).
+        kind: "dot", "additive" or "distance".
+        q: (..., L, E') q' (dot), W_q q (additive) or q (distance).
+        k: (..., S, E') k' (dot), W_k k (additive) or k (distance).
         key_bias: None or (..., 1, S), unscaled by ``scale`` (dot only).
-        w: None or (hidden,), the Additive score's w_v.
+        w: None, (hidden,) the Additive score's w_v, or (..., 1, 1) the Gaussian's
+            ``1/2σ²`` (distance; per head with a per-head scale).
         row_constant: None or (..., L), unscaled; softmax ignores it.
         excluded: None or (..., S) bool: keys whose logit is -inf by construction.
         scale: multiplier of the logits.
@@ -156,6 +186,66 @@ class ScoreOperands:
         return torch.where(torch.isneginf(lse), lse, shifted)
 
 
+def gaussian_form(inputs: AttentionInputs) -> str:
+    """How the call's Gaussian score keeps its precision: "dot" (its dot form is exact
+    enough, or the score is not a Gaussian), "distance" (it would cancel: the logits
+    must be formed from the differences q - k), or "unknown" (the inputs cannot be read
+    on the host without a device sync). Decided once per call (cached on ``inputs``).
+
+    The dot form of query i rounds terms of up to ``g·max(‖q_i - c‖², ‖k - c‖²)``
+    (``g = scale/2σ²``, c the keys' mean), where the plain computation rounds logits of
+    about ``g·‖q_i - k‖²`` near the row's maximum, and never less than the softmax's own
+    rounding (one unit). So the loss of query i is about
+    ``ρ_i = g·max(‖q_i - c‖², max_j ‖k_j - c‖²) / max(1, g·min_j ‖q_i - k_j‖²)``; the
+    dot form runs while ``max_i ρ_i <= DOT_FORM_LIMIT``. The nearest key's distance is
+    only looked for when the numerator alone exceeds the limit (one matrix product,
+    in chunks of rows: O(L + S) memory); the mask is ignored (a conservative answer).
+    Non-finite inputs keep the dot form (its non-finite policy paths).
+    """
+    if not isinstance(inputs.score, Gaussian):
+        return "dot"
+    if inputs.gaussian_form is None:
+        inputs.gaussian_form = _gaussian_form(inputs, inputs.score)
+    return inputs.gaussian_form
+
+
+def _gaussian_form(inputs: AttentionInputs, score: Gaussian) -> str:
+    q, k = inputs.query, inputs.key
+    if not (readable(q) and readable(k)):
+        return "unknown"
+    if q.numel() == 0 or k.numel() == 0:
+        return "dot"
+    cd = inputs.compute_dtype
+    with torch.no_grad():
+        q, k = q.detach().to(cd), k.detach().to(cd)
+        if not all_finite(q, k):
+            return "dot"
+        g = float(score._inv_two_var(q.to(torch.float64))) * inputs.scale
+        if inputs.head_scale is not None:
+            g *= float(inputs.head_scale.detach().abs().amax())
+        center = Gaussian._center(q, k)  # (..., 1, E)
+        qc = q - center  # (..., L, E)
+        kc = inputs.layout.query_heads(k - center, 2)  # (..., Hq, S, E)
+        nq = torch.linalg.vecdot(qc, qc)  # (..., L)
+        nk = torch.linalg.vecdot(kc, kc)  # (..., S)
+        rk = float(nk.amax())
+        if g * max(float(nq.amax()), rk) <= DOT_FORM_LIMIT:
+            return "dot"
+        size = torch.broadcast_shapes(qc.shape[:-2], kc.shape[:-2])
+        step = max(1, (1 << 22) // max(1, math.prod(size) * k.shape[-2]))
+        eps = torch.finfo(cd).eps * 4 * q.shape[-1]
+        for i in range(0, q.shape[-2], step):
+            qi, ni = qc[..., i : i + step, :], nq[..., i : i + step]  # (..., l, E), (..., l)
+            far = torch.matmul(qi, kc.transpose(-2, -1)).mul_(-2).add_(nk.unsqueeze(-2))
+            far = far.amin(-1)  # (..., l): min_j ‖k_j - c‖² - 2 (q_i - c)·(k_j - c)
+            top = torch.clamp(ni, min=rk)  # (..., l): the dot form's largest terms
+            near = (ni + far - eps * top).clamp(min=0)  # (..., l): ‖q_i - k‖² at least
+            rho = g * top / (g * near).clamp(min=1.0)  # (..., l)
+            if float(rho.amax()) > DOT_FORM_LIMIT:
+                return "distance"
+    return "dot"
+
+
 def lower_score(
     inputs: AttentionInputs,
     *,
@@ -164,6 +254,7 @@ def lower_score(
     query: torch.Tensor | None = None,
     key: torch.Tensor | None = None,
     fold_alibi: bool = False,
+    differences: bool = False,
 ) -> ScoreOperands:
     """The call's score as :class:`ScoreOperands`.
 
@@ -176,6 +267,8 @@ def lower_score(
             leaves of a recomputation.
         fold_alibi: fold ALiBi into the key bias and the row constant where that is
             exact (:func:`alibi_folds`), for kernels without a position table.
+        differences: lower a Gaussian score to kind "distance" (for kernels that form
+            ``q - k``; see :func:`gaussian_form`) instead of its dot form.
     """
     score = inputs.score
     q = inputs.query if query is None else query
@@ -195,6 +288,8 @@ def lower_score(
         ops = ScoreOperands("additive", qa, ka, None, w, None, None, inputs.scale,
                             layout=inputs.layout)  # fmt: skip
         return _with_mods(inputs, ops, fold_alibi=False)
+    if differences and isinstance(sc, Gaussian):
+        return _with_mods(inputs, _distance(inputs, sc, q, key), fold_alibi=False)
     far: torch.Tensor | None = None
     nan_keys: torch.Tensor | None = None
     q_bad: torch.Tensor | None = None
@@ -224,6 +319,24 @@ def lower_score(
             rc = rc * layout.per_head(hs, 1)  # (..., H, L)
     ops = ScoreOperands("dot", qd, kd, kb, None, rc, excluded, inputs.scale, layout=inputs.layout)
     return _with_mods(inputs, ops, fold_alibi=fold_alibi)
+
+
+def _distance(
+    inputs: AttentionInputs, score: Gaussian, q: torch.Tensor, key: torch.Tensor
+) -> ScoreOperands:
+    """The Gaussian as kind "distance": q (..., L, E) and k (..., S, E) as given (no
+    centring: ``fl(q - c) - fl(k - c)`` would round at the size of ``q - c``, where
+    ``q - k`` rounds at its own), ``w = 1/2σ²`` (..., 1, 1). Under the non-finite
+    policy a non-finite query row scores NaN against every key; a key holding an inf
+    and no NaN scores -inf by itself (``(q - inf)² = inf``), a NaN key NaN."""
+    if inputs.check_finite and not (readable(q) and all_finite(q.detach(), key.detach())):
+        q, bad = clean_rows(q)
+        q = nan_rows(q, bad)
+    w = score._inv_two_var(q).reshape(1, 1)  # (1, 1)
+    if inputs.head_scale is not None:
+        w = w * inputs.layout.per_head(inputs.head_scale.to(q.dtype), 2)  # (H, 1, 1)
+    return ScoreOperands("distance", q, key, None, w, None, None, inputs.scale,
+                         layout=inputs.layout)  # fmt: skip
 
 
 def alibi_folds(inputs: AttentionInputs, mod: ALiBi) -> bool:

@@ -36,6 +36,7 @@ class ReferenceBackend(Backend):
     fused: ClassVar[bool] = False
     mod_kinds: ClassVar[frozenset[str]] = ALL_MOD_KINDS
     supports_head_scale: ClassVar[bool] = True
+    gaussian_differences: ClassVar[bool] = True
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
         return materialized_attention(inputs)

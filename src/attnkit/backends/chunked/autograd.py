@@ -12,7 +12,7 @@ instead, since the tiles are exponentiated in place, unseen by autograd.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,12 +32,15 @@ class ChunkedCall:
     v (N, S, Ev), kb (N, 1, S) or None, pos (H, L + S - 1) or None); out (N, L, Ev),
     lse (N, L), weights (N, L, S). ``flags`` carries the other fields of
     :class:`Operands` (``bad_v``, ``nonfinite_qk``, ``layout``, ``softcaps``).
+    ``low["lse"]`` (N, L): the forward's lse rounding (:func:`.tiles.lse_low`), which
+    its backward uses with the lse it saved (a backward from a given lse has none).
     """
 
     plan: BlockPlan
     kind: str
     scale: float
     flags: dict[str, Any]
+    low: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def operands(self, t: Sequence[torch.Tensor | None]) -> Operands:
         qa, ka, w, v, kb, pos = t
@@ -48,7 +51,10 @@ class ChunkedCall:
     def forward(
         self, operands: Sequence[torch.Tensor | None], want_weights: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        return forward_tiles(self.operands(operands), self.plan, want_weights)
+        ops = self.operands(operands)
+        low = torch.zeros(ops.qa.shape[0], self.plan.L, dtype=ops.qa.dtype, device=ops.qa.device)
+        self.low["lse"] = low  # (N, L)
+        return forward_tiles(ops, self.plan, want_weights, low)
 
     def backward(
         self,
@@ -67,7 +73,17 @@ class ChunkedCall:
         d_pos = torch.zeros_like(ops.pos) if ops.pos is not None else None
         with torch.no_grad():
             dqa, dka, dw, dv, dkb = backward_tiles(
-                ops, self.plan, out, lse, d_out, d_lse, weights, d_weights, d_rows, d_pos
+                ops,
+                self.plan,
+                out,
+                lse,
+                d_out,
+                d_lse,
+                weights,
+                d_weights,
+                d_rows,
+                d_pos,
+                self.low.get("lse"),
             )
         return dqa, dka, dw, dv, dkb, d_pos
 
@@ -88,6 +104,10 @@ def dense_logits(ops: Operands, plan: BlockPlan) -> torch.Tensor:
         s = torch.bmm(ops.qa, ops.ka.transpose(1, 2)) * ops.scale  # (N, L, S)
         if ops.kb is not None:
             s = s + ops.kb  # (N, 1, S) broadcast
+    elif ops.kind == "distance":
+        assert ops.w is not None
+        d = ops.qa.unsqueeze(2) - ops.ka.unsqueeze(1)  # (N, L, S, E)
+        s = (d * d).sum(-1) * ops.w * -ops.scale  # (N, L, S)
     else:
         assert ops.w is not None
         hidden = torch.tanh(ops.qa.unsqueeze(2) + ops.ka.unsqueeze(1))  # (N, L, S, h)

@@ -17,7 +17,7 @@ from .._backward import InputGrads, leaf_call, pull_back
 from .._common import all_finite, clean_values
 from ..autograd import KernelFunction
 from ..base import ALL_MOD_KINDS, AttentionResult, Backend
-from ..operands import ScoreOperands, lower_score
+from ..operands import ScoreOperands, gaussian_form, lower_score
 from .autograd import ChunkedCall
 from .sizes import tile_shape
 from .tiles import Operands, weights_tiles
@@ -35,6 +35,7 @@ class ChunkedBackend(Backend):
     averages_heads: ClassVar[bool] = True
     mod_kinds: ClassVar[frozenset[str]] = ALL_MOD_KINDS
     supports_head_scale: ClassVar[bool] = True
+    gaussian_differences: ClassVar[bool] = True
 
     def not_supported_reasons(self, inputs: AttentionInputs) -> list[str]:
         reasons = [
@@ -70,6 +71,8 @@ class ChunkedBackend(Backend):
             if inputs.compute_dtype != torch.float32 or inputs.device.type != "cpu":
                 return "additive tiles: pure torch (the fused kernel is float32 on CPU only)"
             return f"additive tiles: {_additive.status()}"
+        if gaussian_form(inputs) != "dot":
+            return "Gaussian tiles from the differences q - k (its dot form would cancel)"
         return "dot-product tiles: batched matrix products"
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
@@ -91,7 +94,7 @@ class ChunkedBackend(Backend):
             if inputs.weights_mean:
                 weights = weights.mean(dim=-3)  # (*batch[:-1], L, S)
         elif mean_only:
-            weights = _head_mean_weights(ops, plan, lse.detach(), inputs)
+            weights = _head_mean_weights(ops, plan, lse.detach(), inputs, call.low.get("lse"))
         return AttentionResult(output=out, weights=weights, lse=lse_out)
 
     def backward(
@@ -165,7 +168,11 @@ def _plan(inputs: AttentionInputs) -> BlockPlan:
 
 
 def _head_mean_weights(
-    ops: Operands, plan: BlockPlan, lse: torch.Tensor, inputs: AttentionInputs
+    ops: Operands,
+    plan: BlockPlan,
+    lse: torch.Tensor,
+    inputs: AttentionInputs,
+    low: torch.Tensor | None,
 ) -> torch.Tensor:
     """Weights averaged over the head dim (-3), tile by tile: (*batch[:-1], L, S).
 
@@ -177,9 +184,9 @@ def _head_mean_weights(
         if plan.per_batch and plan.R % heads:
             # (H, L, E) with a per-batch mask: its batch dim is the head dim, so each group
             # holds one head and there is no run of heads to average tile by tile.
-            weights = weights_tiles(ops, plan, lse).mean(dim=0, keepdim=True)  # (1, L, S)
+            weights = weights_tiles(ops, plan, lse, low=low).mean(dim=0, keepdim=True)  # (1, L, S)
         else:
-            weights = weights_tiles(ops, plan, lse, heads=heads)  # (N // H, L, S)
+            weights = weights_tiles(ops, plan, lse, heads=heads, low=low)  # (N // H, L, S)
     return weights.reshape(*inputs.batch_shape[:-1], inputs.L, inputs.S)  # (..., L, S)
 
 
@@ -190,8 +197,14 @@ def _operands(inputs: AttentionInputs) -> tuple[Operands, ScoreOperands]:
     cd, layout = inputs.compute_dtype, inputs.layout
     batch, L, S = inputs.batch_shape, inputs.L, inputs.S
     N = math.prod(batch)
-    lowered = lower_score(inputs, upcast=True, row_constant=inputs.return_lse)
+    differences = gaussian_form(inputs) != "dot"  # "unknown" too: never the cancelling form
+    lowered = lower_score(
+        inputs, upcast=True, row_constant=inputs.return_lse, differences=differences
+    )
     qa, ka, kb, w = lowered.q, lowered.k, lowered.key_bias, lowered.w
+    if lowered.kind == "distance":
+        assert w is not None
+        w = w.expand(*batch, 1, 1).reshape(N, 1, 1)  # (N, 1, 1) 1/2σ² of each row
     ka = layout.query_heads(ka, 2)  # (..., Hq, S, Eq)
     v = layout.query_heads(inputs.value.to(cd), 2)  # (..., Hq, S, Ev)
     if kb is not None:

@@ -27,7 +27,9 @@ class Operands:
     """The tensors a tile is computed from (all rows N = B0 * R flattened).
 
     kind "dot": s = scale * qa @ ka^T + kb (kb pre-scaled key bias or None);
-    kind "additive": s = scale * sum_h w[h] tanh(qa[:, i, h] + ka[:, j, h]).
+    kind "additive": s = scale * sum_h w[h] tanh(qa[:, i, h] + ka[:, j, h]);
+    kind "distance": s = -scale * w[n] * ‖qa[n, i] - ka[n, j]‖² (the Gaussian formed from
+    its differences, w (N, 1, 1) its 1/2σ² per row).
 
     Score modifiers: ``pos`` (H, L + S - 1) adds ``pos[h, j - i + L - 1]`` to the rows
     of head h (``layout`` says which head a row holds) after the scale, then each cap
@@ -45,7 +47,7 @@ class Operands:
     kind: str
     qa: torch.Tensor  # (N, L, Eq)
     ka: torch.Tensor  # (N, S, Eq)
-    w: torch.Tensor | None  # (hidden,) for additive
+    w: torch.Tensor | None  # (hidden,) for additive, (N, 1, 1) for distance
     v: torch.Tensor  # (N, S, Ev)
     kb: torch.Tensor | None  # (N, 1, S)
     scale: float
@@ -103,6 +105,11 @@ def _tile_logits(
             s = torch.baddbmm(bias, qt, kt.transpose(1, 2), alpha=ops.scale)
         else:
             s = torch.bmm(qt, kt.transpose(1, 2)).mul_(ops.scale)  # (R, bi, bj)
+    elif ops.kind == "distance":
+        assert ops.w is not None
+        s = squared_distances(qt, kt).mul_(ops.w[rows] * -ops.scale)  # (R, bi, bj)
+        if bias is not None:
+            s = s.add_(bias)
     else:
         assert ops.w is not None
         s = _additive.logits(qt, kt, ops.w).mul_(ops.scale)  # (R, bi, bj)
@@ -119,6 +126,47 @@ def _tile_logits(
     if keep is not None:
         s = s.masked_fill_(~keep, float("-inf"))
     return s
+
+
+def _key_chunk(qt: torch.Tensor, kt: torch.Tensor) -> int:
+    """Keys per step of a tile's (R, bi, keys, E) differences within TILE_ELEMENTS."""
+    R, bi, E = qt.shape
+    return max(1, min(kt.shape[1], TILE_ELEMENTS // max(1, R * bi * E)))
+
+
+def squared_distances(qt: torch.Tensor, kt: torch.Tensor) -> torch.Tensor:
+    """‖q_i - k_j‖² (R, bi, bj) of qt (R, bi, E) and kt (R, bj, E), each difference formed
+    first (its rounding is relative to itself, not to |q| or |k|), a chunk of keys at a
+    time so the (R, bi, keys, E) differences stay within TILE_ELEMENTS."""
+    R, bi, bj = qt.shape[0], qt.shape[1], kt.shape[1]
+    out = qt.new_empty(R, bi, bj)
+    step = _key_chunk(qt, kt)
+    for j in range(0, bj, step):
+        d = qt.unsqueeze(2) - kt[:, j : j + step].unsqueeze(1)  # (R, bi, c, E)
+        out[:, :, j : j + step] = torch.linalg.vecdot(d, d)
+    return out
+
+
+def _distance_grads(
+    qt: torch.Tensor, kt: torch.Tensor, w: torch.Tensor, h: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of a tile's ``w * D``, D = ‖q_i - k_j‖², given h (R, bi, bj) its gradient
+    and w (R, 1, 1): (dq (R, bi, E), dk (R, bj, E), dw (R, 1, 1)) with g = w h,
+    dq_i = 2 sum_j g_ij (q_i - k_j), dk_j = -2 sum_i g_ij (q_i - k_j), dw = sum h D, all
+    from the differences themselves (``q_i·sum g - g @ k`` would round at the size of
+    |q| and |k|, not of q - k)."""
+    dq = torch.zeros_like(qt)
+    dk = torch.zeros_like(kt)
+    dw = torch.zeros_like(w)
+    step = _key_chunk(qt, kt)
+    for j in range(0, kt.shape[1], step):
+        d = qt.unsqueeze(2) - kt[:, j : j + step].unsqueeze(1)  # (R, bi, c, E)
+        hj = h[:, :, j : j + step]  # (R, bi, c)
+        dw += (hj * torch.linalg.vecdot(d, d)).sum(dim=(1, 2)).view(-1, 1, 1)
+        t = d.mul_((hj * w).unsqueeze(-1))  # (R, bi, c, E): g_ij (q_i - k_j)
+        dq += t.sum(dim=2)
+        dk[:, j : j + step] -= t.sum(dim=1)
+    return dq.mul_(2), dk.mul_(2), dw
 
 
 def position_tile(pos: torch.Tensor, i0: int, i1: int, j0: int, j1: int, L: int) -> torch.Tensor:
@@ -178,19 +226,40 @@ def _blocks(start: int, end: int, size: int) -> Iterator[tuple[int, int]]:
         yield a, min(a + size, end)
 
 
+def lse_low(lse: torch.Tensor, m: torch.Tensor, denom: torch.Tensor) -> torch.Tensor:
+    """What ``lse = fl(m + log(denom))`` (...) rounded off: ``(m - lse) + log(denom)``
+    (``m - lse`` is exact where the two are close), 0 where lse or the result is not
+    finite. ``exp((s - lse) - low)`` then keeps the precision of ``exp(s - m) / denom``
+    at any |lse|, where ``exp(s - lse)`` loses ``eps * |lse|``."""
+    low = (m - lse) + torch.log(denom)
+    return torch.where(torch.isfinite(lse) & torch.isfinite(low), low, torch.zeros_like(low))
+
+
+def exp_from_lse_(s: torch.Tensor, lse: torch.Tensor, low: torch.Tensor | None) -> None:
+    """s (R, bi, bj) becomes ``exp(s - lse)``, the lse (R, bi) finite, ``low`` (R, bi)
+    its rounding (:func:`lse_low`) or None."""
+    if low is None:
+        exp_rows_(s, lse, want_sum=False)
+        return
+    exp_rows_(s.sub_(lse.unsqueeze(-1)), low, want_sum=False)
+
+
 def forward_tiles(
-    ops: Operands, plan: BlockPlan, want_weights: bool
+    ops: Operands, plan: BlockPlan, want_weights: bool, low: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Online-softmax forward over all tiles: out (N, L, Ev), lse (N, L), weights or None."""
+    """Online-softmax forward over all tiles: out (N, L, Ev), lse (N, L), weights or None;
+    ``low`` (N, L), when given, receives the lse's rounding (:func:`lse_low`)."""
     N, L, Ev = ops.qa.shape[0], plan.L, ops.v.shape[-1]
     dt, dev = ops.qa.dtype, ops.qa.device
     out = torch.zeros(N, L, Ev, dtype=dt, device=dev)
     lse = torch.full((N, L), float("-inf"), dtype=dt, device=dev)
+    if low is None:
+        low = torch.zeros(N, L, dtype=dt, device=dev)
     band = plan.band_offsets() if ops.kind == "dot" and ops.clean and ops.plain else None
     for rows, b, q_start, q_end, k_start, k_end in plan.groups():
         done: set[int] = set()
         if band is not None:
-            done = _forward_band_runs(ops, plan, rows, q_end, k_start, k_end, band, out, lse)
+            done = _forward_band_runs(ops, plan, rows, q_end, k_start, k_end, band, out, lse, low)
         for i0, i1 in _blocks(q_start, q_end, plan.block_q):
             if i0 in done:
                 continue
@@ -220,7 +289,10 @@ def forward_tiles(
                     acc = acc.mul_(alpha.unsqueeze(-1)).add_(pv)
                 m = m_new
             assert acc is not None and denom is not None and m is not None
-            o, lse[rows, i0:i1] = _lse.finish(acc, denom, _lse.safe_max(m))
+            m_safe = _lse.safe_max(m)
+            o, lse_t = _lse.finish(acc, denom, m_safe)  # (R, bi, Ev), (R, bi)
+            lse[rows, i0:i1] = lse_t
+            low[rows, i0:i1] = lse_low(lse_t, m_safe, denom)
             if nan_rows is not None:  # a used value that is not finite propagates
                 o = o.masked_fill(nan_rows.unsqueeze(-1), float("nan"))
             out[rows, i0:i1] = o
@@ -228,7 +300,7 @@ def forward_tiles(
     if want_weights:
         # exp(s - lse) sums to 1 only within |lse| * eps (the rounding of lse): divided
         # by its own row sums, so the backward's rowsum(dW * W) cancels its p * dW
-        weights = _lse.normalize_rows_(weights_tiles(ops, plan, lse))  # (N, L, S)
+        weights = _lse.normalize_rows_(weights_tiles(ops, plan, lse, low=low))  # (N, L, S)
     return out, lse, weights
 
 
@@ -242,6 +314,7 @@ def _forward_band_runs(
     band: tuple[int, int],
     out: torch.Tensor,
     lse: torch.Tensor,
+    low: torch.Tensor,
 ) -> set[int]:
     """Forward of the interior blocks of a band mask, many query blocks per operation.
 
@@ -291,13 +364,20 @@ def _forward_band_runs(
         o, lse_b = _lse.finish(o, denom, m)  # (R, g, bq, Ev), (R, g, bq)
         out[rows, i0 : i0 + g * bq] = o.reshape(R, g * bq, Ev)
         lse[rows, i0 : i0 + g * bq] = lse_b.reshape(R, g * bq)
+        low[rows, i0 : i0 + g * bq] = lse_low(lse_b, m, denom).reshape(R, g * bq)
     return {n * bq for n in range(first, last)}
 
 
 def weights_tiles(
-    ops: Operands, plan: BlockPlan, lse: torch.Tensor, *, heads: int = 1
+    ops: Operands,
+    plan: BlockPlan,
+    lse: torch.Tensor,
+    *,
+    heads: int = 1,
+    low: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Exact weights exp(s - lse), tile by tile; skipped tiles stay 0.
+    """Exact weights exp(s - lse), tile by tile; skipped tiles stay 0. ``low`` (N, L): the
+    lse's rounding (:func:`lse_low`), or None.
 
     Returns (N, L, S), or with ``heads`` > 1 the mean over each run of ``heads``
     consecutive rows (the head dim, last of the batch dims): (N // heads, L, S),
@@ -312,9 +392,10 @@ def weights_tiles(
         for i0, i1 in _blocks(q_start, q_end, plan.block_q):
             lo, hi = plan.key_range(b, i0, i1, k_start, k_end)
             shift = lse_safe[rows, i0:i1]  # (R, bi)
+            low_t = low[rows, i0:i1] if low is not None else None  # (R, bi)
             for j0, j1 in _blocks(lo, hi, plan.block_k):
                 s = _tile_logits(ops, plan, rows, b, i0, i1, j0, j1)  # (R, bi, bj)
-                exp_rows_(s, shift, want_sum=False)
+                exp_from_lse_(s, shift, low_t)
                 if heads > 1:
                     s = s.view(-1, heads, i1 - i0, j1 - j0).mean(dim=1)  # (R // heads, bi, bj)
                 weights[out_rows, i0:i1, j0:j1] = s
@@ -349,6 +430,38 @@ def _backward_guard(
     return reached, qa, ka
 
 
+def _weighted_dp(
+    ops: Operands,
+    plan: BlockPlan,
+    lse_safe: torch.Tensor,
+    low: torch.Tensor | None,
+    d_out: torch.Tensor,
+    d_weights: torch.Tensor | None,
+    guarded: bool,
+) -> torch.Tensor:
+    """``sum_j p_ij (dO_i · v_j + dW_ij)`` (N, L), tile by tile: the row term of the
+    logits' gradient as plain softmax math forms it. ``rowsum(dO * O) + rowsum(dW * W)``
+    equals it in exact arithmetic but rounds at the size of ``|dO| |v|``, so a row held
+    by one key (p = 1) gets a logit gradient of that rounding instead of 0, which the
+    Gaussian's far keys (a derivative of the logits of ``|q - k|/σ²``) magnify."""
+    out = torch.zeros_like(lse_safe)  # (N, L)
+    for rows, b, q_start, q_end, k_start, k_end in plan.groups():
+        for i0, i1 in _blocks(q_start, q_end, plan.block_q):
+            lo, hi = plan.key_range(b, i0, i1, k_start, k_end)
+            low_t = low[rows, i0:i1] if low is not None else None  # (R, bi)
+            for j0, j1 in _blocks(lo, hi, plan.block_k):
+                p = _tile_logits(ops, plan, rows, b, i0, i1, j0, j1)  # (R, bi, bj)
+                blocked = torch.isneginf(p) if guarded else None
+                exp_from_lse_(p, lse_safe[rows, i0:i1], low_t)
+                if blocked is not None:
+                    p.masked_fill_(blocked, 0.0)
+                dp = torch.bmm(d_out[rows, i0:i1], ops.v[rows, j0:j1].transpose(1, 2))
+                if d_weights is not None:
+                    dp += d_weights[rows, i0:i1, j0:j1]
+                out[rows, i0:i1] += (p * dp).sum(dim=-1)  # (R, bi)
+    return out
+
+
 def backward_tiles(
     ops: Operands,
     plan: BlockPlan,
@@ -360,6 +473,7 @@ def backward_tiles(
     d_weights: torch.Tensor | None,
     d_rows: torch.Tensor | None = None,
     d_pos: torch.Tensor | None = None,
+    low: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
     """Gradients (dqa, dka, dw, dv, dkb) by recomputing each tile's probabilities.
 
@@ -368,7 +482,8 @@ def backward_tiles(
     ``p * (dW - rowsum(dW * W))``, times ``1 - tanh²`` under each softcap. ``d_rows``
     (N, L), when given, accumulates each row's sum of the logits' gradient (what a
     per-row constant of the logits receives); ``d_pos`` (H, L + S - 1) the position
-    table's gradient, summed along each tile's diagonals per head.
+    table's gradient, summed along each tile's diagonals per head. ``low`` (N, L): the
+    lse's rounding (:func:`lse_low`) where the forward gave it, or None.
     """
     dqa = torch.zeros_like(ops.qa)
     dka = torch.zeros_like(ops.ka)
@@ -387,6 +502,13 @@ def backward_tiles(
         d_out = d_out.masked_fill(reached.unsqueeze(-1), 0.0)
         row_term = row_term.masked_fill(reached, 0.0)
     lse_safe = _lse.safe_max(lse)
+    # The Gaussian (see _weighted_dp), when this call's keys are the whole row (its own
+    # forward's lse); a backward from a given lse may see a block of the keys only.
+    if low is not None and (ops.kind == "distance" or ops.kb is not None):
+        exact = _weighted_dp(ops, plan, lse_safe, low, d_out, d_weights, guard is not None)
+        row_term = exact if d_lse is None else exact - d_lse
+        if guard is not None:
+            row_term = row_term.masked_fill(guard[0], 0.0)
     for rows, b, q_start, q_end, k_start, k_end in plan.groups():
         for i0, i1 in _blocks(q_start, q_end, plan.block_q):
             lo, hi = plan.key_range(b, i0, i1, k_start, k_end)
@@ -394,13 +516,14 @@ def backward_tiles(
                 continue
             do_t = d_out[rows, i0:i1]  # (R, bi, Ev)
             shift = lse_safe[rows, i0:i1]  # (R, bi)
+            low_t = low[rows, i0:i1] if low is not None else None  # (R, bi)
             rt = row_term[rows, i0:i1].unsqueeze(-1)  # (R, bi, 1)
             qt = qa[rows, i0:i1]  # (R, bi, Eq)
             for j0, j1 in _blocks(lo, hi, plan.block_k):
                 tanh: list[torch.Tensor] = []
                 p = _tile_logits(ops, plan, rows, b, i0, i1, j0, j1, tanh)  # (R, bi, bj)
                 blocked = torch.isneginf(p) if guard is not None else None
-                exp_rows_(p, shift, want_sum=False)  # p = exp(s - lse)
+                exp_from_lse_(p, shift, low_t)  # p = exp(s - lse)
                 if blocked is not None:  # exactly 0, even in a row whose lse is NaN
                     p.masked_fill_(blocked, 0.0)
                 vt = ops.v[rows, j0:j1]  # (R, bj, Ev)
@@ -427,6 +550,13 @@ def backward_tiles(
                     ds.mul_(ops.scale)
                     dqa[rows, i0:i1] += torch.bmm(ds, kt)  # (R, bi, Eq)
                     dka[rows, j0:j1] += torch.bmm(ds.transpose(1, 2), qt)  # (R, bj, Eq)
+                elif ops.kind == "distance":  # s = -scale * w * D
+                    assert ops.w is not None and dw is not None
+                    ds.mul_(-ops.scale)  # (R, bi, bj): the gradient of w * D
+                    gq, gk, gw = _distance_grads(qt, kt, ops.w[rows], ds)
+                    dqa[rows, i0:i1] += gq
+                    dka[rows, j0:j1] += gk
+                    dw[rows] += gw
                 else:
                     assert ops.w is not None and dw is not None
                     gq, gk, gw = _additive.grads(qt, kt, ops.w, ds.mul_(ops.scale))
