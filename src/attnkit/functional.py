@@ -10,6 +10,7 @@ from typing import Any, Literal
 import torch
 
 from . import _plans, _recording
+from . import _torch_features as _features
 from . import masks as _masks
 from ._backward_inputs import check_backward_tensors
 from ._inputs import AttentionInputs, validate_inputs
@@ -25,6 +26,10 @@ ScoreArg = str | Score
 MaskArg = _masks.Mask | torch.Tensor | None
 BackendArg = str | Sequence[str] | None
 ModsArg = Mod | Sequence[Mod] | None
+
+
+_COMPILES = _features.available("compile")
+"""Whether the installed torch compiles attention() (read once, at import)."""
 
 
 def attention(
@@ -79,7 +84,13 @@ def attention(
         output (..., L, Ev); with ``return_weights``/``return_lse`` a tuple
         ``(output, weights?, lse?)`` in that order. A query row with no key to
         attend gives output 0, weights 0 and lse -inf (never NaN).
+
+    Raises:
+        attnkit.FeatureUnavailableError: under ``torch.compile`` on a torch older than
+            the compile floor (:mod:`attnkit._torch_features`), with one line naming it.
     """
+    if not _COMPILES and torch.compiler.is_compiling():
+        _features.require("compile")
     plan_key = None
     if return_weights is False and return_lse is False and mods is None:
         plan_key = _plans.plan_key(
