@@ -36,6 +36,7 @@ __all__ = [
     "FeatureUnavailableError",
     "TorchRecord",
     "available",
+    "check_compiling",
     "missing",
     "require",
 ]
@@ -128,3 +129,18 @@ def require(key: str) -> None:
     why = missing(key)
     if why is not None:
         raise FeatureUnavailableError(why)
+
+
+_COMPILES = available("compile")
+
+
+def check_compiling() -> None:
+    """Under ``torch.compile`` on a torch below the compile floor, raise
+    :class:`FeatureUnavailableError` (dynamo reports it with the line); otherwise return.
+
+    Called first by :func:`attnkit.attention` and by every layer's ``forward``, so a
+    compiled model refuses at the first attnkit call it traces. On a torch at or above
+    the floor it reads one module constant.
+    """
+    if not _COMPILES and torch.compiler.is_compiling():
+        require("compile")

@@ -28,10 +28,6 @@ BackendArg = str | Sequence[str] | None
 ModsArg = Mod | Sequence[Mod] | None
 
 
-_COMPILES = _features.available("compile")
-"""Whether the installed torch compiles attention() (read once, at import)."""
-
-
 def attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -89,8 +85,7 @@ def attention(
         attnkit.FeatureUnavailableError: under ``torch.compile`` on a torch older than
             the compile floor (:mod:`attnkit._torch_features`), with one line naming it.
     """
-    if not _COMPILES and torch.compiler.is_compiling():
-        _features.require("compile")
+    _features.check_compiling()
     plan_key = None
     if return_weights is False and return_lse is False and mods is None:
         plan_key = _plans.plan_key(
