@@ -65,6 +65,17 @@ def test_the_triton_backend_names_its_floor_when_below_it() -> None:
             attnkit.attention(q, k, v, backend="triton")
 
 
+@pytest.mark.skipif(tf.available("triton"), reason="the triton backend runs on this torch")
+def test_below_its_floor_the_gpu_target_check_refuses(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from attnkit.backends.triton import targets
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert targets.main(["--targets", "86"]) == 3
+    assert capsys.readouterr().err.strip().endswith(str(tf.missing("triton")))
+
+
 @pytest.mark.skipif(tf.available("compile"), reason="torch compiles attention() here")
 @pytest.mark.parametrize("fullgraph", [False, True])
 def test_below_the_compile_floor_compiling_attention_is_refused(fullgraph: bool) -> None:
@@ -86,3 +97,18 @@ def test_below_the_compile_floor_compiling_attention_is_refused(fullgraph: bool)
     if not fullgraph:
         assert isinstance(caught.value, attnkit.FeatureUnavailableError)
     assert f(q, k, v).shape == (1, 2, 4, 8)
+
+
+@pytest.mark.skipif(tf.available("compile"), reason="torch compiles attention() here")
+def test_below_the_compile_floor_a_compiled_layer_is_refused_at_its_first_call() -> None:
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    why = tf.missing("compile")
+    assert why is not None
+    x = torch.randn(2, 5, 16)  # (B, L, E)
+    for layer in (attnkit.nn.MultiheadAttention(16, 2, batch_first=True),
+                  attnkit.nn.SelfAttention(16, 2)):  # fmt: skip
+        compiled = torch.compile(layer, backend="eager")
+        with pytest.raises(attnkit.FeatureUnavailableError, match="needs torch >= "):
+            compiled(x, x, x) if isinstance(layer, attnkit.nn.MultiheadAttention) else compiled(x)
