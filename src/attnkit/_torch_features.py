@@ -3,10 +3,11 @@
 attnkit installs on every torch from :data:`PACKAGE_FLOOR` on (transformers' own floor).
 A few features need a newer torch; each declares its floor here and only here:
 
-- ``compile``: ``torch.compile`` of :func:`attnkit.attention` (and so of the layers and
-  the transformers integration). Older dynamo cannot trace attnkit's call path without
-  graph breaks (``bool()`` of a list on torch 2.6, ``all()`` over a generator on 2.8,
-  ``id()`` of a tensor made in the graph and ``importlib.util.find_spec`` on 2.11).
+- ``compile``: ``torch.compile`` of :func:`attnkit.attention` and of the layers (and so
+  of transformers models on ``attn_implementation="attnkit"``). Older dynamo cannot
+  trace attnkit's call path without graph breaks (on torch 2.6: ``bool()`` of a list,
+  ``next()`` with a default over a generator in the layers' checks, ``&`` of two masks;
+  on 2.8: ``all()`` over a generator in mask validation).
 - ``triton``: the triton backend. The Triton releases older torch pins (3.0 to 3.4
   with torch 2.4 to 2.8) cannot run its kernels (loop bounds read from the mask).
 
