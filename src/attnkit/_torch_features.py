@@ -139,8 +139,9 @@ def check_compiling() -> None:
     """Under ``torch.compile`` on a torch below the compile floor, raise
     :class:`FeatureUnavailableError` (dynamo reports it with the line); otherwise return.
 
-    Called first by :func:`attnkit.attention` and by every layer's ``forward``, so a
-    compiled model refuses at the first attnkit call it traces. On a torch at or above
+    Called first by :func:`attnkit.attention`, by every layer's ``forward`` and by the
+    transformers integration's mask function, so a compiled model refuses at the first
+    attnkit call it traces. On a torch at or above
     the floor it reads one module constant.
     """
     if not _COMPILES and torch.compiler.is_compiling():
