@@ -1,7 +1,7 @@
 """The supported range, tested at each end: one nox session per end, and a summary.
 
     nox                          every end, then the summary table
-    nox -s torch_oldest          one end (its own virtual environment under .nox/)
+    nox -s torch_floor           one end (its own virtual environment under .nox/)
     nox -s summary               the table of the last results, without running anything
 
 Each end builds its own virtual environment, installs torch first at an explicit
@@ -18,6 +18,11 @@ environments stay for ``nox -r`` to reuse.
 
 The versions below are the tested ends of the range that ``pyproject.toml`` and the
 README declare (``tests/integration/test_packaging.py`` checks that the three agree).
+torch has two lower ends: the package floor (``torch_floor``: attnkit installs and
+runs there; the features with a torch floor of their own, listed once in
+``attnkit/_torch_features.py``, refuse with one line and their tests are skipped), and
+the oldest torch on which every feature runs (``torch_oldest``: the highest of those
+floors, where nothing is skipped for the torch version).
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from pathlib import Path
 import nox
 
 # The ends of the supported range, each tested by one session below.
-TORCH_OLDEST = "2.12.1"
+TORCH_FLOOR = "2.6.0"  # pyproject's torch floor (transformers' own)
+TORCH_OLDEST = "2.12.1"  # every feature of attnkit/_torch_features.py runs from here on
 TORCH_NEWEST = "2.15.0"
 TRANSFORMERS_OLDEST = "5.0.0"
 TRANSFORMERS_NEWEST = "5.24.0"
@@ -50,6 +56,7 @@ REPORTS = ROOT / ".nox" / "matrix"
 PIP_ENV = {"PIP_CONSTRAINT": os.devnull}
 
 ENDS = {
+    "torch_floor": (TORCH_FLOOR, TRANSFORMERS_NEWEST),
     "torch_oldest": (TORCH_OLDEST, TRANSFORMERS_NEWEST),
     "torch_newest": (TORCH_NEWEST, TRANSFORMERS_NEWEST),
     "transformers_oldest": (TORCH_DEFAULT, TRANSFORMERS_OLDEST),
@@ -93,8 +100,15 @@ def _run_end(session: nox.Session, torch_version: str, transformers_version: str
 
 
 @nox.session
+def torch_floor(session: nox.Session) -> None:
+    """The oldest torch attnkit installs on, with the newest transformers; the tests of
+    features whose torch floor is higher are skipped (attnkit/_torch_features.py)."""
+    _run_end(session, *ENDS["torch_floor"])
+
+
+@nox.session
 def torch_oldest(session: nox.Session) -> None:
-    """The oldest torch attnkit supports, with the newest transformers."""
+    """The oldest torch on which every feature runs, with the newest transformers."""
     _run_end(session, *ENDS["torch_oldest"])
 
 

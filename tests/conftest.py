@@ -14,6 +14,10 @@
   seconds of wall time fails (a hard check that the suite stays fast; unset, nothing
   is timed). Under pytest-xdist the controlling process times the whole run, from
   its start to the last worker's report; the workers time nothing.
+- ``@pytest.mark.torch_feature("compile")`` (or ``"triton"``, any key of
+  ``attnkit._torch_features.FEATURES``): the test needs a feature with a torch floor of
+  its own, and is skipped below it with the feature's one-line reason. The floors live
+  in that record only; no test names a torch version.
 - ``ATEN_CPU_CAPABILITY``: when set (``default``, ``avx2``, ``avx512``), inductor's
   on-disk cache goes to a folder of that capability, unless ``TORCHINDUCTOR_CACHE_DIR``
   names one. torch's FX graph cache keys leave the capability out: C++ generated for
@@ -45,6 +49,8 @@ if _CAPABILITY and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
         tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_cpu_{_CAPABILITY}"
     )
+
+from attnkit import _torch_features as torch_features  # noqa: E402
 
 from cases import DEVICES, matrix_backends  # noqa: E402 - after the environment above
 from pairwise import mark_all_but_pairs_slow  # noqa: E402
@@ -78,8 +84,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.hookimpl(tryfirst=True)  # before ``-m 'not slow'`` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test marked ``pairwise`` keeps an all-pairs set of its combinations in the
-    default run; the rest are ``slow`` (see ``pairwise.py``)."""
+    default run; the rest are ``slow`` (see ``pairwise.py``). A test marked
+    ``torch_feature(key)`` is skipped when the installed torch is below that feature's
+    floor (``attnkit._torch_features``)."""
     mark_all_but_pairs_slow(items)
+    for item in items:
+        for marker in item.iter_markers("torch_feature"):
+            why = torch_features.missing(*marker.args)
+            if why is not None:
+                item.add_marker(pytest.mark.skip(reason=why))
+                break
 
 
 _BUDGET_ENV = "ATTNKIT_TEST_BUDGET_S"

@@ -2,7 +2,8 @@
 
 ``TRITON_INTERPRET=1`` must be set before triton is first imported: a test module
 imports this one before anything that imports triton, and is skipped when triton is
-missing or was imported earlier without the interpreter. :func:`interpreted_triton`
+missing, was imported earlier without the interpreter, or the installed torch is below
+the triton backend's floor (``attnkit._torch_features``). :func:`interpreted_triton`
 registers the backend for a module; the environment, the registry and dispatch's
 rankings are put back afterwards through the public registry functions.
 """
@@ -19,6 +20,12 @@ from collections.abc import Iterator  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 
 import pytest  # noqa: E402
+
+from attnkit import _torch_features  # noqa: E402 - imports no triton
+
+_below_floor = _torch_features.missing("triton")
+if _below_floor is not None:
+    pytest.skip(_below_floor, allow_module_level=True)
 
 _language = pytest.importorskip("triton.language")
 if type(_language.zeros).__name__ != "InterpretedFunction":

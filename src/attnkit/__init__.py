@@ -11,6 +11,7 @@ torch.Size([2, 4, 16, 32])
 from typing import Any
 
 from . import masks, mods, nn, scores
+from ._torch_features import FeatureUnavailableError
 from .backends.dispatch import (
     BackendNotSupportedError,
     Explanation,
@@ -37,6 +38,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "BackendNotSupportedError",
     "Explanation",
+    "FeatureUnavailableError",
     "__version__",
     "attention",
     "attention_backward",

@@ -11,6 +11,7 @@ from typing import Any, Literal, Never
 import torch
 
 from . import _plans, _recording
+from . import _torch_features as _features
 from . import masks as _masks
 from ._backward_inputs import check_backward_tensors
 from ._inputs import AttentionInputs, validate_inputs
@@ -117,7 +118,12 @@ def attention(
         output (..., L, Ev); with ``return_weights``/``return_lse`` a tuple
         ``(output, weights?, lse?)`` in that order. A query row with no key to
         attend gives output 0, weights 0 and lse -inf (never NaN).
+
+    Raises:
+        attnkit.FeatureUnavailableError: under ``torch.compile`` on a torch older than
+            the compile floor (:mod:`attnkit._torch_features`), with one line naming it.
     """
+    _features.check_compiling()
     if is_causal is not False or attn_mask is not None or enable_gqa is not None or unexpected:
         if unexpected:
             refuse_unknown("attention", unexpected, _KEYWORDS)

@@ -126,6 +126,7 @@ def test_weights_with_dropout_are_the_weights_before_dropout() -> None:
     assert out.shape == (2, 3, 6, 4) and torch.isfinite(out).all()
 
 
+@pytest.mark.torch_feature("compile")
 def test_under_torch_compile_no_host_syncs() -> None:
     q = torch.randn(2, 2, 5, 4)
     mask = masks.key_padding(torch.tensor([[False] * 5, [False, False, False, True, True]]))

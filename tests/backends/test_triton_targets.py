@@ -80,6 +80,7 @@ DEFAULT_TARGET = 86
         pytest.param(sorted(LIMITS), id="every_target", marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.torch_feature("triton")
 def test_targets_compile_fit_and_keep_half_precision_in_registers(archs: list[int]) -> None:
     targets = ",".join(str(a) for a in archs)
     data = _reports("--targets", targets, "--jobs", "2")  # one child process per target
@@ -94,6 +95,7 @@ def test_targets_compile_fit_and_keep_half_precision_in_registers(archs: list[in
 
 
 @pytest.mark.slow
+@pytest.mark.torch_feature("triton")
 def test_the_whole_matrix_on_every_target() -> None:
     """Every score, mask kind and dtype, head dims 16..256 (odd ones too), weights and
     the backward."""

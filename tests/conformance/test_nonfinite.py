@@ -236,6 +236,7 @@ def test_no_keys_at_all_with_a_nan_query_gives_zero() -> None:
 
 
 @pytest.mark.slow  # one compilation: about 15 s
+@pytest.mark.torch_feature("compile")
 def test_every_key_masked_with_a_nan_compiles_to_zero() -> None:
     """Under torch.compile(fullgraph=True) the same call gives the same zeros."""
     q, k, v = poison_inputs("dot", seed=68)

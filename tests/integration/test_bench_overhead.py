@@ -59,6 +59,7 @@ def test_overhead_cases_run_and_agree_with_torch() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.torch_feature("compile")
 def test_the_compiled_cases_run_and_count_breaks_and_recompiles() -> None:
     results = _run_quick(COMPILED)
     for res in results.values():

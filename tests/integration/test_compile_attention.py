@@ -19,6 +19,8 @@ from attnkit import masks
 
 from tolerance import assert_close_to_scale
 
+pytestmark = pytest.mark.torch_feature("compile")
+
 B, H, L, S, E = 2, 2, 8, 8, 8
 
 

@@ -49,6 +49,8 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
 }
 SLOW = {"qwen3", "gpt2"}  # (Llama's twin, and GPT-2's own attention: in the slow run only)
 
+pytestmark = pytest.mark.torch_feature("compile")
+
 
 def _graphs_and_tokens(build: Callable[[], torch.nn.Module], implementation: str):  # type: ignore[no-untyped-def]
     """Graphs dynamo built for two static-cache generations of a compiled forward, and

@@ -180,6 +180,7 @@ def test_a_mask_for_a_compiled_forward_keeps_its_structure_as_decoding_moves(nam
     assert len(signatures) == 1, signatures
 
 
+@pytest.mark.torch_feature("compile")
 def test_under_torch_compile_the_causal_function_stays_symbolic_and_others_dense() -> None:
     """Inside a compiled forward nothing is read on the host: transformers' causal
     function is known by identity, any other pattern is evaluated densely (as sdpa's)."""

@@ -26,6 +26,8 @@ from attnkit.nn import (
 
 from tolerance import assert_close_to_scale
 
+pytestmark = pytest.mark.torch_feature("compile")
+
 B, L, E = 2, 5, 8
 
 

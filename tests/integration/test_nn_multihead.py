@@ -305,6 +305,7 @@ def test_training_reduces_loss() -> None:
     assert losses[-1] < 0.7 * losses[0]
 
 
+@pytest.mark.torch_feature("compile")
 @pytest.mark.parametrize("path", ["plain", "key_padding", "causal"])
 def test_compile_fullgraph(path: str) -> None:
     torch.manual_seed(7)

@@ -105,6 +105,7 @@ def test_gradcheck_and_training() -> None:
     assert losses[-1] < 0.5 * losses[0]
 
 
+@pytest.mark.torch_feature("compile")
 @pytest.mark.parametrize("path", ["plain", "keep", "causal"])
 def test_compile_fullgraph(path: str) -> None:
     torch.manual_seed(3)
@@ -283,6 +284,7 @@ def test_decode_steps_make_no_host_sync() -> None:
     assert (torch.cat([prompt, *steps], dim=1) - ref).abs().max() <= 1e-12
 
 
+@pytest.mark.torch_feature("compile")
 def test_decode_step_compiles_without_recompiling_each_step() -> None:
     layer, x = _decoder(24)
     layer.float()

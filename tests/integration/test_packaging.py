@@ -72,26 +72,44 @@ def _minor(version: str) -> str:
 
 
 def test_the_supported_range_is_declared_once_and_tested_at_both_ends() -> None:
-    """pyproject's floors are the oldest versions noxfile.py tests, and the README's table
-    names the same oldest and newest versions."""
+    """pyproject's floors are the oldest versions noxfile.py tests, the gated features'
+    highest torch floor (attnkit/_torch_features.py) is noxfile's torch_oldest end, and
+    the README's table names the same versions."""
+    from attnkit import _torch_features
+
     nox = _nox_constants()
     project = _project()["project"]
     assert isinstance(project, dict)
     torch_floor = [d for d in project["dependencies"] if d.startswith("torch")]
-    assert torch_floor == [f"torch>={_minor(nox['TORCH_OLDEST'])}"]
+    assert torch_floor == [f"torch>={_minor(nox['TORCH_FLOOR'])}"]
+    floor = ".".join(map(str, _torch_features.PACKAGE_FLOOR))
+    assert floor == _minor(nox["TORCH_FLOOR"])  # the record's floor is pyproject's
+    every_feature = max(f.floor for f in _torch_features.FEATURES.values())
+    assert ".".join(map(str, every_feature)) == _minor(nox["TORCH_OLDEST"])
     assert project["optional-dependencies"]["transformers"] == [
         f"transformers>={_minor(nox['TRANSFORMERS_OLDEST'])}"
     ]
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    rows = {
-        "torch": (nox["TORCH_OLDEST"], nox["TORCH_NEWEST"]),
+    rows = {  # a row's first cell starts with its name
+        "torch": (nox["TORCH_FLOOR"], nox["TORCH_NEWEST"]),
+        "torch, every feature": (nox["TORCH_OLDEST"], nox["TORCH_NEWEST"]),
         "transformers": (nox["TRANSFORMERS_OLDEST"], nox["TRANSFORMERS_NEWEST"]),
     }
     for name, (oldest, newest) in rows.items():
-        row = rf"\| {name}\b[^|\n]*\| {re.escape(oldest)} \| {re.escape(newest)} \|"
+        cell = rf"\| {re.escape(name)}(?: [^|\n]*)?"
+        row = rf"{cell}\| {re.escape(oldest)} \| {re.escape(newest)} \|"
         assert re.search(row, readme), f"README: no row '| {name} | {oldest} | {newest} |'"
     install = (ROOT / "scripts" / "install.sh").read_text(encoding="utf-8")
     assert f"torch=={nox['TORCH_DEFAULT']}" in install  # the transformers ends' torch
+
+
+def test_noxfile_tests_the_floor_with_the_newest_transformers() -> None:
+    """The torch floor is an end of its own in the default nox run, next to the others."""
+    text = (ROOT / "noxfile.py").read_text(encoding="utf-8")
+    assert '"torch_floor": (TORCH_FLOOR, TRANSFORMERS_NEWEST)' in text
+    assert "nox.options.sessions = [*ENDS" in text
+    for end in ("torch_floor", "torch_oldest", "torch_newest", "transformers_oldest"):
+        assert f"def {end}(session" in text
 
 
 def _package_files() -> set[str]:

@@ -187,6 +187,7 @@ def test_use_backend_is_per_thread() -> None:
     assert attnkit.explain(q, q, q).forced is None
 
 
+@pytest.mark.torch_feature("compile")
 def test_compile_recompiles_when_the_forced_backend_changes() -> None:
     torch._dynamo.reset()
     calls: list[int] = []

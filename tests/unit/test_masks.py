@@ -94,6 +94,7 @@ def test_valid_len_zero_gives_zero_rows_not_a_uniform_average() -> None:
     torch.testing.assert_close(w[1].sum(-1), torch.ones(3))
 
 
+@pytest.mark.torch_feature("compile")
 def test_valid_lens_mask_compiles_without_graph_breaks() -> None:
     """Under torch.compile the host-side value checks are skipped, not a graph break."""
     lens = torch.tensor([3, 5])

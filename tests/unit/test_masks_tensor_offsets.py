@@ -119,6 +119,7 @@ def test_bad_tensor_offsets_are_refused() -> None:
         masks.causal(q_offset=1.5)  # type: ignore[arg-type]
 
 
+@pytest.mark.torch_feature("compile")
 def test_a_compiled_call_keeps_one_graph_while_the_offset_moves() -> None:
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()

@@ -141,6 +141,7 @@ def test_repeated_plain_calls_are_checked_with_their_own_values() -> None:
 
 
 @pytest.mark.slow  # one compilation
+@pytest.mark.torch_feature("compile")
 def test_ceiling_holds_under_torch_compile() -> None:
     q, k, v = _inputs(torch.float32)
     compiled = torch.compile(lambda q, k, v: attnkit.attention(q, k, v, scale=1e38))

@@ -22,6 +22,7 @@ from torch import nn
 
 from .. import masks
 from .._host import readable
+from .._torch_features import check_compiling
 from ..functional import attention
 from ..scores import Additive, Gaussian, Score
 from ._common import check_dropout, check_param_dtype, check_positive_int, shape_str
@@ -144,6 +145,7 @@ class _ValidLensAttention(nn.Module):
 
         Returns (B, L, Dv); the weights (B, L, S) are kept in ``.attention_weights``.
         """
+        check_compiling()
         score, q_size, k_size = self._score_and_sizes()
         q, k, v = _check_qkv(self._owner, queries, keys, values, q_size, k_size)
         check_param_dtype(self._owner, self, queries=q)
@@ -293,6 +295,7 @@ class AdditiveAttention(_ValidLensAttention):
         Returns (B, L, Dv); the weights (B, L, S) are kept in ``.attention_weights``.
         The lazy form fixes Dq and Dk on its first call.
         """
+        check_compiling()
         if _is_lazy(self.W_q) or _is_lazy(self.W_k):
             self._infer_sizes(queries, keys, values)
         return super().forward(queries, keys, values, valid_lens)
@@ -443,6 +446,7 @@ class NadarayaWatson(nn.Module):
 
         The weights, (n, m), are kept in ``.attention_weights``.
         """
+        check_compiling()
         owner = "NadarayaWatson"
         for name, t in (("queries", queries), ("keys", keys), ("values", values)):
             if not isinstance(t, torch.Tensor) or not t.is_floating_point():

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from .. import masks
+from .._torch_features import check_compiling
 from ._common import (
     attend,
     check_dropout,
@@ -261,6 +262,7 @@ class EinsumMultiHeadAttention(nn.Module):
             output (B, *T, *O); with ``return_attention_scores`` the tuple
             ``(output, scores)``.
         """
+        check_compiling()
         if key is None:
             key = value
         nd = self._check_inputs(query, value, key)

@@ -53,6 +53,7 @@ from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from .. import masks
+from .._torch_features import check_compiling
 from ._common import (
     attend,
     check_dropout,
@@ -227,6 +228,7 @@ class MultiheadAttention(nn.Module):
             ``add_zero_attn``); None unless ``need_weights``. Rows with no key
             to attend give output 0 and weights 0.
         """
+        check_compiling()
         if (
             metadata_blocker(self, query, key, value, key_padding_mask, attn_mask, is_causal)
             is None

@@ -28,6 +28,7 @@ from torch import nn
 
 from .. import masks
 from .._host import readable
+from .._torch_features import check_compiling
 from ._common import (
     attend,
     check_dropout,
@@ -161,6 +162,7 @@ class SelfAttention(nn.Module):
             (B, S, hidden) (or (S, hidden)); with ``return_weights`` the tuple
             ``(output, weights)``.
         """
+        check_compiling()
         check_tensor(_OWNER, "x", x, f"(B, S, {self.hidden_dim})")
         if x.ndim not in (2, 3) or x.shape[-1] != self.hidden_dim:
             raise ValueError(

@@ -27,11 +27,12 @@ strides. Fully masked rows give output 0, lse -inf and zero gradients. Head dims
 that are not powers of two are padded inside the kernels by masked loads. Not
 supported: dropout, float64, double backward.
 
-Runs on CUDA with Triton 3.x and torch >= 2.4, tile sizes per architecture
-(:mod:`.runtime`, checked for sm_75 to sm_90 by :mod:`.targets` without a GPU),
-and, under ``TRITON_INTERPRET=1``, on CPU tensors through Triton's interpreter (for
-tests). Importing this package does not import Triton;
-:meth:`TritonBackend.is_available` says when it is missing.
+Runs on CUDA with Triton 3.x from its torch floor on (:mod:`attnkit._torch_features`),
+tile sizes per architecture (:mod:`.runtime`, checked for sm_75 to sm_90 by
+:mod:`.targets` without a GPU), and, under ``TRITON_INTERPRET=1``, on CPU tensors
+through Triton's interpreter (for tests). Importing this package does not import
+Triton; :meth:`TritonBackend.is_available` says when it is missing or torch is older
+than its floor.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ... import _torch_features as torch_features
 from ..._inputs import AttentionInputs
 from ...scores import Additive, Dot
 from .._backward import InputGrads, leaf_call, pull_back
@@ -54,10 +55,7 @@ class TritonBackend(Backend):
         setattr(self, "device_types", _device_types())  # noqa: B010
 
     def is_available(self) -> str | None:
-        reason = missing_reason()
-        if reason is None and not hasattr(torch.library, "custom_op"):
-            reason = "torch.library.custom_op is missing (torch >= 2.4 is needed)"
-        return reason
+        return torch_features.missing("triton") or missing_reason()
 
     def not_supported_reasons(self, inputs: AttentionInputs) -> list[str]:
         reasons = super().not_supported_reasons(inputs)

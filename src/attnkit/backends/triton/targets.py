@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ... import _torch_features as torch_features
 from ... import masks, scores
 from .runtime import SHARED_MEMORY
 
@@ -376,6 +377,10 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("unset TRITON_INTERPRET: the interpreter compiles nothing", file=sys.stderr)
         return 2
+    below_floor = torch_features.missing("triton")
+    if below_floor is not None:
+        print(f"cannot compile for GPU targets here: {below_floor}", file=sys.stderr)
+        return 3
     try:
         if args.jobs > 1 and len(targets) > 1:
             reports = _in_parallel(targets, args.full, args.jobs)

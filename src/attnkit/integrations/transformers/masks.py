@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from ... import masks
+from ..._torch_features import check_compiling
 from ...masks.bands import Offset
 from .features import FEATURES
 from .patterns import Call, Hints, band_mask, recognise
@@ -250,6 +251,7 @@ def attnkit_mask(
     Returns:
         a :class:`SymbolicMask`.
     """
+    check_compiling()
     if isinstance(attention_mask, SymbolicMask):
         return attention_mask
     import transformers.masking_utils as mu
