@@ -18,6 +18,7 @@ collective (a collective does not say which one is gone).
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -109,6 +110,10 @@ def guard(
     except ContextParallelError:
         raise
     except RuntimeError as exc:  # gloo/NCCL errors, torch.distributed.DistError included
+        # The frames the error passed through keep their locals for as long as the error
+        # lives (a script may keep it): among them the backend's requests, which keep
+        # gloo's connection thread alive past destroy_process_group. Drop those locals.
+        traceback.clear_frames(exc.__traceback__)
         raise _translate(exc, group, what, _others(group) if peers is None else peers) from exc
 
 
@@ -227,10 +232,11 @@ def wait_all(pending: Pending) -> None:
     alive past the call, to be torn down at some later point (the process's exit among
     them). The first failure is raised.
     """
-    one_each = len(pending.requests) == len(pending.ops)  # gloo; NCCL may coalesce
+    requests, pending.requests = pending.requests, []
+    one_each = len(requests) == len(pending.ops)  # gloo; NCCL may coalesce
     peers = sorted({peer for _, peer in pending.ops})
     first: ContextParallelError | None = None
-    for i, req in enumerate(pending.requests):
+    for i in range(len(requests)):
         if one_each:
             kind, peer = pending.ops[i]
             ctx = guard(pending.group, _one(kind, peer, pending.what), [peer])
@@ -238,10 +244,10 @@ def wait_all(pending: Pending) -> None:
             ctx = guard(pending.group, f"{pending.what}: transfers with ranks {peers}", peers)
         try:
             with ctx:
-                _wait(req, None if first is None else SETTLE_S)
+                _wait(requests[i], None if first is None else SETTLE_S)
         except ContextParallelError as exc:
             first = first or exc
-    pending.requests = []
+    requests.clear()  # an error raised here keeps this frame, and it no request
     if first is not None:
         raise first
 
