@@ -161,7 +161,7 @@ def _free_port() -> int:
 
 def _exit_name(code: int | None) -> str:
     if code is None:
-        return "hung (killed)"
+        return "killed at the deadline"
     if code < 0:
         try:
             return f"signal {signal.Signals(-code).name}"
