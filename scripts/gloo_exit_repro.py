@@ -56,6 +56,7 @@ def _plain(rank: int) -> None:
         got = torch.empty_like(x)
         send = dist.isend(x, (rank + 1) % WORLD)
         recv = dist.irecv(got, (rank - 1) % WORLD)
+        assert send is not None and recv is not None  # None only off the group
         send.wait()
         recv.wait()
         x = got + 1
