@@ -4,8 +4,9 @@
   rank sees every rank's call before any real communication.
 - :class:`AllToAll` / :func:`all_to_all`: ``all_to_all_single`` on a flat tensor with
   per-rank split sizes, differentiable (its backward is the inverse exchange).
-- :func:`p2p` / :func:`wait_all`: non-blocking point-to-point sends and receives
-  posted together (``batch_isend_irecv``), and the wait for them.
+- :func:`p2p` / :func:`wait_all` / :func:`in_flight`: non-blocking point-to-point
+  sends and receives posted together (``batch_isend_irecv``), and the wait for every
+  one of them, on error paths too (:func:`settle`): no transfer outlives the call.
 - :func:`all_reduce`: a sum across the group.
 
 Every exchange is named (``what``), and a failure of the backend (gloo or NCCL: a
@@ -17,9 +18,11 @@ collective (a collective does not say which one is gone).
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -35,8 +38,10 @@ __all__ = [
     "all_to_all",
     "exchange_rows",
     "guard",
+    "in_flight",
     "metadata_device",
     "p2p",
+    "settle",
     "wait_all",
 ]
 
@@ -105,6 +110,10 @@ def guard(
     except ContextParallelError:
         raise
     except RuntimeError as exc:  # gloo/NCCL errors, torch.distributed.DistError included
+        # The frames the error passed through keep their locals for as long as the error
+        # lives (a script may keep it): among them the backend's requests, which keep
+        # gloo's connection thread alive past destroy_process_group. Drop those locals.
+        traceback.clear_frames(exc.__traceback__)
         raise _translate(exc, group, what, _others(group) if peers is None else peers) from exc
 
 
@@ -201,15 +210,68 @@ def p2p(ops: Sequence[P2P], group: dist.ProcessGroup | None, what: str = "") -> 
     return pending
 
 
+SETTLE_S = 5.0
+"""How long each transfer still posted after a failure is waited for, in seconds: a dead
+peer's transfers fail at once and a live peer's finish, so only a peer that is alive but
+silent makes these waits run out (each adds at most this much to the error's delay)."""
+
+
+def _wait(req: Any, timeout_s: float | None) -> None:
+    if timeout_s is None:
+        req.wait()
+    else:
+        req.wait(timeout=timedelta(seconds=timeout_s))
+
+
 def wait_all(pending: Pending) -> None:
-    """Wait for every transfer of :func:`p2p`; a failure names the op and its peer."""
-    one_each = len(pending.requests) == len(pending.ops)  # gloo; NCCL may coalesce
+    """Wait for every transfer of :func:`p2p`; a failure names the op and its peer.
+
+    Every transfer is waited for, even after one has failed (the later waits bounded by
+    :data:`SETTLE_S`), so that none is left posted in the backend when this returns or
+    raises: a transfer left posted keeps the backend's connection state and the tensor
+    alive past the call, to be torn down at some later point (the process's exit among
+    them). The first failure is raised.
+    """
+    requests, pending.requests = pending.requests, []
+    one_each = len(requests) == len(pending.ops)  # gloo; NCCL may coalesce
     peers = sorted({peer for _, peer in pending.ops})
-    for i, req in enumerate(pending.requests):
+    first: ContextParallelError | None = None
+    for i in range(len(requests)):
         if one_each:
             kind, peer = pending.ops[i]
             ctx = guard(pending.group, _one(kind, peer, pending.what), [peer])
         else:
             ctx = guard(pending.group, f"{pending.what}: transfers with ranks {peers}", peers)
-        with ctx:
-            req.wait()
+        try:
+            with ctx:
+                _wait(requests[i], None if first is None else SETTLE_S)
+        except ContextParallelError as exc:
+            first = first or exc
+    requests.clear()  # an error raised here keeps this frame, and it no request
+    if first is not None:
+        raise first
+
+
+def settle(pending: Pending) -> None:
+    """Wait for every transfer of ``pending`` still posted, dropping their errors: the
+    cleanup of a step that failed for another reason (that error is the one to raise).
+    Each wait is bounded by the group's timeout; the peers of a ring step post their
+    sides of these transfers before they compute, so the waits end promptly unless a
+    peer has died or stopped."""
+    try:
+        wait_all(pending)
+    except ContextParallelError:
+        pass
+
+
+@contextmanager
+def in_flight(pending: Pending) -> Iterator[Pending]:
+    """Run the block while the transfers of ``pending`` are in flight, then wait for them
+    (:func:`wait_all`). When the block raises, the transfers are still waited for
+    (:func:`settle`) before its error goes on, so none outlives the call."""
+    try:
+        yield pending
+    except BaseException:
+        settle(pending)
+        raise
+    wait_all(pending)

@@ -9,7 +9,8 @@ Forward, on rank r at step t = 0 .. P-1 (it holds the K/V of origin o = (r - t) 
    block's mask being the full mask evaluated at the block's global positions
    (:meth:`attnkit.masks.Mask.shard`), and merge it into the running result
    (:func:`attnkit._lse.merge`);
-3. wait for the transfer.
+3. wait for the transfer (for every posted send and receive, also when the step fails:
+   :func:`attnkit.distributed.comm.in_flight`, so no transfer outlives the call).
 
 A shard travels only as far as the last rank that needs it (``CallPlan.last_hop``):
 under a contiguous causal layout the last rank's K/V never leaves it.
@@ -37,7 +38,7 @@ import torch
 from .. import _lse
 from ..functional import attention, attention_backward
 from ..scores import is_shared_score
-from .comm import P2P, p2p, wait_all
+from .comm import P2P, in_flight, p2p, wait_all
 from .plan import Block, CallPlan
 
 __all__ = ["ring_attention"]
@@ -108,13 +109,12 @@ def _forward(
     for t in range(P):
         o = (r - t) % P
         ops, incoming = _kv_transfers(plan, t, held, k, v, (_TAG_K, _TAG_V))
-        requests = p2p(ops, plan.group, f"ring forward, step {t} (K/V)")
-        for blk in plan.blocks[r][o]:
-            assert held is not None
-            block = _block_call(plan, blk, q, *held)
-            prev = acc[blk.q_index]
-            acc[blk.q_index] = block if prev is None else _lse.merge(*prev, *block)
-        wait_all(requests)
+        with in_flight(p2p(ops, plan.group, f"ring forward, step {t} (K/V)")):
+            for blk in plan.blocks[r][o]:
+                assert held is not None
+                block = _block_call(plan, blk, q, *held)
+                prev = acc[blk.q_index]
+                acc[blk.q_index] = block if prev is None else _lse.merge(*prev, *block)
         held = incoming
     outs, lses = [], []
     offset = 0
@@ -203,20 +203,19 @@ def _backward(
     for t in range(P):
         o = (r - t) % P
         kv_ops, incoming = _kv_transfers(plan, t, held, k, v, (_TAG_K, _TAG_V))
-        requests = p2p(kv_ops, plan.group, f"ring backward, step {t} (K/V)")
-        for blk in _row_pieces(plan.blocks[r][o]):
-            assert held is not None and grads is not None
-            g = _block_grads(plan, blk, q, held, out, lse, d_out, d_lse, params, want)
-            if g[0] is not None:
-                dq[..., blk.q_local : blk.q_local + blk.L, :] += g[0]
-            if g[1] is not None:
-                grads[0][..., blk.k_local : blk.k_local + blk.S, :] += g[1]
-            if g[2] is not None:
-                grads[1][..., blk.k_local : blk.k_local + blk.S, :] += g[2]
-            for acc, gp in zip(d_params, g[3:], strict=True):
-                if gp is not None:
-                    acc += gp
-        wait_all(requests)
+        with in_flight(p2p(kv_ops, plan.group, f"ring backward, step {t} (K/V)")):
+            for blk in _row_pieces(plan.blocks[r][o]):
+                assert held is not None and grads is not None
+                g = _block_grads(plan, blk, q, held, out, lse, d_out, d_lse, params, want)
+                if g[0] is not None:
+                    dq[..., blk.q_local : blk.q_local + blk.L, :] += g[0]
+                if g[1] is not None:
+                    grads[0][..., blk.k_local : blk.k_local + blk.S, :] += g[1]
+                if g[2] is not None:
+                    grads[1][..., blk.k_local : blk.k_local + blk.S, :] += g[2]
+                for acc, gp in zip(d_params, g[3:], strict=True):
+                    if gp is not None:
+                        acc += gp
         # dK/dV of origin o travel on with their K/V, or go home from the last user.
         ops, incoming_grads = _kv_transfers(
             plan, t, grads, k, v, (_TAG_DK, _TAG_DV), dtype=acc_dtype
