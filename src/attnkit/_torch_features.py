@@ -33,6 +33,7 @@ __all__ = [
     "FEATURES",
     "INSTALLED",
     "PACKAGE_FLOOR",
+    "SDPA_GROUPED_HEADS_FLOOR",
     "Feature",
     "FeatureUnavailableError",
     "TorchRecord",
@@ -96,6 +97,15 @@ FEATURES: dict[str, Feature] = {
     ),
 }
 """Every version-gated feature by key, with its floor: the one list of them."""
+
+SDPA_GROUPED_HEADS_FLOOR: tuple[int, int] = (2, 12)
+"""The oldest torch whose SDPA runs grouped-query heads (``enable_gqa=True``) on the same
+fused CPU kernel as heads expanded by hand. On torch 2.6 the CPU call with
+``enable_gqa`` runs plain math instead, slower and different in the last bits from the
+fused kernel that the lse op (used when weights or the lse are asked for) runs, so asking
+for the weights would change the output. Below this floor the sdpa backend expands the
+key and value heads itself (measured equal on 2.12 and later). Not a refusal: a choice of
+path, declared here beside the features' floors."""
 
 
 class FeatureUnavailableError(RuntimeError):

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ... import _torch_features as _features
 from ..._host import readable
 from .._common import all_finite, expand_kv
 from . import poison
@@ -36,7 +37,12 @@ __all__ = [
     "to4d",
 ]
 
-HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")  # torch >= 2.5
+# SDPA's enable_gqa (torch >= 2.5), taken only where it runs the fused kernel that the
+# lse op runs too (_torch_features.SDPA_GROUPED_HEADS_FLOOR); below, heads are expanded.
+HAS_GQA = (
+    "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+    and _features.INSTALLED.release >= _features.SDPA_GROUPED_HEADS_FLOOR
+)
 
 
 @functools.cache
