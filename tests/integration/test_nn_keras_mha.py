@@ -169,3 +169,23 @@ def test_docstring_example_runs() -> None:
 
     result = doctest.testmod(keras_mha, verbose=False)
     assert result.attempted >= 3 and result.failed == 0
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_from_keras_builds_the_keras_shaped_layer(n: int) -> None:
+    """MultiHeadAttention.from_keras(layer): this class, built from the copied weights,
+    Keras's numbers (it inherited the einsum layer's constructor call before)."""
+    kw, q_shape, v_shape, fk = CASES[n]
+    gen = np.random.default_rng(10 + n)
+    q = gen.standard_normal(q_shape).astype(np.float32)
+    v = gen.standard_normal(v_shape).astype(np.float32)
+    k = None if fk is None else gen.standard_normal((*v_shape[:-1], fk)).astype(np.float32)
+    layer = keras.layers.MultiHeadAttention(**kw)
+    layer(q, v, key=k)
+    _randomize(layer, gen)
+    ours = MultiHeadAttention.from_keras(layer)
+    assert type(ours) is MultiHeadAttention and not ours.has_uninitialized_params()
+    assert ours.query_features == q_shape[-1]
+    tk = None if k is None else torch.from_numpy(k)
+    out = ours(torch.from_numpy(q), torch.from_numpy(v), key=tk, training=False)
+    assert_close_to_scale(out, _t(layer(q, v, key=k, training=False)), what="output")

@@ -162,6 +162,29 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
         if not self.has_uninitialized_params():
             self._read_sizes()
 
+    @classmethod
+    def from_keras(cls, layer: Any) -> MultiHeadAttention:  # type: ignore[override]
+        """Build a layer equal to a built ``keras.layers.MultiHeadAttention``, weights copied.
+
+        The same copy as :meth:`EinsumMultiHeadAttention.from_keras` (``use_gate``,
+        ``sliding_window`` and LoRA-merged kernels carry over), loaded into this Keras-shaped
+        layer, whose feature sizes then come from the copied weights.
+        """
+        einsum = EinsumMultiHeadAttention.from_keras(layer)
+        new = cls(
+            num_heads=einsum.num_heads,
+            key_dim=einsum.key_dim,
+            value_dim=einsum.value_dim,
+            dropout=einsum.dropout,
+            use_bias=einsum.use_bias,
+            output_shape=einsum.output_shape,
+            attention_axes=einsum.attention_axes,
+            sliding_window=einsum.sliding_window,
+            use_gate=einsum.use_gate,
+        )
+        new.load_state_dict(einsum.state_dict())
+        return new
+
     def extra_repr(self) -> str:
         if self.has_uninitialized_params():
             return (
