@@ -163,7 +163,7 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
             self._read_sizes()
 
     @classmethod
-    def from_keras(cls, layer: Any) -> MultiHeadAttention:  # type: ignore[override]
+    def from_keras(cls, layer: Any) -> MultiHeadAttention:
         """Build a layer equal to a built ``keras.layers.MultiHeadAttention``, weights copied.
 
         The same copy as :meth:`EinsumMultiHeadAttention.from_keras` (``use_gate``,
