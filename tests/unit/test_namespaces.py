@@ -6,17 +6,9 @@ import importlib
 
 import pytest
 
-NAMESPACES = [
-    "attnkit",
-    "attnkit.masks",
-    "attnkit.scores",
-    "attnkit.mods",
-    "attnkit.nn",
-    "attnkit.viz",
-    "attnkit.distributed",
-    "attnkit.integrations.transformers",
-    "attnkit.functional",
-]
+from attnkit._namespace import PUBLIC_NAMESPACES
+
+NAMESPACES = list(PUBLIC_NAMESPACES)
 
 
 @pytest.mark.parametrize("name", NAMESPACES)
