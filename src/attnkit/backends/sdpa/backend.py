@@ -385,16 +385,20 @@ def _with_weights(
     if grad and logits.requires_grad and inputs.return_lse:
         lse = lse_of_logits(logits, lse.to(logits.dtype))  # (before an in-place softmax)
     weights = weights_from_lse(logits, lse.to(inputs.compute_dtype))  # (..., L, S)
-    # a value that is not finite (known without a device sync, or promised finite) keeps
-    # the kernel's output: a blocked weight of 0 times it would be NaN
-    finite_v = not inputs.check_finite or (readable(v) and all_finite(v.detach()))
-    if not grad or not finite_v:
+    if not grad:
         return out, weights, lse
     vf = inputs.layout.query_heads(v, 2) if gqa else v  # (..., Hq, S, Ev)
-    nan_rows = torch.isnan(lse).unsqueeze(-1)  # (..., L, 1)
-    w = weights.masked_fill(nan_rows, 0.0)  # (..., L, S)
+    kernel_rows = torch.isnan(lse).unsqueeze(-1)  # (..., L, 1)
+    w = weights.masked_fill(kernel_rows, 0.0)  # (..., L, S)
+    # values known finite without a device sync (or promised finite) are used as they
+    # are; else a blocked weight of 0 times a non-finite value would be NaN: the values
+    # are zeroed there and the rows whose kernel output is not finite (they use such a
+    # value) keep the kernel's output and backward
+    if inputs.check_finite and not (readable(v) and all_finite(v.detach())):
+        vf = vf.masked_fill(~torch.isfinite(vf), 0.0)
+        kernel_rows = kernel_rows | ~torch.isfinite(out).all(dim=-1, keepdim=True)
     mixed = torch.matmul(w, vf.to(w.dtype)).to(out.dtype)  # (..., L, Ev)
-    return torch.where(nan_rows, out, mixed), weights, lse
+    return torch.where(kernel_rows, out, mixed), weights, lse
 
 
 def _lse_through_weights(inputs: AttentionInputs) -> bool:
