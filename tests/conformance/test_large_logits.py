@@ -24,6 +24,7 @@ astray.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -32,10 +33,12 @@ import pytest
 import torch
 
 import attnkit
-from attnkit import scores
+from attnkit import masks, scores
+from attnkit._host import device_semantics
 
 from cases import Case, make_case, make_mask, np_of
 from reference import oracle, oracle_mask
+from tolerance import FLOAT32_REL, assert_close_to_scale
 
 SHAPE = (2, 2, 1, 7, 11, 6, 3)  # (B, H, Hk, L, S, E, Ev): GQA, L != S, odd sizes
 MAGNITUDES = (1e3, 1e4, 1e6)
@@ -491,3 +494,94 @@ def test_triton_interpreted_weights_and_gradients_at_large_logits() -> None:
         with torch.no_grad():  # the head mean computed tile by tile
             got = _weights(mean, "triton", "mean")
         assert_softmax(got, ref_w.mean(-3), lse, "triton mean", MEAN_ROW_SUM)
+
+
+# ------------------------------------------------ gradients of the output and the lse
+
+ONE_HOT_SCALE = 1e5
+"""Logits of about 1e5 whose rows are one-hot: each softmax is a single 1, so the exact
+gradients of q and k are 0 and plain float32 math gets them exactly (``p * (dp - sum_j p
+dp)`` with p exactly 1 and 0)."""
+ONE_HOT_REL = 1e-5
+"""Gradients within this share of the call's largest gradient (that of v). The fused
+backward's ``exp(s - lse) * (dP - rowsum(dO * O))`` rounds at ``|dO| |v| * eps`` times
+the scale on the way to q and k: about 5% of it before the output's and lse's gradients
+joined the weights' softmax backward."""
+
+
+def _one_hot_grads(backend: str, dtype: torch.dtype, want_lse: bool) -> list[torch.Tensor]:
+    """Gradients of q, k and v of a fixed random loss on out, weights (and lse) of a dot
+    call at scale :data:`ONE_HOT_SCALE` with a causal mask, in ``dtype``."""
+    gen = torch.Generator().manual_seed(3)
+    B, H, L, S, E, Ev = 2, 2, 6, 6, 3, 37  # (Ev: rowsum(dO * O) and dO @ v^T sum apart)
+    q, k, v = (torch.randn(B, H, n, e, generator=gen, dtype=torch.float64).to(dtype)
+               for n, e in ((L, E), (S, E), (S, Ev)))  # fmt: skip
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    res = attnkit.attention(*leaves, score="dot", scale=ONE_HOT_SCALE, mask=masks.causal(),
+                            return_weights=True, return_lse=want_lse, backend=backend)  # fmt: skip
+    loss = torch.zeros((), dtype=torch.float64)
+    for t in res:
+        g = torch.randn(t.shape, generator=gen, dtype=torch.float64)
+        loss = loss + (t.double() * g).sum()
+    return [g.double() for g in torch.autograd.grad(loss, leaves)]
+
+
+@pytest.mark.parametrize("device", [False, True], ids=["host", "device_semantics"])
+@pytest.mark.parametrize("want_lse", [False, True], ids=["out+weights", "out+weights+lse"])
+@pytest.mark.parametrize("backend", ["reference", "chunked", "sdpa"])
+def test_output_and_lse_gradients_with_weights_on_one_hot_rows(
+    backend: str, want_lse: bool, device: bool
+) -> None:
+    """The output's (and lse's) gradients join the weights' in one softmax backward over
+    the normalized weights: q and k get no rounding of the row term times the scale
+    (under device semantics too, where the values are not read on the host)."""
+    with device_semantics() if device else contextlib.nullcontext():
+        got = _one_hot_grads(backend, torch.float32, want_lse)
+    want = _one_hot_grads("reference", torch.float64, want_lse)
+    assert_close_to_scale(torch.cat([g.flatten() for g in got]),
+                          torch.cat([g.flatten() for g in want]), rel=ONE_HOT_REL,
+                          what=f"{backend} gradients")  # fmt: skip
+
+
+# ------------------------------------------------ the additive score's tanh
+
+ADDITIVE_SCALE = 1e5
+
+
+def test_additive_tanh_relative_error_near_zero_and_below_it() -> None:
+    """The compiled additive loop's tanh (or its torch fallback) errs by a few float32
+    roundings of tanh itself at any argument: small ones (where ``1 - 2/(exp(2x) + 1)``
+    erred by eps absolute, 6e-5 relative at 1e-3) and negative ones."""
+    from attnkit.kernels import additive
+
+    x = torch.cat([torch.logspace(-6, 1, 2001), -torch.logspace(-6, 1, 2001)])  # (N,)
+    for hidden in (1, 8, 16):  # the scalar tail and the vector lanes
+        qh = x.view(1, -1, 1).repeat(1, 1, hidden).contiguous()  # (1, N, hidden)
+        w = torch.zeros(hidden)
+        w[-1] = 1.0
+        got = additive.logits(qh, torch.zeros(1, 1, hidden), w).flatten().double()  # (N,)
+        want = torch.tanh(x.double())
+        rel = float(((got - want).abs() / want.abs()).max())
+        assert rel <= 4 * EPS, f"hidden {hidden}: tanh's relative error {rel:.3g}"
+
+
+@pytest.mark.parametrize("backend", ["reference", "chunked"])
+def test_additive_small_hidden_at_large_scale(backend: str) -> None:
+    """Additive logits of one or two hidden terms at scale 1e5, their tanh arguments near
+    0 and below it: output and weights within a few roundings of the logits' size."""
+    gen = torch.Generator().manual_seed(5)
+    L, S, E = 5, 7, 4
+    q, k, v = (torch.randn(2, n, e, generator=gen) * s for n, e, s in ((L, E, 0.05), (S, E, 0.05), (S, 3, 1.0)))  # fmt: skip
+    for hidden in (1, 2):
+        torch.manual_seed(hidden)
+        score = scores.Additive(E, E, hidden)
+        kw: dict[str, Any] = {"score": score, "scale": ADDITIVE_SCALE, "return_weights": True}
+        out, w = attnkit.attention(q, k, v, **kw, backend=backend)
+        out64, w64 = attnkit.attention(q.double(), k.double(), v.double(),
+                                       score=score.double(), scale=ADDITIVE_SCALE,
+                                       return_weights=True, backend="reference")  # fmt: skip
+        score.float()
+        # a logit of size |s| rounds by |s| * eps: the weights move by that much
+        rel = WEIGHTS * ADDITIVE_SCALE * float(score.w_v.weight.detach().abs().sum()) * EPS
+        assert_close_to_scale(w, w64, rel=max(rel, FLOAT32_REL), what=f"{backend} weights")
+        assert_close_to_scale(out, out64, rel=max(rel, FLOAT32_REL), what=f"{backend} output")

@@ -502,9 +502,13 @@ def backward_tiles(
         d_out = d_out.masked_fill(reached.unsqueeze(-1), 0.0)
         row_term = row_term.masked_fill(reached, 0.0)
     lse_safe = _lse.safe_max(lse)
-    # The Gaussian (see _weighted_dp), when this call's keys are the whole row (its own
-    # forward's lse); a backward from a given lse may see a block of the keys only.
-    if low is not None and (ops.kind == "distance" or ops.kb is not None):
+    # The Gaussian (see _weighted_dp), and any score when the weights were returned
+    # (large logits: a row held by one key, its query and key gradients multiplied by the
+    # scale; the weights already cost a pass over (L, S)), when this call's keys are the
+    # whole row (its own forward's lse); a backward from a given lse may see a block of
+    # the keys only.
+    exact_rows = ops.kind == "distance" or ops.kb is not None or weights is not None
+    if low is not None and (exact_rows or d_weights is not None):
         exact = _weighted_dp(ops, plan, lse_safe, low, d_out, d_weights, guard is not None)
         row_term = exact if d_lse is None else exact - d_lse
         if guard is not None:

@@ -14,12 +14,12 @@ from ...blockplan import RaggedSeq
 from ...mods import ALiBi
 from .. import varlen
 from .._backward import InputGrads
-from .._common import dense_mask, graph_link
+from .._common import all_finite, dense_mask, graph_link
 from ..base import AttentionResult, Backend, PlainRunner
 from ..operands import alibi_folds, lower_score
 from . import plan
 from .backward import BACKWARD_OP, sdpa_backward
-from .lse import has_lse_kernel, weights_of_call
+from .lse import has_lse_kernel, logits_of_call, lse_of_logits, weights_from_lse
 from .lse_grad import differentiable_lse_forward
 from .run import HAS_GQA, call, direct, direct_runner
 
@@ -87,8 +87,8 @@ class SDPABackend(Backend):
         )
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
-        if inputs.return_lse and inputs.needs_grad:  # the kernels' lse has no autograd
-            return differentiable_lse_forward(self, inputs)
+        if inputs.return_lse and inputs.needs_grad and not _lse_through_weights(inputs):
+            return differentiable_lse_forward(self, inputs)  # the kernels' lse has no autograd
         res = self.forward_unrounded(inputs)
         if res.output.dtype == inputs.dtype:
             return res
@@ -210,9 +210,18 @@ class SDPABackend(Backend):
         weights = None
         if inputs.return_weights:
             assert lse is not None
-            weights = weights_of_call(
-                inputs, q, k, lse, attn_mask=attn_mask, is_causal=is_causal, gqa=gqa, alive=alive
-            )  # (*batch, L, S)
+            out, weights, lse = _with_weights(
+                inputs,
+                out,
+                lse,
+                q,
+                k,
+                v,
+                attn_mask=attn_mask,
+                is_causal=is_causal,
+                gqa=gqa,
+                alive=alive,
+            )  # (*batch, L, Ev), (*batch, L, S), (*batch, L)
         return out, weights, lse
 
     # ------------------------------------------------------------------ unpadded
@@ -303,15 +312,17 @@ class SDPABackend(Backend):
             )  # (G, ..., qm, Ev), (G, ..., qm)
             w_g: torch.Tensor | None = None
             if w_full is not None and lse_g is not None:
-                w_g = weights_of_call(
+                out_g, w_g, lse_g = _with_weights(
                     inputs,
+                    out_g,
+                    lse_g,
                     q_g,
                     k_g,
-                    lse_g,
+                    v_g,
                     attn_mask=attn_mask,
                     is_causal=causal and attn_mask is None,
                     gqa=gqa,
-                )  # (G, ..., qm, km)
+                )  # (G, ..., qm, Ev), (G, ..., qm, km), (G, ..., qm)
             for n, sq in enumerate(group):
                 _put_rows(out_full[sq.b], sq, out_g[n, ..., : sq.q_len, :].to(out_full.dtype))
                 if lse_full is not None and lse_g is not None:
@@ -333,6 +344,67 @@ class SDPABackend(Backend):
             if w_full is not None:
                 w_full = w_full + link.to(w_full.dtype)
         return out_full, w_full, lse_full
+
+
+def _with_weights(
+    inputs: AttentionInputs,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    gqa: bool,
+    alive: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A call's output, weights and lse once its weights are asked for.
+
+    out (..., L, Ev) and lse (..., L) from the fused kernel; q, k, v and the rest as
+    :func:`.lse.weights_of_call` takes them (v with its own heads when ``gqa``). The
+    weights (..., L, S) are the softmax of the recomputed logits, normalized by their
+    own row sums.
+
+    When gradients flow through the logits or v (no dropout), the output becomes
+    ``weights @ v`` and the lse (when returned) :func:`.lse.lse_of_logits`: their
+    gradients then join the weights' in one softmax backward over those weights
+    (``p * (dP - sum_j p dP)``, as plain math does). The fused backward instead forms
+    ``exp(s - lse) * (dP - rowsum(dO * O))``, whose rounding is about eps times the
+    logits' size in every probability and eps times ``|dO| |v|`` in the row term, both
+    multiplied by the scale on the way to q and k: at logits of 1e5 a query whose row is
+    one-hot (exact gradient 0) got gradients of 5% of the largest. Rows whose lse is NaN
+    (they use a non-finite input) keep the kernel's output, so a NaN reaches no other
+    row's gradient. Without gradients the kernel's output and lse are kept as they are.
+    """
+    logits = logits_of_call(
+        inputs, q, k, attn_mask=attn_mask, is_causal=is_causal, gqa=gqa, alive=alive
+    )  # (..., L, S)
+    grad = torch.is_grad_enabled() and inputs.dropout_p == 0
+    grad = grad and (logits.requires_grad or v.requires_grad)
+    if grad and logits.requires_grad and inputs.return_lse:
+        lse = lse_of_logits(logits, lse.to(logits.dtype))  # (before an in-place softmax)
+    weights = weights_from_lse(logits, lse.to(inputs.compute_dtype))  # (..., L, S)
+    if not grad:
+        return out, weights, lse
+    vf = inputs.layout.query_heads(v, 2) if gqa else v  # (..., Hq, S, Ev)
+    kernel_rows = torch.isnan(lse).unsqueeze(-1)  # (..., L, 1)
+    w = weights.masked_fill(kernel_rows, 0.0)  # (..., L, S)
+    # values known finite without a device sync (or promised finite) are used as they
+    # are; else a blocked weight of 0 times a non-finite value would be NaN: the values
+    # are zeroed there and the rows whose kernel output is not finite (they use such a
+    # value) keep the kernel's output and backward
+    if inputs.check_finite and not (readable(v) and all_finite(v.detach())):
+        vf = vf.masked_fill(~torch.isfinite(vf), 0.0)
+        kernel_rows = kernel_rows | ~torch.isfinite(out).all(dim=-1, keepdim=True)
+    mixed = torch.matmul(w, vf.to(w.dtype)).to(out.dtype)  # (..., L, Ev)
+    return torch.where(kernel_rows, out, mixed), weights, lse
+
+
+def _lse_through_weights(inputs: AttentionInputs) -> bool:
+    """True when a differentiable lse comes from the recomputed logits of the weights
+    (see :func:`_with_weights`), not from the fused backward."""
+    return inputs.return_weights and inputs.dropout_p == 0 and torch.is_grad_enabled()
 
 
 def _put_rows(full: torch.Tensor, sq: RaggedSeq, rows: torch.Tensor) -> None:

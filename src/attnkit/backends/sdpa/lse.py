@@ -36,7 +36,9 @@ __all__ = [
     "LSE_OP",
     "cuda_lse_op",
     "has_lse_kernel",
+    "logits_of_call",
     "lse_call",
+    "lse_of_logits",
     "softmax_rows_",
     "weights_from_lse",
     "weights_of_call",
@@ -200,6 +202,22 @@ def weights_from_lse(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     return softmax_rows_(logits.contiguous(), nan_rows)
 
 
+def lse_of_logits(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """The lse (..., L) of masked logits (..., L, S), differentiable, its gradient the
+    softmax normalized by its own row sums: ``m + log(sum_j exp(s_j - m))`` with the row
+    maximum m held constant (its derivative, ``1 - sum_j p_j``, is 0).
+
+    ``lse`` (..., L) is the kernel's: rows where it is -inf (no key) or NaN (a non-finite
+    input) keep it and pass no gradient. (The kernel's own backward forms
+    ``exp(s - lse)``, off by about ``|lse| * eps`` in every entry at large logits.)
+    """
+    dead = (torch.isneginf(lse) | torch.isnan(lse)).to(logits.device)  # (..., L)
+    s = logits.masked_fill(dead.unsqueeze(-1), 0.0)  # (..., L, S)
+    m = _lse.safe_max(s.detach().amax(dim=-1, keepdim=True))  # (..., L, 1)
+    own = m.squeeze(-1) + torch.exp(s - m).sum(dim=-1).log()  # (..., L)
+    return torch.where(dead, lse.to(own.dtype), own)
+
+
 def weights_of_call(
     inputs: AttentionInputs,
     q: torch.Tensor,
@@ -217,6 +235,24 @@ def weights_of_call(
     ``gqa``), lse (..., L); ``attn_mask``/``is_causal`` exactly as the call had them,
     ``alive`` (..., L, 1) marking rows that keep at least one key.
     """
+    logits = logits_of_call(
+        inputs, q, k, attn_mask=attn_mask, is_causal=is_causal, gqa=gqa, alive=alive
+    )
+    return weights_from_lse(logits, lse.to(inputs.compute_dtype))
+
+
+def logits_of_call(
+    inputs: AttentionInputs,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    gqa: bool,
+    alive: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The masked logits (..., L, S) of one SDPA call, recomputed (-inf where blocked);
+    arguments as :func:`weights_of_call`'s."""
     cd = inputs.compute_dtype
     # Non-finite rows zeroed, so a gradient never multiplies a NaN: a pair holding one is
     # blocked or in a row whose lse is NaN (its weights are NaN), except a key holding
@@ -254,4 +290,4 @@ def weights_of_call(
             logits = logits.masked_fill(~keep, float("-inf"))
         else:  # in place: one pass, no copy of the (L, S) logits
             logits = logits.masked_fill_(~keep, float("-inf"))
-    return weights_from_lse(logits, lse.to(cd))
+    return logits
