@@ -470,6 +470,7 @@ def test_d2l_dot_product_attention_weights_at_large_logits() -> None:
 # ------------------------------------------------------------------ triton, interpreted
 
 
+@pytest.mark.slow  # Triton's interpreter: 30-40 s on two cores
 def test_triton_interpreted_weights_and_gradients_at_large_logits() -> None:
     """The triton kernels under Triton's interpreter: every score at |logit| 1e3 behind key
     padding, weights and float32 gradients; weights at 1e6; Bilinear at scale 1e4 in
