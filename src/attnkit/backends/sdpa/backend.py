@@ -383,8 +383,13 @@ def _with_weights(
     grad = torch.is_grad_enabled() and inputs.dropout_p == 0
     grad = grad and (logits.requires_grad or v.requires_grad)
     if grad and logits.requires_grad and inputs.return_lse:
-        lse = lse_of_logits(logits, lse.to(logits.dtype))  # (before an in-place softmax)
-    weights = weights_from_lse(logits, lse.to(inputs.compute_dtype))  # (..., L, S)
+        own = lse_of_logits(logits, lse.to(logits.dtype))  # (before an in-place softmax)
+        # the kernel's value (asking for the weights changes no returned number), the
+        # gradient of the recomputed logits' lse
+        lse = _KernelValue.apply(lse.detach(), own.to(lse.dtype))  # (..., L)
+        weights = weights_from_lse(logits, own.to(inputs.compute_dtype))  # (..., L, S)
+    else:
+        weights = weights_from_lse(logits, lse.to(inputs.compute_dtype))  # (..., L, S)
     if not grad:
         return out, weights, lse
     vf = inputs.layout.query_heads(v, 2) if gqa else v  # (..., Hq, S, Ev)
@@ -398,7 +403,25 @@ def _with_weights(
         vf = vf.masked_fill(~torch.isfinite(vf), 0.0)
         kernel_rows = kernel_rows | ~torch.isfinite(out).all(dim=-1, keepdim=True)
     mixed = torch.matmul(w, vf.to(w.dtype)).to(out.dtype)  # (..., L, Ev)
+    # the kernel's output as the value (the same bits as a call without the weights),
+    # the gradient of weights @ v
+    mixed = _KernelValue.apply(out.detach(), mixed)  # (..., L, Ev)
     return torch.where(kernel_rows, out, mixed), weights, lse
+
+
+class _KernelValue(torch.autograd.Function):
+    """``value`` forward, its gradient passed to ``through`` (a recomputation of the same
+    quantity, within rounding): the fused kernel's numbers with the gradient of the
+    recomputed softmax. The backward is the identity, so higher derivatives flow
+    through ``through`` as well."""
+
+    @staticmethod
+    def forward(ctx: Any, value: torch.Tensor, through: torch.Tensor) -> torch.Tensor:
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
+        return None, grad
 
 
 def _lse_through_weights(inputs: AttentionInputs) -> bool:
