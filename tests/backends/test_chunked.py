@@ -33,6 +33,7 @@ def _reference(q, k, v, **kw):  # type: ignore[no-untyped-def]
     )
 
 
+@pytest.mark.pairwise
 @pytest.mark.parametrize("LS", [(13, 11), (11, 13), (17, 17), (1, 9)])
 @pytest.mark.parametrize("mask_name", MASK_NAMES)
 def test_structured_masks_skip_blocks_exactly(mask_name: str, LS: tuple[int, int]) -> None:
@@ -301,6 +302,7 @@ def test_exp_rows_kernel_and_torch_fallback_agree() -> None:
         assert not got[0, 1].any()
 
 
+@pytest.mark.slow
 def test_without_a_compiler_the_status_says_pure_torch() -> None:
     import os
     import subprocess

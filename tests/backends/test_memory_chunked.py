@@ -53,6 +53,7 @@ def _peak_extra_mib(backend: str, sizes: tuple[int, ...]) -> list[float]:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/status")
+@pytest.mark.slow
 def test_chunked_forward_backward_memory_grows_linearly() -> None:
     small, large = 1024, 4096  # L = S; 4x the length is 16x the L·S matrix
     m_small, m_large = _peak_extra_mib("chunked", (small, large))

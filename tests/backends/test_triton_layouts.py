@@ -37,7 +37,10 @@ def triton_registered() -> Iterator[None]:
         yield
 
 
-@pytest.mark.parametrize("mask_name", MASKS)
+@pytest.mark.parametrize(
+    "mask_name",
+    [m if n == 0 else pytest.param(m, marks=pytest.mark.slow) for n, m in enumerate(MASKS)],
+)
 def test_far_keys_get_weight_zero_and_no_gradient(mask_name: str) -> None:
     call = far_key_call(mask_name, float("nan"), dtype=torch.float32)
     assert runs(call, "triton")

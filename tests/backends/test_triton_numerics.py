@@ -68,6 +68,7 @@ def test_bfloat16_cases_the_fuzz_found_hold_twice_plain_math(
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.slow
 def test_every_score_and_mask_kind_in_half_precision(dtype: torch.dtype) -> None:
     """Each mask kind once per dtype, the scores taking turns (every score meets
     several mask kinds in each dtype)."""

@@ -202,7 +202,15 @@ def _specs(B: int, L: int, S: int) -> dict[str, MaskSpec]:
     }
 
 
-@pytest.mark.parametrize("name", sorted(_specs(2, 40, 40)))
+@pytest.mark.parametrize(
+    "name",
+    [
+        n
+        if n in ("documents_or_keep", "window_or_global")
+        else pytest.param(n, marks=pytest.mark.slow)
+        for n in sorted(_specs(2, 40, 40))
+    ],
+)
 def test_mask_fields_and_or_clauses_match_dense_masks(name: str) -> None:
     B, H, L, S, E = 2, 1, 40, 40, 8  # 16 x 16 tiles: FULL, PARTIAL and EMPTY ones
     spec = _specs(B, L, S)[name]

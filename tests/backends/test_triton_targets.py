@@ -76,7 +76,7 @@ DEFAULT_TARGET = 86
 @pytest.mark.parametrize(
     "archs",
     [
-        pytest.param([DEFAULT_TARGET], id="sm86"),
+        pytest.param([DEFAULT_TARGET], id="sm86", marks=pytest.mark.slow),
         pytest.param(sorted(LIMITS), id="every_target", marks=pytest.mark.slow),
     ],
 )

@@ -40,6 +40,7 @@ CPU_BACKENDS = matrix_backends("cpu")
 HALF_SHAPE_CPU = (2, 4, 2, 17, 19, 16, 8)
 
 
+@pytest.mark.pairwise
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=HALF_IDS)
 @pytest.mark.parametrize("score_name", SCORES)
 def test_every_score_and_mask_in_half_matches_the_oracle(

@@ -214,6 +214,7 @@ def assert_softmax(
 # ------------------------------------------------------------------ weights
 
 
+@pytest.mark.pairwise
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("magnitude", MAGNITUDES, ids=repr)
 @pytest.mark.parametrize("score_name", SCORE_NAMES)
@@ -344,6 +345,7 @@ def assert_grads(case: Case, backend: str | None, what: str, *, compare: bool) -
         )
 
 
+@pytest.mark.pairwise
 @pytest.mark.parametrize("magnitude", MAGNITUDES, ids=repr)
 @pytest.mark.parametrize("score_name", SCORE_NAMES)
 def test_float32_gradients_through_the_weights(

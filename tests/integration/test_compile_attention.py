@@ -51,6 +51,9 @@ INDUCTOR_KINDS = ("causal",)
 """Kinds compiled by inductor in the default run (its C++ code generation takes seconds
 per kernel on a cold cache); the others are traced the same way (dynamo, AOTAutograd)
 without it, and by inductor too under ``slow``."""
+AOT_KINDS = ("key_padding", "window")
+"""Kinds traced without inductor in the default run (a tensor mask and a structured
+one); the other kinds' traces run under ``slow``."""
 
 
 def _backends() -> list[object]:
@@ -59,7 +62,8 @@ def _backends() -> list[object]:
         if name in INDUCTOR_KINDS:
             out.append(pytest.param(name, "inductor", id=f"{name}-inductor"))
         else:
-            out.append(pytest.param(name, "aot_eager", id=f"{name}-aot_eager"))
+            quick = [] if name in AOT_KINDS else [pytest.mark.slow]
+            out.append(pytest.param(name, "aot_eager", id=f"{name}-aot_eager", marks=quick))
             out.append(
                 pytest.param(name, "inductor", id=f"{name}-inductor", marks=pytest.mark.slow)
             )

@@ -166,7 +166,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         report_and_leave(Path(out_dir, f"rank{rank}.json"), {"ran": ran, "failures": failures})
 
 
-@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("world", [pytest.param(w, marks=pytest.mark.slow) for w in (2, 4)])
 def test_documents_in_any_order_and_per_head_scales_match_one_process(
     world: int, tmp_path: Path
 ) -> None:

@@ -9,7 +9,7 @@ SIGABRT), and with ``--strict`` no gloo thread may be left once the group is des
 thread running into the interpreter's teardown, where it now and then aborted the
 process. The error path is checked too (``attnkit-error``: rank 0's first ring block
 raises and rank 0 keeps the error). The default run makes a few runs; the slow run
-makes 50 of each, beside a busy process (the races at exit show under CPU contention).
+makes 12 of each, beside a busy process (the races at exit show under CPU contention).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _runs(runs: int, load: int, mode: str, deadline_s: float = 540.0) -> str:
     [
         # a plain call's ranks also exit as a user's do in every test_distributed.py case
         pytest.param("attnkit", marks=pytest.mark.slow),
-        "attnkit-error",
+        pytest.param("attnkit-error", marks=pytest.mark.slow),
     ],
 )
 def test_ranks_exit_cleanly_after_context_parallel_attention(mode: str) -> None:
@@ -56,5 +56,5 @@ def test_ranks_exit_cleanly_after_context_parallel_attention(mode: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["attnkit", "attnkit-error"])
 def test_ranks_exit_cleanly_after_context_parallel_attention_under_load(mode: str) -> None:
-    report = _runs(runs=50, load=1, mode=mode, deadline_s=1800.0)
-    assert report.endswith(f"{{'exit 0': {50 * 2}}}"), report
+    report = _runs(runs=12, load=1, mode=mode, deadline_s=900.0)
+    assert report.endswith(f"{{'exit 0': {12 * 2}}}"), report

@@ -32,7 +32,8 @@ B, L, E = 2, 5, 8
 
 
 @pytest.mark.parametrize(
-    "compiler", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)]
+    "compiler",
+    [pytest.param(c, marks=pytest.mark.slow) for c in ("aot_eager", "inductor")],
 )
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_every_layer_compiles_fullgraph_without_recompiles(compiler: str) -> None:

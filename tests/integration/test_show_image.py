@@ -75,6 +75,12 @@ FAMILIES = {
     ),
     "vit_msn": ({}, {"size": {"height": SIZE, "width": SIZE}, "resample": 2}, ["[CLS]"]),
 }
+# The default run checks the families with extra tokens (distillation, registers); the
+# plain ViT and DINOv3 (the same code with fewer or other extra tokens) run under slow.
+QUICK_FAMILIES = [
+    m if m in ("deit", "dinov2_with_registers") else pytest.param(m, marks=pytest.mark.slow)
+    for m in FAMILIES
+]
 
 
 def _save(model_type: str, directory: Path) -> Path:
@@ -130,7 +136,7 @@ def _eager(directory: Path, picture: object) -> tuple[torch.Tensor, torch.nn.Mod
     return torch.stack([a[0] for a in out.attentions]), model, pixels
 
 
-@pytest.mark.parametrize("model_type", list(FAMILIES))
+@pytest.mark.parametrize("model_type", QUICK_FAMILIES)
 def test_captured_weights_equal_eager_attention(checkpoints, picture_file, model_type) -> None:  # type: ignore[no-untyped-def]
     import attnkit.integrations.transformers as integration
 
@@ -150,7 +156,7 @@ def test_captured_weights_equal_eager_attention(checkpoints, picture_file, model
     assert not torch.allclose(want[:, 0], want[:, 1])  # the heads differ: the test can fail
 
 
-@pytest.mark.parametrize("model_type", list(FAMILIES))
+@pytest.mark.parametrize("model_type", QUICK_FAMILIES)
 def test_patch_grid_geometry(checkpoints, picture_file, model_type) -> None:  # type: ignore[no-untyped-def]
     prefix = FAMILIES[model_type][2]
     ck = hf_vision.ImageCheckpoint(checkpoints[model_type])

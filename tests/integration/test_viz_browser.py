@@ -74,6 +74,7 @@ def test_long_page(browser, tmp_path: Path) -> None:  # type: ignore[no-untyped-
     assert errors == []
 
 
+@pytest.mark.slow
 def test_generation_page_steps_and_saves(browser, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     n = 12
@@ -98,6 +99,7 @@ def test_generation_page_steps_and_saves(browser, tmp_path: Path) -> None:  # ty
     assert errors == []
 
 
+@pytest.mark.slow
 def test_pair_page_from_a_link(browser, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     tokens = ["[CLS]", "a", "b", "[SEP]", "c", "d", "e", "[SEP]"]
     w = torch.softmax(torch.randn(2, 3, 8, 8), -1)
@@ -204,6 +206,7 @@ def test_search_marks_matches_and_enter_jumps_every_view(browser, tmp_path: Path
     assert errors == []
 
 
+@pytest.mark.slow
 def test_search_on_a_long_page_moves_the_windows(browser, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     L = 300
@@ -272,6 +275,7 @@ def _csv(download) -> tuple[list[str], list[list[str]]]:  # type: ignore[no-unty
     return notes, rows
 
 
+@pytest.mark.slow
 def test_matrix_and_statistics_download_as_csv(browser, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     g = torch.Generator().manual_seed(0)
     w = torch.softmax(torch.randn(2, 3, 7, 7, generator=g) * 2, -1)
@@ -367,6 +371,7 @@ def test_a_comparison_keeps_both_sides_in_sync_and_draws_a_minus_b(browser, tmp_
     assert errors == []
 
 
+@pytest.mark.slow
 def test_a_comparison_of_different_tokens_is_side_by_side_and_says_why(
     browser, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
