@@ -11,6 +11,12 @@ test suite (``pytest``: conformance, unit, backends and integration tests, witho
 the ``slow`` ones) on every core. Each end leaves pytest's JUnit XML and the versions
 it ran under in ``.nox/matrix/``, which the summary reads.
 
+An end whose versions are those of the environment the command runs in (CI's own,
+after the README's test command) is not installed again when that run left its
+results: ``ATTNKIT_HOST_RESULTS=DIR`` names a folder holding that run's JUnit XML
+(``host.xml``) and versions (``host.json``, written by ``python noxfile.py
+--host-versions``); the end takes those results, marked as the host's, and is skipped.
+
 An environment with a CUDA build of torch takes about 6 GB. With
 ``ATTNKIT_NOX_DISCARD=1`` (CI sets it) each end removes its environment once its
 results are written, so that only one lies on disk at a time; without it the
@@ -68,6 +74,24 @@ nox.options.sessions = [*ENDS, "summary"]
 _VERSIONS = "import torch, transformers; print(torch.__version__, transformers.__version__)"
 
 
+def _base(version: str) -> str:
+    """A version without its local part: ``2.13.0+cpu`` -> ``2.13.0``."""
+    return version.split("+", 1)[0]
+
+
+def _host_results(torch_version: str, transformers_version: str) -> Path | None:
+    """The folder of the host run's results when its versions are this end's, else None."""
+    folder = os.environ.get("ATTNKIT_HOST_RESULTS")
+    if not folder:
+        return None
+    meta, junit = Path(folder) / "host.json", Path(folder) / "host.xml"
+    if not (meta.exists() and junit.exists()):
+        return None
+    host = json.loads(meta.read_text())
+    same = _base(host["torch"]) == torch_version and host["transformers"] == transformers_version
+    return Path(folder) if same else None
+
+
 def _run_end(session: nox.Session, torch_version: str, transformers_version: str) -> None:
     """Install one end of the range into the session's environment and run the tests."""
     REPORTS.mkdir(parents=True, exist_ok=True)
@@ -75,6 +99,13 @@ def _run_end(session: nox.Session, torch_version: str, transformers_version: str
     meta = REPORTS / f"{session.name}.json"
     junit.unlink(missing_ok=True)
     meta.unlink(missing_ok=True)
+    host = _host_results(torch_version, transformers_version)
+    if host is not None:
+        shutil.copyfile(host / "host.xml", junit)
+        record = json.loads((host / "host.json").read_text())
+        meta.write_text(json.dumps({**record, "stage": "done", "minutes": 0.0, "host": True}))
+        session.skip(f"torch {record['torch']} and transformers {record['transformers']} are "
+                     "the host's: its test run's results stand for this end")  # fmt: skip
     record = {"torch": torch_version, "transformers": transformers_version, "stage": "install"}
     start = time.monotonic()
     try:
@@ -162,7 +193,8 @@ def summary_table(reports: Path = REPORTS) -> list[str]:
             cells = f" {passed} | {failed} | {skipped} | {minutes:.1f} |"
         else:  # the install (or pytest's start) failed before any report was written
             cells = f" {meta['stage']} failed | | | |"
-        lines.append(f"{head}{cells} {meta['minutes']:.1f} |")
+        took = "the host's run" if meta.get("host") else f"{meta['minutes']:.1f}"
+        lines.append(f"{head}{cells} {took} |")
     return lines
 
 
@@ -184,3 +216,19 @@ def docs(session: nox.Session) -> None:
     session.install(f"torch=={TORCH_DEFAULT}", env=PIP_ENV)
     session.install("-e", ".[docs]", f"torch=={TORCH_DEFAULT}", env=PIP_ENV)
     session.run("mkdocs", "build", "--strict", *session.posargs)
+
+
+def host_versions() -> dict[str, str]:
+    """The torch and transformers versions of the running interpreter."""
+    import torch
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__}
+
+
+if __name__ == "__main__":  # python noxfile.py --host-versions > DIR/host.json
+    import sys
+
+    if sys.argv[1:] != ["--host-versions"]:
+        sys.exit("usage: python noxfile.py --host-versions")
+    print(json.dumps(host_versions()))

@@ -72,14 +72,14 @@ def test_conformance_fuzz_sample() -> None:
     assert sum(report.grad_cases.values()) >= 30
 
 
-CALLS_CHUNK = 1_500
-"""Cases per chunk of the slow conformance campaign (about a minute each on one core)."""
+CALLS_CHUNK = 3_000
+"""Cases per chunk of the slow conformance campaign (about 40 s each on one core)."""
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("chunk", range(4))
 def test_conformance_fuzz_campaign(chunk: int) -> None:
-    """Cases 0-5,999 in four chunks: each CPU backend runs about 2,500 of them (sdpa takes
+    """Cases 0-11,999 in four chunks: each CPU backend runs about 5,000 of them (sdpa takes
     the fewest). The script's full campaign runs until every backend has 20,000 (about
     46,500 drawn, 35 minutes on two cores): ``python tests/fuzz_calls.py --per-backend
     20000``."""
