@@ -76,11 +76,10 @@ def pull_back(
     A pair whose tensor is a constant (no leaf or parameter reaches it: the Gaussian's
     ``1/2σ²`` when σ is a plain number, say) carries no gradient and is left out."""
     pairs = [(t, g) for t, g in pairs if t.requires_grad]
+    got: Sequence[torch.Tensor | None] = (None,) * (len(leaves) + len(params))
     if pairs:
         got = torch.autograd.grad([t for t, _ in pairs], [*leaves, *params],
                                   [g for _, g in pairs], allow_unused=True)  # fmt: skip
-    else:
-        got = (None,) * (len(leaves) + len(params))
     dq, dk, dv = (
         torch.zeros_like(t) if g is None else g for t, g in zip(leaves, got, strict=False)
     )
