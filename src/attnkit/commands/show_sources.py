@@ -9,13 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..models.config_json import ConfigError, read_json
+from ..models.config_json import ConfigError, is_bert_family
 from .show_args import UsageError
 
 __all__ = ["BertSource", "TransformersSource", "open_source"]
-
-# model_type values that attnkit's own BERT encoder reads.
-_BERT_TYPES = ("bert", "roberta", "xlm-roberta", "camembert")
 
 
 class BertSource:
@@ -95,14 +92,10 @@ class TransformersSource:
 
 def _is_bert_family(directory: Path) -> bool:
     """BERT family by config.json's model_type, or a sentence-transformers layout without one."""
-    config = directory / "config.json"
-    if not config.is_file():
-        return True  # bert.inspect names what is missing, or follows modules.json
     try:
-        data = read_json(config)
+        return is_bert_family(directory)
     except ConfigError as exc:
         raise UsageError(f"--model: {exc}") from None
-    return not isinstance(data, dict) or data.get("model_type", "bert") in _BERT_TYPES
 
 
 def open_source(path: str | None) -> Any:

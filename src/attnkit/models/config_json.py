@@ -13,7 +13,18 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ConfigError", "check_numbers", "read_checked_config", "read_json", "refuse_remote_code"]
+__all__ = [
+    "BERT_TYPES",
+    "ConfigError",
+    "check_numbers",
+    "is_bert_family",
+    "read_checked_config",
+    "read_json",
+    "refuse_remote_code",
+]
+
+BERT_TYPES = ("bert", "roberta", "xlm-roberta", "camembert")
+"""config.json ``model_type`` values that attnkit's own BERT encoder loads."""
 
 # A config.json is a few kilobytes; anything near this is not one.
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
@@ -95,3 +106,17 @@ def read_checked_config(path: Path) -> dict[str, Any]:
     refuse_remote_code(data, str(path))
     check_numbers(data, str(path))  # also refuses anything but a JSON object
     return data
+
+
+def is_bert_family(directory: Path) -> bool:
+    """Whether the checkpoint folder ``directory`` is for attnkit's BERT encoder.
+
+    True for a ``model_type`` in :data:`BERT_TYPES`, and for a folder without
+    ``config.json`` (a sentence-transformers layout: the loader follows its
+    ``modules.json``, or names what is missing). ConfigError for an unreadable config.
+    """
+    config = directory / "config.json"
+    if not config.is_file():
+        return True
+    data = read_json(config)
+    return not isinstance(data, dict) or data.get("model_type", "bert") in BERT_TYPES

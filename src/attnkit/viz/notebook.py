@@ -99,9 +99,9 @@ def _run(model: Any, tokenizer: Any, text: str, pair: str | None, max_length: in
 
     if isinstance(model, (str, Path)):
         directory = Path(model)
-        from ..commands.show_sources import _is_bert_family
+        from ..models.config_json import is_bert_family
 
-        if _is_bert_family(directory):
+        if is_bert_family(directory):
             model = bert.load(directory)
         else:
             ck = hf.Checkpoint(directory)
