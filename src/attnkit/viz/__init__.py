@@ -27,10 +27,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .attention_set import AttentionSet
 from .attribution import Attribution, Target, explain
 from .capture import AttentionRecord, Capture, capture
 from .compare import Comparison, compare
-from .html import AttentionSet, Page, render_html, show, to_html
+from .html import Page, render_html, show, to_html
 from .image import ImageLayout, show_image
 from .notebook import from_generate
 from .rollout import attention_flow, attention_rollout

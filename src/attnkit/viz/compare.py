@@ -67,7 +67,7 @@ class Comparison:
 
 
 def _side(name: str, side: Any, budget: Budget) -> list[ReducedSet]:
-    from .html import AttentionSet, _reduce
+    from .attention_set import AttentionSet, reduce_set
 
     items = [side] if isinstance(side, (AttentionSet, ReducedSet)) else side
     if not isinstance(items, (list, tuple)) or not items:
@@ -78,7 +78,7 @@ def _side(name: str, side: Any, budget: Budget) -> list[ReducedSet]:
     out = []
     for item in items:
         if isinstance(item, AttentionSet):
-            out.append(_reduce(item, budget))
+            out.append(reduce_set(item, budget))
         elif isinstance(item, ReducedSet):
             out.append(item)
         else:

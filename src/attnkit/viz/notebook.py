@@ -136,7 +136,7 @@ def _run(model: Any, tokenizer: Any, text: str, pair: str | None, max_length: in
 def from_bertviz(attentions: Any, tokens: Any, extra: Mapping[str, Any]) -> tuple[Any, Any]:
     """bertviz's ``encoder_attention=``, ``decoder_attention=``, ``cross_attention=``,
     ``encoder_tokens=``, ``decoder_tokens=`` as a list of attention sets."""
-    from .html import AttentionSet
+    from .attention_set import AttentionSet
 
     unknown = sorted(set(extra) - set(_BERTVIZ))
     if unknown:
@@ -181,7 +181,7 @@ def from_generate(
         tokens = tokenizer.convert_ids_to_tokens(out.sequences[0])
         attnkit.viz.to_html([attnkit.viz.from_generate(out, tokens)], None, "gen.html")
     """
-    from .html import AttentionSet
+    from .attention_set import AttentionSet
 
     steps = getattr(outputs, "attentions", None)
     if not steps or not isinstance(steps[0], (tuple, list)):
