@@ -104,16 +104,21 @@ def test_use_backend_and_a_new_backend_are_honoured_after_a_plan(
         assert len(calls) == 2
 
     cleared: list[int] = []
-    dispatch.on_registry_change(lambda: cleared.append(1))
-    assert _plans.lookup(_plans.plan_key(q, k, v, "scaled_dot", None, None, 0.0, None))
-    reference = attnkit.unregister_backend("reference")  # caches go
-    assert cleared == [1]
-    assert _plans.lookup(_plans.plan_key(q, k, v, "scaled_dot", None, None, 0.0, None)) is None
-    attnkit.attention(q, k, v)
-    attnkit.register_backend(reference)  # a registration clears them too
-    assert cleared == [1, 1]
-    assert _plans.lookup(_plans.plan_key(q, k, v, "scaled_dot", None, None, 0.0, None)) is None
-    dispatch._ON_CHANGE.pop()
+    stop = dispatch.on_registry_change(lambda: cleared.append(1))
+    try:
+        assert _plans.lookup(_plans.plan_key(q, k, v, "scaled_dot", None, None, 0.0, None))
+        reference = attnkit.unregister_backend("reference")  # caches go
+        assert cleared == [1]
+        key = _plans.plan_key(q, k, v, "scaled_dot", None, None, 0.0, None)
+        assert _plans.lookup(key) is None
+        attnkit.attention(q, k, v)
+        attnkit.register_backend(reference)  # a registration clears them too
+        assert cleared == [1, 1]
+        assert _plans.lookup(key) is None
+    finally:
+        stop()
+    attnkit.register_backend(reference)  # (registered again where it is)
+    assert cleared == [1, 1]  # stopped: no more calls
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -177,18 +177,30 @@ def register_backend(
             ranking.insert(at, backend.name)
         elif backend.name not in ranking:
             ranking.append(backend.name)
-    _NAME_CACHE.clear()
-    _CHOICES.clear()
-    for clear in _ON_CHANGE:
-        clear()
+    _registry_changed()
 
 
 _ON_CHANGE: list[Callable[[], None]] = []
 
 
-def on_registry_change(clear: Callable[[], None]) -> None:
-    """Call ``clear`` whenever a backend is registered (caches of earlier choices)."""
+def _registry_changed() -> None:
+    """Forget every choice made for the old registry: names, choices, and the listeners'."""
+    _NAME_CACHE.clear()
+    _CHOICES.clear()
+    for clear in list(_ON_CHANGE):
+        clear()
+
+
+def on_registry_change(clear: Callable[[], None]) -> Callable[[], None]:
+    """Call ``clear`` whenever a backend is registered or unregistered (caches of earlier
+    choices). Returns a function that stops the calls (each listener is removed once)."""
     _ON_CHANGE.append(clear)
+
+    def stop() -> None:
+        if clear in _ON_CHANGE:
+            _ON_CHANGE.remove(clear)
+
+    return stop
 
 
 def get_backend(name: str) -> Backend:
@@ -209,10 +221,7 @@ def unregister_backend(name: str) -> Backend:
     be = get_backend(name)
     del _REGISTRY[name]
     _ORDER.remove(name)
-    _NAME_CACHE.clear()
-    _CHOICES.clear()
-    for clear in _ON_CHANGE:
-        clear()
+    _registry_changed()
     return be
 
 
