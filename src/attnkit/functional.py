@@ -260,7 +260,7 @@ def explain(
             dtypes, devices, a raw bool mask, an unknown keyword, an unknown backend
             name), with the same message.
 
-    Example:
+    Examples:
         >>> import torch, attnkit
         >>> q = k = v = torch.randn(2, 4, 16, 32)
         >>> ex = attnkit.explain(q, k, v, backend="reference", return_weights=True)

@@ -93,7 +93,7 @@ class Dot(Score):
     object behind ``score="dot"``. Query and key need the same feature size E; every
     backend runs it.
 
-    Example:
+    Examples:
         >>> import torch, attnkit
         >>> q, k, v = torch.randn(2, 5, 8), torch.randn(2, 7, 8), torch.randn(2, 7, 3)
         >>> attnkit.attention(q, k, v, score=attnkit.scores.Dot()).shape
@@ -168,7 +168,7 @@ class Bilinear(Score):
     Raises:
         ValueError: ``query_dim`` or ``key_dim`` is not a positive int.
 
-    Example:
+    Examples:
         >>> import torch, attnkit
         >>> score = attnkit.scores.Bilinear(16, 32)
         >>> score.weight.shape
@@ -240,7 +240,7 @@ class Additive(Score):
     Raises:
         ValueError: a dim is not a positive int.
 
-    Example:
+    Examples:
         >>> import torch, attnkit
         >>> score = attnkit.scores.Additive(query_dim=20, key_dim=2, hidden_dim=8)
         >>> score.W_q.weight.shape, score.W_k.weight.shape, score.w_v.weight.shape
@@ -322,7 +322,7 @@ class Gaussian(Score):
         TypeError: ``sigma`` is not a number or a tensor (a bool included).
         ValueError: ``sigma`` is not a positive finite scalar.
 
-    Example:
+    Examples:
         >>> import torch, attnkit
         >>> x = torch.linspace(0, 5, 50).reshape(1, 50, 1)      # Nadaraya–Watson
         >>> y = torch.sin(x)
@@ -430,7 +430,7 @@ def resolve_score(score: str | Score) -> Score:
             build :class:`Bilinear` or :class:`Additive` instead).
         TypeError: ``score`` is neither a string nor a Score.
 
-    Example:
+    Examples:
         >>> from attnkit import scores
         >>> scores.resolve_score("scaled_dot")
         ScaledDot()

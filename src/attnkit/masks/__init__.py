@@ -98,7 +98,7 @@ def keep(tensor: torch.Tensor) -> KeepMask:
             :func:`tf`, for additive floats :func:`bias`).
         ValueError: ``tensor`` is 0-d.
 
-    Example:
+    Examples:
         >>> import torch, attnkit
         >>> from attnkit import masks
         >>> q = k = v = torch.randn(2, 4, 3, 8)                 # (B, H, L, E)
@@ -136,7 +136,7 @@ def block(tensor: torch.Tensor) -> KeepMask:
         TypeError: ``tensor`` is not a torch.Tensor, or not bool.
         ValueError: ``tensor`` is 0-d.
 
-    Example:
+    Examples:
         >>> import torch, attnkit
         >>> from attnkit import masks
         >>> q = k = v = torch.randn(2, 4, 3, 8)
@@ -179,7 +179,7 @@ def bias(tensor: torch.Tensor) -> BiasMask:
         ValueError: ``tensor`` is 0-d, or holds NaN or +inf (checked for a CPU
             tensor; an accelerator's values are not read, which would sync).
 
-    Example:
+    Examples:
         >>> import torch, attnkit
         >>> from attnkit import masks
         >>> q = k = v = torch.randn(2, 4, 3, 8)
@@ -213,7 +213,7 @@ def tf(tensor: torch.Tensor) -> KeepMask:
         ValueError: ``tensor`` holds a value other than 0 and 1 (checked for a CPU
             tensor; an accelerator's values are not read), or is 0-d.
 
-    Example:
+    Examples:
         >>> import torch, attnkit
         >>> from attnkit import masks
         >>> q = k = v = torch.randn(2, 4, 3, 8)
@@ -260,7 +260,7 @@ def valid_lens(lens: torch.Tensor | Sequence[int], queries: bool = False) -> Val
             dim, B or L differs from the call's, or a length exceeds S (or L with
             ``queries=True``; the lengths are read for a CPU tensor only).
 
-    Example:
+    Examples:
         >>> import torch
         >>> from attnkit import masks
         >>> masks.valid_lens(torch.tensor([1, 3])).to_dense(3, 3, (2,)).int()
@@ -295,7 +295,7 @@ def key_padding(tensor: torch.Tensor) -> KeyPaddingMask:
         ValueError: ``tensor`` is not 2-D; when the mask is used, its shape is not the
             call's (B, S) or the query has no batch dim.
 
-    Example:
+    Examples:
         >>> import torch, attnkit
         >>> from attnkit import masks
         >>> q = k = v = torch.randn(2, 4, 3, 8)                 # (B, H, L, E)
@@ -332,7 +332,7 @@ def causal(align: Align = "top_left", *, q_offset: Offset = 0, k_offset: Offset 
             element.
         TypeError: an offset is not an int or an integer tensor.
 
-    Example:
+    Examples:
         >>> from attnkit import masks
         >>> masks.causal("bottom_right").to_dense(2, 4).int()   # L=2 new queries, S=4
         tensor([[1, 1, 1, 0],
@@ -373,7 +373,7 @@ def window(
             ``align`` is neither name, or an offset is not an int or a one-element
             integer tensor.
 
-    Example:
+    Examples:
         >>> from attnkit import masks
         >>> masks.window(1).to_dense(4, 4).int()               # keys i-1 .. i
         tensor([[1, 0, 0, 0],
@@ -421,7 +421,7 @@ def document(
             is used, ids that do not cover the call's L queries (or ``key_ids`` its S
             keys) or B rows that are not the call's batch.
 
-    Example:
+    Examples:
         >>> from attnkit import masks
         >>> masks.document(lengths=[2, 1]).to_dense(3, 3).int()
         tensor([[1, 1, 0],
@@ -466,7 +466,7 @@ def prefix_lm(
             of lengths >= 0, ``align`` is neither name, or an offset is not an int;
             when the mask is used, B lengths for a call whose batch is not B.
 
-    Example:
+    Examples:
         >>> from attnkit import masks
         >>> masks.prefix_lm(2).to_dense(4, 4).int()
         tensor([[1, 1, 0, 0],

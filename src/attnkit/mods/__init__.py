@@ -87,7 +87,7 @@ def alibi(
             float tensor or list, ``align`` is neither name, or an offset is not an
             int. A call whose query heads are not H raises ValueError.
 
-    Example:
+    Examples:
         >>> import torch, attnkit
         >>> from attnkit import masks, mods
         >>> q = k = v = torch.randn(2, 8, 16, 32)               # (B, H, L, E)
@@ -150,7 +150,7 @@ def relative_position_bias(
             an offset or ``align`` is bad. A call whose query heads differ from the
             table's columns (other than 1) raises ValueError.
 
-    Example:
+    Examples:
         >>> import torch, attnkit
         >>> from attnkit import mods
         >>> table = torch.randn(32, 8, requires_grad=True)     # (num_buckets, heads)
@@ -181,7 +181,7 @@ def softcap(cap: float) -> Softcap:
     Raises:
         TypeError, ValueError: ``cap`` is not a positive number in that range or inf.
 
-    Example:
+    Examples:
         >>> import torch, attnkit
         >>> from attnkit import mods
         >>> q = k = v = torch.randn(2, 4, 16, 32)
@@ -211,7 +211,7 @@ def sinks(logits: torch.Tensor) -> Sinks:
         TypeError, ValueError: ``logits`` is not a 1-D float tensor. A call whose
             query heads are not H raises ValueError.
 
-    Example:
+    Examples:
         >>> import torch, attnkit
         >>> from attnkit import mods
         >>> q = k = v = torch.randn(2, 4, 16, 32)

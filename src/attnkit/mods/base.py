@@ -248,7 +248,7 @@ def as_list(mods: object) -> list[Mod]:
         TypeError: ``mods`` is a string, another type, or a sequence holding something
             that is not a :class:`Mod`.
 
-    Example:
+    Examples:
         >>> from attnkit import mods
         >>> mods.as_list(None), mods.as_list(mods.softcap(50.0))
         ([], [Softcap()])

@@ -37,7 +37,7 @@ def alibi_slopes(heads: int) -> torch.Tensor:
     Raises:
         TypeError, ValueError: ``heads`` is not an int in [1, 2**16].
 
-    Example:
+    Examples:
         >>> from attnkit import mods
         >>> mods.alibi_slopes(4)
         tensor([0.2500, 0.0625, 0.0156, 0.0039])
@@ -184,7 +184,7 @@ def t5_buckets(
     Returns:
         long tensor of the shape of ``relative``, values in [0, num_buckets).
 
-    Example:
+    Examples:
         >>> import torch
         >>> from attnkit import mods
         >>> mods.t5_buckets(torch.arange(-4, 5), num_buckets=8, max_distance=16,
