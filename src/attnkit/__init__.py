@@ -24,6 +24,8 @@ from .backends.dispatch import (
 from .functional import attention, attention_backward, explain, masked_softmax
 
 __version__ = "0.1.0"
+"""The version of attnkit, a string (``"0.1.0"``): the ``version`` of the project's
+``pyproject.toml``, and what ``attnkit --version`` prints."""
 
 
 def __getattr__(name: str) -> Any:

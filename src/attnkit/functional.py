@@ -201,6 +201,71 @@ def explain(
     Takes the same arguments as :func:`attention` and computes nothing. The
     result's ``reasons`` maps every backend to its reasons not to run (an empty
     list means it can); ``chosen`` is the one that would run (None if none).
+
+    The arguments are validated exactly as :func:`attention` validates them, and the
+    flags that change which backend can run (``return_weights``, ``return_lse``,
+    ``dropout_p``, ``mods``, ``scale`` as a tensor, ``check_finite``) count as they would
+    in the call. What differs:
+
+    - no attention is computed and no plan is cached: only the inputs' shapes, dtypes,
+      devices and flags are read (and, for a Gaussian score, whether its dot form
+      would lose precision);
+    - when no backend can run the call, the result says so (``chosen`` None) where
+      :func:`attention` raises :class:`attnkit.BackendNotSupportedError`;
+    - attention sinks (:func:`attnkit.mods.sinks`) are left out of the call the
+      backends are asked about: they join the softmax after any backend, from its
+      (out, lse), so the call described also returns the lse;
+    - the ``torch.compile`` version check of :func:`attention` is not made.
+
+    Args:
+        query: (..., L, E), as for :func:`attention`.
+        key: (..., S, Ek), as for :func:`attention`.
+        value: (..., S, Ev), as for :func:`attention`.
+        score: as for :func:`attention` (default ``"scaled_dot"``).
+        mask: as for :func:`attention` (default None).
+        scale: as for :func:`attention` (default None); a (H,) tensor rules out
+            the backends without a per-head scale.
+        dropout_p: as for :func:`attention` (default 0.0).
+        return_weights: as for :func:`attention` (default False): True or ``"mean"``
+            rules out the backends that cannot return weights.
+        return_lse: as for :func:`attention` (default False).
+        backend: as for :func:`attention` (default None, automatic); names given
+            here are the only candidates and appear in ``forced``.
+        mods: as for :func:`attention` (default None).
+        check_finite: as for :func:`attention` (default True).
+        is_causal: SDPA's keyword, as for :func:`attention` (default False).
+        attn_mask: SDPA's keyword, as for :func:`attention` (default None).
+        enable_gqa: SDPA's keyword, as for :func:`attention` (default None).
+
+    Returns:
+        An :class:`attnkit.Explanation` (``str()`` of it prints one line per backend):
+
+        - ``chosen``: the name of the backend :func:`attention` would run, or None
+          when no candidate can run the call.
+        - ``candidates``: the names considered, in order: the ones forced
+          (``backend=`` or :func:`attnkit.use_backend`), else the device type's
+          ranking (on CPU ``("sdpa", "chunked", "reference")``).
+        - ``reasons``: for every registered backend, candidate or not, the list of
+          reasons it cannot run the call; empty when it can. A backend that could run
+          but that automatic dispatch passes over for a later one (one that keeps a
+          mask symbolic where it would build a dense (L, S) mask) has that
+          preference as its reason.
+        - ``forced``: the tuple of names forced by ``backend=`` or by the innermost
+          :func:`attnkit.use_backend`, or None in automatic dispatch.
+        - ``note``: how the chosen backend will compute the call (for example which
+          kernel runs the Additive score's tiles), or ``""``.
+
+    Raises:
+        TypeError, ValueError: for the arguments :func:`attention` refuses (shapes,
+            dtypes, devices, a raw bool mask, an unknown keyword, an unknown backend
+            name), with the same message.
+
+    Examples:
+        >>> import torch, attnkit
+        >>> q = k = v = torch.randn(2, 4, 16, 32)
+        >>> ex = attnkit.explain(q, k, v, backend="reference", return_weights=True)
+        >>> ex.chosen, ex.forced, ex.reasons["reference"]
+        ('reference', ('reference',), [])
     """
     if is_causal is not False or attn_mask is not None or enable_gqa is not None or unexpected:
         if unexpected:

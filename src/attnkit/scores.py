@@ -33,7 +33,20 @@ __all__ = [
 
 
 class Score(nn.Module):
-    """Base class of score functions."""
+    """Base class of score functions: how a query and a key become a logit.
+
+    A subclass sets ``name`` (what :func:`attnkit.explain` and the messages call it)
+    and implements :meth:`logits`; one that reduces exactly to a dot product sets
+    ``dot_reducible = True`` and implements :meth:`dot_form` (and :meth:`row_constant`
+    when its dot form drops a per-query term), which lets the fused dot-product
+    backends (``sdpa``) run it. Every backend can run a score that is not dot-reducible
+    except ``sdpa``; :func:`attnkit.explain` says which backend takes a call.
+
+    Attributes:
+        name: the score's name (``"dot"``, ``"scaled_dot"``, ``"bilinear"``, ...).
+        dot_reducible: True when :meth:`dot_form` gives the logits exactly as a dot
+            product plus a per-key bias (and a per-query constant softmax ignores).
+    """
 
     name: str = "score"
     dot_reducible: bool = False
@@ -47,6 +60,7 @@ class Score(nn.Module):
         return None
 
     def default_scale(self, E: int) -> float:
+        """The logits' multiplier when ``attention(scale=None)``: 1 unless overridden."""
         return 1.0
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -72,7 +86,19 @@ class Score(nn.Module):
 
 
 class Dot(Score):
-    """Dot product: ``q · k``."""
+    """Dot product: ``q · k``.
+
+    ``logits[..., i, j] = q[..., i, :] · k[..., j, :]``, multiplied by
+    ``attention(scale=...)``, 1 by default (no ``1/sqrt(E)``). Parameter-free, the
+    object behind ``score="dot"``. Query and key need the same feature size E; every
+    backend runs it.
+
+    Examples:
+        >>> import torch, attnkit
+        >>> q, k, v = torch.randn(2, 5, 8), torch.randn(2, 7, 8), torch.randn(2, 7, 3)
+        >>> attnkit.attention(q, k, v, score=attnkit.scores.Dot()).shape
+        torch.Size([2, 5, 3])
+    """
 
     name = "dot"
     dot_reducible = True
@@ -87,7 +113,21 @@ class Dot(Score):
 
 
 class ScaledDot(Dot):
-    """Scaled dot product: ``scale · q · k``, ``scale = 1/sqrt(E)`` by default."""
+    """Scaled dot product: ``scale · q · k``, ``scale = 1/sqrt(E)`` by default.
+
+    The default score (``score="scaled_dot"``, SDPA's and the Transformer's):
+    ``logits[..., i, j] = scale * q[..., i, :] · k[..., j, :]``. Query and key need the
+    same feature size E; every backend runs it. A ``scale`` given to
+    :func:`attnkit.attention` takes the place of this one.
+
+    Args:
+        scale: the multiplier, a positive finite float; None (default):
+            ``1/sqrt(E)``, E the query's feature size.
+
+    Raises:
+        TypeError: ``scale`` is not a number.
+        ValueError: ``scale`` is not positive and finite.
+    """
 
     name = "scaled_dot"
 
@@ -98,6 +138,7 @@ class ScaledDot(Dot):
         self.scale = None if scale is None else float(scale)
 
     def default_scale(self, E: int) -> float:
+        """``scale`` when given, else ``1/sqrt(E)``."""
         return self.scale if self.scale is not None else 1.0 / math.sqrt(E)
 
     def extra_repr(self) -> str:
@@ -108,6 +149,33 @@ class Bilinear(Score):
     """Bilinear: ``q · W · kᵀ`` with ``weight`` of shape (query_dim, key_dim).
 
     Reduces exactly to a dot product of ``q W`` and ``k``.
+
+    ``logits[..., i, j] = q[..., i, :] @ weight @ k[..., j, :]``, times
+    ``attention(scale=...)`` (1 by default). Query and key may have different feature
+    sizes: q (..., L, query_dim), k (..., S, key_dim). Being dot-reducible, it runs on
+    every backend (``sdpa`` included, as the dot product of ``q @ weight`` and k).
+
+    Args:
+        query_dim: the query's feature size, a positive int.
+        key_dim: the key's feature size, a positive int.
+        device: where the weight is created (default: torch's default device).
+        dtype: the weight's dtype (default: torch's default dtype).
+
+    Attributes:
+        weight: ``nn.Parameter`` of shape (query_dim, key_dim), Xavier-uniform
+            initialized.
+
+    Raises:
+        ValueError: ``query_dim`` or ``key_dim`` is not a positive int.
+
+    Examples:
+        >>> import torch, attnkit
+        >>> score = attnkit.scores.Bilinear(16, 32)
+        >>> score.weight.shape
+        torch.Size([16, 32])
+        >>> q, k, v = torch.randn(2, 5, 16), torch.randn(2, 7, 32), torch.randn(2, 7, 4)
+        >>> attnkit.attention(q, k, v, score=score).shape
+        torch.Size([2, 5, 4])
     """
 
     name = "bilinear"
@@ -150,6 +218,36 @@ class Additive(Score):
 
     Submodules are named as in d2l (``W_q``, ``W_k``, ``w_v``, all bias-free
     ``nn.Linear``), so d2l state_dicts load unchanged.
+
+    ``logits[..., i, j] = w_v · tanh(W_q q[..., i, :] + W_k k[..., j, :])``, times
+    ``attention(scale=...)`` (1 by default). Query and key may have different feature
+    sizes: q (..., L, query_dim), k (..., S, key_dim). Not a dot product, so ``sdpa``
+    does not run it: the ``chunked`` and ``reference`` backends do, and ``triton`` on
+    CUDA.
+
+    Args:
+        query_dim: the query's feature size, a positive int.
+        key_dim: the key's feature size, a positive int.
+        hidden_dim: the size of the hidden layer (d2l's ``num_hiddens``), a positive int.
+        device: where the weights are created (default: torch's default device).
+        dtype: the weights' dtype (default: torch's default dtype).
+
+    Attributes:
+        W_q: ``nn.Linear(query_dim, hidden_dim, bias=False)``: weight (hidden_dim, query_dim).
+        W_k: ``nn.Linear(key_dim, hidden_dim, bias=False)``: weight (hidden_dim, key_dim).
+        w_v: ``nn.Linear(hidden_dim, 1, bias=False)``: weight (1, hidden_dim).
+
+    Raises:
+        ValueError: a dim is not a positive int.
+
+    Examples:
+        >>> import torch, attnkit
+        >>> score = attnkit.scores.Additive(query_dim=20, key_dim=2, hidden_dim=8)
+        >>> score.W_q.weight.shape, score.W_k.weight.shape, score.w_v.weight.shape
+        (torch.Size([8, 20]), torch.Size([8, 2]), torch.Size([1, 8]))
+        >>> q, k, v = torch.randn(2, 1, 20), torch.randn(2, 10, 2), torch.randn(2, 10, 4)
+        >>> attnkit.attention(q, k, v, score=score).shape
+        torch.Size([2, 1, 4])
     """
 
     name = "additive"
@@ -181,6 +279,7 @@ class Additive(Score):
 
     @property
     def hidden_dim(self) -> int:
+        """The hidden layer's size (``W_q.out_features``)."""
         return int(self.W_q.out_features)
 
     def project(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,6 +301,34 @@ class Gaussian(Score):
     Reduces exactly to a dot product: ``q·k/σ² - ‖k‖²/(2σ²) - ‖q‖²/(2σ²)``; the last
     term is constant per query, which softmax ignores (it is added back to lse).
     ``sigma`` may be learnable (``learnable=True`` makes it an ``nn.Parameter``).
+
+    ``logits[..., i, j] = -‖q[..., i, :] - k[..., j, :]‖² / (2σ²)``, times
+    ``attention(scale=...)`` (1 by default); ``score="gaussian"`` is ``Gaussian(1.0)``.
+    Query and key need the same feature size. Every backend runs it in the dot form
+    (centred on the keys' mean); where that form would lose precision (inputs that span
+    many bandwidths) only ``chunked`` and ``reference``, which form the differences
+    ``q - k``, take the call.
+
+    Args:
+        sigma: the bandwidth σ, a positive finite number or 0-d tensor (default 1.0).
+        learnable: keyword-only; True: ``sigma`` is an ``nn.Parameter`` in torch's
+            default dtype (trained with the model); False (default): a buffer in
+            float64, cast to the inputs' dtype where it is used.
+
+    Attributes:
+        sigma: the 0-d bandwidth (a parameter or a buffer, as above).
+
+    Raises:
+        TypeError: ``sigma`` is not a number or a tensor (a bool included).
+        ValueError: ``sigma`` is not a positive finite scalar.
+
+    Examples:
+        >>> import torch, attnkit
+        >>> x = torch.linspace(0, 5, 50).reshape(1, 50, 1)      # Nadaraya–Watson
+        >>> y = torch.sin(x)
+        >>> q = torch.tensor([[[2.5]]])
+        >>> attnkit.attention(q, x, y, score=attnkit.scores.Gaussian(0.5)).shape
+        torch.Size([1, 1, 1])
     """
 
     name = "gaussian"
@@ -285,7 +412,31 @@ def is_shared_score(score: Score) -> bool:
 
 
 def resolve_score(score: str | Score) -> Score:
-    """Turn ``"dot"``, ``"scaled_dot"``, ``"gaussian"`` or a :class:`Score` into a Score."""
+    """Turn ``"dot"``, ``"scaled_dot"``, ``"gaussian"`` or a :class:`Score` into a Score.
+
+    What :func:`attnkit.attention` does with its ``score=`` argument.
+
+    Args:
+        score: a name of a parameter-free score (``"dot"``, ``"scaled_dot"``,
+            ``"gaussian"``) or a :class:`Score` object.
+
+    Returns:
+        The object itself when ``score`` is a Score; for a name, the one shared
+        instance of :class:`Dot`, :class:`ScaledDot` or :class:`Gaussian` (σ = 1)
+        built at import (the same object on every call).
+
+    Raises:
+        ValueError: an unknown name (``"bilinear"`` and ``"additive"`` hold weights:
+            build :class:`Bilinear` or :class:`Additive` instead).
+        TypeError: ``score`` is neither a string nor a Score.
+
+    Examples:
+        >>> from attnkit import scores
+        >>> scores.resolve_score("scaled_dot")
+        ScaledDot()
+        >>> scores.resolve_score("gaussian") is scores.resolve_score("gaussian")
+        True
+    """
     if isinstance(score, Score):
         return score
     if isinstance(score, str):

@@ -125,6 +125,9 @@ def attend(
 class ContextParallelExplanation:
     """Which strategy a context-parallel call runs, why, and what the ring would do.
 
+    Returned by :func:`explain_context_parallel`; ``str()`` of it prints a summary, one
+    line per strategy. A frozen dataclass: built by attnkit, read by you.
+
     Attributes:
         chosen: "ring" or "all_to_all".
         why: one line on the choice.
@@ -134,6 +137,14 @@ class ContextParallelExplanation:
             computes (blocks the mask empties are skipped).
         ring_blocks_total: blocks without skipping (the same on every rank).
         ring_hops: per rank, how many ranks its K/V shard travels to (P-1 at most).
+
+    Examples:
+        >>> import torch
+        >>> from attnkit import distributed as cp, masks
+        >>> q = torch.randn(1, 4, 8, 16)                        # one rank's shard
+        >>> ex = cp.explain_context_parallel(q, q, q, world_size=4, mask=masks.causal())
+        >>> ex.chosen, ex.ring_blocks, ex.ring_blocks_total
+        ('all_to_all', [9, 9, 9, 9], 16)
     """
 
     chosen: str
@@ -213,6 +224,26 @@ def all_reduce_grads(module: nn.Module, group: dist.ProcessGroup | None = None) 
     After a context-parallel backward each rank holds its local part of a score's
     (or a layer's) parameter gradients; this makes them the full gradient on every
     rank. Skip it when DDP/FSDP already reduces over the context-parallel ranks.
+
+    Args:
+        module: the module whose parameters that require grad are summed, in place
+            (``p.grad``), in the order of ``named_parameters()``; a parameter with no
+            gradient on this rank takes part with zeros (and gets a ``grad``).
+        group: the process group (default None: the default group). Every rank of it
+            must call this with the same module structure.
+
+    Returns:
+        None; the gradients are summed in place.
+
+    Raises:
+        ContextParallelError: a communication failure, naming the parameter whose
+            all_reduce failed.
+
+    Example::
+
+        out = cp.context_parallel_attention(q, k, v, score=score)
+        out.sum().backward()
+        cp.all_reduce_grads(score)          # every rank: the full gradient
     """
     for name, p in module.named_parameters():
         if not p.requires_grad:

@@ -11,6 +11,14 @@ class ContextParallelError(ValueError):
     """Raised on every rank when a rank's arguments are bad, the ranks disagree, or a
     rank is lost during the call.
 
+    A ``ValueError``: code that catches ValueError for bad arguments catches it too.
+    It pickles with its attributes (a launcher can send it from a worker).
+
+    Args:
+        message: the error's text, the same on every rank.
+        ranks: keyword-only, the ranks it is about (default none).
+        collective: keyword-only, the exchange that failed, or None (default).
+
     Attributes:
         ranks: the ranks the error is about: those whose arguments are bad or differ
             from rank 0's, or the peers that were lost or did not answer (empty when

@@ -69,7 +69,29 @@ def _chunks(n: int, m: int) -> list[Segment]:
 
 def segments(n: int, world_size: int, layout: Layout = "zigzag") -> list[list[Segment]]:
     """Every rank's segments: ``segments(n, P, layout)[r]`` is rank r's list of
-    ``(global start, length)``, in the order the rank stores them."""
+    ``(global start, length)``, in the order the rank stores them.
+
+    Args:
+        n: the full sequence length, an int >= 0.
+        world_size: the number of ranks P, an int >= 1.
+        layout: ``"zigzag"`` (default; two segments per rank, chunks ``r`` and
+            ``2P - 1 - r`` of 2P) or ``"contiguous"`` (one segment, chunk ``r`` of P).
+
+    Returns:
+        A list of P lists of ``(start, length)`` tuples; chunks that do not divide
+        evenly are one position longer at the front.
+
+    Raises:
+        ValueError: ``n`` or ``world_size`` is not an int in range, or an unknown
+            ``layout``.
+
+    Examples:
+        >>> from attnkit import distributed as cp
+        >>> cp.segments(10, 2)
+        [[(0, 3), (8, 2)], [(3, 3), (6, 2)]]
+        >>> cp.segments(10, 2, "contiguous")
+        [[(0, 5)], [(5, 5)]]
+    """
     _check_int("n", n, 0)
     _check_int("world_size", world_size, 1)
     check_layout(layout)
@@ -80,7 +102,25 @@ def segments(n: int, world_size: int, layout: Layout = "zigzag") -> list[list[Se
 
 
 def rank_segments(n: int, world_size: int, rank: int, layout: Layout = "zigzag") -> list[Segment]:
-    """Rank ``rank``'s segments (see :func:`segments`)."""
+    """Rank ``rank``'s segments (see :func:`segments`).
+
+    Args:
+        n: the full sequence length, an int >= 0.
+        world_size: the number of ranks P, an int >= 1.
+        rank: the rank, an int in [0, P).
+        layout: ``"zigzag"`` (default) or ``"contiguous"``.
+
+    Returns:
+        The rank's list of ``(global start, length)``, in the order it stores them.
+
+    Raises:
+        ValueError: an argument out of range or an unknown ``layout``.
+
+    Examples:
+        >>> from attnkit import distributed as cp
+        >>> cp.rank_segments(10, 2, 1)
+        [(3, 3), (6, 2)]
+    """
     _check_int("rank", rank, 0)
     if rank >= world_size:
         raise ValueError(f"rank: expected an int in [0, {world_size}), got {rank}")
@@ -88,7 +128,25 @@ def rank_segments(n: int, world_size: int, rank: int, layout: Layout = "zigzag")
 
 
 def shard_lengths(n: int, world_size: int, layout: Layout = "zigzag") -> list[int]:
-    """How many positions each rank holds."""
+    """How many positions each rank holds.
+
+    Args:
+        n: the full sequence length, an int >= 0.
+        world_size: the number of ranks P, an int >= 1.
+        layout: ``"zigzag"`` (default) or ``"contiguous"``.
+
+    Returns:
+        A list of P ints, rank r's shard length along the sequence dim (they add up
+        to ``n`` and differ by at most 2 in the zigzag layout, 1 in the contiguous).
+
+    Raises:
+        ValueError: an argument out of range or an unknown ``layout``.
+
+    Examples:
+        >>> from attnkit import distributed as cp
+        >>> cp.shard_lengths(10, 3)
+        [3, 3, 4]
+    """
     return [sum(length for _, length in segs) for segs in segments(n, world_size, layout)]
 
 
@@ -144,7 +202,35 @@ def assemble(
     shards: Sequence[torch.Tensor], *, layout: Layout = "zigzag", dim: int = -2
 ) -> torch.Tensor:
     """The full tensor from every rank's shard (``shards[r]`` from rank r), in global
-    order along ``dim``. Differentiable; the inverse of :func:`shard`."""
+    order along ``dim``. Differentiable; the inverse of :func:`shard`.
+
+    No process group is needed (for shards gathered by other means, or in tests);
+    :func:`unshard` is the collective form.
+
+    Args:
+        shards: one tensor per rank, in rank order, each of the rank's shard length
+            along ``dim`` (:func:`shard_lengths` of the total) and equal elsewhere.
+        layout: keyword-only, the layout they were cut with: ``"zigzag"`` (default) or
+            ``"contiguous"``.
+        dim: keyword-only, the sequence dim (default -2).
+
+    Returns:
+        The full tensor, of the shards' shape with ``dim`` of the total length.
+
+    Raises:
+        ValueError: no shards, a shard's length is not what the layout gives its rank,
+            or an unknown ``layout``.
+
+    Examples:
+        >>> import torch
+        >>> from attnkit import distributed as cp
+        >>> x = torch.arange(10.0).view(1, 10, 1)              # (B, N, E)
+        >>> shards = [cp.shard(x, rank=r, world_size=2) for r in range(2)]
+        >>> shards[0].flatten().tolist()
+        [0.0, 1.0, 2.0, 8.0, 9.0]
+        >>> torch.equal(cp.assemble(shards), x)
+        True
+    """
     if not shards:
         raise ValueError("shards: expected one tensor per rank, got none")
     p = len(shards)
@@ -175,7 +261,28 @@ def unshard(
 ) -> torch.Tensor:
     """The full tensor on every rank, from each rank's shard ``x`` (a collective: every
     rank of ``group`` calls it). Shards may differ in length along ``dim`` as the
-    layout cuts them; every other dim must match. Not differentiable."""
+    layout cuts them; every other dim must match. Not differentiable.
+
+    Args:
+        x: this rank's shard, e.g. (B, H, N_r, E) with the sequence at ``dim``.
+        group: keyword-only, the process group (default None: the default group).
+        layout: keyword-only, ``"zigzag"`` (default) or ``"contiguous"``, as the
+            shards were cut.
+        dim: keyword-only, the sequence dim (default -2).
+
+    Returns:
+        The full tensor (detached), the same on every rank: ``x``'s shape with
+        ``dim`` of the total length, in global order.
+
+    Raises:
+        TypeError: ``x`` is not a torch.Tensor.
+        ValueError: a shard's length does not match the layout (see :func:`assemble`).
+
+    Example::
+
+        out_local = cp.context_parallel_attention(q_local, k_local, v_local)
+        out = cp.unshard(out_local)         # every rank: (B, H, N, Ev)
+    """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
     p = dist.get_world_size(group)

@@ -88,7 +88,18 @@ class Positions:
 
 
 class Mod(nn.Module):
-    """Base class of score modifiers (an ``nn.Module``: learnable ones hold parameters)."""
+    """Base class of score modifiers (an ``nn.Module``: learnable ones hold parameters).
+
+    A modifier changes a call's logits after the score and its scale and before the
+    mask (``logits = mod(scale * score(q, k))``). A subclass sets ``kind`` (the name a
+    backend's ``mod_kinds`` lists when it computes it) and implements :meth:`logits`,
+    the materialized definition the reference backend runs; :meth:`check` refuses a
+    call it does not fit. Pass instances to ``attention(mods=...)``.
+
+    Attributes:
+        kind: the modifier's kind (``"alibi"``, ``"softcap"``, ...).
+        additive: True for a position bias added to the logits.
+    """
 
     kind: str = "mod"
     additive: bool = False
@@ -116,7 +127,25 @@ class Mod(nn.Module):
 
 
 class PositionMod(Mod):
-    """An additive bias from positions and heads (see the module docstring)."""
+    """An additive bias from positions and heads (see the module docstring).
+
+    The base of :class:`~attnkit.mods.ALiBi` and
+    :class:`~attnkit.mods.RelativePositionBias`. A subclass implements
+    :meth:`offset_bias`, its bias for each head and each relative position (key
+    position - query position); tiled kernels gather each tile's bias from that table
+    (:meth:`bias_table`), never holding an (H, L, S) tensor.
+
+    Args:
+        align: ``"top_left"`` or ``"bottom_right"``: with ``"bottom_right"`` query row
+            ``i`` sits at position ``S - L + q_offset + i``.
+        q_offset: int, global position of query row 0.
+        k_offset: int, global position of key column 0.
+        where: the constructor's name, for error messages (``"mods.alibi"``).
+
+    Raises:
+        ValueError: ``align`` is neither name.
+        TypeError, ValueError: an offset is not an int in range.
+    """
 
     additive = True
     grows_with_distance: bool = False
@@ -207,7 +236,23 @@ class PositionMod(Mod):
 
 
 def as_list(mods: object) -> list[Mod]:
-    """``mods=`` of :func:`attnkit.attention` as a list (None, one mod, or a sequence)."""
+    """``mods=`` of :func:`attnkit.attention` as a list (None, one mod, or a sequence).
+
+    Args:
+        mods: None, one :class:`Mod`, or a sequence (list, tuple) of them.
+
+    Returns:
+        A new list of the mods in the order given: ``[]`` for None, ``[mods]`` for one.
+
+    Raises:
+        TypeError: ``mods`` is a string, another type, or a sequence holding something
+            that is not a :class:`Mod`.
+
+    Examples:
+        >>> from attnkit import mods
+        >>> mods.as_list(None), mods.as_list(mods.softcap(50.0))
+        ([], [Softcap()])
+    """
     if mods is None:
         return []
     if isinstance(mods, Mod):

@@ -23,11 +23,21 @@ and either turns ``cap * tanh(s / cap)`` into NaN)."""
 class Softcap(Mod):
     """Logit softcapping (Gemma 2): ``s -> cap * tanh(s / cap)``, after the scale and
     before the mask, with its derivative ``1 - tanh²(s / cap)`` in the backward. Not a
-    dot product, so it runs on tiled kernels (chunked, triton) and the reference.
+    dot product, so it runs on the tiled ``chunked`` backend and the reference.
 
     ``cap``: a float in :data:`CAP_RANGE` (about 1.2e-38 to 3.4e38), or ``inf``, the
     limit of ``cap * tanh(s / cap)`` as the cap grows: no cap at all (the call runs as
     without this modifier).
+
+    Args:
+        cap: the cap, as above.
+
+    Attributes:
+        cap: the cap, a float.
+
+    Raises:
+        TypeError, ValueError: ``cap`` is not a positive number in :data:`CAP_RANGE`
+            or inf.
     """
 
     kind = "softcap"
@@ -78,7 +88,21 @@ class Sinks(Mod):
     """Learnable attention sinks (gpt-oss): one logit per head that joins every row's
     softmax with no value (several sinks: each joins it). Exact from any (out, lse): ``out * sigmoid(lse - sink)`` and
     ``lse' = logaddexp(lse, sink)``; gradients reach the sink logits, q, k and v. A row
-    with every key masked still gives output 0 (its lse is the sink's logit)."""
+    with every key masked still gives output 0 (its lse is the sink's logit).
+
+    Built by :func:`attnkit.mods.sinks`. Joined after the backend, so every backend
+    runs a call with sinks (asked for the lse).
+
+    Args:
+        logits: float tensor (H,), one sink logit per query head, or (1,) for all;
+            kept as it is (a parameter learns).
+
+    Attributes:
+        sink: the (H,) logits.
+
+    Raises:
+        TypeError, ValueError: ``logits`` is not a 1-D float tensor.
+    """
 
     kind = "sinks"
 

@@ -25,7 +25,23 @@ def _at_least_float32(t: torch.Tensor) -> torch.dtype:
 def alibi_slopes(heads: int) -> torch.Tensor:
     """The standard ALiBi slopes for ``heads`` heads, (heads,) float32: a geometric
     sequence starting at 2^(-8/n) for the largest power of two n <= heads, the rest
-    taken from the sequence for 2n at odd indices (as in the ALiBi paper's code)."""
+    taken from the sequence for 2n at odd indices (as in the ALiBi paper's code).
+
+    Args:
+        heads: the number of heads, an int in [1, 2**16].
+
+    Returns:
+        float32 tensor (heads,): slope ``k`` (0-based) is ``2^(-8(k + 1)/n)`` for
+        ``k < n``.
+
+    Raises:
+        TypeError, ValueError: ``heads`` is not an int in [1, 2**16].
+
+    Examples:
+        >>> from attnkit import mods
+        >>> mods.alibi_slopes(4)
+        tensor([0.2500, 0.0625, 0.0156, 0.0039])
+    """
     heads = as_int("mods.alibi_slopes", "heads", heads, low=1, high=MAX_HEADS)
     n = 2 ** math.floor(math.log2(heads))
 
@@ -48,6 +64,28 @@ class ALiBi(PositionMod):
     causal mask the symmetric form equals it wherever a pair is kept, and is reduced
     the same way. ``slopes``: (H,) per query head (:func:`alibi_slopes`), a tensor
     (learnable if it requires grad) or a list.
+
+    Built by :func:`attnkit.mods.alibi`, which also takes a number of heads. Backends:
+    ``sdpa`` when the bias folds into a per-key bias (the causal form, or the
+    symmetric one under a causal mask; no softcap after it; no grouped-query heads),
+    ``chunked`` and ``reference`` always.
+
+    Args:
+        slopes: (H,) float tensor or list of floats, one per query head (or one for
+            all); a tensor is kept as it is (a parameter is learned).
+        causal: keyword-only; True: ``-slope_h * (i - j)``; False (default):
+            ``-slope_h * |i - j|``.
+        align: keyword-only, ``"top_left"`` (default) or ``"bottom_right"``.
+        q_offset: keyword-only int, global position of query row 0 (default 0).
+        k_offset: keyword-only int, global position of key column 0 (default 0).
+
+    Attributes:
+        slopes: the (H,) slopes.
+        causal: which form.
+
+    Raises:
+        TypeError, ValueError: ``slopes`` is not a 1-D float tensor or list, or
+            ``causal``, ``align`` or an offset is bad.
     """
 
     kind = "alibi"
@@ -130,7 +168,29 @@ def t5_buckets(
 ) -> torch.Tensor:
     """T5's bucket of each relative position ``j - i`` (long tensor of the same shape):
     exact buckets for small distances, logarithmic ones up to ``max_distance``; with
-    ``bidirectional`` half the buckets for keys after the query."""
+    ``bidirectional`` half the buckets for keys after the query.
+
+    The same bucketing as transformers' ``T5Attention._relative_position_bucket``.
+
+    Args:
+        relative: long tensor of any shape, key position minus query position.
+        num_buckets: the number of buckets (T5: 32).
+        max_distance: distances from this on share the last bucket of their side
+            (T5: 128).
+        bidirectional: True: buckets ``n/2 ..`` for keys after the query (``j > i``),
+            ``0 .. n/2 - 1`` for the others; False: only ``j <= i`` is bucketed by
+            distance, keys after the query fall in bucket 0.
+
+    Returns:
+        long tensor of the shape of ``relative``, values in [0, num_buckets).
+
+    Examples:
+        >>> import torch
+        >>> from attnkit import mods
+        >>> mods.t5_buckets(torch.arange(-4, 5), num_buckets=8, max_distance=16,
+        ...                 bidirectional=True)
+        tensor([2, 2, 2, 1, 0, 5, 6, 6, 6])
+    """
     out = torch.zeros_like(relative)
     n = num_buckets
     if bidirectional:
@@ -156,6 +216,21 @@ class RelativePositionBias(PositionMod):
     Computed per tile from positions, never as an (H, L, S) tensor unless weights are
     asked for. The table's gradient is reduced per bucket in a fixed order, so it is
     the same bit for bit on every run.
+
+    Built by :func:`attnkit.mods.relative_position_bias`; runs on ``chunked`` and
+    ``reference``.
+
+    Args:
+        table: float tensor (num_buckets, heads), kept as it is (a parameter learns).
+        num_buckets: rows of ``table``, an int >= 4 (>= 2 when not bidirectional).
+        max_distance: an int >= 2, larger than the exact buckets (see :func:`t5_buckets`).
+        bidirectional: True (default): buckets for both directions; False: causal.
+        align: keyword-only, ``"top_left"`` (default) or ``"bottom_right"``.
+        q_offset: keyword-only int, global position of query row 0 (default 0).
+        k_offset: keyword-only int, global position of key column 0 (default 0).
+
+    Raises:
+        TypeError, ValueError: as for :func:`attnkit.mods.relative_position_bias`.
     """
 
     kind = "relative_position_bias"

@@ -113,7 +113,43 @@ def render_html(
     budget: Budget | None = None,
     image: ImageLayout | None = None,
 ) -> str:
-    """The page of :func:`to_html` as a string (same arguments, no path)."""
+    """The page of :func:`to_html` as a string (same arguments, no path).
+
+    Args:
+        attentions: the weights: (layers, heads, Q, K) (tensor or array), a list of
+            per-layer (heads, Q, K) or (1, heads, Q, K) weights, an
+            :class:`AttentionSet` or a list of them, or a
+            :class:`~attnkit.viz.compare.Comparison` (see :func:`to_html`).
+        tokens: the Q query tokens (None with AttentionSet objects or a Comparison).
+        key_tokens: the K key tokens; None (default) when the keys are the queries.
+        layer_labels: the layers' names (default ``"layer i"``).
+        head_labels: the heads' names (default ``"head i"``).
+        title: the page's title (default ``"Attention"``).
+        subtitle: a line under the title (default none).
+        meta: a few ``name: value`` facts shown on the page (default none).
+        notes: sentences in a box under the title (default none).
+        pair_start: the index of the second sentence's first token, in 1..Q-1 (a
+            divider and an A/B filter), or None (default).
+        scale: the colour scale, ``"linear"`` (default), ``"power"`` or ``"log"``.
+        layer: the layer the page opens on (negative counts from the end), or None.
+        heads: the head numbers the page opens on (an int or a list), or None (all).
+        top_k: keys kept per query row on a long page (default 16); ignored when
+            ``budget`` is given.
+        budget: what the page keeps (:class:`~attnkit.viz.reduce.Budget`); None
+            (default): the default budget with ``top_k``.
+        image: an :class:`~attnkit.viz.ImageLayout` when the tokens are a vision
+            transformer's patches, or None (default).
+
+    Returns:
+        The self-contained HTML page, a str.
+
+    Raises:
+        ValueError: an unknown ``scale``; weights with NaN or infinity; tokens,
+            labels, ``pair_start``, ``layer`` or ``heads`` that do not fit the weights;
+            tokens given with AttentionSet objects or a Comparison.
+        TypeError: a single str for ``tokens``, labels or ``notes``, or an ``image``
+            that is not an ImageLayout (or given with a Comparison).
+    """
     if scale not in SCALES:
         raise ValueError(f"scale: expected one of {', '.join(SCALES)}, got {scale!r}")
     if isinstance(notes, str):
@@ -284,6 +320,73 @@ def show(
     (``pair_start``), ``layer``, ``heads``, ``include_layers``, and
     ``encoder_attention``/``decoder_attention``/``cross_attention`` with
     ``encoder_tokens``/``decoder_tokens`` (an encoder-decoder on one page).
+
+    Args:
+        attentions: the weights, in any form :func:`to_html` takes ((layers, heads, Q,
+            K), a list of per-layer weights, AttentionSet objects, a Comparison); or a
+            model: a transformers model, an attnkit BERT model, or a checkpoint folder
+            (str or Path). None with bertviz's ``encoder_attention=`` and friends.
+        tokens: with weights, the Q query tokens; with a model, its tokenizer may be
+            passed here (``show(model, tokenizer, text)``).
+        text: with a model, the text to run it on; refused with weights.
+        tokenizer: keyword-only, the model's tokenizer (None for an attnkit BERT model
+            or a folder); refused with weights.
+        pair: with a model, a second sentence (an encoder-decoder's decoder text).
+        key_tokens: with weights, the K key tokens; None when the keys are the queries.
+        layer_labels: the layers' names (default ``"layer i"``, or the numbers of
+            ``include_layers``).
+        head_labels: the heads' names (default ``"head i"``).
+        title: the page's title (default ``"Attention"``).
+        subtitle: a line under the title (default: the ``text`` with a model, else
+            none); elided on the page when long.
+        meta: a few ``name: value`` facts shown on the page.
+        notes: sentences in a box under the title (a model run adds its own).
+        pair_start: the index of the second sentence's first query token (a divider
+            and an A->A / A->B / B->A / B->B filter), or None.
+        scale: the colour scale, ``"linear"`` (default), ``"power"`` or ``"log"``.
+        layer: the layer the page opens on (bertviz's ``layer``), or None.
+        heads: the heads the page opens on (bertviz's ``heads``), or None (all).
+        include_layers: keep only these layers (bertviz's name); with a model, only
+            these layers are captured.
+        sentence_b_start: bertviz's name for ``pair_start``; give one of the two.
+        top_k: keys kept per query row on a long page (default 16).
+        max_length: with a model, truncate the input to this many tokens (default:
+            the model's positions).
+        generate: with a decoder model, generate this many tokens (default 0) and add
+            a step slider.
+        seed: with ``generate``, sample the tokens with this seed; None (default):
+            greedy.
+        image: an :class:`~attnkit.viz.ImageLayout` when the tokens are a vision
+            transformer's patches (see :func:`show_image`), or None.
+        words: with a model, True: the word view (subword pieces merged); default False.
+        special: with a model, False: leave the special tokens out and renormalise
+            each row; default True.
+        neuron_window: with a model, the queries the neuron view keeps past its
+            budget: ``(start, stop)`` positions (either may be None) or a token's text
+            to centre the window on; None (default): the neuron view's own choice.
+        progress: with a model, False: no progress on stderr; default True.
+        **bertviz: bertviz's ``encoder_attention``, ``decoder_attention``,
+            ``cross_attention``, ``encoder_tokens`` and ``decoder_tokens`` (then
+            ``attentions`` is None); any other name is refused.
+
+    Returns:
+        A :class:`Page`: ``.html`` (str), ``.save(path)``, shown inline in Jupyter.
+
+    Raises:
+        TypeError: ``text``/``tokenizer``, or ``words``/``special``/``neuron_window``,
+            given with weights instead of a model; an unknown keyword; a
+            transformers model without its tokenizer.
+        ValueError: ``sentence_b_start`` with ``pair_start``; weights and bertviz's
+            arguments together; weights, tokens or labels that do not fit (as for
+            :func:`render_html`); ``generate`` with a model that is not a decoder.
+
+    Examples:
+        >>> import torch
+        >>> from attnkit import viz
+        >>> w = torch.softmax(torch.randn(2, 4, 3, 3), dim=-1)  # (layers, heads, Q, K)
+        >>> page = viz.show(w, ["the", "cat", "sat"], title="Two layers")
+        >>> page.html.startswith("<!DOCTYPE html>")
+        True
     """
     from .notebook import from_bertviz, is_model, run_model
 
