@@ -150,7 +150,7 @@ def tile_keep(rec, KEEP, MB: tl.constexpr, b, h, H, offs_m, offs_n, L, S, LO0, H
     any_clause = inside & (rows < 0)
     base = rec
     for c in tl.static_range(NC):
-        CB: tl.constexpr = _CMASK & (MB // (1 + (_C1_DIV - 1) * c))
+        CB = _CMASK & (MB // (1 + (_C1_DIV - 1) * c))  # constexpr, per clause
         lo = LO0 if c == 0 else LO1
         hi = HI0 if c == 0 else HI1
         o_kr, o_qr, o_rr, o_kk, o_doc, o_ne, width = _fields(CB, L, S)
@@ -198,7 +198,7 @@ def tile_state(rec, MB: tl.constexpr, i0, j0, L, S, LO0, HI0, LO1, HI1,
     all_none = i0 >= 0
     base = rec
     for c in tl.static_range(NC):
-        CB: tl.constexpr = _CMASK & (MB // (1 + (_C1_DIV - 1) * c))
+        CB = _CMASK & (MB // (1 + (_C1_DIV - 1) * c))  # constexpr, per clause
         lo = LO0 if c == 0 else LO1
         hi = HI0 if c == 0 else HI1
         o_kr, o_qr, o_rr, o_kk, o_doc, o_ne, width = _fields(CB, L, S)
@@ -274,7 +274,7 @@ def key_range(rec, MB: tl.constexpr, i0, L, S, LO0, HI0, LO1, HI1,
     end = i0 * 0
     base = rec
     for c in tl.static_range(NC):
-        CB: tl.constexpr = _CMASK & (MB // (1 + (_C1_DIV - 1) * c))
+        CB = _CMASK & (MB // (1 + (_C1_DIV - 1) * c))  # constexpr, per clause
         lo = LO0 if c == 0 else LO1
         hi = HI0 if c == 0 else HI1
         o_kr, o_qr, o_rr, _, _, _, width = _fields(CB, L, S)
@@ -315,7 +315,7 @@ def query_range(rec, MB: tl.constexpr, j0, L, S, LO0, HI0, LO1, HI1,
     end = j0 * 0
     base = rec
     for c in tl.static_range(NC):
-        CB: tl.constexpr = _CMASK & (MB // (1 + (_C1_DIV - 1) * c))
+        CB = _CMASK & (MB // (1 + (_C1_DIV - 1) * c))  # constexpr, per clause
         lo = LO0 if c == 0 else LO1
         hi = HI0 if c == 0 else HI1
         o_kr, o_qr, _, _, _, _, width = _fields(CB, L, S)

@@ -40,7 +40,8 @@ CARDS = {75: "T4", 80: "A100", 86: "RTX 30xx, A10", 89: "L4, RTX 40xx", 90: "H10
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 MASK_KINDS = (
     "none", "causal", "causal_bottom_right", "window", "valid_lens", "valid_lens_queries",
-    "valid_lens_2d", "key_padding", "keep", "bias", "every_kind",
+    "valid_lens_2d", "key_padding", "keep", "bias", "every_kind", "prefix_lm",
+    "window_or_padding",
 )  # fmt: skip
 
 
@@ -82,6 +83,8 @@ def _mask(kind: str, B: int, L: int, S: int) -> Any:
         "key_padding": lambda: masks.key_padding(pad),
         "keep": lambda: masks.keep(torch.ones(B, 1, L, S, dtype=torch.bool)),
         "bias": lambda: masks.bias(torch.zeros(L, S)),
+        "prefix_lm": lambda: masks.prefix_lm(lens),  # two clauses: causal | prefix
+        "window_or_padding": lambda: masks.window(1, 1) | masks.key_padding(pad),
         "every_kind": lambda: (
             masks.causal() & masks.window(8, None, align="bottom_right")
             & masks.valid_lens(lens, queries=True) & masks.key_padding(pad)
@@ -113,6 +116,7 @@ def calls(full: bool = False, *, arch: int = 90) -> list[Call]:
             Call("bilinear", "valid_lens_2d", "fp16", 256, 256, weights="none", backward=wide_grad),
             Call("dot", "key_padding", "fp32", 80, weights="mean", backward=False),
             Call("additive", "bias", "fp16", 64, weights="none"),
+            Call("scaled_dot", "prefix_lm", half, 64),  # two mask clauses
         ]
     dtypes = [d for d in _DTYPES if not (d == "bf16" and arch < 80)]
     out = [
