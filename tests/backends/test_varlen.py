@@ -101,8 +101,8 @@ def _packed_attention(
     max_k: int,
     *,
     scale: float,
-    window_size: tuple[int, int],
-    enable_gqa: bool,
+    window_size: tuple[int, int] = (-1, -1),
+    enable_gqa: bool = False,
 ) -> torch.Tensor:
     """Packed-sequence attention written out, sequence by sequence (torch's semantics)."""
     out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype)
@@ -129,6 +129,7 @@ def test_torch_varlen_layout_matches_reference(
     queries: bool, causal: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(varlen, "VARLEN_ATTN", _packed_attention)
+    monkeypatch.setattr(varlen, "VARLEN_OPTIONS", frozenset({"scale", "window_size", "enable_gqa"}))
     g = torch.Generator().manual_seed(5)
     q = torch.randn(3, 4, 6, 8, generator=g)
     k, v = (torch.randn(3, 2, 6, 8, generator=g) for _ in range(2))
@@ -138,6 +139,30 @@ def test_torch_varlen_layout_matches_reference(
     mask = mask & masks.causal() if causal else mask
     want = attnkit.attention(q, k, v, mask=mask, scale=0.3, backend="reference")
     torch.testing.assert_close(got, want)
+
+
+def test_torch_varlen_passes_only_the_options_its_torch_takes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch 2.11's ``varlen_attn`` has ``window_size`` but no ``enable_gqa``: a call with
+    one head count per side passes neither (no causal mask), so it runs there."""
+
+    def older(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, window_size=(-1, -1)):  # type: ignore[no-untyped-def]
+        return _packed_attention(
+            q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, window_size=window_size
+        )
+
+    monkeypatch.setattr(varlen, "VARLEN_ATTN", older)
+    monkeypatch.setattr(varlen, "VARLEN_OPTIONS", frozenset({"scale", "window_size"}))
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, 3, 5, 8, generator=g) for _ in range(3))
+    lens = torch.tensor([5, 2])
+    for causal in (False, True):
+        got = varlen.torch_varlen_attention(q, k, v, lens, queries=True, causal=causal, scale=0.4)
+        mask = masks.valid_lens(lens, queries=True)
+        mask = mask & masks.causal() if causal else mask
+        want = attnkit.attention(q, k, v, mask=mask, scale=0.4, backend="reference")
+        torch.testing.assert_close(got, want)
 
 
 def test_torch_varlen_route_needs_cuda() -> None:

@@ -20,6 +20,7 @@ groups of similar lengths, each group run on just its kept rows and columns:
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -118,16 +119,21 @@ VARLEN_ATTN: Any = _UNSET
 """torch's ``varlen_attn`` where the installed torch has it (None where not), imported on
 first use: importing it pulls in ``torch._dynamo``, which costs seconds at start-up."""
 _VARLEN_DTYPES = (torch.float16, torch.bfloat16)
+VARLEN_OPTIONS: frozenset[str] = frozenset()
+"""The keyword arguments the installed ``varlen_attn`` takes: its signature grew across
+torch releases (``window_size`` and ``enable_gqa`` are missing from older ones)."""
 
 
 def torch_varlen() -> Any:
     """torch's ``torch.nn.attention.varlen.varlen_attn``, or None on an older torch."""
-    global VARLEN_ATTN
+    global VARLEN_ATTN, VARLEN_OPTIONS
     if VARLEN_ATTN is _UNSET:
         try:  # a recent torch
             from torch.nn.attention.varlen import varlen_attn as found
         except ImportError:
             found = None  # type: ignore[assignment]
+        if found is not None:
+            VARLEN_OPTIONS = frozenset(inspect.signature(found).parameters)
         VARLEN_ATTN = found
     return VARLEN_ATTN
 
@@ -148,6 +154,8 @@ def torch_varlen_route(inputs: AttentionInputs) -> bool:
         return False
     if torch_varlen() is None:
         return False
+    if inputs.groups > 1 and "enable_gqa" not in VARLEN_OPTIONS:
+        return False  # this torch's kernel takes grouped heads only expanded
     lens = varlen_lengths(inputs)
     if lens is None:
         return False
@@ -155,6 +163,8 @@ def torch_varlen_route(inputs: AttentionInputs) -> bool:
     assert c is not None
     if not c.has_band:
         return True
+    if not VARLEN_OPTIONS & {"window_size", "is_causal"}:
+        return False
     return c.query_hi is not None and inputs.L == inputs.S  # causal: each kept block is square
 
 
@@ -225,18 +235,15 @@ def torch_varlen_attention(
     qp = q.transpose(1, 2).reshape(B * L, H, E)  # (B*L, H, E)
     kp = k.transpose(1, 2).reshape(B * S, Hk, E)  # (B*S, Hk, E)
     vp = v.transpose(1, 2).reshape(B * S, Hk, v.shape[-1])  # (B*S, Hk, Ev)
-    out = kernel(
-        qp,
-        kp,
-        vp,
-        cu_q,
-        cu_k,
-        L,
-        S,
-        scale=scale,
-        window_size=(-1, 0) if causal else (-1, -1),
-        enable_gqa=H != Hk,
-    )  # (B*L, H, Ev)
+    options: dict[str, Any] = {"scale": scale}  # only what this torch's kernel takes
+    if causal:
+        if "window_size" in VARLEN_OPTIONS:
+            options["window_size"] = (-1, 0)
+        else:
+            options["is_causal"] = True
+    if H != Hk:
+        options["enable_gqa"] = True
+    out = kernel(qp, kp, vp, cu_q, cu_k, L, S, **options)  # (B*L, H, Ev)
     out = out.reshape(B, L, H, -1).transpose(1, 2)  # (B, H, L, Ev)
     k_len = lens.to(q.device).clamp(0, S)  # (B,)
     rows = torch.arange(L, device=q.device)  # (L,)
