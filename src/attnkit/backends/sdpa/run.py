@@ -124,8 +124,12 @@ def call(
         # rows whose every kept key is excluded (infinitely far) are empty rows
         kept = poison.to_query_heads(~excluded, heads)  # (..., S)
         alive = poison.rows_keeping(kept, attn_mask, causal, L, offset)  # (..., L or 1)
-        if attn_mask is not None:
-            attn_mask, k = _exclude_by_mask(attn_mask, k, kept, excluded, alive)
+        if attn_mask is None:
+            # the excluded keys leave through a mask, never as -inf in k: CUDA's kernels
+            # turn a -inf logit into NaN rows; the causal structure joins that mask
+            attn_mask = _structure_mask(L, S, causal, offset, q.device)  # (L or 1, S)
+            is_causal = lower_right = False
+        attn_mask, k = _exclude_by_mask(attn_mask, k, kept, excluded, alive)
     if lower_right:
         out, lse = _lower_right(q, k, v, dropout_p=dropout_p, scale=scale, gqa=gqa), None
     else:
@@ -142,6 +146,17 @@ def call(
         q, k_bad, v_bad, q_bad, policy_mask, causal, heads, offset, split=lse is not None
     )
     return poison.apply(out, lse, flags)
+
+
+def _structure_mask(
+    L: int, S: int, causal: bool, offset: int, device: torch.device
+) -> torch.Tensor:
+    """The keep mask of a call without ``attn_mask``: (L, S) causal (key j kept for
+    query i when j <= i + offset), or a (1, S) row keeping every key."""
+    if not causal:
+        return torch.ones(1, S, dtype=torch.bool, device=device)  # (1, S)
+    rows = torch.arange(L, device=device).unsqueeze(-1)  # (L, 1)
+    return torch.arange(S, device=device) <= rows + offset  # (L, S)
 
 
 def _exclude_by_mask(
