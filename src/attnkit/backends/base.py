@@ -146,6 +146,16 @@ class Backend:
         """
         return []
 
+    def float32_upcasts(self, inputs: AttentionInputs) -> list[str]:
+        """Why this backend would run the call's half-precision inputs in float32 on an
+        accelerator (a slower kernel on twice the bytes), as short reasons; empty when it
+        computes in the inputs' dtype.
+
+        Dispatch uses them to pass over this backend in favour of a fused one that keeps
+        half-precision tiles (see ``backends/dispatch.py``).
+        """
+        return []
+
     def describe(self, inputs: AttentionInputs) -> str:
         """One line on how this backend computes ``inputs`` (shown by ``explain()``), or ""."""
         return ""

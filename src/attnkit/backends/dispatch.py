@@ -16,7 +16,9 @@ Ranking lives here and only here; no backend imports or instantiates another.
   part of the mask densely as an (L, S) tensor (``Backend.materialized_masks``)
   yields to a later one that keeps it symbolic; on an accelerator only to a fused
   backend, never to a Python-tiled one (``Backend.fused``), since a fused kernel
-  with a dense mask beats Python loops over tiles there.
+  with a dense mask beats Python loops over tiles there. And a backend that would run
+  half-precision inputs in float32 (``Backend.float32_upcasts``: SDPA with a Gaussian or
+  Bilinear score on an accelerator) yields to a later fused one that keeps half tiles.
 
 The first candidate with no reasons runs. A backend forced by name (``backend=`` or
 ``use_backend``) runs or raises with its reasons; it never falls back silently, and
@@ -86,6 +88,8 @@ class PreferenceRule:
     name: str
     reasons: Callable[[Backend, AttentionInputs], list[str]]
     accepts: Callable[[Backend, AttentionInputs], bool]
+    instead: str = "{other} keeps it symbolic"
+    """What the later candidate does instead, shown after each reason."""
 
 
 def _materialized(backend: Backend, inputs: AttentionInputs) -> list[str]:
@@ -97,8 +101,17 @@ def _keeps_masks_symbolic(later: Backend, inputs: AttentionInputs) -> bool:
     return later.fused or inputs.device.type == "cpu"
 
 
+def _upcasts(backend: Backend, inputs: AttentionInputs) -> list[str]:
+    return backend.float32_upcasts(inputs)
+
+
+def _fused(later: Backend, inputs: AttentionInputs) -> bool:
+    return later.fused
+
+
 RULES: list[PreferenceRule] = [
     PreferenceRule("symbolic masks", _materialized, _keeps_masks_symbolic),
+    PreferenceRule("half precision", _upcasts, _fused, "{other} keeps half-precision tiles"),
 ]
 """Preference rules, applied in order in automatic dispatch."""
 
@@ -296,7 +309,8 @@ def _preferred(name: str, later: Sequence[str], inputs: AttentionInputs) -> list
                 and not cand.not_supported_reasons(inputs)
                 and not rule.reasons(cand, inputs)
             ):
-                out.extend(f"{w} ({other} keeps it symbolic)" for w in why)
+                instead = rule.instead.format(other=other)
+                out.extend(f"{w} ({instead})" for w in why)
                 break
     return out
 
