@@ -62,11 +62,10 @@ def test_poisoned_positions_follow_the_policy(
     score, _ = make_score(
         score_name, q.shape[-1], k.shape[-1], torch.Generator().manual_seed(62), torch.float32
     )
-    score = score.to(device)
     mask, keep = fixed_masks()[mask_name]
     positions = query_positions() if where == "query" else key_positions()
     for poison in (math.nan, math.inf):
-        if not check_poisoned(
+        if not check_poisoned(  # moves the inputs, score and mask to ``device``
             q, k, v, score, mask, keep, where, poison, positions, backend, device
         ):
             pytest.skip(f"{backend} does not run {score_name} (checked in the oracle tests)")
