@@ -387,12 +387,16 @@ def capabilities(case: Case, backend: str) -> tuple[bool, bool, bool]:
 
 def refused(params: Mapping[str, Any]) -> bool:
     """For ``@pytest.mark.pairwise(unsupported=refused)``: whether the backend in a
-    test's parameters refuses its score and mask (tiny float64 inputs on the CPU; a
-    refusal depends on the score, the mask and the backend, not on the sizes)."""
+    test's parameters refuses its score and mask on its device (tiny float64 inputs on
+    the test's device, the CPU when it names none; a refusal depends on the score, the
+    mask, the backend and the device, not on the sizes)."""
     score_name = params.get("score_name", params.get("score"))
     mask_name = params.get("mask_name", "none")
     mask_name = mask_name if mask_name in MASKS else "none"  # another test's own mask set
-    case = make_case(str(score_name), str(mask_name), SHAPES[0], seed=0, dtype=torch.float64)
+    device = str(params.get("device", "cpu"))
+    case = make_case(
+        str(score_name), str(mask_name), SHAPES[0], seed=0, dtype=torch.float64, device=device
+    )
     return not capabilities(case, str(params["backend"]))[0]
 
 

@@ -124,7 +124,10 @@ def check_poisoned(
     backend does not run this call (its refusal is checked in the oracle tests).
 
     ``positions``: bool (B, H, L) for "query", (B, Hk, S) for "key" / "value";
-    ``keep``: the mask's keep array, broadcastable to (B, H, L, S).
+    ``keep``: the mask's keep array, broadcastable to (B, H, L, S). The inputs are
+    poisoned on the CPU; every tensor of the call (inputs, score, mask) then lives on
+    ``device``, and ``usable`` asks about the two calls that run there, poisoned and
+    zeroed (the score is moved in place, as ``nn.Module.to`` does).
     """
     Bn, Hq, Ln = q.shape[:3]
     Hk, Sn = k.shape[1], k.shape[2]
@@ -143,14 +146,17 @@ def check_poisoned(
     else:
         group = np.repeat(positions, Hq // Hk, axis=1)[:, :, None, :]  # (B, H, 1, S)
         used = (keep_full & group).any(-1)  # (B, H, L)
+    score = score.to(device)
     moved_mask = mask_to(mask, device)
-    runs, want_w, want_lse = usable(score, moved_mask, backend, *inputs.values())
+    poisoned_dev = [t.to(device) for t in poisoned.values()]
+    zeroed_dev = [t.to(device) for t in zeroed.values()]
+    # Both calls run, and return weights and lse, only where explain says so of each.
+    caps = [usable(score, moved_mask, backend, *t) for t in (poisoned_dev, zeroed_dev)]
+    runs, want_w, want_lse = (all(c) for c in zip(*caps, strict=True))
     if not runs:
         return False
-    dev = {n: t.to(device) for n, t in poisoned.items()}
-    got = poisoned_call(*dev.values(), score, moved_mask, backend, want_w, want_lse)
-    dev = {n: t.to(device) for n, t in zeroed.items()}
-    want = poisoned_call(*dev.values(), score, moved_mask, backend, want_w, want_lse)
+    got = poisoned_call(*poisoned_dev, score, moved_mask, backend, want_w, want_lse)
+    want = poisoned_call(*zeroed_dev, score, moved_mask, backend, want_w, want_lse)
     clean = torch.from_numpy(~used)
     what = f"{backend}, {where} poisoned with {poison}"
     for name, g in got.items():

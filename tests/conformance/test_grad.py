@@ -47,7 +47,7 @@ def test_learnable_score_parameters_get_gradients(
         score_name, "causal", (2, 2, 2, 5, 5, 4, 3), seed=4, dtype=torch.float64, device=device
     )
     if score_name == "gaussian":
-        case.score = attnkit.scores.Gaussian(1.3, learnable=True).double()
+        case.score = attnkit.scores.Gaussian(1.3, learnable=True).double().to(device)
     if not _runs(case, backend):
         pytest.skip(f"{backend} does not run {score_name}")
     params = list(case.score.parameters())

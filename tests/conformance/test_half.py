@@ -64,7 +64,7 @@ def test_gaussian_with_large_inputs_and_small_distances(
     q = (300 + 0.05 * torch.randn(B, H, L, E, generator=gen)).to(dtype)
     k = (300 + 0.05 * torch.randn(B, H, S, E, generator=gen)).to(dtype)
     v = torch.randn(B, H, S, Ev, generator=gen).to(dtype)
-    score = attnkit.scores.Gaussian(1.0)
+    score = attnkit.scores.Gaussian(1.0).to(device)
     out = attnkit.attention(q.to(device), k.to(device), v.to(device), score=score, backend=backend)
     ref, _, _ = oracle(np_of(q), np_of(k), np_of(v), score=("gaussian", 1.0))
     diff = (q.float().unsqueeze(-2) - k.float().unsqueeze(-3)).square().sum(-1) / 2

@@ -7,6 +7,8 @@ float32 backstop of 1e-5 relative to the largest reference value.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -68,8 +70,14 @@ def test_float64_matches_oracle_tightly(score_name: str, device: str, backend: s
     )
     runs, _, _ = capabilities(case, backend)
     if not runs:
-        with pytest.raises(BackendNotSupportedError, match=score_name):
-            attnkit.attention(case.q, case.k, case.v, score=case.score, backend=backend)
+        # The very call refused, with the reasons explain gives on this device (float64 on
+        # triton, a key-padding mask's lengths read on the host on CUDA, a score on sdpa).
+        kw = {"score": case.score, "mask": case.mask, "backend": backend}
+        reasons = attnkit.explain(case.q, case.k, case.v, **kw).reasons[backend]
+        assert reasons
+        detail = re.escape(f"{backend}: {', '.join(reasons)}")
+        with pytest.raises(BackendNotSupportedError, match=detail):
+            attnkit.attention(case.q, case.k, case.v, **kw)
         return
     out = attnkit.attention(
         case.q, case.k, case.v, score=case.score, mask=case.mask, backend=backend
