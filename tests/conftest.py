@@ -4,6 +4,9 @@
   float64 NumPy oracle) and ``import cases``.
 - Without a CUDA device, Triton kernels run on CPU tensors through Triton's
   interpreter: ``TRITON_INTERPRET=1`` is set here, before anything imports triton.
+  With one, triton is imported here first, so its kernels run compiled and the
+  interpreter-only modules skip themselves (``scripts/gpu_check.sh`` runs the CUDA
+  part of the suite and the GPU benchmarks).
 - A test that takes ``device`` and ``backend`` runs once per (device, backend) pair:
   every registered backend that runs on each available device ("cpu", plus "cuda"
   when torch sees a GPU; see ``cases.matrix_backends``). A test that takes only
@@ -28,6 +31,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import sys
@@ -41,7 +45,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 
-if not torch.cuda.is_available() and "triton" not in sys.modules:
+if torch.cuda.is_available():
+    # On a GPU the kernels run compiled: triton is imported before any test module that
+    # asks for the interpreter (tests/interpreted_triton.py), which then skips itself
+    # instead of turning every kernel of the process into interpreted ones.
+    with contextlib.suppress(ImportError):
+        import triton  # noqa: F401
+elif "triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _CAPABILITY = os.environ.get("ATEN_CPU_CAPABILITY", "").strip()
