@@ -489,7 +489,6 @@ def _logit_bound(q: torch.Tensor, k: torch.Tensor, score: Score) -> float | None
     max|row constant|`` (for the Gaussian that bounds ``‖q - k‖²/2σ²`` too); Additive:
     ``sum |w_v|`` (its tanh is bounded). Non-finite inputs give a non-finite bound (the
     non-finite policy handles them)."""
-    from .backends.operands import cast_score  # (operands imports this module)
     from .scores import Additive
 
     with torch.no_grad():
@@ -497,7 +496,7 @@ def _logit_bound(q: torch.Tensor, k: torch.Tensor, score: Score) -> float | None
             return float(score.w_v.weight.detach().double().abs().sum())
         if not score.dot_reducible:
             return None
-        sc = cast_score(score, torch.float64)
+        sc = score.cast(torch.float64)
         q64, k64 = q.detach().double(), k.detach().double()
         qd, kd, kb = sc.dot_form(q64, k64)
         rc = sc.row_constant(q64, k64)

@@ -16,6 +16,7 @@ the others).
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -81,8 +82,42 @@ class Score(nn.Module):
         """Per-query term (..., L) that ``dot_form`` drops; None when there is none."""
         return None
 
+    def cast(self, dtype: torch.dtype) -> Score:
+        """This score with its parameters in ``dtype`` for one call, differentiably
+        (gradients flow back to the original parameters in their own dtype), as a
+        shallow copy: the module itself, which other threads may be using, is never
+        modified. Buffers keep their dtype (a fixed Gaussian bandwidth stays float64; the
+        score casts it where it is used).
+
+        Args:
+            dtype: the parameters' dtype, e.g. float32 for half-precision inputs that a
+                backend computes in float32.
+
+        Returns:
+            ``self`` when every parameter already has ``dtype``, else the shallow copy.
+
+        Examples:
+            >>> import torch, attnkit
+            >>> score = attnkit.scores.Bilinear(4, 4)
+            >>> score.cast(torch.float64).weight.dtype, score.weight.dtype
+            (torch.float64, torch.float32)
+        """
+        if all(p.dtype == dtype for p in self.parameters()):
+            return self
+        return _cast_module(self, dtype)  # type: ignore[return-value]
+
     def extra_repr(self) -> str:
         return ""
+
+
+def _cast_module(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    clone = copy.copy(module)  # a new object sharing the tensors; the dicts are replaced below
+    params = {n: (None if p is None else p.to(dtype)) for n, p in module._parameters.items()}
+    clone.__dict__["_parameters"] = params
+    clone.__dict__["_modules"] = {
+        n: (None if m is None else _cast_module(m, dtype)) for n, m in module._modules.items()
+    }
+    return clone
 
 
 class Dot(Score):

@@ -2,7 +2,7 @@
 thread sees (issue 19, row 4).
 
 A half-precision call computes its softmax in float32, so a score's parameters are
-cast for it; the cast is a shallow copy (``attnkit.backends.operands.cast_score``), never
+cast for it; the cast is a shallow copy (``attnkit.scores.Score.cast``), never
 the module itself. The tests run the real concurrency: several threads released at
 once by a barrier, each repeating calls on the same module, and compare every result
 with the one computed alone.

@@ -154,9 +154,7 @@ def score_logits(inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor) -> t
     Parameters are cast (differentiably, on a shallow copy of the score: the module
     itself is never changed) when the inputs were upcast for half-precision accumulation.
     """
-    from .operands import cast_score  # (operands imports this module)
-
-    return cast_score(inputs.score, q.dtype).logits(q, k)
+    return inputs.score.cast(q.dtype).logits(q, k)
 
 
 def masked_softmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,7 +41,6 @@ from .._host import readable
 from .._inputs import AttentionInputs
 from ._common import all_finite, dense_mask, masked_softmax, score_logits
 from .base import AttentionResult
-from .operands import cast_score
 
 __all__ = ["Materialized", "materialized", "materialized_attention", "materialized_logits"]
 
@@ -114,7 +113,7 @@ def _far_keys(inputs: AttentionInputs, k: torch.Tensor, k_bad: torch.Tensor) -> 
     probe_q = torch.zeros(1, inputs.E, dtype=k.dtype, device=k.device)  # (1, E)
     probe_k = torch.zeros(1, k.shape[-1], dtype=k.dtype, device=k.device)  # (1, Ek)
     with torch.no_grad():
-        _, _, key_bias = cast_score(score, k.dtype).dot_form(probe_q, probe_k)
+        _, _, key_bias = score.cast(k.dtype).dot_form(probe_q, probe_k)
     if key_bias is None:
         return None
     return k_bad & ~torch.isnan(k).any(dim=-1)

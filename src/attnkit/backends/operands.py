@@ -38,24 +38,23 @@ decline.
 
 Half precision: with ``upcast`` the dot form is computed in the compute dtype
 (float32), so terms such as the Gaussian's ``-‖k‖²/2σ²`` are not rounded to half
-first. The score's parameters are cast without touching the module (:func:`cast_score`
-builds a shallow copy), so a score shared by threads is never changed under them.
+first. The score's parameters are cast without touching the module
+(:meth:`attnkit.scores.Score.cast` builds a shallow copy), so a score shared by threads
+is never changed under them.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass, replace
 
 import torch
-from torch import nn
 
 from .._host import readable
 from .._inputs import AttentionInputs
 from .._layout import ONE_HEAD, HeadLayout
 from ..mods import ALiBi, PositionMod, Softcap
-from ..scores import Additive, Dot, Gaussian, Score
+from ..scores import Additive, Dot, Gaussian
 from ._common import (
     all_finite,
     clean_keys,
@@ -69,7 +68,6 @@ __all__ = [
     "DOT_FORM_LIMIT",
     "ScoreOperands",
     "alibi_folds",
-    "cast_score",
     "dot_form_limit",
     "gaussian_form",
     "lower_score",
@@ -99,26 +97,6 @@ def dot_form_limit(inputs: AttentionInputs) -> float:
         or any(p.requires_grad for p in inputs.score.parameters())
     )
     return DOT_FORM_GRAD_LIMIT if logits_grad else DOT_FORM_LIMIT
-
-
-def cast_score(score: Score, dtype: torch.dtype) -> Score:
-    """``score`` with its parameters in ``dtype``, differentiably (gradients flow back to
-    the original parameters in their own dtype), as a shallow copy: the module itself,
-    which other threads may be using, is never modified. Buffers keep their dtype (a
-    fixed Gaussian bandwidth stays float64; the score casts it where it is used)."""
-    if all(p.dtype == dtype for p in score.parameters()):
-        return score
-    return _cast_module(score, dtype)  # type: ignore[return-value]
-
-
-def _cast_module(module: nn.Module, dtype: torch.dtype) -> nn.Module:
-    clone = copy.copy(module)  # a new object sharing the tensors; the dicts are replaced below
-    params = {n: (None if p is None else p.to(dtype)) for n, p in module._parameters.items()}
-    clone.__dict__["_parameters"] = params
-    clone.__dict__["_modules"] = {
-        n: (None if m is None else _cast_module(m, dtype)) for n, m in module._modules.items()
-    }
-    return clone
 
 
 @dataclass(frozen=True)
@@ -298,7 +276,7 @@ def lower_score(
     q = inputs.query if query is None else query
     key = inputs.key if key is None else key
     dtype = inputs.compute_dtype if upcast else q.dtype
-    sc = cast_score(score, dtype)
+    sc = score.cast(dtype)
     q, key = q.to(dtype), key.to(dtype)
     if isinstance(score, Additive):
         assert isinstance(sc, Additive)

@@ -1,0 +1,32 @@
+"""``Score.cast``: a score's parameters in another dtype for one call, never the module."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+import attnkit
+
+
+def test_cast_is_a_shallow_copy_whose_gradients_reach_the_module() -> None:
+    score = attnkit.scores.Additive(4, 3, 5)
+    assert score.cast(torch.float32) is score  # nothing to cast
+    wide = score.cast(torch.float64)
+    assert wide is not score
+    assert {p.dtype for p in wide.parameters()} == {torch.float64}
+    assert {p.dtype for p in score.parameters()} == {torch.float32}  # the module unchanged
+    q, k = torch.randn(2, 6, 4, dtype=torch.float64), torch.randn(2, 7, 3, dtype=torch.float64)
+    wide.logits(q, k).sum().backward()
+    grad = score.W_q.weight.grad
+    assert grad is not None and grad.dtype == torch.float32
+    twin = copy.deepcopy(score).double()  # the same logits on a float64 copy of the module
+    (want,) = torch.autograd.grad(twin.logits(q, k).sum(), twin.W_q.weight)
+    torch.testing.assert_close(grad, want.float())
+
+
+def test_cast_keeps_buffers() -> None:
+    """A fixed Gaussian bandwidth is a float64 buffer; the score casts it where used."""
+    score = attnkit.scores.Gaussian(0.5)
+    assert score.cast(torch.float16) is score
+    assert score.sigma.dtype == torch.float64
