@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -26,11 +27,36 @@ __all__ = [
     "Additive",
     "Bilinear",
     "Dot",
+    "FeatureTerms",
     "Gaussian",
     "ScaledDot",
     "Score",
     "resolve_score",
 ]
+
+
+@dataclass(frozen=True)
+class FeatureTerms:
+    """A score's logit written as a sum over features, one term per feature: what the
+    viewer's neuron view draws (:meth:`Score.feature_terms`).
+
+    Attributes:
+        kind: how feature d's term is formed from ``query[..., i, d]`` and
+            ``key[..., j, d]``: ``"dot"``: ``q'_d · k'_d``; ``"gaussian"``:
+            ``-(q'_d - k'_d)² · inv_two_var``; ``"additive"``:
+            ``tanh(q'_d + k'_d) · weights[d]``. The logit is the sum over d, times the
+            call's scale.
+        query: (..., L, D) the query side q'.
+        key: (..., S, D) the key side k'.
+        weights: (D,) the Additive score's ``w_v``; None otherwise.
+        inv_two_var: the Gaussian's ``1/2σ²``; None otherwise.
+    """
+
+    kind: str
+    query: torch.Tensor
+    key: torch.Tensor
+    weights: torch.Tensor | None = None
+    inv_two_var: float | None = None
 
 
 class Score(nn.Module):
@@ -81,6 +107,13 @@ class Score(nn.Module):
     def row_constant(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
         """Per-query term (..., L) that ``dot_form`` drops; None when there is none."""
         return None
+
+    def feature_terms(self, q: torch.Tensor, k: torch.Tensor) -> FeatureTerms:
+        """The logit as a sum over features (see :class:`FeatureTerms`), for the
+        viewer's neuron view. q (..., L, Eq), k (..., S, Ek). The default reads the
+        score as the dot product of q and k; a score whose logit is another sum
+        overrides it."""
+        return FeatureTerms("dot", q, k)
 
     def cast(self, dtype: torch.dtype) -> Score:
         """This score with its parameters in ``dtype`` for one call, differentiably
@@ -244,6 +277,10 @@ class Bilinear(Score):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         return q @ self.weight, k, None  # (..., L, Ek), (..., S, Ek)
 
+    def feature_terms(self, q: torch.Tensor, k: torch.Tensor) -> FeatureTerms:
+        """``(qW) · k``: the query side is qW (..., L, Ek)."""
+        return FeatureTerms("dot", q @ self.weight, k)
+
     def extra_repr(self) -> str:
         return f"query_dim={self.weight.shape[0]}, key_dim={self.weight.shape[1]}"
 
@@ -326,6 +363,12 @@ class Additive(Score):
         feats = torch.tanh(qh.unsqueeze(-2) + kh.unsqueeze(-3))  # (..., L, S, hidden)
         return feats @ self.w_v.weight.squeeze(0)  # (..., L, S)
 
+    def feature_terms(self, q: torch.Tensor, k: torch.Tensor) -> FeatureTerms:
+        """``tanh(W_q q + W_k k) · w_v`` per hidden feature: sides (..., L, hidden) and
+        (..., S, hidden), weights ``w_v`` (hidden,)."""
+        qh, kh = self.project(q, k)
+        return FeatureTerms("additive", qh, kh, weights=self.w_v.weight.reshape(-1))
+
     def extra_repr(self) -> str:
         return ""
 
@@ -400,6 +443,10 @@ class Gaussian(Score):
     def logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         diff = q.unsqueeze(-2) - k.unsqueeze(-3)  # (..., L, S, E)
         return -(diff * diff).sum(-1) * self._inv_two_var(q)  # (..., L, S)
+
+    def feature_terms(self, q: torch.Tensor, k: torch.Tensor) -> FeatureTerms:
+        """``-(q_d - k_d)² / 2σ²`` per feature: the sides are q and k themselves."""
+        return FeatureTerms("gaussian", q, k, inv_two_var=float(self._inv_two_var(q.float())))
 
     def dot_form(
         self, q: torch.Tensor, k: torch.Tensor

@@ -30,3 +30,27 @@ def test_cast_keeps_buffers() -> None:
     score = attnkit.scores.Gaussian(0.5)
     assert score.cast(torch.float16) is score
     assert score.sigma.dtype == torch.float64
+
+
+def test_feature_terms_sum_to_the_logits() -> None:
+    """Each score's per-feature terms (the neuron view's) sum to its own logits."""
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 5, 4, generator=g), torch.randn(2, 6, 4, generator=g)
+    for score in (
+        attnkit.scores.Dot(),
+        attnkit.scores.ScaledDot(),
+        attnkit.scores.Bilinear(4, 4),
+        attnkit.scores.Additive(4, 4, 7),
+        attnkit.scores.Gaussian(1.3),
+    ):
+        t = score.feature_terms(q, k)
+        a, b = t.query.unsqueeze(-2), t.key.unsqueeze(-3)  # (2, 5, 1, D), (2, 1, 6, D)
+        if t.kind == "dot":
+            per = a * b
+        elif t.kind == "gaussian":
+            assert t.inv_two_var is not None
+            per = -((a - b) ** 2) * t.inv_two_var
+        else:
+            assert t.kind == "additive" and t.weights is not None
+            per = torch.tanh(a + b) * t.weights
+        torch.testing.assert_close(per.sum(-1), score.logits(q, k), msg=score.name)

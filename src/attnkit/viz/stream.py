@@ -150,16 +150,13 @@ def score_form(score: scores.Score, scale: float, q: torch.Tensor, k: torch.Tens
     ``tanh(q'_d + k'_d) · w_v[d]`` with q' = W_q q and k' = W_k k.
     """
     with torch.no_grad():
-        if isinstance(score, scores.Additive):
-            qh, kh = score.project(q, k)
-            wv = score.w_v.weight.reshape(-1).float()
-            return qh, kh, {"terms": "additive", "scale": scale, "wv": wv}
-        if isinstance(score, scores.Gaussian):
-            inv = float(score._inv_two_var(q.float()))
-            return q, k, {"terms": "gaussian", "scale": scale, "inv2var": inv}
-        if isinstance(score, scores.Bilinear):
-            return q @ score.weight, k, {"terms": "dot", "scale": scale}
-    return q, k, {"terms": "dot", "scale": scale}
+        terms = score.feature_terms(q, k)
+    form: dict[str, Any] = {"terms": terms.kind, "scale": scale}
+    if terms.weights is not None:
+        form["wv"] = terms.weights.float()
+    if terms.inv_two_var is not None:
+        form["inv2var"] = terms.inv_two_var
+    return terms.query, terms.key, form
 
 
 class StreamRecorder:
