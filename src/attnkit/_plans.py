@@ -32,8 +32,6 @@ from .backends.base import Backend, PlainRunner
 
 __all__ = ["CallPlan", "lookup", "plan_key", "remember"]
 
-_TENSOR_FREE_MASKS = (_masks.CausalMask, _masks.WindowMask)
-
 _PLANS: dict[tuple[object, ...], CallPlan] = {}
 _PLANS_MAX = 256
 
@@ -101,7 +99,7 @@ def plan_key(
         torch.compiler.is_compiling()  # traced code takes the full path (no dict guards)
         or type(score) is not str
         or score == "gaussian"  # its form is chosen from the inputs' values (operands.py)
-        or not (mask is None or type(mask) in _TENSOR_FREE_MASKS)
+        or not (mask is None or isinstance(mask, _masks.Mask))
         or not (scale is None or type(scale) is float)  # (1 and True would share a key)
         or (scale is not None and scale > SCALE_READ_ABOVE)  # checked against each call's values
         or type(dropout_p) is not float
@@ -122,10 +120,9 @@ def plan_key(
         return None
     mask_key: tuple[object, ...] | None = None
     if mask is not None:
-        band: _masks.WindowMask = mask  # type: ignore[assignment]  # in _TENSOR_FREE_MASKS
-        if type(band.q_offset) is not int or type(band.k_offset) is not int:
-            return None  # a tensor offset is data, read by each call
-        mask_key = (type(band), band.left, band.right, band.align, band.q_offset, band.k_offset)
+        mask_key = mask.static_key()  # a Mask, checked above
+        if mask_key is None:
+            return None  # the mask holds data, read by each call
     try:
         shapes = (query.shape, key.shape, value.shape)
     except RuntimeError:  # a nested tensor (strided layout): the full path names it

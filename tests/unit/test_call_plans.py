@@ -195,3 +195,19 @@ def test_recording_sees_planned_calls() -> None:
         layer(x)
     assert len(cap) == 1
     assert cap.weights(0).shape == (1, 2, 5, 5)
+
+
+def test_plans_key_on_a_mask_s_static_key() -> None:
+    """A band with integer offsets keys a plan by its static key; a mask holding data
+    (lengths) or a tensor offset keeps each call on the full path."""
+    q = torch.randn(1, 2, 8, 4)
+    assert masks.window(3, 0).static_key() == masks.window(3, 0).static_key()
+    assert masks.window(3, 0).static_key() != masks.window(2, 0).static_key()
+    band = _plans.plan_key(q, q, q, "scaled_dot", masks.causal(), None, 0.0, None)
+    assert band is not None and masks.causal().static_key() in band
+    lens = masks.valid_lens(torch.tensor([3]))
+    assert lens.static_key() is None
+    assert _plans.plan_key(q, q, q, "scaled_dot", lens, None, 0.0, None) is None
+    shifted = masks.causal(q_offset=torch.tensor(2))
+    assert shifted.static_key() is None
+    assert _plans.plan_key(q, q, q, "scaled_dot", shifted, None, 0.0, None) is None

@@ -111,6 +111,13 @@ class WindowMask(Mask):
         self.q_offset = _check_offset(where, "q_offset", q_offset)
         self.k_offset = _check_offset(where, "k_offset", k_offset)
 
+    def static_key(self) -> tuple[object, ...] | None:
+        """(class, left, right, align, offsets) while both offsets are ints; None for a
+        tensor offset, which is data."""
+        if type(self.q_offset) is not int or type(self.k_offset) is not int:
+            return None
+        return (type(self), self.left, self.right, self.align, self.q_offset, self.k_offset)
+
     def offset(self, L: int, S: int) -> Offset:
         """Shift from a query's row to its own key column: query ``i`` keeps key ``j``
         when ``i + offset - left <= j <= i + offset + right``. ``S - L`` for

@@ -198,6 +198,13 @@ class Mask:
         kind, static parameters and its tensors' shapes, dtypes, devices and grad flags."""
         return (type(self), *(_tensor_signature(t) for t in self._tensors()))
 
+    def static_key(self) -> tuple[object, ...] | None:
+        """A hashable key that fixes this mask whole, for a mask that holds no tensor
+        (a causal or window band with integer offsets): equal keys, equal masks, for
+        every call. None (the default) for a mask that holds data, whose values each
+        call must read. attnkit's cache of plain-call plans keys on it."""
+        return None
+
     # ------------------------------------------------------------------ lowering
 
     def lower(self, L: int, S: int, device: torch.device) -> DNF:
