@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeAlias
 import torch
 
 from .._inputs import AttentionInputs
-from .operands import dot_form_limit, gaussian_form
+from .operands import DOT_FORM_LIMIT, gaussian_form
 
 if TYPE_CHECKING:
     from ._backward import InputGrads
@@ -132,7 +132,7 @@ class Backend:
                 reasons.append(
                     "the Gaussian score's dot form q·k/σ² - ‖k‖²/2σ² would cancel: these "
                     "inputs span many bandwidths (its rounding would exceed "
-                    f"{dot_form_limit(inputs):g}x that of -‖q - k‖²/2σ²); chunked and reference "
+                    f"{DOT_FORM_LIMIT:g}x that of -‖q - k‖²/2σ²); chunked and reference "
                     "form the differences q - k"
                 )
         return reasons

@@ -30,8 +30,7 @@ and their float rounding swamps the logit. No shared centre avoids that (a query
 from c and its nearest keys are all far from it), and the dropped per-query constant
 does not either (it is the size of the terms, and softmax ignores it anyway).
 :func:`gaussian_form` measures that loss on the host: where it exceeds
-:func:`dot_form_limit` units of the plain computation's rounding (stricter for a call
-that needs gradients), the score is lowered
+:data:`DOT_FORM_LIMIT` units of the plain computation's rounding, the score is lowered
 to kind "distance" (``logits = -scale * w * ‖q - k‖²``, the differences formed first),
 which the chunked tiles and the reference backend compute and the dot-product kernels
 decline.
@@ -64,11 +63,9 @@ from ._common import (
 )
 
 __all__ = [
-    "DOT_FORM_GRAD_LIMIT",
     "DOT_FORM_LIMIT",
     "ScoreOperands",
     "alibi_folds",
-    "dot_form_limit",
     "gaussian_form",
     "lower_score",
 ]
@@ -78,25 +75,6 @@ DOT_FORM_LIMIT = 8.0
 rounding, at which it still runs on a dot-product kernel (see :func:`gaussian_form`).
 At 8 the dot form's output keeps plain float32's error and its gradients stay within
 about 6x of it (1-D Nadaraya–Watson on [0, 5] at σ = 0.7); the differences keep 1-2x."""
-
-DOT_FORM_GRAD_LIMIT = 1.0
-""":data:`DOT_FORM_LIMIT` for a call that needs gradients: the dot form runs only where
-its terms are no larger than the logits (no cancellation at all). The gradients of q, k
-and σ sum the dot form's terms over a row and a whole call, and the conformance fuzz
-found them beyond 4x plain float32 math from a loss of 1.65 on (5 of 230 sdpa calls
-with gradients at the Gaussian's extremes, cases with losses 1.65 to 6.7); the
-differences keep them within plain math."""
-
-
-def dot_form_limit(inputs: AttentionInputs) -> float:
-    """The dot form's largest loss for this call: stricter when it needs the gradients of
-    the logits (of q, k or the score's σ; the values' gradient reads only the weights)."""
-    logits_grad = inputs.needs_grad and (
-        inputs.query.requires_grad
-        or inputs.key.requires_grad
-        or any(p.requires_grad for p in inputs.score.parameters())
-    )
-    return DOT_FORM_GRAD_LIMIT if logits_grad else DOT_FORM_LIMIT
 
 
 @dataclass(frozen=True)
@@ -197,8 +175,7 @@ def gaussian_form(inputs: AttentionInputs) -> str:
     about ``g·‖q_i - k‖²`` near the row's maximum, and never less than the softmax's own
     rounding (one unit). So the loss of query i is about
     ``ρ_i = g·max(‖q_i - c‖², max_j ‖k_j - c‖²) / max(1, g·min_j ‖q_i - k_j‖²)``; the
-    dot form runs while ``max_i ρ_i`` is at most :func:`dot_form_limit` (8, or 1 when the
-    call needs gradients). The nearest key's distance is
+    dot form runs while ``max_i ρ_i <= DOT_FORM_LIMIT``. The nearest key's distance is
     only looked for when the numerator alone exceeds the limit (one matrix product,
     in chunks of rows: O(L + S) memory); the mask is ignored (a conservative answer).
     Non-finite inputs keep the dot form (its non-finite policy paths).
@@ -217,7 +194,6 @@ def _gaussian_form(inputs: AttentionInputs, score: Gaussian) -> str:
     if q.numel() == 0 or k.numel() == 0:
         return "dot"
     cd = inputs.compute_dtype
-    limit = dot_form_limit(inputs)  # outside no_grad: it asks whether the call needs grads
     with torch.no_grad():
         q, k = q.detach().to(cd), k.detach().to(cd)
         if not all_finite(q, k):
@@ -231,7 +207,7 @@ def _gaussian_form(inputs: AttentionInputs, score: Gaussian) -> str:
         nq = torch.linalg.vecdot(qc, qc)  # (..., L)
         nk = torch.linalg.vecdot(kc, kc)  # (..., S)
         rk = float(nk.amax())
-        if g * max(float(nq.amax()), rk) <= limit:
+        if g * max(float(nq.amax()), rk) <= DOT_FORM_LIMIT:
             return "dot"
         size = torch.broadcast_shapes(qc.shape[:-2], kc.shape[:-2])
         step = max(1, (1 << 22) // max(1, math.prod(size) * k.shape[-2]))
@@ -243,7 +219,7 @@ def _gaussian_form(inputs: AttentionInputs, score: Gaussian) -> str:
             top = torch.clamp(ni, min=rk)  # (..., l): the dot form's largest terms
             near = (ni + far - eps * top).clamp(min=0)  # (..., l): ‖q_i - k‖² at least
             rho = g * top / (g * near).clamp(min=1.0)  # (..., l)
-            if float(rho.amax()) > limit:
+            if float(rho.amax()) > DOT_FORM_LIMIT:
                 return "distance"
     return "dot"
 
