@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, ClassVar, TypeAlias
 import torch
 
 from .._inputs import AttentionInputs
+from ..masks.base import mask_kinds
+from ..mods.base import backend_mod_kinds
 from .operands import DOT_FORM_LIMIT, gaussian_form
 
 if TYPE_CHECKING:
@@ -25,24 +27,13 @@ __all__ = ["AttentionResult", "Backend", "PlainRunner"]
 PlainRunner: TypeAlias = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """(query, key, value) -> output: a backend's shortcut for a repeated plain call."""
 
-ALL_MOD_KINDS = frozenset({"alibi", "relative_position_bias", "softcap"})
-"""Every score modifier kind a backend may compute (sinks are joined outside backends)."""
+ALL_MOD_KINDS = backend_mod_kinds()
+"""Every score modifier kind a backend may compute (sinks are joined outside backends),
+read off the modifier classes."""
 
-ALL_MASK_KINDS = frozenset(
-    {
-        "keep",
-        "bias",
-        "valid_lens",
-        "key_padding",
-        "causal",
-        "window",
-        "document",
-        "prefix_lm",
-        "or",
-        "not",
-    }
-)
-"""Every mask kind (leaf kinds, and "or"/"not" for ``|`` and ``~`` combinations)."""
+ALL_MASK_KINDS = mask_kinds()
+"""Every mask kind (leaf kinds, and "or"/"not" for ``|`` and ``~`` combinations), read off
+the mask classes."""
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,14 @@ import torch
 
 from ..blockplan.atoms import DNF
 
-__all__ = ["DenseMask", "Mask", "check_broadcast_to", "shape_str", "slice_last2"]
+__all__ = [
+    "DenseMask",
+    "Mask",
+    "check_broadcast_to",
+    "mask_kinds",
+    "shape_str",
+    "slice_last2",
+]
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,15 @@ def _tensor_signature(t: torch.Tensor) -> tuple[object, ...]:
     return (tuple(t.shape), t.dtype, t.device.type, t.requires_grad)
 
 
+_KINDS: dict[str, type[Mask]] = {}
+
+
+def mask_kinds() -> frozenset[str]:
+    """Every mask kind a call can carry (:meth:`Mask.kinds`), from the mask classes
+    themselves: each class that sets ``kind`` and reports it (every leaf, ``|``, ``~``)."""
+    return frozenset(_KINDS)
+
+
 class Mask:
     """Base class of every mask. Combine masks with ``&`` (and), ``|`` (or), ``~`` (not).
 
@@ -98,9 +114,18 @@ class Mask:
     """
 
     kind: str = "mask"
+    kind_reported: bool = True
+    """True when :meth:`kinds` reports this class's kind (every leaf, and ``|`` and ``~``,
+    which a backend must know to compute); False for ``&``, whose parts are reported
+    instead. Every class that sets ``kind`` joins :func:`mask_kinds`."""
     additive: bool = False
     """True for masks that add values to the logits (``bias``): they combine with ``&``
     only, since ``|`` and ``~`` of a value are undefined."""
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kind" in cls.__dict__ and cls.kind_reported:
+            _KINDS[cls.kind] = cls
 
     # ------------------------------------------------------------------ composition
 
@@ -139,7 +164,7 @@ class Mask:
 
     def kinds(self) -> frozenset[str]:
         """Every kind in this mask: the leaves' kinds, plus "or"/"not" where those appear."""
-        out = {self.kind} if not self.children() or self.kind in ("or", "not") else set()
+        out = {self.kind} if self.kind_reported else set()
         for c in self.children():
             out |= c.kinds()
         return frozenset(out)

@@ -44,6 +44,7 @@ class AndMask(Mask):
     """Conjunction of masks: kept where every part keeps; biases add up."""
 
     kind = "and"
+    kind_reported = False  # its parts' kinds are reported
 
     def __init__(self, parts: Sequence[Mask]) -> None:
         self._parts = tuple(parts)

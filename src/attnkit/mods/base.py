@@ -41,7 +41,16 @@ from torch import nn
 from .._args import as_int
 from .._layout import HeadLayout
 
-__all__ = ["Align", "Mod", "PositionMod", "Positions", "as_list", "check_align", "check_offset"]
+__all__ = [
+    "Align",
+    "Mod",
+    "PositionMod",
+    "Positions",
+    "as_list",
+    "backend_mod_kinds",
+    "check_align",
+    "check_offset",
+]
 
 Align = Literal["top_left", "bottom_right"]
 
@@ -87,6 +96,15 @@ class Positions:
         return rows, cols
 
 
+_BACKEND_KINDS: dict[str, type[Mod]] = {}
+
+
+def backend_mod_kinds() -> frozenset[str]:
+    """Every score modifier kind a backend may compute, from the modifier classes
+    themselves (each that sets ``kind`` and is computed in backends)."""
+    return frozenset(_BACKEND_KINDS)
+
+
 class Mod(nn.Module):
     """Base class of score modifiers (an ``nn.Module``: learnable ones hold parameters).
 
@@ -102,8 +120,17 @@ class Mod(nn.Module):
     """
 
     kind: str = "mod"
+    in_backends: bool = True
+    """True when backends compute this kind (their ``mod_kinds``); False for a modifier
+    joined outside them (attention sinks). Every class that sets ``kind`` and is
+    computed in backends joins :func:`backend_mod_kinds`."""
     additive: bool = False
     """True for a position bias added to the logits (ALiBi, relative position bias)."""
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kind" in cls.__dict__ and cls.in_backends:
+            _BACKEND_KINDS[cls.kind] = cls
 
     @property
     def identity(self) -> bool:

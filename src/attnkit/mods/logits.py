@@ -105,6 +105,7 @@ class Sinks(Mod):
     """
 
     kind = "sinks"
+    in_backends = False  # joined outside the backends, from their lse
 
     def __init__(self, logits: torch.Tensor) -> None:
         super().__init__()
