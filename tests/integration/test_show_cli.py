@@ -349,3 +349,21 @@ def test_text_from_a_file_or_stdin_svg_picture_and_open(
     _assert_usage_error(
         code, err, r"TEXT is missing; give the text, '-' for stdin, or --text-file PATH"
     )
+
+
+@pytest.mark.slow
+def test_the_512_token_page_stays_under_10_mib(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The default model at its 512 positions, every layer and head, with the neuron view
+    on every layer for every token: under 10 MiB (q and k one byte a value)."""
+    page = tmp_path / "long.html"
+    code, _, err = _show(capsys, "word " * 600, "--out", str(page), "--no-png", "--quiet")
+    assert code == 0, err
+    html = page.read_text(encoding="utf-8")
+    found = re.search(r'id="attention-data">(.*?)</script>', html, re.S)
+    assert found is not None
+    neuron = json.loads(found.group(1))["sets"][0]["neuron"]
+    assert neuron["layers"] == list(range(6)) and neuron["keyIndex"] is None
+    assert (neuron["queryStart"], neuron["queryStop"]) == (0, 512)
+    assert page.stat().st_size < 10 << 20, f"{page.stat().st_size / 2**20:.1f} MiB"

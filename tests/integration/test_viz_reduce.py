@@ -260,3 +260,20 @@ def test_the_recorder_keeps_the_faster_thread_count(monkeypatch: pytest.MonkeyPa
             choice.measured(threads, 5.0 if threads == slow else 1.0, 100)
         assert picked[: 1 + ThreadChoice.TRIALS] == [1, 4, 1, 4, 1]  # warm-up, then trials
         assert picked[1 + ThreadChoice.TRIALS :] == [fast] * 3 and choice.best() == fast
+
+
+def test_neuron_bytes_round_trip_within_half_a_step() -> None:
+    """q and k travel as one signed byte per value against each (layer, head, dimension)'s
+    largest |value|: decoded, every value is within half a step of it."""
+    from attnkit.viz.payload import quantize_signed
+
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 3, 10, 4, generator=g) * torch.tensor([0.01, 1.0, 30.0, 0.0])
+    raw, scales = quantize_signed(x.numpy())
+    codes = np.frombuffer(raw, dtype=np.int8).reshape(2, 3, 10, 4).astype(np.float32)
+    s = np.asarray(scales, dtype=np.float32).reshape(2, 3, 1, 4)
+    back = codes * s
+    assert np.all(np.abs(back - x.numpy()) <= s / 2 * (1 + 1e-6))
+    assert np.all(np.abs(codes) <= 127) and np.all(back[..., 3] == 0)  # a zero dimension
+    peak = np.abs(x.numpy()).max(axis=2, keepdims=True)
+    np.testing.assert_allclose(np.abs(back).max(axis=2, keepdims=True), peak, rtol=1e-6)

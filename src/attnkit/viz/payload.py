@@ -7,7 +7,9 @@ Numbers travel as base64 of little-endian bytes, deflate-compressed when large
   largest value (error at most 1/510 of it), with the scales beside them;
 - top-k key indices: sorted per row and stored as gaps (uint16, or uint32 for
   more than 65,535 keys), which compress well;
-- q and k of the neuron view: float16.
+- q and k of the neuron view: one signed byte each, quantized per (layer, head,
+  dimension) against that dimension's largest |value| (error at most 1/254 of it),
+  with the scales beside them: half the bytes of float16.
 
 A set's JSON (:func:`set_payload`, with the tokens added by :mod:`.html`) holds
 ``name``, ``layers``, ``heads``, ``shape`` (layers, heads, Q, K), ``stats``, the
@@ -22,9 +24,10 @@ weights (``mode`` "dense": every weight; "long": ``block``, ``pooledShape``,
   renormalised to sum to 1 over the rest;
 - ``neuron``: ``layers`` (indices of the page's layers it covers: all of them),
   ``dim``, ``forms`` (per layer: how q and k make the logit), ``q`` (layers, heads,
-  queryStop - queryStart, dim) float16 for the page queries ``queryStart`` ..
-  ``queryStop - 1``, and ``k`` (layers, heads, K'', dim) float16 for the page keys
-  listed in ``keyIndex`` (increasing), or for every key when ``keyIndex`` is null.
+  queryStop - queryStart, dim) for the page queries ``queryStart`` ..
+  ``queryStop - 1``, and ``k`` (layers, heads, K'', dim) for the page keys listed in
+  ``keyIndex`` (increasing), or for every key when ``keyIndex`` is null; each signed
+  bytes with ``scales`` (layers × heads × dim, value = byte × scale).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import numpy as np
 
 from .reduce import ReducedSet
 
-__all__ = ["COMPRESS_ABOVE", "blob", "grid_payload", "quantize", "set_payload"]
+__all__ = ["COMPRESS_ABOVE", "blob", "grid_payload", "quantize", "quantize_signed", "set_payload"]
 
 # Arrays above this many bytes are deflate-compressed; smaller pages stay readable by any browser.
 COMPRESS_ABOVE = 1 << 16
@@ -61,6 +64,22 @@ def quantize(arr: np.ndarray) -> tuple[bytes, list[float]]:
     scales = np.where(scales > 0, scales, 1.0).astype(np.float32)
     codes = np.rint(flat / scales[:, :, None] * 255.0).astype(np.uint8)  # (layers, heads, n)
     return codes.tobytes(), [float(s) for s in scales.reshape(-1)]
+
+
+def quantize_signed(arr: np.ndarray) -> tuple[bytes, list[float]]:
+    """(layers, heads, n, d) values -> one signed byte each (-127 .. 127) against each
+    (layer, head, d)'s largest |value|, and those scales (layers × heads × d, value =
+    byte × scale): the neuron view's q and k, whose dimensions have ranges of their own."""
+    x = arr.astype(np.float32)  # (layers, heads, n, d)
+    peak = np.abs(x).max(axis=2) if x.shape[2] else np.zeros((*x.shape[:2], x.shape[3]))
+    scales = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)  # (layers, heads, d)
+    codes = np.clip(np.rint(x / scales[:, :, None, :]), -127, 127).astype(np.int8)
+    return codes.tobytes(), [float(s) for s in scales.reshape(-1)]
+
+
+def _signed_part(arr: np.ndarray) -> dict[str, Any]:
+    raw, scales = quantize_signed(arr)
+    return {**blob(raw), "scales": scales}
 
 
 def _bytes_part(arr: np.ndarray) -> dict[str, Any]:
@@ -166,8 +185,8 @@ def set_payload(s: ReducedSet) -> dict[str, Any]:
         out["neuron"] = {
             "layers": n["layers"],
             "dim": int(n["q"].shape[-1]),
-            "q": blob(n["q"].astype("<f2").tobytes()),
-            "k": blob(n["k"].astype("<f2").tobytes()),
+            "q": _signed_part(n["q"]),
+            "k": _signed_part(n["k"]),
             "forms": n["forms"],
             "queryStart": int(n["query_start"]),
             "queryStop": int(n["query_stop"]),

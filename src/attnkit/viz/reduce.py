@@ -80,7 +80,7 @@ class Budget:
             for attention rollout.
         flow_tokens: compute attention flow up to this many tokens.
         neuron_values: at most this many q/k values (layers × heads × (Q + K) × d)
-            for the neuron view (float16 on the page); beyond it, q of a window of
+            for the neuron view (a byte each on the page); beyond it, q of a window of
             queries and k of their most weighted keys, in every layer. None: what
             fits in ``page_bytes`` beside the weights (:func:`neuron_budget`).
         page_bytes: the page size the neuron view may fill up to, as estimated before
@@ -107,12 +107,13 @@ _NEURON_VALUES = (1 << 20, 8 << 20)  # the neuron view's least and most q/k valu
 def neuron_budget(budget: Budget, cells: int, topk_entries: int) -> int:
     """q/k values the neuron view may hold: the budget's own, or what is left of
     ``page_bytes`` once the weights (``cells`` one-byte cells, ``topk_entries`` top-k
-    entries) are on the page, two bytes a value, within :data:`_NEURON_VALUES`."""
+    entries) are on the page, one byte a value (:func:`.payload.quantize_signed`; deflate
+    keeps about 0.96 of it), within :data:`_NEURON_VALUES`."""
     if budget.neuron_values is not None:
         return budget.neuron_values
     rest = cells * _DEFLATED_CELL + topk_entries * _DEFLATED_TOPK_ENTRY
     least, most = _NEURON_VALUES
-    return int(min(most, max(least, (budget.page_bytes - rest) / 2)))
+    return int(min(most, max(least, budget.page_bytes - rest)))
 
 
 @dataclass

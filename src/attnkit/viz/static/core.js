@@ -25,12 +25,15 @@ var AK = (function () {
     var stream = new Blob([raw]).stream().pipeThrough(new DecompressionStream("deflate"));
     return new Response(stream).arrayBuffer().then(function (b) { return new Uint8Array(b); });
   }
-  function halfToFloat(u16) {
-    var out = new Float32Array(u16.length);
-    for (var i = 0; i < u16.length; i++) {
-      var h = u16[i], s = h & 0x8000 ? -1 : 1, e = (h >> 10) & 31, f = h & 1023;
-      out[i] = e === 0 ? s * f * 5.960464477539063e-8 : e === 31 ? (f ? NaN : s * Infinity)
-        : s * Math.pow(2, e - 15) * (1 + f / 1024);
+  // The neuron view's q or k, (layers, heads, n, d) signed bytes, each times the scale of
+  // its (layer, head, dimension).
+  function signedToFloat(bytes, scales, d) {
+    var codes = new Int8Array(bytes.buffer, bytes.byteOffset, bytes.length);
+    var out = new Float32Array(codes.length), groups = scales.length / d;
+    var block = groups ? codes.length / groups : 0;
+    if (codes.length && block !== Math.floor(block)) throw new Error("q or k has the wrong size");
+    for (var i = 0; i < codes.length; i++) {
+      out[i] = codes[i] * scales[Math.floor(i / block) * d + (i % d)];
     }
     return out;
   }
@@ -69,8 +72,8 @@ var AK = (function () {
     });
     if (set.neuron) {
       jobs.push(Promise.all([unpack(set.neuron.q), unpack(set.neuron.k)]).then(function (p) {
-        set.neuron.qv = halfToFloat(new Uint16Array(p[0].buffer, p[0].byteOffset, p[0].length / 2));
-        set.neuron.kv = halfToFloat(new Uint16Array(p[1].buffer, p[1].byteOffset, p[1].length / 2));
+        set.neuron.qv = signedToFloat(p[0], set.neuron.q.scales, set.neuron.dim);
+        set.neuron.kv = signedToFloat(p[1], set.neuron.k.scales, set.neuron.dim);
       }));
     }
     return Promise.all(jobs).then(function () { return set; });
