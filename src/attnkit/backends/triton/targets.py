@@ -40,8 +40,7 @@ CARDS = {75: "T4", 80: "A100", 86: "RTX 30xx, A10", 89: "L4, RTX 40xx", 90: "H10
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 MASK_KINDS = (
     "none", "causal", "causal_bottom_right", "window", "valid_lens", "valid_lens_queries",
-    "valid_lens_2d", "key_padding", "keep", "bias", "every_kind", "prefix_lm",
-    "window_or_padding",
+    "valid_lens_2d", "key_padding", "keep", "bias", "every_kind",
 )  # fmt: skip
 
 
@@ -84,7 +83,6 @@ def _mask(kind: str, B: int, L: int, S: int) -> Any:
         "keep": lambda: masks.keep(torch.ones(B, 1, L, S, dtype=torch.bool)),
         "bias": lambda: masks.bias(torch.zeros(L, S)),
         "prefix_lm": lambda: masks.prefix_lm(lens),  # two clauses: causal | prefix
-        "window_or_padding": lambda: masks.window(1, 1) | masks.key_padding(pad),
         "every_kind": lambda: (
             masks.causal() & masks.window(8, None, align="bottom_right")
             & masks.valid_lens(lens, queries=True) & masks.key_padding(pad)
