@@ -110,9 +110,13 @@ class Score(nn.Module):
 
     def feature_terms(self, q: torch.Tensor, k: torch.Tensor) -> FeatureTerms:
         """The logit as a sum over features (see :class:`FeatureTerms`), for the
-        viewer's neuron view. q (..., L, Eq), k (..., S, Ek). The default reads the
-        score as the dot product of q and k; a score whose logit is another sum
-        overrides it."""
+        viewer's neuron view. q (..., L, Eq), k (..., S, Ek). The default: a score whose
+        dot form has no key bias is the dot product of its sides (q' · k', e.g. Bilinear's
+        qW and k); any other score is read as q · k unless it overrides this."""
+        if self.dot_reducible:
+            qd, kd, key_bias = self.dot_form(q, k)
+            if key_bias is None:
+                return FeatureTerms("dot", qd, kd)
         return FeatureTerms("dot", q, k)
 
     def cast(self, dtype: torch.dtype) -> Score:
@@ -276,10 +280,6 @@ class Bilinear(Score):
         self, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         return q @ self.weight, k, None  # (..., L, Ek), (..., S, Ek)
-
-    def feature_terms(self, q: torch.Tensor, k: torch.Tensor) -> FeatureTerms:
-        """``(qW) · k``: the query side is qW (..., L, Ek)."""
-        return FeatureTerms("dot", q @ self.weight, k)
 
     def extra_repr(self) -> str:
         return f"query_dim={self.weight.shape[0]}, key_dim={self.weight.shape[1]}"
