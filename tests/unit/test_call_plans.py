@@ -18,6 +18,7 @@ import attnkit
 from attnkit import _inputs, _plans, masks
 from attnkit.backends import dispatch
 from attnkit.backends.reference import ReferenceBackend
+from attnkit.backends.sdpa import run as sdpa_run
 
 from cases import qkv
 from tolerance import assert_close_to_scale
@@ -184,6 +185,50 @@ def test_a_decoding_step_reads_the_first_key_only(monkeypatch: pytest.MonkeyPatc
     monkeypatch.undo()
     assert summed and max(summed) <= 4 * 32  # the queries and one key row per head
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_planned_call_reads_its_output_once(
+    causal: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The finiteness check of a planned call is one sum of the output, not of q, k, v."""
+    q, k, v = _qkv(L=8, S=8)
+    mask = masks.causal() if causal else None
+    attnkit.attention(q, k, v, mask=mask)  # the plan
+    summed: list[torch.Tensor] = []
+    original = torch.Tensor.sum
+
+    def spy(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        summed.append(self)
+        return original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.Tensor, "sum", spy)
+    out = attnkit.attention(q, k, v, mask=mask)
+    monkeypatch.undo()
+    assert len(summed) == 1 and summed[0] is out
+    assert_close_to_scale(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+
+
+def test_a_half_output_whose_sum_passes_the_half_range_stays_on_the_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Finite float16 values whose sum passes 65504 are not mistaken for an inf."""
+    q, k, v = (t.to(torch.float16) for t in _qkv(L=7, S=5, seed=5))  # a shape of its own
+    v = v.abs() * 300 + 200  # (2, 3, 5, 16): every output entry >= 200, the sum ~ 1e5
+    assert attnkit.explain(q, k, v).chosen == "sdpa"
+    slow: list[int] = []
+    original = sdpa_run.direct
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        slow.append(1)
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sdpa_run, "direct", spy)
+    attnkit.attention(q, k, v)  # the plan, built with the spy as its slow path
+    slow.clear()
+    out = attnkit.attention(q, k, v)
+    assert not slow
+    assert torch.isfinite(out).all() and float(out.float().sum()) > 65504
 
 
 def test_recording_sees_planned_calls() -> None:

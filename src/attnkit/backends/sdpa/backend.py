@@ -93,7 +93,7 @@ class SDPABackend(Backend):
             **_direct_options(inputs),
             head_dim=inputs.E,
             readable_no_grad=readable_no_grad,
-            whole_keys=inputs.S <= inputs.L,
+            half=inputs.query.dtype in (torch.float16, torch.bfloat16),
         )
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:

@@ -225,13 +225,13 @@ def direct_runner(
     head_dim: int,
     readable_no_grad: bool,
     assume_finite: bool = False,
-    whole_keys: bool = False,
+    half: bool = False,
 ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """:func:`direct` for repeated calls of one plan with query head size ``head_dim``,
     (q, k, v) -> out. With ``readable_no_grad`` (the plan's tensors are host-readable
     and need no gradient, as every call of the plan) those checks are not repeated per
-    call. ``whole_keys``: the plan has no more keys than queries, so an unmasked call
-    checks the whole keys rather than the first (see :func:`_finite_for_kernel`)."""
+    call. ``half``: the plan's dtype is float16 or bfloat16 (its output is summed in
+    float32, so a finite output never overflows the check)."""
     slow = functools.partial(direct, is_causal=is_causal, lower_right=lower_right,
                              dropout_p=dropout_p, scale=scale, gqa=gqa,
                              assume_finite=assume_finite)  # fmt: skip
@@ -250,28 +250,36 @@ def direct_runner(
 
     if assume_finite:  # the caller guarantees finite inputs: the op and nothing else
         return functools.partial(sdpa, **options) if options else sdpa
-    # The checks of _finite_for_kernel, written out per case (every call of a plain
-    # plan runs one of these): the plan fixes the case, so no call decides it again.
     isfinite = math.isfinite
+    if dropout_p > 0:
+        # A second draw of the dropout pattern would differ from the first: the inputs
+        # are checked before the kernel runs (the checks of _finite_for_kernel).
+        def run_checked_first(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            if _finite_for_kernel(q, k, v, is_causal):
+                return sdpa(q, k, v, **options)
+            return slow(q, k, v)
 
-    def run_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if isfinite(q.sum().item() + k.sum().item() + v.sum().item()):
-            return sdpa(q, k, v, **options)
+        return run_checked_first
+
+    # One read of the output instead of two or three of the inputs. A finite output
+    # is the policy's answer: a NaN or inf that reaches no row (a masked-out key the
+    # kernel skipped, a key of weight exactly 0) changes nothing the policy returns,
+    # and one that reaches a row makes that row non-finite. A non-finite output (a
+    # non-finite input, or finite inputs beyond the kernel's range) is computed again
+    # by the policy's own path, which gives the same rows where the kernel was right.
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = sdpa(q, k, v, **options)  # (B, H, L, Ev)
+        if isfinite(out.sum().item()):
+            return out
         return slow(q, k, v)
 
-    def run_whole_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if isfinite(q.sum().item() + k.sum().item()):
-            return sdpa(q, k, v, **options)
+    def run_half(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = sdpa(q, k, v, **options)  # (B, H, L, Ev)
+        if isfinite(out.sum(dtype=torch.float32).item()):  # a half sum overflows at 65504
+            return out
         return slow(q, k, v)
 
-    def run_first_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if isfinite(q.sum().item() + k.narrow(-2, 0, 1).sum().item()):  # (..., 1, E)
-            return sdpa(q, k, v, **options)
-        return slow(q, k, v)
-
-    if is_causal:
-        return run_causal
-    return run_whole_keys if whole_keys else run_first_key
+    return run_half if half else run
 
 
 def _finite_for_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> bool:
@@ -284,8 +292,8 @@ def _finite_for_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_cau
     :func:`.poison.unmasked_addend`); the whole keys are read instead when there are no
     more of them than queries (one sum instead of a slice and a sum), never the long
     KV cache of a decoding step. Only for host-readable tensors that need no gradient;
-    the sums of :func:`attnkit.backends._common.all_finite`, written out (and once more
-    per case in :func:`direct_runner`, which every call of a plain plan runs).
+    the sums of :func:`attnkit.backends._common.all_finite`, written out. A plain
+    plan's repeated calls (:func:`direct_runner`) read the output instead.
     """
     if is_causal:
         return math.isfinite(q.sum().item() + k.sum().item() + v.sum().item())
