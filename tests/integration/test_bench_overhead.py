@@ -56,6 +56,12 @@ def test_overhead_cases_run_and_agree_with_torch() -> None:
     names = {c.name for c in OVERHEAD_CASES} - COMPILED
     results = _run_quick(names)
     assert set(results) == names
+    stages = results["call_overhead_causal"].figures  # the causal call's host time by stage
+    expected = {"validation", "lowering", "dispatch", "backend", "wrap_up", "plan_key",
+                "kernel", "finite_check"}  # fmt: skip
+    assert {n.removeprefix("stage_").removesuffix("_us") for n in stages} == expected | {"call"}
+    assert all(0 < f < 1e6 for f in stages.values()), stages
+    assert not results["call_overhead"].figures  # only the causal case is broken down
 
 
 @pytest.mark.slow

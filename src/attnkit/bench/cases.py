@@ -32,7 +32,8 @@ class Sides:
     long enough to time); times are reported per call. ``counts`` returns figures
     measured once after timing (graph breaks, recompiles); ``backend`` names the
     attnkit backend that ran (from :func:`attnkit.explain`); ``sync`` ends each timed
-    sample (a device synchronization for accelerator calls).
+    sample (a device synchronization for accelerator calls); ``figures`` returns
+    further figures measured once after timing (a per-stage cost of the call).
     """
 
     attnkit: Callable[[], Any]
@@ -44,6 +45,7 @@ class Sides:
     counts: Callable[[], dict[str, int]] | None = None
     backend: Callable[[], str | None] | None = None
     sync: Callable[[], None] | None = None
+    figures: Callable[[], dict[str, float]] | None = None
 
 
 @dataclass(frozen=True)

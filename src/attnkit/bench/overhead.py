@@ -5,7 +5,9 @@ Seven cases, each against torch's own equivalent on the same inputs:
 - ``call_overhead``: host cost of one ``attention()`` call at a tiny shape
   (B=1 H=8 L=S=16 E=64 float32), where the arithmetic is negligible; target:
   at most 10 µs more per call than ``F.scaled_dot_product_attention``.
-- ``call_overhead_causal``: the same with ``masks.causal()`` against ``is_causal=True``.
+- ``call_overhead_causal``: the same with ``masks.causal()`` against ``is_causal=True``;
+  on the CPU it also reports the host time of each stage of the call
+  (:mod:`attnkit.bench.stages`).
 - ``layer_mha``: ``attnkit.nn.MultiheadAttention`` forward against
   ``torch.nn.MultiheadAttention`` (same weights, eval, no grad, B=1 L=S=16 E=64);
   target: at most 1.1× torch's time (both take torch's fused op there).
@@ -38,6 +40,7 @@ import attnkit
 from attnkit import masks
 
 from .cases import BenchCase, Sides
+from .stages import causal_call_stages
 
 __all__ = ["OVERHEAD_CASES", "compile_counts", "overhead_cases"]
 
@@ -85,6 +88,12 @@ def _call_overhead(device: str, causal: bool = False) -> Callable[[bool], Sides]
             repeat=20 if quick else 200,
             backend=_chosen(q, k, v, mask=mask),
             sync=_sync(device),
+            # where a causal call's host time goes (host-readable inputs only)
+            figures=(
+                (lambda: causal_call_stages(q, k, v, mask, quick=quick))
+                if mask is not None and device == "cpu"
+                else None
+            ),
         )
 
     return build

@@ -148,6 +148,8 @@ def run_case(
             res.attnkit_s = _timed(sides.attnkit, sides.repeat, sides.sync)
         if sides.counts is not None:
             res.counts = dict(sides.counts())
+        if sides.figures is not None:
+            res.figures.update(sides.figures())
         if sides.backend is not None:
             res.backend = sides.backend()
         if not quick:  # targets speak of the full shapes only

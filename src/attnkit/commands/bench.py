@@ -131,6 +131,12 @@ def _notes(r: Any, judged: bool = True) -> str:
             f"start-up {f['startup_s']:.1f} s, forward {f['forward_s']:.1f} s); page "
             f"{f['page_mib']:.1f} MiB, peak {f['peak_gib']:.2f} GiB"
         )
+    stages = {n: f for n, f in r.figures.items() if n.startswith("stage_")}
+    if stages:
+        parts.append(
+            "stages µs: "
+            + ", ".join(f"{n[6:-3].replace('_', ' ')} {f:.1f}" for n, f in stages.items())
+        )
     if "floor_ms" in r.figures:
         parts.append(f"copy floor {r.figures['floor_ms']:.2f} ms")
     if r.backend:
