@@ -275,11 +275,11 @@ def draw(title: str, charts: list[Panel]) -> bytes:
 
     met, missed, plain = "#2e7d32", "#c62828", "#607d8b"
     n = len(charts[0].cases)
-    with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": "attnkit", "font.size": 8}):
+    with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": "attnkit", "font.size": 10}):
         fig, axes = plt.subplots(
             1,
             len(charts),
-            figsize=(4.6 * len(charts) + 1.2, 0.32 * n + 1.3),
+            figsize=(5.2 * len(charts) + 1.4, 0.36 * n + 1.6),
             sharey=True,
             squeeze=False,
         )
@@ -296,10 +296,10 @@ def draw(title: str, charts: list[Panel]) -> bytes:
                     offset = (k - (len(chart.series) - 1) / 2) * height
                     ax.barh(y + offset, value, height * 0.9, color=colour, alpha=1 - 0.35 * k)
                     label = f"{value:{chart.digits}}×"
-                    ax.text(value * 1.04, y + offset, label, va="center", fontsize=6.5)
+                    ax.text(value * 1.04, y + offset, label, va="center", fontsize=8)
             for y, goal in enumerate(chart.targets):
                 if all(series.values[y] is None for series in chart.series):
-                    ax.text(1.0, y, " no ratio: the table gives none", va="center", fontsize=6.5,
+                    ax.text(1.0, y, " no ratio: the table gives none", va="center", fontsize=8,
                             color=plain)  # fmt: skip
                 if goal is not None:
                     ax.plot([goal, goal], [y - 0.45, y + 0.45], color="black", lw=1.6)
@@ -314,7 +314,7 @@ def draw(title: str, charts: list[Panel]) -> bytes:
             ax.xaxis.set_minor_locator(NullLocator())
             ax.set_yticks(range(n), chart.cases)
             ax.set_ylim(n - 0.5, -0.5)
-            ax.set_title(chart.title, fontsize=8)
+            ax.set_title(chart.title, fontsize=10)
             ax.set_xlabel(chart.xlabel)
             ax.grid(axis="x", which="major", color="#e0e0e0", lw=0.6)
             ax.set_axisbelow(True)
@@ -323,7 +323,7 @@ def draw(title: str, charts: list[Panel]) -> bytes:
                 f"{s.label} ({'dark' if k == 0 else 'light'})"
                 for k, s in enumerate(charts[0].series)
             )
-            axes[0][0].set_title(f"{charts[0].title}\nbars per case: {shades}", fontsize=8)
+            axes[0][0].set_title(f"{charts[0].title}\nbars per case: {shades}", fontsize=10)
         handles = [
             Patch(color=met, label="target met"),
             Patch(color=missed, label="target not met"),
@@ -332,8 +332,8 @@ def draw(title: str, charts: list[Panel]) -> bytes:
             Line2D([], [], color="#999999", lw=0.8, ls=":", label="1× (parity)"),
         ]
         columns = len(handles) if len(charts) > 1 else 3
-        fig.legend(handles=handles, loc="lower center", ncol=columns, fontsize=7, frameon=False)
-        fig.suptitle(title, fontsize=9)
+        fig.legend(handles=handles, loc="lower center", ncol=columns, fontsize=9, frameon=False)
+        fig.suptitle(title, fontsize=11)
         fig.tight_layout(rect=(0, 0.1 if len(charts) == 1 else 0.06, 1, 1))
         buffer = io.BytesIO()
         fig.savefig(buffer, format="svg", facecolor="white", metadata={"Date": None})
