@@ -7,7 +7,9 @@ unchanged, only its layout):
 - several parameters described together (``device, dtype: where and in what
   dtype...``): one entry per name, each with the shared description;
 - a ``Raises:`` entry written as a sentence (``ContextParallelError, the same on
-  every rank...``) or continued at the entry's own indentation.
+  every rank...``) or continued at the entry's own indentation;
+- a list of bullets under a ``Returns:`` (or ``Yields:``) entry, at the entry's own
+  indentation: it belongs to the entry's description, not a new entry each.
 
 A function whose annotation says ``Any`` because its result depends on its flags
 gets the real union in the reference (``REAL_RETURNS``).
@@ -42,12 +44,13 @@ def normalize(text: str) -> str:
     out: list[str] = []
     section = ""
     item_indent: int | None = None
+    bullet = False  # inside a bullet of a Returns or Yields entry
     i = 0
     while i < len(lines):
         line = lines[i]
         heading = _SECTION.match(line)
         if heading and _indent(line) == 0:
-            section, item_indent = heading.group(1).lower(), None
+            section, item_indent, bullet = heading.group(1).lower(), None, False
             out.append(line)
             i += 1
             continue
@@ -76,6 +79,11 @@ def normalize(text: str) -> str:
                     out.extend(rest)
                 i = j
                 continue
+        if section in ("returns", "yields") and item_indent is not None:
+            if at_item:
+                bullet = line.lstrip().startswith(("- ", "* "))
+            if bullet and item_indent <= _indent(line) < 2 * item_indent:
+                line = " " * item_indent + line  # a continuation of the entry above
         if at_item and section == "raises" and not _RAISES_ITEM.match(line):
             sentence = _RAISES_SENTENCE.match(line)
             if sentence and (not out or _SECTION.match(out[-1])):
