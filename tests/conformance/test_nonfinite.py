@@ -47,6 +47,7 @@ from nonfinite_cases import (
     random_poison_case,
     usable,
 )
+from tolerance import assert_close_to_scale
 
 CPU_BACKENDS = matrix_backends("cpu")
 
@@ -254,3 +255,37 @@ def test_every_key_masked_with_a_nan_compiles_to_zero() -> None:
     compiled = torch.compile(lambda q, k, v: attnkit.attention(q, k, v, mask=mask), fullgraph=True)
     out = compiled(q, k, v)
     assert (out == 0).all()
+
+
+def _poisoned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+    """Finite inputs, then a NaN query row, an inf key, and a NaN value in the last key."""
+    qn, ki, vn = q.clone(), k.clone(), v.clone()
+    qn[0, 1, 3] = math.nan
+    ki[0, 0, 5, 2] = math.inf
+    vn[0, 1, -1, 0] = math.nan
+    return [(q, k, v), (qn, k, v), (q, ki, v), (q, k, vn)]
+
+
+@pytest.mark.torch_feature("compile")
+@pytest.mark.parametrize("mask_name", ["none", "causal", "keep"])
+def test_a_traced_call_that_needs_no_gradient_follows_the_policy(mask_name: str) -> None:
+    """Traced with no gradient (where the policy runs as tensor operations, no host read),
+    the sdpa route gives the eager call's answers, NaN for NaN, with every non-finite
+    kind of input (aot_eager: the trace without inductor's compile time)."""
+    gen = torch.Generator().manual_seed(69)
+    q, k, v = (torch.randn(1, 2, 8, 16, generator=gen) for _ in range(3))  # (B, H, N, E)
+    keep = torch.rand(8, 8, generator=gen) > 0.3
+    keep[:, 0] = True  # (L, S): every row keeps a key
+    mask = {"none": None, "causal": masks.causal(), "keep": masks.keep(keep)}[mask_name]
+    traced = torch.compile(
+        lambda q, k, v: attnkit.attention(q, k, v, mask=mask, backend="sdpa"),
+        backend="aot_eager",
+        fullgraph=True,
+    )
+    with torch.no_grad():
+        for inputs in _poisoned(q, k, v):
+            got, want = traced(*inputs), attnkit.attention(*inputs, mask=mask, backend="sdpa")
+            assert torch.equal(torch.isnan(got), torch.isnan(want))
+            assert torch.equal(torch.isinf(got), torch.isinf(want))
+            fin = torch.isfinite(want)
+            assert_close_to_scale(got[fin], want[fin])
