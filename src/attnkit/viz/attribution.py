@@ -43,7 +43,7 @@ from .attribution_passes import (
     rollout_matrix,
 )
 
-__all__ = ["METHODS", "Attribution", "Target", "explain"]
+__all__ = ["METHODS", "Attribution", "Target", "checkpoint_kind", "explain"]
 
 METHODS = ("attention_x_gradient", "input_x_gradient", "integrated_gradients", "rollout")
 _GRADIENT = frozenset(("attention_x_gradient", "input_x_gradient", "integrated_gradients"))
@@ -146,18 +146,47 @@ def _kind(model: nn.Module) -> tuple[str, bool]:
     )
 
 
+def checkpoint_kind(directory: str | Path) -> tuple[str, str]:
+    """What :func:`explain` makes of a checkpoint folder, from its config alone (no weights
+    are read): the kind and the folder's name.
+
+    Args:
+        directory: a local transformers checkpoint folder.
+
+    Returns:
+        (``"lm"`` (a decoder: loaded as a causal LM), ``"classifier"`` (its config names a
+        ``...ForSequenceClassification``) or ``"encoder"`` (loaded without a head), the
+        folder's name).
+
+    Raises:
+        ValueError: the folder is not a checkpoint transformers reads, or it holds an
+            encoder-decoder.
+    """
+    from ..models.hf import Checkpoint
+
+    ck = Checkpoint(Path(directory))
+    if ck.kind == "encoder-decoder":
+        raise ValueError(
+            f"model: explain takes encoders and decoders, not an encoder-decoder ({ck.name})"
+        )
+    archs = list(getattr(ck.config, "architectures", None) or [])
+    if any(a.endswith("ForSequenceClassification") for a in archs):
+        return "classifier", ck.name
+    return ("lm" if ck.kind == "decoder" else "encoder"), ck.name
+
+
 def _load(directory: Path) -> tuple[nn.Module, Any]:
     """A checkpoint folder's model with the head its config names, and its tokenizer."""
     import transformers
 
     from ..models.hf import Checkpoint
 
+    kind, _ = checkpoint_kind(directory)
     ck = Checkpoint(directory)
     tokenizer = ck.tokenizer
-    archs = list(getattr(ck.config, "architectures", None) or [])
-    if any(a.endswith("ForSequenceClassification") for a in archs):
+    if kind == "classifier":
         auto: Any = transformers.AutoModelForSequenceClassification
-    elif ck.kind == "decoder":
+    elif kind == "lm":
         auto = transformers.AutoModelForCausalLM
     else:
         auto = transformers.AutoModel

@@ -1,0 +1,163 @@
+"""An :class:`~attnkit.viz.Attribution` on the page and in a file: the Explain view's data.
+
+:func:`explain_payload` makes the JSON-ready part of a page that the Explain view
+draws (``payload["explain"]``):
+
+- ``method``, ``target`` (the target in words), ``targetKind``, ``targetPosition``,
+  ``targetIndex``, ``targetLabel``, ``targetValue`` and ``baselineValue``;
+- ``tokens``: the tokens as :func:`~attnkit.viz.explain` wrote them;
+- ``scores``: (n_tokens,) float32, exact, as little-endian bytes in a blob
+  (:func:`attnkit.viz.payload.blob`);
+- ``heads``: (layers, heads) head importance, float32 the same way, with ``shape``;
+  None for rollout. ``pageLayer`` and ``pageHead`` map the model's layers and heads to
+  the page's (-1 where the page leaves one out), so a click on a cell selects that head
+  in the other views;
+- ``relevance``: the (n_tokens, n_tokens) matrix of attention × gradient and rollout:
+  its ``diagonal`` exact (float32), the rest one signed byte a value against each row's
+  largest |value| off the diagonal (``scales``: one a row, value = byte × scale); else
+  None.
+
+:func:`attribution_arrays` names the same arrays for ``--save-weights``
+(``explain.scores``, ``explain.head_importance``, ``explain.relevance``,
+``explain.target``, ``explain.target_value``) and :func:`attribution_record` the facts
+kept in the file's metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .attribution import Attribution
+from .payload import blob
+
+__all__ = ["attribution_arrays", "attribution_record", "explain_payload"]
+
+
+def _floats(values: Any) -> dict[str, str]:
+    """float32 little-endian bytes of any tensor or array, as a blob."""
+    arr = np.ascontiguousarray(_numpy(values), dtype="<f4")
+    return blob(arr.tobytes())
+
+
+def _numpy(values: Any) -> np.ndarray:
+    if hasattr(values, "detach"):
+        values = values.detach().to("cpu").double().numpy()
+    return np.asarray(values, dtype=np.float64)
+
+
+def _rows_signed(matrix: np.ndarray) -> dict[str, Any]:
+    """(n, n) values: the diagonal exact (float32, ``diagonal``), the rest one signed byte each
+    against its row's largest |value| off the diagonal (``scales``, one a row), so the
+    identity Chefer's R starts from does not drown the rest."""
+    m = matrix.astype(np.float64)  # (n, n)
+    n = m.shape[0]
+    diagonal = np.diagonal(m).copy()  # (n,)
+    off = m.copy()
+    off[np.arange(n), np.arange(n)] = 0.0
+    peak = np.abs(off).max(axis=1) if n else np.zeros(0)  # (n,)
+    scales = np.where(peak > 0, peak / 127.0, 1.0)  # (n,)
+    codes = np.clip(np.rint(off / scales[:, None]), -127, 127).astype(np.int8)  # (n, n)
+    return {**blob(codes.tobytes()), "shape": list(m.shape), "scales": [float(s) for s in scales],
+            "diagonal": _floats(diagonal)}  # fmt: skip
+
+
+def _positions(chosen: Sequence[int] | None, n: int) -> list[int]:
+    """For each of n model items, its index among the page's (-1 when left out)."""
+    if chosen is None:
+        return list(range(n))
+    where = {int(c): i for i, c in enumerate(chosen)}
+    return [where.get(i, -1) for i in range(n)]
+
+
+def explain_payload(
+    a: Attribution,
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """The Explain view's data for one attribution.
+
+    Args:
+        a: what :func:`attnkit.viz.explain` returned: ``scores`` (n_tokens,),
+            ``head_importance`` (layers, heads) or None, ``relevance`` (n_tokens,
+            n_tokens) or None.
+        layers: the model's layers the page shows, in the page's order (None: all);
+            a head-importance cell of another layer selects nothing on the page.
+        heads: the model's heads the page shows, likewise.
+
+    Returns:
+        a JSON-ready dict (see the module's description), put under ``"explain"`` in
+        the page's data.
+    """
+    t = a.target
+    out: dict[str, Any] = {
+        "method": a.method,
+        "target": str(t),
+        "targetKind": t.kind,
+        "targetPosition": t.position,
+        "targetIndex": t.index,
+        "targetLabel": t.label,
+        "targetValue": float(a.target_value),
+        "baselineValue": None if a.baseline_value is None else float(a.baseline_value),
+        "tokens": [str(x) for x in a.tokens],
+        "scores": _floats(a.scores),
+        "heads": None,
+        "relevance": None,
+    }
+    if a.head_importance is not None:
+        nL, nH = (int(n) for n in a.head_importance.shape)
+        out["heads"] = {**_floats(a.head_importance), "shape": [nL, nH]}
+        out["pageLayer"] = _positions(layers, nL)
+        out["pageHead"] = _positions(heads, nH)
+    if a.relevance is not None:
+        out["relevance"] = _rows_signed(_numpy(a.relevance))
+    return out
+
+
+def attribution_arrays(a: Attribution) -> dict[str, np.ndarray]:
+    """The attribution's arrays under the names ``--save-weights`` gives them.
+
+    Args:
+        a: an :class:`~attnkit.viz.Attribution`.
+
+    Returns:
+        ``explain.scores`` (n_tokens,) float32; ``explain.head_importance`` (layers,
+        heads) float32 unless None; ``explain.relevance`` (n_tokens, n_tokens) float32
+        unless None; ``explain.target`` (2,) int64, the target's (position, index), -1
+        where the target has none (a similarity has neither); ``explain.target_value``
+        (1,) float64, y at the input.
+    """
+    t = a.target
+    out = {"explain.scores": _numpy(a.scores).astype(np.float32)}
+    if a.head_importance is not None:
+        out["explain.head_importance"] = _numpy(a.head_importance).astype(np.float32)
+    if a.relevance is not None:
+        out["explain.relevance"] = _numpy(a.relevance).astype(np.float32)
+    where = [-1 if t.position is None else t.position, -1 if t.index is None else t.index]
+    out["explain.target"] = np.array(where, dtype=np.int64)
+    out["explain.target_value"] = np.array([a.target_value], dtype=np.float64)
+    return out
+
+
+def attribution_record(a: Attribution) -> dict[str, Any]:
+    """The facts of an attribution that a weights file keeps in its metadata (``"explain"``):
+    the method, the target (kind, position, index, label, in words), its value, the baseline's
+    value (integrated gradients) and the tokens."""
+    t = a.target
+    return {
+        "method": a.method,
+        "target": {
+            "kind": t.kind,
+            "position": t.position,
+            "index": t.index,
+            "label": t.label,
+            "text": str(t),
+        },
+        "target_value": float(a.target_value),
+        "baseline_value": None if a.baseline_value is None else float(a.baseline_value),
+        "tokens": [str(x) for x in a.tokens],
+        "arrays": sorted(attribution_arrays(a)),
+    }
