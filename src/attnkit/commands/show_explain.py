@@ -73,10 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         choices=METHODS,
         help="add an Explain view: each token's relevance to the model's output, each head's "
-        "importance and the relevance matrix (attnkit.viz.explain); METHOD is one of "
-        f"{', '.join(METHODS)} (given alone: {DEFAULT_METHOD}). The target: a causal LM's top "
-        "next token at the end, a classifier's top class, an encoder's similarity with "
-        "--compare TEXT2",
+        "importance and the relevance matrix (attnkit.viz.explain). METHOD: one of "
+        f"{', '.join(METHODS)}; given without METHOD: {DEFAULT_METHOD}. The target: a causal "
+        "LM's top next token at the end, a classifier's top class, an encoder's similarity "
+        "with --compare TEXT2 (default: no Explain view)",
     )
 
 
