@@ -111,6 +111,18 @@ def test_a_page_of_some_layers_maps_the_grid_to_them(gpt2: Path, tmp_path: Path)
     assert data["heads"]["shape"] == [2, 2]  # every layer and head is explained
 
 
+def test_max_length_cuts_the_explained_text_as_the_page(gpt2: Path, tmp_path: Path) -> None:
+    from attnkit import viz
+
+    payload = _payload(
+        _show(tmp_path, TEXT, "--model", str(gpt2), "--explain", "--max-length", "5")
+    )
+    data, want = payload["explain"], viz.explain(str(gpt2), None, TEXT, max_length=5)
+    assert data["tokens"] == want.tokens == payload["sets"][0]["tokens"]
+    assert len(want.tokens) == 5 and data["targetPosition"] == 4
+    assert_close_to_scale(_floats(data["scores"]), want.scores, what="scores")
+
+
 @pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
 def test_save_weights_holds_the_attribution(gpt2: Path, tmp_path: Path, suffix: str) -> None:
     from attnkit import viz

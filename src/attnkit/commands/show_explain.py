@@ -124,8 +124,9 @@ def check_model(args: argparse.Namespace, directory: Path, name: str) -> None:
         )
 
 
-def run(args: argparse.Namespace, directory: Path, text: str) -> Any:
-    """:func:`attnkit.viz.explain` on the checkpoint and the text (None without ``--explain``)."""
+def run(args: argparse.Namespace, directory: Path, text: str, max_length: int) -> Any:
+    """:func:`attnkit.viz.explain` on the checkpoint and the text, cut at ``max_length`` tokens
+    as the page is (None without ``--explain``)."""
     method = getattr(args, "explain", None)
     if method is None:
         return None
@@ -133,7 +134,7 @@ def run(args: argparse.Namespace, directory: Path, text: str) -> Any:
 
     text2 = getattr(args, "compare", None)
     try:
-        return explain(str(directory), None, text, method=method,
+        return explain(str(directory), None, text, method=method, max_length=max_length,
                        compare=None if text2 is None else text2.strip())  # fmt: skip
     except (ValueError, TypeError) as exc:
         raise UsageError(f"--explain: {exc}") from None

@@ -260,7 +260,7 @@ def _check_target(kind: str, model: nn.Module, tokenizer: Any, target: Any, L: i
 
 
 def _prepare(model: Any, tokenizer: Any, text: Any, target: Any, method: str, steps: int,
-             compare: Any, integration: str) -> _Task:  # fmt: skip
+             compare: Any, integration: str, max_length: Any = None) -> _Task:  # fmt: skip
     if method not in METHODS:
         raise ValueError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
     if integration not in INTEGRATIONS:
@@ -272,6 +272,10 @@ def _prepare(model: Any, tokenizer: Any, text: Any, target: Any, method: str, st
         raise ValueError(f"steps: expected an int >= {least}, got {steps!r}")
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"text: expected the text to explain, got {text!r}")
+    if max_length is not None and (
+        isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
+    ):
+        raise ValueError(f"max_length: expected a positive number of tokens, got {max_length!r}")
     if isinstance(model, (str, Path)):
         model, own = _load(Path(model))
         tokenizer = tokenizer if tokenizer is not None else own
@@ -297,6 +301,8 @@ def _prepare(model: Any, tokenizer: Any, text: Any, target: Any, method: str, st
     limit = int(
         getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 512
     )
+    if max_length is not None:
+        limit = min(limit, max_length)
     ids, tokens = _encode(tokenizer, text, limit)
     checked = _check_target(kind, model, tokenizer, target, ids.shape[1])
     model.eval()
@@ -353,6 +359,7 @@ def explain(
     steps: int = 32,
     compare: str | None = None,
     integration: str = "gausslegendre",
+    max_length: int | None = None,
 ) -> Attribution:
     """Attribute a model's output on ``text`` to its input tokens, and to its heads.
 
@@ -385,6 +392,8 @@ def explain(
             ``steps`` points from 0 to 1, each weighing 1/steps, halved at both ends, so
             the weights sum to 1 − 1/steps and the scores fall short of ``y(e) − y(0)``
             by about that fraction).
+        max_length: truncate the input (and ``compare``'s text) to this many tokens, as
+            ``attnkit show --max-length`` does; None (default): the model's positions.
 
     Returns:
         an :class:`Attribution`: ``scores`` (n_tokens,) and ``tokens``; ``head_importance``
@@ -408,7 +417,7 @@ def explain(
         viz.explain(model, tokenizer, "The capital of France is",
                     method="integrated_gradients", steps=64).scores.sum()  # ≈ y(x) − y(0)
     """
-    task = _prepare(model, tokenizer, text, target, method, steps, compare, integration)
+    task = _prepare(model, tokenizer, text, target, method, steps, compare, integration, max_length)
     net: Any = task.model
     with on_attnkit(net):
         embed = net.get_input_embeddings()
