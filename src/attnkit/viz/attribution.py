@@ -418,6 +418,11 @@ def explain(
                     method="integrated_gradients", steps=64).scores.sum()  # ≈ y(x) − y(0)
     """
     task = _prepare(model, tokenizer, text, target, method, steps, compare, integration, max_length)
+    return _attribute(task, method, steps, integration)
+
+
+def _attribute(task: _Task, method: str, steps: int, integration: str) -> Attribution:
+    """The attribution of a checked task: its model on attnkit's attention for the call."""
     net: Any = task.model
     with on_attnkit(net):
         embed = net.get_input_embeddings()

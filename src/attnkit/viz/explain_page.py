@@ -21,6 +21,13 @@ draws (``payload["explain"]``):
 (``explain.scores``, ``explain.head_importance``, ``explain.relevance``,
 ``explain.target``, ``explain.target_value``) and :func:`attribution_record` the facts
 kept in the file's metadata.
+
+A :class:`~attnkit.viz.attribution_steps.GenerationAttribution` (each generated token
+in turn the target) travels as ``generation: true``, ``promptLength``, ``tokens`` (all
+of them), ``targets`` and ``values`` (one a step), ``matrix`` (steps, sources) float32
+with NaN where a source came later, and ``heads`` (steps, layers, heads); in a file as
+``explain.steps.scores``, ``explain.steps.head_importance``, ``explain.steps.target``
+((steps, 2): position and token id) and ``explain.steps.target_value``.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from .attribution import Attribution
+from .attribution_steps import GenerationAttribution
 from .payload import blob
 
 __all__ = ["attribution_arrays", "attribution_record", "explain_payload"]
@@ -72,8 +80,30 @@ def _positions(chosen: Sequence[int] | None, n: int) -> list[int]:
     return [where.get(i, -1) for i in range(n)]
 
 
+def _generation_payload(g: GenerationAttribution) -> dict[str, Any]:
+    L, n = g.prompt_length, len(g.tokens)
+    out: dict[str, Any] = {
+        "method": g.method,
+        "generation": True,
+        "promptLength": L,
+        "tokens": [str(x) for x in g.tokens],
+        "targets": [
+            f"logit of generated token {g.tokens[L + t]!r} (id {i}) at position {L + t - 1}"
+            for t, i in enumerate(g.target_ids)
+        ],
+        "values": [float(v) for v in g.target_values],
+        "matrix": {**_floats(g.scores), "shape": [len(g.target_ids), n - 1]},
+        "heads": None,
+        "relevance": None,
+        "baselineValue": None,
+    }
+    if g.head_importance is not None:
+        out["heads"] = {**_floats(g.head_importance), "shape": list(g.head_importance.shape)}
+    return out
+
+
 def explain_payload(
-    a: Attribution,
+    a: Attribution | GenerationAttribution,
     *,
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
@@ -83,7 +113,9 @@ def explain_payload(
     Args:
         a: what :func:`attnkit.viz.explain` returned: ``scores`` (n_tokens,),
             ``head_importance`` (layers, heads) or None, ``relevance`` (n_tokens,
-            n_tokens) or None.
+            n_tokens) or None; or what
+            :func:`~attnkit.viz.attribution_steps.explain_generation` returned: ``scores``
+            (steps, sources), ``head_importance`` (steps, layers, heads) or None.
         layers: the model's layers the page shows, in the page's order (None: all);
             a head-importance cell of another layer selects nothing on the page.
         heads: the model's heads the page shows, likewise.
@@ -92,8 +124,15 @@ def explain_payload(
         a JSON-ready dict (see the module's description), put under ``"explain"`` in
         the page's data.
     """
+    if isinstance(a, GenerationAttribution):
+        out = _generation_payload(a)
+        if a.head_importance is not None:
+            _, nL, nH = (int(n) for n in a.head_importance.shape)
+            out["pageLayer"] = _positions(layers, nL)
+            out["pageHead"] = _positions(heads, nH)
+        return out
     t = a.target
-    out: dict[str, Any] = {
+    out = {
         "method": a.method,
         "target": str(t),
         "targetKind": t.kind,
@@ -117,11 +156,16 @@ def explain_payload(
     return out
 
 
-def attribution_arrays(a: Attribution) -> dict[str, np.ndarray]:
+def attribution_arrays(a: Attribution | GenerationAttribution) -> dict[str, np.ndarray]:
     """The attribution's arrays under the names ``--save-weights`` gives them.
 
     Args:
-        a: an :class:`~attnkit.viz.Attribution`.
+        a: an :class:`~attnkit.viz.Attribution`, or a
+            :class:`~attnkit.viz.attribution_steps.GenerationAttribution`: then
+            ``explain.steps.scores`` (steps, sources) float32 (NaN where a source came
+            later), ``explain.steps.head_importance`` (steps, layers, heads) float32 unless
+            None, ``explain.steps.target`` (steps, 2) int64 (position, token id) and
+            ``explain.steps.target_value`` (steps,) float64.
 
     Returns:
         ``explain.scores`` (n_tokens,) float32; ``explain.head_importance`` (layers,
@@ -130,6 +174,15 @@ def attribution_arrays(a: Attribution) -> dict[str, np.ndarray]:
         where the target has none (a similarity has neither); ``explain.target_value``
         (1,) float64, y at the input.
     """
+    if isinstance(a, GenerationAttribution):
+        L = a.prompt_length
+        steps = {"explain.steps.scores": _numpy(a.scores).astype(np.float32)}
+        if a.head_importance is not None:
+            steps["explain.steps.head_importance"] = _numpy(a.head_importance).astype(np.float32)
+        where = [[L + t - 1, i] for t, i in enumerate(a.target_ids)]
+        steps["explain.steps.target"] = np.array(where, dtype=np.int64).reshape(-1, 2)
+        steps["explain.steps.target_value"] = _numpy(a.target_values)
+        return steps
     t = a.target
     out = {"explain.scores": _numpy(a.scores).astype(np.float32)}
     if a.head_importance is not None:
@@ -142,10 +195,20 @@ def attribution_arrays(a: Attribution) -> dict[str, np.ndarray]:
     return out
 
 
-def attribution_record(a: Attribution) -> dict[str, Any]:
+def attribution_record(a: Attribution | GenerationAttribution) -> dict[str, Any]:
     """The facts of an attribution that a weights file keeps in its metadata (``"explain"``):
     the method, the target (kind, position, index, label, in words), its value, the baseline's
-    value (integrated gradients) and the tokens."""
+    value (integrated gradients) and the tokens; for a generation, the prompt's length and
+    each step's target in words instead of one target."""
+    if isinstance(a, GenerationAttribution):
+        page = _generation_payload(a)
+        return {
+            "method": a.method,
+            "prompt_length": a.prompt_length,
+            "targets": page["targets"],
+            "tokens": page["tokens"],
+            "arrays": sorted(attribution_arrays(a)),
+        }
     t = a.target
     return {
         "method": a.method,

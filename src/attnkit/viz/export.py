@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from .attribution import Attribution
+from .attribution_steps import GenerationAttribution
 from .explain_page import attribution_arrays, attribution_record
 from .reduce import ReducedSet
 
@@ -135,7 +136,7 @@ def save_weights(
     *,
     meta: Mapping[str, str] | None = None,
     side_meta: Mapping[str, Mapping[str, str]] | None = None,
-    explain: Attribution | None = None,
+    explain: Attribution | GenerationAttribution | None = None,
 ) -> Path:
     """Write what was captured, with the tokens, to ``path`` (.safetensors or .npz).
 
@@ -151,8 +152,9 @@ def save_weights(
             kept in the metadata's ``"sides"``.
         explain: an :class:`~attnkit.viz.Attribution` written beside the weights, its
             arrays named ``explain.<array>`` (scores (n_tokens,), head_importance (layers,
-            heads), relevance (n_tokens, n_tokens), target (2,), target_value (1,)), or
-            None (default).
+            heads), relevance (n_tokens, n_tokens), target (2,), target_value (1,)); a
+            :class:`~attnkit.viz.attribution_steps.GenerationAttribution` as
+            ``explain.steps.<array>``; or None (default).
 
     Returns:
         the path written: ``path`` itself.

@@ -37,6 +37,7 @@ from typing import Any
 
 from .attention_set import as_sets, page_payload, reduce_set
 from .attribution import Attribution
+from .attribution_steps import GenerationAttribution
 from .compare import Comparison, compare_payload
 from .explain_page import explain_payload
 from .grid import as_grid
@@ -115,7 +116,7 @@ def render_html(
     top_k: int = 16,
     budget: Budget | None = None,
     image: ImageLayout | None = None,
-    explain: Attribution | None = None,
+    explain: Attribution | GenerationAttribution | None = None,
 ) -> str:
     """The page of :func:`to_html` as a string (same arguments, no path).
 
@@ -147,7 +148,10 @@ def render_html(
             on the same model and text: an Explain view (the tokens coloured by
             relevance, the head-importance grid, the relevance matrix), or None
             (default). Its layers and heads are matched to the page's by their labels
-            (``"layer i"``, ``"head h"``, as a model run names them).
+            (``"layer i"``, ``"head h"``, as a model run names them). A
+            :class:`~attnkit.viz.attribution_steps.GenerationAttribution` (each generated
+            token the target) gives a steps × sources matrix, and the view follows the
+            page's generation slider.
 
     Returns:
         The self-contained HTML page, a str.
@@ -194,9 +198,10 @@ def render_html(
             )
         payload["image"] = image_payload(image, sets[0])
     if explain is not None:
-        if not isinstance(explain, Attribution):
+        if not isinstance(explain, (Attribution, GenerationAttribution)):
             raise TypeError(
-                f"explain: expected an attnkit.viz.Attribution, got {type(explain).__name__}"
+                "explain: expected an attnkit.viz.Attribution or GenerationAttribution, got "
+                + type(explain).__name__
             )
         first = sets[0]
         payload["explain"] = explain_payload(
@@ -328,7 +333,7 @@ def show(
     special: bool = True,
     neuron_window: tuple[int | None, int | None] | str | None = None,
     progress: bool = True,
-    explain: Attribution | None = None,
+    explain: Attribution | GenerationAttribution | None = None,
     **bertviz: Any,
 ) -> Page:
     """A page of attention as a :class:`Page`: displayed inline in Jupyter, ``.save(path)``.

@@ -3,14 +3,15 @@
 // The tokens coloured by their relevance to the target on a diverging map (orange: for it, blue:
 // against it); the head-importance grid (layers x heads), where a click selects that layer and
 // head in the other views; the relevance matrix of attention x gradient and rollout. It reads the
-// state (layer, heads, scale) and only changes it through a click on the grid.
+// state (layer, heads, scale, generation step) and only changes it through a click on the grid or
+// on a row of a generation's steps x sources matrix (which moves the step slider).
 (function (AK) {
   var $ = AK.$, el = AK.el, clear = AK.clear, state = AK.state, E = AK.D.explain;
   $("view-explain").hidden = !E;
   var view = { draw: function () {}, panels: function () { return []; } };
   AK.views.explain = view;
   if (!E) return;
-  var scores = null, heads = null, rel = null, MAT = 520;
+  var scores = null, heads = null, rel = null, steps = null, MAT = 520, NAN = AK.dark ? [31, 36, 45] : [238, 240, 244];
 
   function floats(bytes) {  // little-endian float32 (every browser this page runs in is little-endian)
     var copy = bytes.slice();
@@ -26,6 +27,12 @@
     return out;
   }
   AK.decodeExplain = function () {
+    if (E.generation) {  // each generated token the target: a steps x sources matrix
+      return Promise.all([AK.unpack(E.matrix), E.heads ? AK.unpack(E.heads) : null]).then(function (p) {
+        steps = floats(p[0]); heads = p[1] ? floats(p[1]) : null;
+        if (steps.length !== E.matrix.shape[0] * E.matrix.shape[1]) throw new Error("the steps' relevance has the wrong size");
+      });
+    }
     var jobs = [AK.unpack(E.scores).then(function (b) { scores = floats(b); })];
     if (E.heads) jobs.push(AK.unpack(E.heads).then(function (b) { heads = floats(b); }));
     if (E.relevance) {
@@ -37,6 +44,16 @@
       if (scores.length !== E.tokens.length) throw new Error("the relevance scores have the wrong size");
     });
   };
+  // What is explained now: the one target, or the generated token the step slider is on.
+  function current() {
+    if (!E.generation) {
+      return { tokens: E.tokens, scores: scores, heads: heads, pos: E.targetPosition, target: E.target, value: E.targetValue };
+    }
+    var N = E.matrix.shape[0], n1 = E.matrix.shape[1], t = Math.max(0, Math.min(N - 1, (state.step || N) - 1));
+    var p = E.promptLength + t, per = heads ? E.heads.shape[1] * E.heads.shape[2] : 0;
+    return { tokens: E.tokens.slice(0, p), scores: steps.subarray(t * n1, t * n1 + p), step: t, pos: p - 1,
+             heads: heads ? heads.subarray(t * per, (t + 1) * per) : null, target: E.targets[t], value: E.values[t] };
+  }
   function rgb(lut, t) {  // a colour of a ramp at t in [0, 1]
     var i = Math.round(255 * Math.max(0, Math.min(1, t))) * 3;
     return "rgb(" + lut[i] + ", " + lut[i + 1] + ", " + lut[i + 2] + ")";
@@ -46,28 +63,28 @@
 
   // The colours' range: the largest |score|, leaving out the target's own position when the scores
   // are a row of R (which starts from the identity, so that position holds 1 + its relevance).
-  function range() {
-    var skip = rel && E.method === "attention_x_gradient" ? E.targetPosition : null, m = 0;
-    for (var i = 0; i < scores.length; i++) if (i !== skip && Math.abs(scores[i]) > m) m = Math.abs(scores[i]);
-    return { m: m || AK.absMaxOf(scores), skip: skip };
+  function range(cur) {
+    var skip = E.method === "attention_x_gradient" && cur.pos !== null ? cur.pos : null, m = 0, v = cur.scores;
+    for (var i = 0; i < v.length; i++) if (i !== skip && Math.abs(v[i]) > m) m = Math.abs(v[i]);
+    return { m: m || AK.absMaxOf(v), skip: skip };
   }
-  function drawTokens(box) {
-    var r = range(), m = r.m, found = AK.matches(AK.S());
+  function drawTokens(box, cur) {
+    var r = range(cur), m = r.m, found = AK.matches(AK.S()), scores = cur.scores;
     box.appendChild(el("div", "pane-title", "Relevance of each token to the target (orange: for it, blue: against it; " +
       "colours reach " + AK.fmt(m) + (r.skip === null ? ", the largest |value|)" : ", the largest |value| but the target " +
       "position's own, which holds R's identity start)")));
     var line = el("div", "explain-tokens");
-    E.tokens.forEach(function (t, i) {
-      var s = AK.tokenNode("span", "explain-tok" + (i === E.targetPosition ? " target" : "") + (found.q[i] ? " match" : ""), t);
+    cur.tokens.forEach(function (t, i) {
+      var s = AK.tokenNode("span", "explain-tok" + (i === cur.pos ? " target" : "") + (found.q[i] ? " match" : ""), t);
       s.style.background = signedColour(scores[i], m);
-      s.title = "#" + i + " " + JSON.stringify(t) + "  " + sign(scores[i]) + (i === E.targetPosition ? "  (the target's position)" : "");
+      s.title = "#" + i + " " + JSON.stringify(t) + "  " + sign(scores[i]) + (i === cur.pos ? "  (the target's position)" : "");
       line.appendChild(s);
     });
     box.appendChild(line);
     var order = Array.prototype.slice.call(scores).map(function (v, i) { return [v, i]; })
       .sort(function (a, b) { return Math.abs(b[0]) - Math.abs(a[0]); }).slice(0, 8);
     box.appendChild(el("p", "muted", "most relevant: " + order.map(function (o) {
-      return "#" + o[1] + " " + AK.plain(E.tokens[o[1]]) + " " + sign(o[0]);
+      return "#" + o[1] + " " + AK.plain(cur.tokens[o[1]]) + " " + sign(o[0]);
     }).join(",  ")));
   }
 
@@ -78,9 +95,10 @@
     for (var t = 0; t < state.heads.length; t++) state.heads[t] = t === ph;
     AK.render();
   }
-  function drawHeads(box) {
+  function drawHeads(box, cur) {
+    var heads = cur.heads;
     if (!heads) { box.appendChild(el("p", "muted", "No head importance: " + E.method + " reads no gradients.")); return; }
-    var nL = E.heads.shape[0], nH = E.heads.shape[1], m = AK.maxOf(heads), chosen = AK.heads();
+    var sh = E.heads.shape, nL = sh[sh.length - 2], nH = sh[sh.length - 1], m = AK.maxOf(heads), chosen = AK.heads();
     box.appendChild(el("div", "pane-title", "Head importance |\u03a3 o \u2299 \u2202y/\u2202o| (Michel et al., 2019): " +
       "layers \u00d7 heads; click a head to choose it in the other views (largest " + AK.fmt(m) + ")"));
     var grid = el("div", "explain-heads");
@@ -129,20 +147,65 @@
     box.appendChild(cv);
   }
 
+  // A generation's steps x sources matrix: row t, the relevance of each earlier token to generated
+  // token t, each row on its own colour range (as drawTokens, without the identity's +1); a click
+  // on a row moves the step slider there.
+  function drawSteps(box, cur) {
+    var N = E.matrix.shape[0], C = E.matrix.shape[1], L = E.promptLength;
+    var px = Math.max(1, Math.min(16, Math.floor(MAT / Math.max(N, C)))), cv = el("canvas", "explain-matrix explain-steps");
+    box.appendChild(el("div", "pane-title", "Each generated token (rows, step 1 at the top) from the tokens before it " +
+      "(columns; grey: not there yet), each row on its own range; the current step is outlined, click a row to go to it."));
+    cv.width = C * px; cv.height = N * px;
+    var ctx = cv.getContext("2d"), img = ctx.createImageData(C, N);
+    for (var t = 0; t < N; t++) {
+      var row = steps.subarray(t * C, (t + 1) * C), r = range({ scores: row.subarray(0, L + t), pos: L + t - 1 });
+      for (var j = 0; j < C; j++) {
+        var v = row[j], at = t * C + j;
+        if (v !== v) { img.data[4 * at] = NAN[0]; img.data[4 * at + 1] = NAN[1]; img.data[4 * at + 2] = NAN[2]; img.data[4 * at + 3] = 255; }
+        else AK.paintSigned(img.data, at, AK.toSigned(v, r.m, state.scale));
+      }
+    }
+    var small = el("canvas"); small.width = C; small.height = N; small.getContext("2d").putImageData(img, 0, 0);
+    ctx.imageSmoothingEnabled = false; ctx.drawImage(small, 0, 0, C * px, N * px);
+    ctx.strokeStyle = AK.dark ? "#ff8a4c" : "#c2410c"; ctx.lineWidth = Math.max(1, Math.min(2, px / 2));
+    ctx.strokeRect(0, cur.step * px, C * px, px);
+    cv.style.width = Math.min(C * px, MAT * 2) + "px"; cv.style.height = (Math.min(C * px, MAT * 2) * N / C) + "px";
+    function cell(ev) {
+      var b = cv.getBoundingClientRect();
+      return [Math.floor((ev.clientY - b.top) / b.height * N), Math.floor((ev.clientX - b.left) / b.width * C)];
+    }
+    cv.addEventListener("pointermove", function (ev) {
+      var c = cell(ev), t = c[0], j = c[1];
+      if (t < 0 || t >= N || j < 0 || j >= C) return;
+      var v = steps[t * C + j];
+      AK.tip(ev, "step " + (t + 1) + ": #" + (L + t) + " " + AK.plain(E.tokens[L + t]) + " \u2190 #" + j + " " +
+        AK.plain(E.tokens[j]) + "   " + (v === v ? sign(v) : "not there yet"));
+    });
+    cv.addEventListener("pointerleave", AK.hideTip);
+    cv.addEventListener("click", function (ev) {
+      var t = cell(ev)[0];
+      if (t < 0 || t >= N) return;
+      state.step = t + 1;
+      AK.render();
+    });
+    box.appendChild(cv);
+  }
+
   view.draw = function () {
-    var box = $("explain-body");
+    var box = $("explain-body"), cur = current();
     clear(box);
-    box.appendChild(el("p", "explain-what", "Explaining the " + E.target + " = " + AK.fmt(E.targetValue) + " by " +
-      E.method.replace(/_/g, " ") + (E.baselineValue === null ? "" : " (at zero embeddings: " + AK.fmt(E.baselineValue) + ")") + "."));
-    drawTokens(box);
-    drawHeads(box);
-    drawMatrix(box);
+    box.appendChild(el("p", "explain-what", "Explaining the " + cur.target + " = " + AK.fmt(cur.value) + " by " +
+      E.method.replace(/_/g, " ") + (E.baselineValue === null ? "" : " (at zero embeddings: " + AK.fmt(E.baselineValue) + ")") +
+      (E.generation ? " (generated token " + (cur.step + 1) + " of " + E.matrix.shape[0] + "; the slider above moves it)" : "") + "."));
+    drawTokens(box, cur);
+    drawHeads(box, cur);
+    if (E.generation) drawSteps(box, cur); else drawMatrix(box);
   };
   // The view as SVG parts: the token line as text on its colours, then the grid and matrix canvases.
   view.svg = function (image, text) {
-    var y = 60, x = 10, W = 600, m = range().m;
+    var y = 60, x = 10, W = 600, cur = current(), m = range(cur).m, scores = cur.scores;
     text(10, 40, $("explain-body").firstChild.textContent, 'font-size="12"');
-    E.tokens.forEach(function (t, i) {
+    cur.tokens.forEach(function (t, i) {
       var w = 8 * AK.plain(t).length + 8;
       if (x + w > 1000) { x = 10; y += 24; }
       image(tokenCanvas(signedColour(scores[i], m)), x, y - 15, w, 20);
