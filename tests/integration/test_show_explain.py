@@ -157,6 +157,39 @@ def test_save_weights_without_explain_holds_no_attribution(gpt2: Path, tmp_path:
     assert "explain" not in _payload(page)
 
 
+def test_generate_explains_each_generated_token(gpt2: Path, tmp_path: Path) -> None:
+    """Under --generate, row t of the page's steps × sources matrix is viz.explain on the
+    tokens before generated token t, with that token's logit as the target."""
+    from attnkit import viz
+    from attnkit.viz.export import load_weights
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(gpt2))
+    prompt, saved = "The animal cross the street", tmp_path / "w.npz"
+    page = _show(tmp_path, prompt, "--model", str(gpt2), "--generate", "3", "--explain",
+                 "--save-weights", str(saved))  # fmt: skip
+    data = _payload(page)["explain"]
+    L, n = data["promptLength"], len(data["tokens"])
+    assert data["generation"] is True and L == 5 and n == 8
+    matrix = _floats(data["matrix"]).reshape(3, n - 1)
+    heads = _floats(data["heads"]).reshape(3, 2, 2)
+    arrays, meta = load_weights(saved)
+    ids = [*tok(prompt)["input_ids"], *arrays["explain.steps.target"][:, 1].tolist()]
+    for t in range(3):
+        p = L + t
+        text = tok.decode(ids[:p])
+        assert tok(text)["input_ids"] == ids[:p]  # the prefix round-trips: a fair reference
+        want = viz.explain(str(gpt2), None, text, target=(p - 1, tok.convert_ids_to_tokens(ids[p])))
+        assert want.head_importance is not None
+        assert_close_to_scale(matrix[t, :p], want.scores, what=f"step {t}")
+        assert bool(matrix[t, p:].isnan().all())  # sources that came later
+        assert_close_to_scale(heads[t], want.head_importance, what=f"heads of step {t}")
+        assert data["values"][t] == pytest.approx(want.target_value, rel=1e-5)
+    got = torch.from_numpy(arrays["explain.steps.scores"].astype(np.float64))
+    assert_close_to_scale(got, matrix, what="saved steps")
+    assert arrays["explain.steps.target"][:, 0].tolist() == [L - 1, L, L + 1]
+    assert meta["explain"]["prompt_length"] == L and "explain.scores" not in arrays
+
+
 @pytest.fixture
 def nothing_built(monkeypatch: pytest.MonkeyPatch) -> None:
     """A model built, or viz.explain run, fails the test: a refusal comes before both."""
@@ -175,7 +208,6 @@ REFUSED = [
     (["--pair", "a second one"], "--explain and --pair:"),
     (["--words"], "--explain and --words:"),
     (["--no-special"], "--explain and --no-special:"),
-    (["--generate", "2"], "--explain and --generate:"),
     (["--compare", "a cat"], "is a causal LM, whose target is its own output"),
 ]
 
@@ -245,5 +277,29 @@ def test_explain_view_in_a_browser(browser: Any, gpt2: Path, tmp_path: Path) -> 
     assert page.locator("#layer").input_value() == "1"
     page.locator("#view-explain").click()
     page.locator("#save-svg").click()
+    assert errors == []
+    page.close()
+
+
+def test_explain_view_of_a_generation_in_a_browser(
+    browser: Any, gpt2: Path, tmp_path: Path
+) -> None:
+    """A click on a row of the steps × sources matrix moves the step slider to that token."""
+    path = _show(tmp_path, "The animal cross the street", "--model", str(gpt2), "--generate", "3",
+                 "--explain")  # fmt: skip
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(path.resolve().as_uri())
+    page.wait_for_selector("body[data-ready='1']", timeout=20_000)
+    assert "generated token 3 of 3" in page.locator("#explain-body").inner_text()
+    box = page.locator(".explain-steps").bounding_box()
+    assert box is not None
+    page.mouse.click(box["x"] + 3, box["y"] + 2)  # the first row: step 1
+    assert "step=1" in page.evaluate("location.hash")
+    assert "generated token 1 of 3" in page.locator("#explain-body").inner_text()
+    assert page.locator(".explain-tok").count() == 5  # the prompt: the sources of step 1
+    page.locator(".explain-cell[data-layer='0'][data-head='1']").click()
+    assert "layer=0&heads=1&" in page.evaluate("location.hash")
     assert errors == []
     page.close()

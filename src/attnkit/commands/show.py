@@ -239,7 +239,9 @@ def _run(args: argparse.Namespace) -> int:
             args, source, second, text, pair, layer_sel=layer_sel, head_sel=head_sel,
             max_length=max_length, budget=Budget(top_k=args.top_k), view=view,
         )  # fmt: skip
-    explained = None if explain_dir is None else show_explain.run(args, explain_dir, text, max_length)
+    explained = (
+        None if explain_dir is None else show_explain.run(args, explain_dir, text, max_length, run)
+    )
     return _write(args, source, run, text, pair, layers, heads, outputs, other, explained)
 
 

@@ -3,9 +3,11 @@ depends on (:func:`attnkit.viz.explain` on the same checkpoint and text).
 
 The target is :func:`attnkit.viz.explain`'s default: a causal LM's top next token at the
 last position, a classifier's top class, and for an encoder without a head the cosine
-similarity with ``--compare TEXT2``. Every refusal is one line before any compute: an
-option the Explain view cannot follow (``--pair``, ``--words``, ``--no-special``,
-``--generate``, ``--compare-model``, ``--image``), an encoder without a head and without
+similarity with ``--compare TEXT2``. Under ``--generate N`` each generated token in turn
+is the target (:func:`attnkit.viz.attribution_steps.explain_generation`): a steps ×
+sources matrix that follows the page's step slider. Every refusal is one line before any
+compute: an option the Explain view cannot follow (``--pair``, ``--words``,
+``--no-special``, ``--compare-model``, ``--image``), an encoder without a head and without
 ``--compare``, ``--compare`` on a model that has a target of its own, an
 encoder-decoder.
 """
@@ -41,12 +43,6 @@ _REFUSED = (
         "the relevance is of every token the model read, special tokens included",
     ),
     (
-        "generate",
-        "--generate",
-        0,
-        "the targets of generated tokens are not built yet; explain the prompt alone",
-    ),
-    (
         "compare_model",
         "--compare-model",
         None,
@@ -76,7 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "importance and the relevance matrix (attnkit.viz.explain). METHOD: one of "
         f"{', '.join(METHODS)}; given without METHOD: {DEFAULT_METHOD}. The target: a causal "
         "LM's top next token at the end, a classifier's top class, an encoder's similarity "
-        "with --compare TEXT2 (default: no Explain view)",
+        "with --compare TEXT2; under --generate, each generated token in turn (default: no "
+        "Explain view)",
     )
 
 
@@ -124,16 +121,22 @@ def check_model(args: argparse.Namespace, directory: Path, name: str) -> None:
         )
 
 
-def run(args: argparse.Namespace, directory: Path, text: str, max_length: int) -> Any:
+def run(args: argparse.Namespace, directory: Path, text: str, max_length: int,
+        page_run: Any = None) -> Any:  # fmt: skip
     """:func:`attnkit.viz.explain` on the checkpoint and the text, cut at ``max_length`` tokens
-    as the page is (None without ``--explain``)."""
+    as the page is; under ``--generate``, every generated token of ``page_run`` (the page's
+    run: its ids and tokens) in turn; None without ``--explain``."""
     method = getattr(args, "explain", None)
     if method is None:
         return None
     from ..viz import explain
+    from ..viz.attribution_steps import explain_generation
 
     text2 = getattr(args, "compare", None)
     try:
+        if getattr(args, "generate", 0) and page_run is not None:
+            return explain_generation(str(directory), None, page_run.ids, page_run.used_tokens,
+                                      tokens=page_run.tokens, method=method)  # fmt: skip
         return explain(str(directory), None, text, method=method, max_length=max_length,
                        compare=None if text2 is None else text2.strip())  # fmt: skip
     except (ValueError, TypeError) as exc:
@@ -144,6 +147,12 @@ def summary(a: Any) -> str:
     """One line for the terminal: what was explained, and the most relevant tokens."""
     from .show_report import elide_text
 
+    if getattr(a, "prompt_length", None) is not None:
+        n = len(a.target_ids)
+        return (
+            f"explained ({a.method.replace('_', ' ')}): each of the {n} generated tokens from "
+            "the tokens before it (a steps × sources matrix on the page)"
+        )
     scores = [float(v) for v in a.scores]
     top = sorted(range(len(scores)), key=lambda i: -abs(scores[i]))[:5]
     most = ", ".join(f"{a.tokens[i]!r} {scores[i]:+.3g}" for i in top)
