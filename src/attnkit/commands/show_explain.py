@@ -4,7 +4,7 @@ depends on (:func:`attnkit.viz.explain` on the same checkpoint and text).
 The target is :func:`attnkit.viz.explain`'s default: a causal LM's top next token at the
 last position, a classifier's top class, and for an encoder without a head the cosine
 similarity with ``--compare TEXT2``. Under ``--generate N`` each generated token in turn
-is the target (:func:`attnkit.viz.attribution_steps.explain_generation`): a steps ×
+is the target (:func:`attnkit.viz.explain_generation`): a steps ×
 sources matrix that follows the page's step slider. Every refusal is one line before any
 compute: an option the Explain view cannot follow (``--pair``, ``--words``,
 ``--no-special``, ``--compare-model``, ``--image``), an encoder without a head and without

@@ -22,7 +22,7 @@ draws (``payload["explain"]``):
 ``explain.target``, ``explain.target_value``) and :func:`attribution_record` the facts
 kept in the file's metadata.
 
-A :class:`~attnkit.viz.attribution_steps.GenerationAttribution` (each generated token
+A :class:`~attnkit.viz.GenerationAttribution` (each generated token
 in turn the target) travels as ``generation: true``, ``promptLength``, ``tokens`` (all
 of them), ``targets`` and ``values`` (one a step), ``matrix`` (steps, sources) float32
 with NaN where a source came later, and ``heads`` (steps, layers, heads); in a file as
@@ -114,7 +114,7 @@ def explain_payload(
         a: what :func:`attnkit.viz.explain` returned: ``scores`` (n_tokens,),
             ``head_importance`` (layers, heads) or None, ``relevance`` (n_tokens,
             n_tokens) or None; or what
-            :func:`~attnkit.viz.attribution_steps.explain_generation` returned: ``scores``
+            :func:`~attnkit.viz.explain_generation` returned: ``scores``
             (steps, sources), ``head_importance`` (steps, layers, heads) or None.
         layers: the model's layers the page shows, in the page's order (None: all);
             a head-importance cell of another layer selects nothing on the page.
@@ -161,7 +161,7 @@ def attribution_arrays(a: Attribution | GenerationAttribution) -> dict[str, np.n
 
     Args:
         a: an :class:`~attnkit.viz.Attribution`, or a
-            :class:`~attnkit.viz.attribution_steps.GenerationAttribution`: then
+            :class:`~attnkit.viz.GenerationAttribution`: then
             ``explain.steps.scores`` (steps, sources) float32 (NaN where a source came
             later), ``explain.steps.head_importance`` (steps, layers, heads) float32 unless
             None, ``explain.steps.target`` (steps, 2) int64 (position, token id) and

@@ -153,7 +153,7 @@ def save_weights(
         explain: an :class:`~attnkit.viz.Attribution` written beside the weights, its
             arrays named ``explain.<array>`` (scores (n_tokens,), head_importance (layers,
             heads), relevance (n_tokens, n_tokens), target (2,), target_value (1,)); a
-            :class:`~attnkit.viz.attribution_steps.GenerationAttribution` as
+            :class:`~attnkit.viz.GenerationAttribution` as
             ``explain.steps.<array>``; or None (default).
 
     Returns:

@@ -149,7 +149,7 @@ def render_html(
             relevance, the head-importance grid, the relevance matrix), or None
             (default). Its layers and heads are matched to the page's by their labels
             (``"layer i"``, ``"head h"``, as a model run names them). A
-            :class:`~attnkit.viz.attribution_steps.GenerationAttribution` (each generated
+            :class:`~attnkit.viz.GenerationAttribution` (each generated
             token the target) gives a steps × sources matrix, and the view follows the
             page's generation slider.
 
