@@ -421,17 +421,25 @@ def explain(
     return _attribute(task, method, steps, integration)
 
 
-def _attribute(task: _Task, method: str, steps: int, integration: str) -> Attribution:
-    """The attribution of a checked task: its model on attnkit's attention for the call."""
+def _attribute(task: _Task, method: str, steps: int, integration: str,
+               pixels: torch.Tensor | None = None, extra: Any = None) -> Attribution:  # fmt: skip
+    """The attribution of a checked task: its model on attnkit's attention for the call; a
+    vision model's input is ``pixels`` (1, 3, H, W) (with ``extra`` keywords) instead."""
     net: Any = task.model
     with on_attnkit(net):
-        embed = net.get_input_embeddings()
-        with torch.no_grad():
-            embeds = embed(task.ids)  # (1, L, D)
+        if pixels is not None:
+            embeds = pixels.to(next(net.parameters()).device)  # (1, 3, H, W)
 
-        def run(x: torch.Tensor) -> Any:
-            mask = torch.ones(x.shape[:2], dtype=torch.long, device=x.device)  # (k, L)
-            return net(inputs_embeds=x, attention_mask=mask)
+            def run(x: torch.Tensor) -> Any:
+                return net(pixel_values=x, **(extra or {}))
+        else:
+            embed = net.get_input_embeddings()
+            with torch.no_grad():
+                embeds = embed(task.ids)  # (1, L, D)
+
+            def run(x: torch.Tensor) -> Any:
+                mask = torch.ones(x.shape[:2], dtype=torch.long, device=x.device)  # (k, L)
+                return net(inputs_embeds=x, attention_mask=mask)
 
         if method == "rollout":
             return _rollout(task, run, embeds)

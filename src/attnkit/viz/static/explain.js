@@ -12,6 +12,12 @@
   AK.views.explain = view;
   if (!E) return;
   var scores = null, heads = null, rel = null, steps = null, MAT = 520, NAN = AK.dark ? [31, 36, 45] : [238, 240, 244];
+  var I = AK.D.image, picture = null;
+  if (I) {  // a picture's page: the patches drawn on it, coloured by relevance
+    picture = new Image();
+    picture.onload = function () { if (document.body.dataset.ready === "1" && state.view === "explain") AK.render(); };
+    picture.src = I.picture;
+  }
 
   function floats(bytes) {  // little-endian float32 (every browser this page runs in is little-endian)
     var copy = bytes.slice();
@@ -191,6 +197,31 @@
     box.appendChild(cv);
   }
 
+  // The picture the model saw with each patch coloured by its score (as the tokens are); the
+  // non-patch tokens ([CLS], ...) stay in the token line above.
+  function drawPicture(box, cur) {
+    if (!I || !picture || !picture.complete || !picture.naturalWidth) return;
+    var P = I.prefix.length, R = I.rows, C = I.cols, W = picture.naturalWidth, H = picture.naturalHeight;
+    var k = 448 / Math.max(W, H), cv = el("canvas", "explain-picture"), r = range(cur);
+    cv.width = Math.round(W * k); cv.height = Math.round(H * k);
+    var ctx = cv.getContext("2d");
+    ctx.drawImage(picture, 0, 0, cv.width, cv.height);
+    var ph = I.patch[0] * k, pw = I.patch[1] * k;
+    for (var i = 0; i < R * C && P + i < cur.scores.length; i++) {
+      var t = AK.toSigned(cur.scores[P + i], r.m, state.scale);
+      ctx.fillStyle = signedColour(cur.scores[P + i], r.m).replace("rgb(", "rgba(").replace(")", ", " + (0.1 + 0.7 * Math.abs(t)).toFixed(3) + ")");
+      ctx.fillRect((i % C) * pw, Math.floor(i / C) * ph, pw, ph);
+    }
+    cv.addEventListener("pointermove", function (ev) {
+      var b = cv.getBoundingClientRect(), c = Math.floor((ev.clientX - b.left) / b.width * cv.width / pw);
+      var rr = Math.floor((ev.clientY - b.top) / b.height * cv.height / ph), at = P + rr * C + c;
+      if (c >= 0 && c < C && rr >= 0 && rr < R && at < cur.scores.length) AK.tip(ev, cur.tokens[at] + "   " + sign(cur.scores[at]));
+    });
+    cv.addEventListener("pointerleave", AK.hideTip);
+    box.appendChild(el("div", "pane-title", "The picture the model saw, each patch coloured by its relevance (as the tokens above)"));
+    box.appendChild(cv);
+  }
+
   view.draw = function () {
     var box = $("explain-body"), cur = current();
     clear(box);
@@ -198,6 +229,7 @@
       E.method.replace(/_/g, " ") + (E.baselineValue === null ? "" : " (at zero embeddings: " + AK.fmt(E.baselineValue) + ")") +
       (E.generation ? " (generated token " + (cur.step + 1) + " of " + E.matrix.shape[0] + "; the slider above moves it)" : "") + "."));
     drawTokens(box, cur);
+    drawPicture(box, cur);
     drawHeads(box, cur);
     if (E.generation) drawSteps(box, cur); else drawMatrix(box);
   };
