@@ -3,11 +3,13 @@ depends on (:func:`attnkit.viz.explain` on the same checkpoint and text).
 
 The target is :func:`attnkit.viz.explain`'s default: a causal LM's top next token at the
 last position, a classifier's top class, and for an encoder without a head the cosine
-similarity with ``--compare TEXT2``. Under ``--generate N`` each generated token in turn
+similarity with ``--compare TEXT2``; with ``--image``, an image classifier's top class
+(:func:`attnkit.viz.attribution_image.explain_image`: attention × gradient or rollout).
+Under ``--generate N`` each generated token in turn
 is the target (:func:`attnkit.viz.explain_generation`): a steps ×
 sources matrix that follows the page's step slider. Every refusal is one line before any
 compute: an option the Explain view cannot follow (``--pair``, ``--words``,
-``--no-special``, ``--compare-model``, ``--image``), an encoder without a head and without
+``--no-special``, ``--compare-model``), an encoder without a head and without
 ``--compare``, ``--compare`` on a model that has a target of its own, an
 encoder-decoder.
 """
@@ -24,9 +26,11 @@ __all__ = [
     "DEFAULT_METHOD",
     "add_arguments",
     "check",
+    "check_image",
     "check_model",
     "model_directory",
     "run",
+    "run_image",
     "summary",
 ]
 
@@ -47,12 +51,6 @@ _REFUSED = (
         "--compare-model",
         None,
         "a comparison of models has no one target; explain each model on its own",
-    ),
-    (
-        "image",
-        "--image",
-        None,
-        "attribution over a picture's patches is not built yet; explain a text",
     ),
 )
 
@@ -161,3 +159,35 @@ def summary(a: Any) -> str:
         f"most relevant: {most}",
         300,
     )
+
+
+def check_image(args: argparse.Namespace, checkpoint: Any) -> None:
+    """``--explain`` with ``--image``: a method that reads attention alone, and a checkpoint
+    whose config names an image classifier (no weights are read)."""
+    if getattr(args, "explain", None) is None:
+        return
+    from ..viz.attribution_image import IMAGE_METHODS, image_classifier_name
+
+    if args.explain not in IMAGE_METHODS:
+        raise UsageError(
+            f"--explain {args.explain} and --image: a picture is explained by "
+            f"{' or '.join(IMAGE_METHODS)} (the other methods read a text's input embeddings)"
+        )
+    if image_classifier_name(checkpoint.config) is None:
+        raise UsageError(
+            f"--explain and --image: {checkpoint.name} has no classification head (its config "
+            "names no ...ForImageClassification); a picture's target is a classifier's top class"
+        )
+
+
+def run_image(args: argparse.Namespace, directory: Path, picture: Any) -> Any:
+    """:func:`attnkit.viz.attribution_image.explain_image` on the checkpoint and the picture
+    (None without ``--explain``)."""
+    if getattr(args, "explain", None) is None:
+        return None
+    from ..viz.attribution_image import explain_image
+
+    try:
+        return explain_image(directory, picture, method=args.explain)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"--explain: {exc}") from None
