@@ -190,6 +190,23 @@ def test_generate_explains_each_generated_token(gpt2: Path, tmp_path: Path) -> N
     assert meta["explain"]["prompt_length"] == L and "explain.scores" not in arrays
 
 
+def test_explain_generation_refuses_before_any_compute(gpt2: Path) -> None:
+    from attnkit import viz
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(gpt2)).eval()
+    bert = transformers.BertModel(transformers.BertConfig(num_hidden_layers=1, hidden_size=8,
+                                                          num_attention_heads=2,
+                                                          intermediate_size=8))  # fmt: skip
+    for args, kwargs, message in (
+        ((model, None, [1, 2, 3], 3), {}, "prompt_length: expected 1 to 2 of the 3 ids"),
+        ((model, None, [1, 2, 3], 1), {"method": "saliency"}, "method: expected one of"),
+        ((bert, None, [1, 2, 3], 1), {}, "only of a causal LM"),
+        ((model, None, [1, 2, 3], 1), {"tokens": ["a"]}, "tokens: expected 3, one per id"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            viz.explain_generation(*args, **kwargs)
+
+
 @pytest.fixture
 def nothing_built(monkeypatch: pytest.MonkeyPatch) -> None:
     """A model built, or viz.explain run, fails the test: a refusal comes before both."""

@@ -5,7 +5,9 @@ the exact attention weights of every layer while the model produces them
 (streaming capture: at most one layer's weights are alive), and writes a
 self-contained web page (head, matrix, model, statistics, rollout and neuron
 views; a long-input overview with exact top-k rows; a step slider for
-generated tokens) and a picture of the layers × heads grid (PNG or SVG).
+generated tokens; with ``--explain``, an Explain view of which tokens and heads the
+output depends on, :mod:`.show_explain`) and a picture of the layers × heads grid (PNG or
+SVG).
 Prints the tokens and, for each layer, its most focused head and its pattern.
 
 BERT-family checkpoints run on attnkit's own model (:mod:`attnkit.models.bert`);

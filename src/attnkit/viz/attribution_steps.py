@@ -90,8 +90,8 @@ def explain_generation(
     kind, _ = _kind(model)
     if kind != "lm":
         raise ValueError(
-            f"model: each generated token is a target only of a causal LM, not a {kind} "
-            f"({type(model).__name__})"
+            "model: each generated token is a target only of a causal LM; "
+            f"{type(model).__name__} is not one (explain takes it as: {kind})"
         )
     n = len(ids)
     if (

@@ -176,15 +176,15 @@ def attribution_arrays(a: Attribution | GenerationAttribution) -> dict[str, np.n
     """
     if isinstance(a, GenerationAttribution):
         L = a.prompt_length
-        steps = {"explain.steps.scores": _numpy(a.scores).astype(np.float32)}
+        steps: dict[str, np.ndarray] = {"explain.steps.scores": _numpy(a.scores).astype(np.float32)}
         if a.head_importance is not None:
             steps["explain.steps.head_importance"] = _numpy(a.head_importance).astype(np.float32)
-        where = [[L + t - 1, i] for t, i in enumerate(a.target_ids)]
-        steps["explain.steps.target"] = np.array(where, dtype=np.int64).reshape(-1, 2)
+        pairs = [[L + t - 1, i] for t, i in enumerate(a.target_ids)]
+        steps["explain.steps.target"] = np.array(pairs, dtype=np.int64).reshape(-1, 2)
         steps["explain.steps.target_value"] = _numpy(a.target_values)
         return steps
     t = a.target
-    out = {"explain.scores": _numpy(a.scores).astype(np.float32)}
+    out: dict[str, np.ndarray] = {"explain.scores": _numpy(a.scores).astype(np.float32)}
     if a.head_importance is not None:
         out["explain.head_importance"] = _numpy(a.head_importance).astype(np.float32)
     if a.relevance is not None:
