@@ -4,7 +4,7 @@ depends on (:func:`attnkit.viz.explain` on the same checkpoint and text).
 The target is :func:`attnkit.viz.explain`'s default: a causal LM's top next token at the
 last position, a classifier's top class, and for an encoder without a head the cosine
 similarity with ``--compare TEXT2``; with ``--image``, an image classifier's top class
-(:func:`attnkit.viz.attribution_image.explain_image`: attention × gradient or rollout).
+(:func:`attnkit.viz.explain_image`: attention × gradient or rollout).
 Under ``--generate N`` each generated token in turn
 is the target (:func:`attnkit.viz.explain_generation`): a steps ×
 sources matrix that follows the page's step slider. Every refusal is one line before any
@@ -181,7 +181,7 @@ def check_image(args: argparse.Namespace, checkpoint: Any) -> None:
 
 
 def run_image(args: argparse.Namespace, directory: Path, picture: Any) -> Any:
-    """:func:`attnkit.viz.attribution_image.explain_image` on the checkpoint and the picture
+    """:func:`attnkit.viz.explain_image` on the checkpoint and the picture
     (None without ``--explain``)."""
     if getattr(args, "explain", None) is None:
         return None

@@ -16,7 +16,8 @@
 - :func:`explain` attributes a model's output on a text to its input tokens
   (input × gradient, integrated gradients, attention × gradient, rollout) and to
   its heads (head importance), as an :class:`Attribution`; :func:`explain_generation`
-  explains each token a causal LM generated from the tokens before it.
+  explains each token a causal LM generated from the tokens before it, and
+  :func:`explain_image` an image classifier's top class from its picture's patches.
 - :func:`attention_rollout` and :func:`attention_flow` trace which input tokens
   each position draws from through the stack; :func:`head_statistics` gives
   every head's entropy, distance and pattern class.
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from .attention_set import AttentionSet
 from .attribution import Attribution, Target, explain
+from .attribution_image import explain_image
 from .attribution_steps import GenerationAttribution, explain_generation
 from .capture import AttentionRecord, Capture, capture
 from .compare import Comparison, compare
@@ -59,6 +61,7 @@ __all__ = [
     "compare",
     "explain",
     "explain_generation",
+    "explain_image",
     "from_generate",
     "head_statistics",
     "heatmaps",
