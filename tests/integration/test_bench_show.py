@@ -7,15 +7,17 @@ import pytest
 
 from attnkit.bench import SUITES, suite_cases
 from attnkit.bench.show import SHOW_CASES, run_show_case
+from attnkit.bench.show_explain import EXPLAIN_CASES, run_explain_case
 from attnkit.commands.bench import table
 
 pytest.importorskip("transformers")
 
 
 def test_the_show_suite_is_its_own() -> None:
-    assert SUITES["show"] == ("show_2k", "show_8k")
+    assert SUITES["show"] == ("show_2k", "show_8k", "show_explain_2k")
     assert not set(SUITES["show"]) & set(SUITES["all"])
-    assert suite_cases("show") == SHOW_CASES
+    assert suite_cases("show") == (*SHOW_CASES, *EXPLAIN_CASES)
+    assert EXPLAIN_CASES[0].target == "(show --explain − show) ≤ 3× (forward + backward)"
     assert SHOW_CASES[0].target == "(show − start-up) ≤ 3× forward; page ≤ 20 MiB, peak ≤ 3 GiB"
 
 
@@ -29,3 +31,15 @@ def test_quick_case_measures_show_start_up_and_forward() -> None:
     assert 0 < f["page_mib"] < 1 and 0 < f["peak_gib"] < 4
     assert r.met is None and r.mem_met is None  # quick shapes are not judged
     assert "(show − start-up) ÷ forward" in table([r])
+
+
+@pytest.mark.slow  # five fresh processes that load transformers
+def test_quick_explain_case_measures_explain_against_forward_and_backward() -> None:
+    r = run_explain_case(EXPLAIN_CASES[0], quick=True)
+    assert r.error is None, r.error
+    f = r.figures
+    assert f["explain_show_s"] > 0 and f["plain_show_s"] > 0 and f["forward_backward_s"] > 0
+    want = (f["explain_show_s"] - f["plain_show_s"]) / f["forward_backward_s"]
+    assert f["explain_ratio"] == pytest.approx(want, rel=0.5)
+    assert r.met is None  # quick shapes are not judged
+    assert "(show --explain − show) ÷ (forward + backward)" in table([r])

@@ -6,7 +6,8 @@ of their groups (``dense``, ``ragged``, ...) is a suite of its own,
 ``all``: it compiles with torch.compile), ``models`` the cases of
 :mod:`attnkit.bench.models` (not part of ``all``: transformers models and score
 modifiers at 4k tokens), and ``show`` the cases of :mod:`attnkit.bench.show`
-(``attnkit show`` at 2,000 and 8,000 tokens against the model's forward; minutes). On CUDA (``--device cuda``): ``all`` is
+(``attnkit show`` at 2,000 and 8,000 tokens against the model's forward, and
+``attnkit show --explain`` at 2,000 tokens against its forward plus backward; minutes). On CUDA (``--device cuda``): ``all`` is
 every case of :mod:`attnkit.bench.gpu_cases`, with their groups, and ``overhead``
 the overhead cases with their inputs on the GPU.
 """
@@ -18,12 +19,13 @@ from .gpu_cases import GPU_CASES, GpuCase
 from .models import MODEL_CASES
 from .overhead import OVERHEAD_CASES, overhead_cases
 from .show import SHOW_CASES, ShowCase
+from .show_explain import EXPLAIN_CASES, ExplainCase
 
 __all__ = ["DEVICES", "SUITES", "all_suite_names", "cpu_case", "suite_cases"]
 
 DEVICES = ("cpu", "cuda")
 
-Case = BenchCase | GpuCase | ShowCase
+Case = BenchCase | GpuCase | ShowCase | ExplainCase
 
 
 def _grouped(cases: tuple[Case, ...]) -> dict[str, tuple[Case, ...]]:
@@ -36,7 +38,7 @@ def _grouped(cases: tuple[Case, ...]) -> dict[str, tuple[Case, ...]]:
 def _suites(device: str) -> dict[str, tuple[Case, ...]]:
     if device == "cpu":
         return {**_grouped(CASES), "overhead": OVERHEAD_CASES, "models": MODEL_CASES,
-                "show": SHOW_CASES}  # fmt: skip
+                "show": (*SHOW_CASES, *EXPLAIN_CASES)}  # fmt: skip
     if device == "cuda":
         return {**_grouped(GPU_CASES), "overhead": overhead_cases("cuda")}
     raise ValueError(f"device: expected one of {DEVICES}, got {device!r}")

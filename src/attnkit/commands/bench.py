@@ -137,6 +137,13 @@ def _notes(r: Any, judged: bool = True) -> str:
             "stages µs: "
             + ", ".join(f"{n[6:-3].replace('_', ' ')} {f:.1f}" for n, f in stages.items())
         )
+    if "explain_ratio" in r.figures:
+        f = r.figures
+        parts.append(
+            f"(show --explain − show) ÷ (forward + backward) {f['explain_ratio']:.2f}× (show "
+            f"--explain {f['explain_show_s']:.1f} s, show {f['plain_show_s']:.1f} s, forward + "
+            f"backward {f['forward_backward_s']:.1f} s)"
+        )
     if "floor_ms" in r.figures:
         parts.append(f"copy floor {r.figures['floor_ms']:.2f} ms")
     if r.backend:
@@ -209,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
     from ..bench import machine_info, run_case, suite_cases
     from ..bench.gpu_runner import cuda_missing, run_gpu_case
     from ..bench.show import ShowCase, run_show_case
+    from ..bench.show_explain import ExplainCase, run_explain_case
 
     if args.json is not None and (problem := json_path_problem(args.json)) is not None:
         return _fail(problem)
@@ -237,6 +245,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{i}/{len(cases)}] {case.name} ...", end="", file=sys.stderr, flush=True)
         if isinstance(case, ShowCase):
             r = run_show_case(case, quick=args.quick)
+        elif isinstance(case, ExplainCase):
+            r = run_explain_case(case, quick=args.quick)
         elif gpu:
             r = run_gpu_case(_quick_gpu(case) if args.quick else case)  # type: ignore[arg-type]
             if args.quick:  # targets speak of the full shapes only

@@ -5,7 +5,9 @@ the exact attention weights of every layer while the model produces them
 (streaming capture: at most one layer's weights are alive), and writes a
 self-contained web page (head, matrix, model, statistics, rollout and neuron
 views; a long-input overview with exact top-k rows; a step slider for
-generated tokens) and a picture of the layers × heads grid (PNG or SVG).
+generated tokens; with ``--explain``, an Explain view of which tokens and heads the
+output depends on, :mod:`.show_explain`) and a picture of the layers × heads grid (PNG or
+SVG).
 Prints the tokens and, for each layer, its most focused head and its pattern.
 
 BERT-family checkpoints run on attnkit's own model (:mod:`attnkit.models.bert`);
@@ -25,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import show_compare, show_image
+from . import show_compare, show_explain, show_image
 from .outputs import Output, ShowOutputs, check_input, show_outputs, shown_path, write_all
 from .show_args import (
     EXAMPLE,
@@ -106,6 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--open", action="store_true", help="open the page in the default web browser")
     show_compare.add_arguments(parser)
     show_image.add_arguments(parser)
+    show_explain.add_arguments(parser)
 
 
 def _checked(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -161,6 +164,7 @@ def _view(args: argparse.Namespace) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
+    show_explain.check(args)
     if getattr(args, "image", None) is not None:  # a picture for a vision transformer
         return show_image.run(args)
     text, pair = _checked(args)
@@ -172,6 +176,9 @@ def _run(args: argparse.Namespace) -> int:
 
     model = None if args.model is None else check_input(args.model, "--model", directory=True)
     source = open_source(None if model is None else str(model))
+    explain_dir = show_explain.model_directory(model) if args.explain is not None else None
+    if explain_dir is not None:
+        show_explain.check_model(args, explain_dir, source.name)
     if args.generate and source.kind != "decoder":
         raise UsageError(
             f"--generate: {source.name} is an {source.kind}; generation needs a decoder "
@@ -234,11 +241,14 @@ def _run(args: argparse.Namespace) -> int:
             args, source, second, text, pair, layer_sel=layer_sel, head_sel=head_sel,
             max_length=max_length, budget=Budget(top_k=args.top_k), view=view,
         )  # fmt: skip
-    return _write(args, source, run, text, pair, layers, heads, outputs, other)
+    explained = (
+        None if explain_dir is None else show_explain.run(args, explain_dir, text, max_length, run)
+    )
+    return _write(args, source, run, text, pair, layers, heads, outputs, other, explained)
 
 
 def _write(args, source, run, text, pair, layers, heads, outputs: ShowOutputs,
-           other=None) -> int:  # fmt: skip
+           other=None, explained=None) -> int:  # fmt: skip
     """Write the page, the picture and the data (all or none), then print the summary."""
     notes = list(run.notes)
     first = run.sets[0]
@@ -283,7 +293,7 @@ def _write(args, source, run, text, pair, layers, heads, outputs: ShowOutputs,
 
     def page(path: Path) -> None:
         to_html(page_sets, None, path, title=title, subtitle=shown,
-                meta=meta, notes=notes, scale=args.scale)  # fmt: skip
+                meta=meta, notes=notes, scale=args.scale, explain=explained)  # fmt: skip
 
     def picture(path: Path) -> tuple[int, int] | None:
         sets = run.sets if other is None else other.picture_sets(run)
@@ -293,7 +303,8 @@ def _write(args, source, run, text, pair, layers, heads, outputs: ShowOutputs,
     if outputs.picture is not None:
         jobs.append((outputs.picture, picture))
     if outputs.weights is not None:
-        jobs.append((outputs.weights, lambda path: _save_weights(path, run, meta, side_a, other)))
+        jobs.append((outputs.weights,
+                     lambda path: _save_weights(path, run, meta, side_a, other, explained)))  # fmt: skip
     written = write_all(jobs)
 
     print(f"{source.name}: {size}, {count(len(run.tokens), 'token')}")
@@ -310,43 +321,49 @@ def _write(args, source, run, text, pair, layers, heads, outputs: ShowOutputs,
     out_html = outputs.page.path
     size_kb = out_html.stat().st_size / 1024
     print(f"wrote {shown_path(out_html)}  ({size_kb:,.0f} KB; open it in a browser: "
-          f"{page_views(run.sets)})")  # fmt: skip
+          f"{page_views(run.sets, first=('explain',) if explained is not None else ())})")  # fmt: skip
     if outputs.picture is not None:
         px = written[1]
         grid_note = f"{count(len(layers), 'layer')} × {count(len(heads), 'head')}"
         pic_note = f"  ({grid_note}, {px[0]}×{px[1]} px)" if px else f"  ({grid_note}, SVG)"
         print(f"wrote {shown_path(outputs.picture.path)}{pic_note}")
+    if explained is not None:
+        print(show_explain.summary(explained))
     if outputs.weights is not None:
         print(f"wrote {shown_path(outputs.weights.path)}  "
               f"({outputs.weights.path.stat().st_size / 1024:,.0f} KB; "
-              f"{_holds_line(first, other)})")  # fmt: skip
+              f"{_holds_line(first, other, explained)})")  # fmt: skip
     if args.open:
         open_page(out_html)
     return 0
 
 
-def _holds_line(first: Any, other: Any = None) -> str:
+def _holds_line(first: Any, other: Any = None, explained: Any = None) -> str:
     """What a weights file holds, for the closing line."""
     holds = "every weight" if not first.long else "block overviews and exact top-k"
+    if explained is not None:
+        holds += ", and the attribution (explain.*)"
     if other is None:
         return holds
     return f"{holds} of both sides: a/… for A, b/… for B"
 
 
-def _save_weights(path: Path, run: Any, meta: dict[str, str], side_a: str, other: Any) -> None:
-    """``--save-weights``: the run's sets, or both sides of a comparison, named a/ and b/."""
+def _save_weights(path: Path, run: Any, meta: dict[str, str], side_a: str, other: Any,
+                  explained: Any = None) -> None:  # fmt: skip
+    """``--save-weights``: the run's sets, or both sides of a comparison, named a/ and b/; and
+    the attribution of ``--explain``."""
     from ..viz.export import save_weights
 
     if other is None:
-        save_weights(run.sets, path, meta={**meta, "text": side_a})
+        save_weights(run.sets, path, meta={**meta, "text": side_a}, explain=explained)
         return
     names = other.names
     side_meta = {
         "a": {"name": names[0], "model": meta["model"], "text": side_a},
         "b": {"name": names[1], "model": other.model_name, "text": other.text},
     }
-    save_weights({"a": run.sets, "b": other.run.sets}, path,
-                 meta={**meta, "compared": other.what}, side_meta=side_meta)  # fmt: skip
+    save_weights({"a": run.sets, "b": other.run.sets}, path, meta={**meta, "compared": other.what},
+                 side_meta=side_meta, explain=explained)  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import show_explain
 from .outputs import Output, ShowOutputs, check_input, show_outputs, shown_path, write_all
 from .show_args import UsageError, count, parse_selection, resolve
 from .show_report import focus_lines, open_page, page_views, save_picture
@@ -106,6 +107,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--model: {exc}") from None
     layers = sorted(resolve(layer_sel, ck.num_layers, "--layers", "layer"))
     heads = resolve(head_sel, ck.num_heads, "--heads", "head")
+    show_explain.check_image(args, ck)
     try:
         ck.load()
         with quiet(args.quiet):
@@ -114,7 +116,8 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--model: {exc}") from None
     except ValueError as exc:
         raise UsageError(f"--image: {exc}") from None
-    return _write(args, ck, run, picture, layers, heads, outputs)
+    explained = show_explain.run_image(args, model, picture)
+    return _write(args, ck, run, picture, layers, heads, outputs, explained)
 
 
 def _write(
@@ -125,6 +128,7 @@ def _write(
     layers: list[int],
     heads: list[int],
     outputs: ShowOutputs,
+    explained: Any = None,
 ) -> int:
     """Write the page, the picture of layers × heads and the weights (all or none), then print
     the summary."""
@@ -152,6 +156,7 @@ def _write(
             notes=[*run.notes, *s.notes],
             scale=args.scale,
             image=layout,
+            explain=explained,
         )
 
     jobs: list[tuple[Output, Callable[[Path], Any]]] = [(outputs.page, page)]
@@ -161,7 +166,12 @@ def _write(
             (outputs.picture, lambda path: save_picture(run.sets, path, fmt, ck.name, args.scale))
         )
     if outputs.weights is not None:
-        jobs.append((outputs.weights, lambda path: save_weights(run.sets, path, meta=meta)))
+        jobs.append(
+            (
+                outputs.weights,
+                lambda path: save_weights(run.sets, path, meta=meta, explain=explained),
+            )
+        )
     written = write_all(jobs)
 
     print(
@@ -175,15 +185,18 @@ def _write(
     size_kb = out_html.stat().st_size / 1024
     print(
         f"wrote {shown_path(out_html)}  ({size_kb:,.0f} KB; open it in a browser: "
-        f"{page_views(run.sets, first=('image',))})"
+        f"{page_views(run.sets, first=('image', 'explain') if explained is not None else ('image',))})"
     )
     if outputs.picture is not None:
         px = written[1]
         grid = f"{count(len(layers), 'layer')} × {count(len(heads), 'head')}"
         pic_note = f"  ({grid}, {px[0]}×{px[1]} px)" if px else f"  ({grid}, SVG)"
         print(f"wrote {shown_path(outputs.picture.path)}{pic_note}")
+    if explained is not None:
+        print(show_explain.summary(explained))
     if outputs.weights is not None:
         holds = "every weight" if not s.long else "block overviews and exact top-k"
+        holds += ", and the attribution (explain.*)" if explained is not None else ""
         kb = outputs.weights.path.stat().st_size / 1024
         print(f"wrote {shown_path(outputs.weights.path)}  ({kb:,.0f} KB; {holds})")
     if args.open:

@@ -57,7 +57,7 @@ def focus_lines(s: ReducedSet, layers: Sequence[int], heads: Sequence[int]) -> l
 
 def page_views(sets: Sequence[Any], first: Sequence[str] = ()) -> str:
     """The views a written page offers, as its closing line names them: ``first`` (the
-    image view of a picture's page), then the five every page has, and the neuron view
+    image view of a picture's page, the Explain view of ``--explain``), then the five every page has, and the neuron view
     where a set kept its queries and keys."""
     names = [*first, "head", "matrix", "model", "statistics", "rollout"]
     if any(getattr(s, "neuron", None) is not None for s in sets):

@@ -38,6 +38,7 @@ class AttentionRun:
         notes: facts about the run for the page (a truncated decoder text).
         used_tokens: how many tokens the model ran on (the prompt's, for a generation);
             0 = as many as ``tokens`` (which counts words in a word view).
+        ids: a generation's token ids, prompt then generated (empty for other runs).
     """
 
     sets: list[ReducedSet]
@@ -45,6 +46,7 @@ class AttentionRun:
     total_tokens: int
     notes: list[str] = field(default_factory=list)
     used_tokens: int = 0
+    ids: list[int] = field(default_factory=list)
 
 
 def kind_of_module(name: str) -> str:
@@ -328,4 +330,4 @@ def generate(
     spans = [*offsets, *[None] * steps] if offsets is not None else None
     tokens = display_tokens(tokenizer, ids, texts=[text], offsets=spans)
     s = page.finish(reducer.finish(), tokens, generated_start=L)
-    return AttentionRun([s], s.tokens, total, used_tokens=L)
+    return AttentionRun([s], s.tokens, total, used_tokens=L, ids=[int(i) for i in ids])

@@ -15,7 +15,9 @@
   one page in sync, with A − B where their tokens are equal.
 - :func:`explain` attributes a model's output on a text to its input tokens
   (input × gradient, integrated gradients, attention × gradient, rollout) and to
-  its heads (head importance), as an :class:`Attribution`.
+  its heads (head importance), as an :class:`Attribution`; :func:`explain_generation`
+  explains each token a causal LM generated from the tokens before it, and
+  :func:`explain_image` an image classifier's top class from its picture's patches.
 - :func:`attention_rollout` and :func:`attention_flow` trace which input tokens
   each position draws from through the stack; :func:`head_statistics` gives
   every head's entropy, distance and pattern class.
@@ -29,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from .attention_set import AttentionSet
 from .attribution import Attribution, Target, explain
+from .attribution_image import explain_image
+from .attribution_steps import GenerationAttribution, explain_generation
 from .capture import AttentionRecord, Capture, capture
 from .compare import Comparison, compare
 from .html import Page, render_html, show, to_html
@@ -46,6 +50,7 @@ __all__ = [
     "Attribution",
     "Capture",
     "Comparison",
+    "GenerationAttribution",
     "ImageLayout",
     "Page",
     "Target",
@@ -55,6 +60,8 @@ __all__ = [
     "capture",
     "compare",
     "explain",
+    "explain_generation",
+    "explain_image",
     "from_generate",
     "head_statistics",
     "heatmaps",

@@ -43,7 +43,7 @@ from .attribution_passes import (
     rollout_matrix,
 )
 
-__all__ = ["METHODS", "Attribution", "Target", "explain"]
+__all__ = ["METHODS", "Attribution", "Target", "checkpoint_kind", "explain"]
 
 METHODS = ("attention_x_gradient", "input_x_gradient", "integrated_gradients", "rollout")
 _GRADIENT = frozenset(("attention_x_gradient", "input_x_gradient", "integrated_gradients"))
@@ -146,18 +146,47 @@ def _kind(model: nn.Module) -> tuple[str, bool]:
     )
 
 
+def checkpoint_kind(directory: str | Path) -> tuple[str, str]:
+    """What :func:`explain` makes of a checkpoint folder, from its config alone (no weights
+    are read): the kind and the folder's name.
+
+    Args:
+        directory: a local transformers checkpoint folder.
+
+    Returns:
+        (``"lm"`` (a decoder: loaded as a causal LM), ``"classifier"`` (its config names a
+        ``...ForSequenceClassification``) or ``"encoder"`` (loaded without a head), the
+        folder's name).
+
+    Raises:
+        ValueError: the folder is not a checkpoint transformers reads, or it holds an
+            encoder-decoder.
+    """
+    from ..models.hf import Checkpoint
+
+    ck = Checkpoint(Path(directory))
+    if ck.kind == "encoder-decoder":
+        raise ValueError(
+            f"model: explain takes encoders and decoders, not an encoder-decoder ({ck.name})"
+        )
+    archs = list(getattr(ck.config, "architectures", None) or [])
+    if any(a.endswith("ForSequenceClassification") for a in archs):
+        return "classifier", ck.name
+    return ("lm" if ck.kind == "decoder" else "encoder"), ck.name
+
+
 def _load(directory: Path) -> tuple[nn.Module, Any]:
     """A checkpoint folder's model with the head its config names, and its tokenizer."""
     import transformers
 
     from ..models.hf import Checkpoint
 
+    kind, _ = checkpoint_kind(directory)
     ck = Checkpoint(directory)
     tokenizer = ck.tokenizer
-    archs = list(getattr(ck.config, "architectures", None) or [])
-    if any(a.endswith("ForSequenceClassification") for a in archs):
+    if kind == "classifier":
         auto: Any = transformers.AutoModelForSequenceClassification
-    elif ck.kind == "decoder":
+    elif kind == "lm":
         auto = transformers.AutoModelForCausalLM
     else:
         auto = transformers.AutoModel
@@ -231,7 +260,7 @@ def _check_target(kind: str, model: nn.Module, tokenizer: Any, target: Any, L: i
 
 
 def _prepare(model: Any, tokenizer: Any, text: Any, target: Any, method: str, steps: int,
-             compare: Any, integration: str) -> _Task:  # fmt: skip
+             compare: Any, integration: str, max_length: Any = None) -> _Task:  # fmt: skip
     if method not in METHODS:
         raise ValueError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
     if integration not in INTEGRATIONS:
@@ -243,6 +272,10 @@ def _prepare(model: Any, tokenizer: Any, text: Any, target: Any, method: str, st
         raise ValueError(f"steps: expected an int >= {least}, got {steps!r}")
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"text: expected the text to explain, got {text!r}")
+    if max_length is not None and (
+        isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
+    ):
+        raise ValueError(f"max_length: expected a positive number of tokens, got {max_length!r}")
     if isinstance(model, (str, Path)):
         model, own = _load(Path(model))
         tokenizer = tokenizer if tokenizer is not None else own
@@ -268,6 +301,8 @@ def _prepare(model: Any, tokenizer: Any, text: Any, target: Any, method: str, st
     limit = int(
         getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 512
     )
+    if max_length is not None:
+        limit = min(limit, max_length)
     ids, tokens = _encode(tokenizer, text, limit)
     checked = _check_target(kind, model, tokenizer, target, ids.shape[1])
     model.eval()
@@ -324,6 +359,7 @@ def explain(
     steps: int = 32,
     compare: str | None = None,
     integration: str = "gausslegendre",
+    max_length: int | None = None,
 ) -> Attribution:
     """Attribute a model's output on ``text`` to its input tokens, and to its heads.
 
@@ -356,6 +392,8 @@ def explain(
             ``steps`` points from 0 to 1, each weighing 1/steps, halved at both ends, so
             the weights sum to 1 − 1/steps and the scores fall short of ``y(e) − y(0)``
             by about that fraction).
+        max_length: truncate the input (and ``compare``'s text) to this many tokens, as
+            ``attnkit show --max-length`` does; None (default): the model's positions.
 
     Returns:
         an :class:`Attribution`: ``scores`` (n_tokens,) and ``tokens``; ``head_importance``
@@ -379,16 +417,29 @@ def explain(
         viz.explain(model, tokenizer, "The capital of France is",
                     method="integrated_gradients", steps=64).scores.sum()  # ≈ y(x) − y(0)
     """
-    task = _prepare(model, tokenizer, text, target, method, steps, compare, integration)
+    task = _prepare(model, tokenizer, text, target, method, steps, compare, integration, max_length)
+    return _attribute(task, method, steps, integration)
+
+
+def _attribute(task: _Task, method: str, steps: int, integration: str,
+               pixels: torch.Tensor | None = None, extra: Any = None) -> Attribution:  # fmt: skip
+    """The attribution of a checked task: its model on attnkit's attention for the call; a
+    vision model's input is ``pixels`` (1, 3, H, W) (with ``extra`` keywords) instead."""
     net: Any = task.model
     with on_attnkit(net):
-        embed = net.get_input_embeddings()
-        with torch.no_grad():
-            embeds = embed(task.ids)  # (1, L, D)
+        if pixels is not None:
+            embeds = pixels.to(next(net.parameters()).device)  # (1, 3, H, W)
 
-        def run(x: torch.Tensor) -> Any:
-            mask = torch.ones(x.shape[:2], dtype=torch.long, device=x.device)  # (k, L)
-            return net(inputs_embeds=x, attention_mask=mask)
+            def run(x: torch.Tensor) -> Any:
+                return net(pixel_values=x, **(extra or {}))
+        else:
+            embed = net.get_input_embeddings()
+            with torch.no_grad():
+                embeds = embed(task.ids)  # (1, L, D)
+
+            def run(x: torch.Tensor) -> Any:
+                mask = torch.ones(x.shape[:2], dtype=torch.long, device=x.device)  # (k, L)
+                return net(inputs_embeds=x, attention_mask=mask)
 
         if method == "rollout":
             return _rollout(task, run, embeds)

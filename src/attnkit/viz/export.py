@@ -28,6 +28,13 @@ the page shows them, the layer and head labels, the view (tokens or words,
 renormalised or not), the block size, k, the neuron window and the statistics.
 A file with sides also lists them (``"sides"``: each side's key and what it is,
 e.g. its name, model and text), and each set's record names its ``"side"``.
+
+With an attribution (``attnkit show --explain``, ``explain=``), the file also holds
+``explain.scores`` (n_tokens,), ``explain.head_importance`` (layers, heads),
+``explain.relevance`` (n_tokens, n_tokens) when the method makes one,
+``explain.target`` (position, index; -1 for none) and ``explain.target_value``, and
+the metadata's ``"explain"`` says what was explained: the method, the target, the
+tokens (:func:`attnkit.viz.explain_page.attribution_record`).
 :func:`load_weights` reads both formats back, whatever the case of the suffix.
 """
 
@@ -40,6 +47,9 @@ from typing import Any
 
 import numpy as np
 
+from .attribution import Attribution
+from .attribution_steps import GenerationAttribution
+from .explain_page import attribution_arrays, attribution_record
 from .reduce import ReducedSet
 
 __all__ = ["FORMAT", "SUFFIXES", "load_weights", "save_weights", "set_key"]
@@ -126,6 +136,7 @@ def save_weights(
     *,
     meta: Mapping[str, str] | None = None,
     side_meta: Mapping[str, Mapping[str, str]] | None = None,
+    explain: Attribution | GenerationAttribution | None = None,
 ) -> Path:
     """Write what was captured, with the tokens, to ``path`` (.safetensors or .npz).
 
@@ -139,6 +150,11 @@ def save_weights(
         meta: a few ``name: value`` facts kept in the metadata (the model, the text).
         side_meta: with sides, a few facts about each side (its name, model, text),
             kept in the metadata's ``"sides"``.
+        explain: an :class:`~attnkit.viz.Attribution` written beside the weights, its
+            arrays named ``explain.<array>`` (scores (n_tokens,), head_importance (layers,
+            heads), relevance (n_tokens, n_tokens), target (2,), target_value (1,)); a
+            :class:`~attnkit.viz.GenerationAttribution` as
+            ``explain.steps.<array>``; or None (default).
 
     Returns:
         the path written: ``path`` itself.
@@ -169,6 +185,8 @@ def save_weights(
                 record["side"] = side
             described.append(record)
             arrays |= {f"{prefix}{key}.{name}": a for name, a in s.arrays().items()}
+    if explain is not None:
+        arrays |= attribution_arrays(explain)
     holds = {d["holds"] for d in described}
     document: dict[str, Any] = {
         "format": FORMAT,
@@ -176,6 +194,8 @@ def save_weights(
         "sets": described,
         "meta": {str(k): str(v) for k, v in (meta or {}).items()},
     }
+    if explain is not None:
+        document["explain"] = attribution_record(explain)
     if sides[0][0] is not None:
         document["sides"] = [
             {

@@ -36,7 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from .attention_set import as_sets, page_payload, reduce_set
+from .attribution import Attribution
+from .attribution_steps import GenerationAttribution
 from .compare import Comparison, compare_payload
+from .explain_page import explain_payload
 from .grid import as_grid
 from .image import ImageLayout, image_payload
 from .reduce import Budget, ReducedSet
@@ -53,6 +56,7 @@ SCRIPTS = (
     "views.js",
     "image.js",
     "search.js",
+    "explain.js",
     "export.js",
     "page.js",
 )
@@ -112,6 +116,7 @@ def render_html(
     top_k: int = 16,
     budget: Budget | None = None,
     image: ImageLayout | None = None,
+    explain: Attribution | GenerationAttribution | None = None,
 ) -> str:
     """The page of :func:`to_html` as a string (same arguments, no path).
 
@@ -139,6 +144,14 @@ def render_html(
             (default): the default budget with ``top_k``.
         image: an :class:`~attnkit.viz.ImageLayout` when the tokens are a vision
             transformer's patches, or None (default).
+        explain: an :class:`~attnkit.viz.Attribution` from :func:`attnkit.viz.explain`
+            on the same model and text: an Explain view (the tokens coloured by
+            relevance, the head-importance grid, the relevance matrix), or None
+            (default). Its layers and heads are matched to the page's by their labels
+            (``"layer i"``, ``"head h"``, as a model run names them). A
+            :class:`~attnkit.viz.GenerationAttribution` (each generated
+            token the target) gives a steps × sources matrix, and the view follows the
+            page's generation slider.
 
     Returns:
         The self-contained HTML page, a str.
@@ -184,12 +197,35 @@ def render_html(
                 + ("a Comparison" if comparison is not None else type(image).__name__)
             )
         payload["image"] = image_payload(image, sets[0])
+    if explain is not None:
+        if not isinstance(explain, (Attribution, GenerationAttribution)):
+            raise TypeError(
+                "explain: expected an attnkit.viz.Attribution or GenerationAttribution, got "
+                + type(explain).__name__
+            )
+        first = sets[0]
+        payload["explain"] = explain_payload(
+            explain,
+            layers=_numbered(first.layer_labels, "layer"),
+            heads=_numbered(first.head_labels, "head"),
+        )
     # Inside <script type="application/json">: escape "<" so no token can end the element.
     data = json.dumps(payload, ensure_ascii=False).replace("<", "\\u003c")
     script = "\n".join(_static(name) for name in SCRIPTS)
     parts = {"TITLE": html.escape(title), "STYLE": _static("page.css"), "SCRIPT": script,
              "DATA": data}  # fmt: skip
     return _fill(_static("page.html"), parts)
+
+
+def _numbered(labels: Sequence[str], word: str) -> list[int] | None:
+    """The model's numbers of labels like ``"layer 3"`` (None when any label is another)."""
+    out = []
+    for label in labels:
+        head, _, number = str(label).partition(" ")
+        if head != word or not number.isdigit():
+            return None
+        out.append(int(number))
+    return out
 
 
 def _notes(notes: Sequence[str], sets: Sequence[ReducedSet]) -> list[str]:
@@ -252,7 +288,8 @@ def to_html(
             view the page opens on), ``include_layers`` (bertviz: keep only these
             layers), ``top_k`` (keys kept per row on a long page), ``image`` (an
             :class:`~attnkit.viz.ImageLayout`: the tokens are a vision transformer's
-            patches, drawn on its picture in an image view; see :func:`show_image`).
+            patches, drawn on its picture in an image view; see :func:`show_image`),
+            ``explain`` (an :class:`~attnkit.viz.Attribution`: an Explain view).
 
     Returns:
         the path written.
@@ -296,6 +333,7 @@ def show(
     special: bool = True,
     neuron_window: tuple[int | None, int | None] | str | None = None,
     progress: bool = True,
+    explain: Attribution | GenerationAttribution | None = None,
     **bertviz: Any,
 ) -> Page:
     """A page of attention as a :class:`Page`: displayed inline in Jupyter, ``.save(path)``.
@@ -365,6 +403,8 @@ def show(
             budget: ``(start, stop)`` positions (either may be None) or a token's text
             to centre the window on; None (default): the neuron view's own choice.
         progress: with a model, False: no progress on stderr; default True.
+        explain: an :class:`~attnkit.viz.Attribution` (:func:`attnkit.viz.explain` on
+            the same model and text) for an Explain view, or None (default).
         **bertviz: bertviz's ``encoder_attention``, ``decoder_attention``,
             ``cross_attention``, ``encoder_tokens`` and ``decoder_tokens`` (then
             ``attentions`` is None); any other name is refused.
@@ -420,7 +460,7 @@ def show(
             attentions, tokens, key_tokens=key_tokens, layer_labels=layer_labels,
             head_labels=head_labels, title=title, subtitle=subtitle, meta=meta, notes=notes,
             pair_start=pair_start, scale=scale, layer=layer, heads=heads, top_k=top_k,
-            image=image,
+            image=image, explain=explain,
         )
     )  # fmt: skip
 

@@ -230,7 +230,7 @@ var AK = (function () {
     return text.replace(/^ /, "\u00b7").replace(/\r?\n/g, "\u21b5").replace(/\t/g, "\u2192");
   }
 
-  return { $: $, D: D, fail: fail, decodeSet: decodeSet, decodeDiff: decodeDiff, diffRow: diffRow, row: row,
+  return { $: $, D: D, fail: fail, unpack: unpack, decodeSet: decodeSet, decodeDiff: decodeDiff, diffRow: diffRow, row: row,
            combine: combine, column: column, pooled: pooled, LUT: LUT, DLUT: DLUT, toUnit: toUnit,
            toSigned: toSigned, shade: shade, paint: paint, paintSigned: paintSigned, fmt: fmt, maxOf: maxOf,
            absMaxOf: absMaxOf, ordinal: ordinal, el: el, clear: clear, tokenNode: tokenNode, plain: plain, dark: dark,

@@ -200,7 +200,9 @@
       "through every layer, with the residual connection mixed in.",
     neuron: "For the first chosen head: q and k, and the per-dimension terms whose sum times the scale is the logit.",
     image: "The picture the model saw, its patches coloured by the chosen heads' attention from the first non-patch token; " +
-      "click a patch to look from it (shift-click adds), or a head's map to choose it. The rollout tab traces the whole stack."
+      "click a patch to look from it (shift-click adds), or a head's map to choose it. The rollout tab traces the whole stack.",
+    explain: "Which input tokens the target depends on (hover a token for its score), each head's importance (click a " +
+      "head to choose it in the other views) and, for attention \u00d7 gradient and rollout, the whole relevance matrix."
   };
   // What the matrix, rollout and selection strips draw: one item per side, and A - B.
   function matrixItems(sides) {
@@ -251,7 +253,9 @@
 
   try {
     header();
-    Promise.all(D.sets.map(AK.decodeSet).concat(C ? C.diffs.map(AK.decodeDiff) : [])).then(function () {
+    var jobs = D.sets.map(AK.decodeSet).concat(C ? C.diffs.map(AK.decodeDiff) : []);
+    if (D.explain) jobs.push(AK.decodeExplain());
+    Promise.all(jobs).then(function () {
       AK.fromAddress();
       AK.render();
       document.body.dataset.readyMs = performance.now().toFixed(0);  // since navigation start

@@ -5,7 +5,7 @@
 // address, so a link reproduces the view (and editing the address changes it).
 (function (AK) {
   var D = AK.D, INT = /^\d+$/;
-  var VIEWS = ["head", "matrix", "model", "stats", "rollout", "neuron", "image"];
+  var VIEWS = ["head", "matrix", "model", "stats", "rollout", "neuron", "image", "explain"];
   var state = {
     set: 0, side: "both", view: "head", layer: 0, heads: [], pin: null, sel: { axis: "q", items: [] },
     find: "", whole: false, at: null,  // the search: text, whole tokens only, the current match
@@ -66,6 +66,7 @@
     var S = AK.S(), Q = S.shape[2], K = S.shape[3], nL = AK.most(0), nH = AK.most(1), init = D.initial || {};
     if (Q * K > AK.LONG) state.view = "matrix";
     if (D.image) state.view = "image";  // an image source opens on its picture
+    else if (D.explain) state.view = "explain";  // a page made with --explain opens on it
     if (init.layer !== undefined) state.layer = init.layer;
     if (init.heads) for (var t = 0; t < nH; t++) state.heads[t] = init.heads.indexOf(t) >= 0;
     if (VIEWS.indexOf(want.view) >= 0) state.view = want.view;
@@ -99,6 +100,7 @@
     if (want.flow === "flow" && S.flow) state.flow = "flow";
     if (want.img === "rollout" && S.rollout) state.img = "rollout";
     if (state.view === "image" && !D.image) state.view = "head";
+    if (state.view === "explain" && !D.explain) state.view = "head";
     if ((state.view === "rollout" && !S.rollout) || (state.view === "neuron" && !S.neuron)) state.view = "matrix";
   };
 

@@ -242,7 +242,8 @@
   // items: [{side, g, layer, heads, signed}] in the order drawn.
   function drawSelection(items) {
     var sel = state.sel, box = $("selection");
-    box.hidden = !sel.items.length || state.view === "stats" || state.view === "neuron" || state.view === "image" || !items.length;
+    box.hidden = !sel.items.length || state.view === "stats" || state.view === "neuron" || state.view === "image" ||
+      state.view === "explain" || !items.length;
     if (box.hidden) return;
     var nodes = strips(items.length);
     items.forEach(function (it, n) {

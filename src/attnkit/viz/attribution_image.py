@@ -1,0 +1,92 @@
+"""explain_image(): which patches of a picture a vision transformer classifier's top class
+depends on, and which heads.
+
+The picture is prepared as :func:`attnkit.viz.show_image` prepares it (the checkpoint's
+``preprocessor_config.json``), its tokens are the model's non-patch tokens then its
+patches (:class:`~attnkit.viz.ImageLayout`), and the target is the logit of the
+classifier's top class. Two methods read attention alone and so need no embedding of
+the picture: ``"attention_x_gradient"`` (Chefer et al., 2021; scores: the first token's
+row of R, the token the classifier pools) and ``"rollout"``, each as
+:func:`attnkit.viz.explain` computes it for a text.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .attribution import Attribution, _attribute, _Task
+
+__all__ = ["IMAGE_METHODS", "explain_image", "image_classifier_name"]
+
+IMAGE_METHODS = ("attention_x_gradient", "rollout")
+
+
+def image_classifier_name(config: Any) -> str | None:
+    """The ``...ForImageClassification`` architecture a checkpoint's config names, or None.
+
+    Args:
+        config: a transformers config (its ``architectures``).
+    """
+    archs = list(getattr(config, "architectures", None) or [])
+    return next((a for a in archs if a.endswith("ForImageClassification")), None)
+
+
+def explain_image(
+    directory: str | Path, image: Any, *, method: str = "attention_x_gradient"
+) -> Attribution:
+    """Attribute a vision transformer classifier's top class to its picture's tokens.
+
+    Args:
+        directory: a local checkpoint folder of a ``...ForImageClassification`` model of a
+            family :func:`attnkit.viz.show_image` reads, with ``preprocessor_config.json``.
+        image: the picture: an RGB ``PIL.Image``.
+        method: ``"attention_x_gradient"`` (default) or ``"rollout"``.
+
+    Returns:
+        an :class:`~attnkit.viz.Attribution` over the n tokens (the non-patch tokens, then
+        the patches row by row, labelled ``p(row,col)``): ``scores`` (n,), the first
+        token's row of ``relevance`` (n, n); ``head_importance`` (layers, heads) for
+        attention × gradient; ``target``: the top class.
+
+    Raises:
+        ValueError: another method, or a checkpoint that is not an image classifier
+            (before the model is built).
+    """
+    from ..models import hf_vision
+    from .image import ImageLayout
+
+    if method not in IMAGE_METHODS:
+        raise ValueError(
+            f"method: a picture is explained by {' or '.join(IMAGE_METHODS)}, got {method!r}"
+        )
+    ck = hf_vision.ImageCheckpoint(directory)
+    if image_classifier_name(ck.config) is None:
+        raise ValueError(
+            f"model: {ck.name} has no classification head (its config names no "
+            "...ForImageClassification); a picture's target is a classifier's top class"
+        )
+    import transformers
+
+    model: Any = transformers.AutoModelForImageClassification.from_pretrained(
+        str(ck.directory), local_files_only=True, attn_implementation="eager",
+        trust_remote_code=False,
+    ).eval()  # fmt: skip
+    picture = ck.image_input.picture(image)  # (H, W, 3) uint8
+    H, W = picture.shape[:2]
+    layout = ImageLayout(picture, H // ck.patch[0], W // ck.patch[1], ck.patch, tuple(ck.prefix))
+    pixels = ck.image_input.pixels(picture)  # (1, 3, H, W)
+    extra: dict[str, Any] = {}
+    size = getattr(model.config, "image_size", None)
+    trained = (size, size) if isinstance(size, int) else tuple(size) if size else None
+    if "interpolate_pos_encoding" in inspect.signature(model.forward).parameters and (
+        trained != (H, W)
+    ):
+        extra["interpolate_pos_encoding"] = True
+    tokens = list(layout.tokens())
+    ids = torch.zeros((1, len(tokens)), dtype=torch.long)  # only its length is read
+    task = _Task(model, "classifier", False, ids, tokens, (None, None))
+    return _attribute(task, method, 32, "gausslegendre", pixels=pixels, extra=extra)

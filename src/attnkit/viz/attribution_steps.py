@@ -1,0 +1,129 @@
+"""explain_generation(): each generated token of a causal LM in turn as the target.
+
+A generation of N tokens after a prompt of L gives N targets: the logit of generated
+token ``ids[p]`` at position ``p - 1``, explained from the tokens before it
+(``ids[:p]``, the prompt and the tokens generated earlier), exactly as
+:func:`attnkit.viz.explain` explains that input with ``target=(p - 1, token)``. The
+rows, one per generated token, make a steps × sources matrix (as inseq draws one):
+row t holds the relevance of sources ``0 .. L + t - 1`` and NaN after them, where the
+source did not exist yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .attribution import _GRADIENT, METHODS, _attribute, _kind, _load, _Task
+
+__all__ = ["GenerationAttribution", "explain_generation"]
+
+
+@dataclass(frozen=True)
+class GenerationAttribution:
+    """The result of :func:`explain_generation`.
+
+    Attributes:
+        tokens: every token, prompt and generated, as written (n = L + N).
+        prompt_length: L, the prompt's tokens.
+        method: the method of every row.
+        scores: (N, n - 1) row t: the relevance of each source to generated token L + t
+            (NaN for the sources from L + t on, which came later).
+        target_ids: (N,) the generated tokens' ids.
+        target_values: (N,) each target logit at its input.
+        head_importance: (N, layers, heads) each step's head importance; None for rollout.
+    """
+
+    tokens: list[str]
+    prompt_length: int
+    method: str
+    scores: torch.Tensor
+    target_ids: list[int]
+    target_values: torch.Tensor
+    head_importance: torch.Tensor | None = None
+
+
+def explain_generation(
+    model: Any,
+    tokenizer: Any,
+    ids: Sequence[int],
+    prompt_length: int,
+    *,
+    tokens: Sequence[str] | None = None,
+    method: str = "attention_x_gradient",
+    steps: int = 32,
+) -> GenerationAttribution:
+    """Explain each generated token of a causal LM from the tokens before it.
+
+    Args:
+        model: a transformers causal LM whose attention can run on
+            ``attn_implementation="attnkit"``, or its checkpoint folder (str or Path).
+        tokenizer: its tokenizer (None for a folder: its own).
+        ids: (n,) the prompt's token ids, then the N generated ones.
+        prompt_length: L, in 1 .. n - 1.
+        tokens: the n tokens as shown (default: the tokenizer's pieces).
+        method: as for :func:`attnkit.viz.explain`.
+        steps: integrated gradients' points on the path.
+
+    Returns:
+        a :class:`GenerationAttribution`: ``scores`` (N, n - 1), ``target_values`` (N,),
+        ``head_importance`` (N, layers, heads) for the gradient methods.
+
+    Raises:
+        ValueError, TypeError: before any compute: an unknown method, a model that is not
+            a causal LM, a prompt length outside 1 .. n - 1.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps: expected an int >= 1, got {steps!r}")
+    if isinstance(model, (str, Path)):
+        model, own = _load(Path(model))
+        tokenizer = tokenizer if tokenizer is not None else own
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a transformers causal LM, got {type(model).__name__}")
+    kind, _ = _kind(model)
+    if kind != "lm":
+        raise ValueError(
+            "model: each generated token is a target only of a causal LM; "
+            f"{type(model).__name__} is not one (explain takes it as: {kind})"
+        )
+    n = len(ids)
+    if (
+        isinstance(prompt_length, bool)
+        or not isinstance(prompt_length, int)
+        or not (1 <= prompt_length < n)
+    ):
+        raise ValueError(
+            f"prompt_length: expected 1 to {n - 1} of the {n} ids, got {prompt_length!r}"
+        )
+    shown = list(tokens) if tokens is not None else list(tokenizer.convert_ids_to_tokens(list(ids)))
+    if len(shown) != n:
+        raise ValueError(f"tokens: expected {n}, one per id, got {len(shown)}")
+    model.eval()
+    device = next(model.parameters()).device
+    x = torch.tensor([list(ids)], dtype=torch.long, device=device)  # (1, n)
+    rows, values, heads = [], [], []
+    for p in range(prompt_length, n):
+        task = _Task(model, "lm", True, x[:, :p], shown[:p], (p - 1, int(ids[p])), tokenizer)
+        a = _attribute(task, method, steps, "gausslegendre")
+        row = torch.full((n - 1,), float("nan"), dtype=torch.float64)  # (n - 1,)
+        row[:p] = a.scores.detach().double().cpu()
+        rows.append(row)
+        values.append(a.target_value)
+        if a.head_importance is not None:
+            heads.append(a.head_importance.detach().double().cpu())
+    return GenerationAttribution(
+        tokens=shown,
+        prompt_length=prompt_length,
+        method=method,
+        scores=torch.stack(rows),  # (N, n - 1)
+        target_ids=[int(i) for i in ids[prompt_length:]],
+        target_values=torch.tensor(values, dtype=torch.float64),  # (N,)
+        head_importance=torch.stack(heads) if method in _GRADIENT else None,  # (N, layers, H)
+    )
