@@ -23,6 +23,7 @@ never a number of its own:
 - ``exp_rel``: a float32 exp whose argument is itself rounded.
 - ``WEIGHTS_SCALE``: statistics of attention weights, measured against the
   weights' scale rather than their own.
+- ``printed_rel``: a figure printed to a number of significant digits.
 - ``plain_math_rel``: a half-precision call held to twice the error of the plain
   same-dtype math a user would write.
 
@@ -35,13 +36,8 @@ exp per entry, a logsumexp per row), the rule is applied per entry instead
 
 Exact comparisons (``torch.equal``, ``assert_close(..., rtol=0, atol=0)``) are no
 tolerance and stay as they are. tests/unit/test_tolerance_rule.py fails on any other
-``atol=``/``rtol=`` literal in the suite outside the documented exceptions below
-(``EXCEPTIONS``, with their reasons):
-
-- tests/integration/test_viz_browser.py: the page computes head entropies in
-  JavaScript from weights that travel as bytes; the figure it must show to three
-  digits is held element-wise to ``rtol=1e-3``, which no scale rule expresses (the
-  byte rounding passes through -p·log p).
+``atol=``/``rtol=`` literal in the suite outside the documented exceptions
+(``EXCEPTIONS``, each with its reason here). There are none at present.
 """
 
 from __future__ import annotations
@@ -68,6 +64,7 @@ __all__ = [
     "exp_rel",
     "half_rel",
     "plain_math_rel",
+    "printed_rel",
     "scaled_error",
 ]
 
@@ -123,19 +120,20 @@ GRADCHECK_ATOL = 1e-6
 float64 analytic and central-difference Jacobians (their eps 1e-6: truncation about
 eps² and rounding about 1e-16/eps = 1e-10, times the curvature of the softmax)."""
 
-EXCEPTIONS: dict[str, tuple[int, str]] = {
-    "tests/integration/test_viz_browser.py": (
-        1,
-        "head entropies computed in the browser from byte weights: rtol=1e-3 on the"
-        " figure the page shows",
-    ),
-}
+EXCEPTIONS: dict[str, tuple[int, str]] = {}
 """Test files allowed a bare ``atol=``/``rtol=`` literal: path -> (how many, why)."""
 
 
 def half_rel(dtype: torch.dtype) -> float:
     """``FLOAT16_REL`` or ``BFLOAT16_REL`` for a result of ``dtype``; ``FLOAT32_REL`` else."""
     return {torch.float16: FLOAT16_REL, torch.bfloat16: BFLOAT16_REL}.get(dtype, FLOAT32_REL)
+
+
+def printed_rel(digits: int) -> float:
+    """Relative to each entry: a float32 figure printed to ``digits`` significant digits
+    (a page's CSV) is within half a unit of its last digit, 0.5 · 10^(1 - digits) of
+    itself, plus ``FLOAT32_ULPS_REL`` for the float32 figure that was printed."""
+    return 0.5 * 10.0 ** (1 - digits) + FLOAT32_ULPS_REL
 
 
 def byte_sum_rel(terms: int) -> float:
