@@ -18,7 +18,7 @@ import attnkit
 from attnkit import masks
 
 from reference import oracle
-from tolerance import FLOAT32_REL, assert_close_to_scale
+from tolerance import FLOAT32_REL, FLOAT64_REL, assert_close_to_scale
 
 B, H, HK, L, S, E, EV = 2, 4, 2, 5, 7, 4, 3  # two query heads per key head
 FAR = ((0, 1, 2), (1, 0, 6), (1, 1, 0))  # (batch, key head, key) of the far keys
@@ -55,7 +55,7 @@ def far_key_call(
     mask, spec = _mask(mask_name)
     keep_far = np.repeat(~far, H // HK, axis=1)[:, :, None, :]  # (B, H, 1, S)
     removed = ("keep", keep_far) if spec is None else ("and", spec, ("keep", keep_far))
-    rel = 1e-9 if dtype == torch.float64 else FLOAT32_REL
+    rel = FLOAT64_REL if dtype == torch.float64 else FLOAT32_REL
     q, k, v = (t.to(dtype) for t in (q, k, v))
     return {"q": q, "k": k, "v": v, "mask": mask, "removed": removed, "far": far,
             "bad_q": bad_q, "rel": rel}  # fmt: skip

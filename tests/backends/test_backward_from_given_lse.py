@@ -15,7 +15,7 @@ import torch
 
 import attnkit
 
-from tolerance import assert_close_to_scale
+from tolerance import FLOAT64_REL, assert_close_to_scale
 
 
 @pytest.mark.parametrize("backend", ["reference", "chunked"])
@@ -50,4 +50,4 @@ def test_gaussian_in_the_differences_form_from_a_given_out_and_lse(
     assert len(dps) == len(params)
     for name, got, ref in zip(names, [dq, dk, dv, *dps], want, strict=True):
         assert got is not None, name
-        assert_close_to_scale(got, ref, rel=1e-10, what=name)
+        assert_close_to_scale(got, ref, rel=FLOAT64_REL, what=name)

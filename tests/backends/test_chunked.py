@@ -13,7 +13,14 @@ from attnkit.backends import chunked
 from attnkit.kernels import additive
 
 from cases import qkv, structured_masks
-from tolerance import assert_close_to_scale
+from tolerance import (
+    BFLOAT16_REL,
+    FLOAT32_ULPS_REL,
+    FLOAT64_REL,
+    assert_close_elementwise,
+    assert_close_to_scale,
+    exp_rel,
+)
 
 # (block_q, block_k): dividing nothing, a single row/column, larger than the sequence.
 BLOCKS = ((3, 5), (1, 7), (16, 4), (64, 64))
@@ -46,9 +53,9 @@ def test_structured_masks_skip_blocks_exactly(mask_name: str, LS: tuple[int, int
             out, w, lse = attnkit.attention(
                 q, k, v, mask=mask, backend="chunked", return_weights=True, return_lse=True
             )
-        torch.testing.assert_close(out, ref_out, rtol=0, atol=1e-12)
-        torch.testing.assert_close(w, ref_w, rtol=0, atol=1e-12)
-        torch.testing.assert_close(lse, ref_lse, rtol=0, atol=1e-12)
+        assert_close_to_scale(out, ref_out, rel=FLOAT64_REL, what="output")
+        assert_close_to_scale(w, ref_w, rel=FLOAT64_REL, what="weights")
+        assert_close_to_scale(lse, ref_lse, rel=FLOAT64_REL, what="lse")
 
 
 @pytest.mark.parametrize("score_name", ["bilinear", "gaussian", "additive"])
@@ -85,7 +92,7 @@ def test_gradients_reach_score_parameters(score_name: str) -> None:
     got, ref = grads("chunked"), grads("reference")
     assert len(got) == len(ref) == len(leaves)
     for a, b in zip(got, ref, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+        assert_close_to_scale(a, b, rel=FLOAT64_REL)
 
 
 @pytest.mark.parametrize("score_name", ["scaled_dot", "additive"])
@@ -230,7 +237,7 @@ def test_half_inputs_accumulate_in_float32() -> None:
     )  # fmt: skip
     assert_close_to_scale(w, ref_w)
     assert_close_to_scale(lse, ref_lse)
-    torch.testing.assert_close(out.float(), ref_out, rtol=0, atol=2e-2)
+    assert_close_to_scale(out, ref_out, rel=BFLOAT16_REL)
 
 
 def _head_mean(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: object) -> torch.Tensor:
@@ -247,7 +254,7 @@ def test_head_averaged_weights_match_the_mean_of_per_head_weights(mask_name: str
         avg = _head_mean(q, k, v, mask=mask)
     _, w = attnkit.attention(q, k, v, mask=mask, return_weights=True, backend="reference")
     assert avg.shape == (3, 9, 12)
-    torch.testing.assert_close(avg, w.mean(dim=1), rtol=0, atol=1e-12)
+    assert_close_to_scale(avg, w.mean(dim=1), rel=FLOAT64_REL)
     with pytest.raises(ValueError, match="head dim"):
         _head_mean(q[0, 0], k[0, 0], v[0, 0])
 
@@ -279,7 +286,7 @@ def test_batched_band_blocks_match_reference(score_name: str, mask: masks.Mask) 
         assert q.grad is not None
         grads.append((out.detach(), lse, q.grad.clone()))
     for a, b in zip(*grads, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-11)
+        assert_close_to_scale(a, b, rel=FLOAT64_REL)
 
 
 def test_exp_rows_kernel_and_torch_fallback_agree() -> None:
@@ -290,15 +297,17 @@ def test_exp_rows_kernel_and_torch_fallback_agree() -> None:
     s[0, 1] = float("-inf")  # a fully blocked row
     s[1, :, ::3] = float("-inf")
     shift = torch.where(s.amax(-1).isfinite(), s.amax(-1), 0)
-    ref = (s.double() - shift.double().unsqueeze(-1)).exp()
+    arg = s.double() - shift.double().unsqueeze(-1)
+    ref = arg.exp()
+    rel = exp_rel(float(arg[arg.isfinite()].abs().max()))  # float32 arguments
     fast = s.clone()
     sums = exp_rows_(fast, shift, want_sum=True)
     slow = s.clone().transpose(0, 1)  # not contiguous: the torch path
     slow_sums = exp_rows_(slow, shift.transpose(0, 1), want_sum=True)
     assert sums is not None and slow_sums is not None
     for got, got_sum in ((fast, sums), (slow.transpose(0, 1), slow_sums.transpose(0, 1))):
-        torch.testing.assert_close(got.double(), ref, rtol=2e-5, atol=1e-30)  # float32 arguments
-        torch.testing.assert_close(got_sum.double(), ref.sum(-1), rtol=2e-5, atol=0)
+        assert_close_elementwise(got, ref, rel=rel)
+        assert_close_elementwise(got_sum, ref.sum(-1), rel=rel)
         assert not got[0, 1].any()
 
 
@@ -357,7 +366,7 @@ def test_head_averaged_weights_of_three_dim_inputs_with_per_batch_masks(mask: ma
     avg = _head_mean(q, k, v, mask=mask)
     _, w = attnkit.attention(q, k, v, mask=mask, return_weights=True, backend="reference")
     assert avg.shape == (6, 7)
-    torch.testing.assert_close(avg, w.mean(dim=0), rtol=0, atol=1e-12)
+    assert_close_to_scale(avg, w.mean(dim=0), rel=FLOAT64_REL)
 
 
 @pytest.mark.parametrize("shape", [(2, 0, 5, 7), (2, 3, 0, 7), (2, 3, 5, 0)])
@@ -379,8 +388,8 @@ def test_native_kernels_never_read_past_mismatched_operands() -> None:
     ref = (s - shift.unsqueeze(-1)).exp()
     sums = exp_rows_(s, shift, want_sum=True)
     assert sums is not None
-    torch.testing.assert_close(s, ref, rtol=2e-6, atol=0)
-    torch.testing.assert_close(sums, ref.sum(-1), rtol=2e-6, atol=0)
+    assert_close_elementwise(s, ref, rel=FLOAT32_ULPS_REL)
+    assert_close_elementwise(sums, ref.sum(-1), rel=FLOAT32_ULPS_REL)
     qh, kh = torch.randn(2, 3, 5, generator=g), torch.randn(2, 4, 5, generator=g)
     w64 = torch.randn(5, generator=g, dtype=torch.float64)
     with pytest.raises(RuntimeError):  # mixed dtypes: torch refuses, no reinterpretation
@@ -409,7 +418,7 @@ def test_double_backward_equals_the_reference(score_name: str, mask_name: str) -
     with chunked.block_sizes(4, 5):
         got = second("chunked")
     for g, r in zip(got, second("reference"), strict=True):
-        torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-10)
+        assert_close_to_scale(g, r, rel=FLOAT64_REL)
 
 
 def test_double_backward_passes_gradgradcheck() -> None:

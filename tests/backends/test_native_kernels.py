@@ -12,7 +12,7 @@ import torch
 
 from attnkit.kernels import _native, additive, softmax
 
-from tolerance import assert_close_to_scale
+from tolerance import FLOAT32_ULPS_REL, assert_close_elementwise, assert_close_to_scale
 
 T = TypeVar("T")
 
@@ -72,9 +72,9 @@ def test_exp_rows_matches_float64_math(shape: tuple[int, ...]) -> None:
     got = s.clone()
     sums = softmax.exp_rows_(got, shift, want_sum=True)
     assert sums is not None
-    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-37, equal_nan=True)
+    assert_close_elementwise(got, ref, rel=FLOAT32_ULPS_REL)
     ref_sums = torch.exp((s - shift.unsqueeze(-1)).double()).sum(-1).float()
-    torch.testing.assert_close(sums, ref_sums, rtol=1e-6, atol=1e-37, equal_nan=True)
+    assert_close_elementwise(sums, ref_sums, rel=FLOAT32_ULPS_REL)
     assert (got[..., 0] == 0).all()
 
 
@@ -85,8 +85,8 @@ def test_exp_rows_kernel_equals_its_torch_fallback(shape: tuple[int, ...]) -> No
     fast, slow = s.clone(), s.clone()
     fast_sums = softmax.exp_rows_op(fast, shift)
     slow_sums = _torch_only(lambda: softmax.exp_rows_op(slow, shift))
-    torch.testing.assert_close(fast, slow, rtol=2e-6, atol=1e-37, equal_nan=True)
-    torch.testing.assert_close(fast_sums, slow_sums, rtol=2e-6, atol=1e-37, equal_nan=True)
+    assert_close_elementwise(fast, slow, rel=FLOAT32_ULPS_REL)
+    assert_close_elementwise(fast_sums, slow_sums, rel=FLOAT32_ULPS_REL)
     # the same non-finite pattern: a position is inf/NaN in one exactly when in the other
     assert torch.equal(fast.isnan(), slow.isnan()) and torch.equal(fast.isinf(), slow.isinf())
 

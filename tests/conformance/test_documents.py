@@ -25,6 +25,7 @@ from attnkit.backends import varlen
 
 from cases import CPU_BACKENDS, assert_within_tolerance, np_of
 from reference import oracle
+from tolerance import FLOAT64_REL, assert_close_elementwise, assert_close_to_scale
 
 BIG = 2**40
 IDS = {
@@ -78,18 +79,18 @@ def test_documents_in_any_order_match_the_oracle(
             pytest.skip(f"{backend} declines this call here (its reason is tested elsewhere)")
         out, w, lse = attnkit.attention(*leaves, **kw)
     ref_out, ref_w, ref_lse = oracle(np_of(q), np_of(k), np_of(v), mask=spec)
-    np.testing.assert_allclose(np_of(out), ref_out, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(np_of(w), ref_w, rtol=1e-9, atol=1e-12)
+    assert_close_to_scale(np_of(out), ref_out, rel=FLOAT64_REL, what="output")
+    assert_close_to_scale(np_of(w), ref_w, rel=FLOAT64_REL, what="weights")
     np.testing.assert_array_equal(np.isneginf(np_of(lse)), np.isneginf(ref_lse))
     fin = np.isfinite(ref_lse)
-    np.testing.assert_allclose(np_of(lse)[fin], ref_lse[fin], rtol=1e-9)
+    assert_close_elementwise(np_of(lse)[fin], ref_lse[fin], rel=FLOAT64_REL, what="lse")
     # gradients of a random loss on the output against the reference backend (float64)
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     grads = torch.autograd.grad(out, leaves, g)
     ref_leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     ref = attnkit.attention(*ref_leaves, mask=mask, backend="reference")
     for name, a, b in zip("qkv", grads, torch.autograd.grad(ref, ref_leaves, g), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=f"d{name}")
+        assert_close_to_scale(a, b, rel=FLOAT64_REL, what=f"d{name}")
 
 
 def test_a_spread_document_is_one_sequence_of_the_ragged_batch() -> None:
@@ -143,7 +144,7 @@ def test_two_dim_inputs_with_documents_and_a_dense_mask(backend: str) -> None:
     out = attnkit.attention(q, k, v, mask=mask, backend=backend)
     spec = ("and", ("keep", keep.numpy()), ("document", ids.numpy(), key_ids.numpy()))
     ref, _, _ = oracle(np_of(q), np_of(k), np_of(v), mask=spec)
-    np.testing.assert_allclose(np_of(out), ref, rtol=1e-9, atol=1e-12)
+    assert_close_to_scale(np_of(out), ref, rel=FLOAT64_REL)
 
 
 @pytest.mark.parametrize("score", ["scaled_dot", "gaussian"])

@@ -10,6 +10,7 @@ import attnkit
 from attnkit import masks
 
 from cases import MASKS, SCORES, make_case, matrix_backends, refused
+from tolerance import FLOAT64_REL, GRADCHECK_ATOL, assert_close_to_scale
 
 BACKENDS = matrix_backends("cpu")
 
@@ -36,7 +37,9 @@ def test_gradcheck(score_name: str, mask_name: str, device: str, backend: str) -
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *ps: torch.Tensor) -> torch.Tensor:
         return attnkit.attention(q, k, v, score=case.score, mask=case.mask, backend=backend)
 
-    assert torch.autograd.gradcheck(fn, (*leaves, *params), eps=1e-6, atol=1e-5, fast_mode=True)
+    assert torch.autograd.gradcheck(
+        fn, (*leaves, *params), eps=1e-6, atol=GRADCHECK_ATOL, fast_mode=True
+    )
 
 
 @pytest.mark.parametrize("score_name", ["gaussian", "bilinear", "additive"])
@@ -62,7 +65,7 @@ def test_learnable_score_parameters_get_gradients(
     got, ref = grads(backend), grads("reference")
     for g, r in zip(got, ref, strict=True):
         assert g.abs().sum() > 0
-        torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-10)
+        assert_close_to_scale(g, r, rel=FLOAT64_REL)
 
 
 @pytest.mark.parametrize("score_name", SCORES)

@@ -28,6 +28,7 @@ from attnkit import BackendNotSupportedError, masks, mods
 
 from cases import CPU_BACKENDS, np_of
 from reference import oracle
+from tolerance import FLOAT64_REL, assert_close_to_scale
 
 # name: (query shape, key shape); E = 4, values Ev = 3
 LAYOUTS = {
@@ -192,14 +193,13 @@ def test_per_head_parameters_follow_the_layout(layout: str, mod_name: str, mask_
     out, w, lse = _attend(c, backend, return_weights=True, return_lse=True)
     ref_out, ref_w, ref_lse = _oracle(c)
     for name, got, want in (("out", out, ref_out), ("weights", w, ref_w), ("lse", lse, ref_lse)):
-        torch.testing.assert_close(got.detach(), torch.from_numpy(np.ascontiguousarray(want)),
-                                   rtol=1e-9, atol=1e-9, msg=lambda m, n=name: f"{n}: {m}")  # fmt: skip
+        assert_close_to_scale(got, torch.from_numpy(np.ascontiguousarray(want)), rel=FLOAT64_REL,
+                              what=name)  # fmt: skip
     if backend == "reference":
         return
     for i, (got_g, want_g) in enumerate(zip(_grads(c, backend), _grads(c, "reference"),
                                             strict=True)):  # fmt: skip
-        torch.testing.assert_close(got_g, want_g, rtol=1e-8, atol=1e-9,
-                                   msg=lambda m, i=i: f"gradient {i}: {m}")  # fmt: skip
+        assert_close_to_scale(got_g, want_g, rel=FLOAT64_REL, what=f"gradient {i}")
 
 
 def test_the_reported_calls_run_and_match_the_oracle() -> None:
@@ -214,7 +214,7 @@ def test_the_reported_calls_run_and_match_the_oracle() -> None:
         got = attnkit.attention(q, k, v, mask=masks.valid_lens(lens), mods=m)
         want = oracle(np_of(q), np_of(k), np_of(v), mask=("valid_lens", lens.numpy(), False),
                       mods=[spec])[0]  # fmt: skip
-        torch.testing.assert_close(got, torch.from_numpy(want), rtol=1e-9, atol=1e-9)
+        assert_close_to_scale(got, torch.from_numpy(want), rel=FLOAT64_REL)
     # the Gaussian with a tensor scale, grouped-query heads (sdpa and chunked crashed)
     q = torch.randn(2, 4, 5, 8, generator=g, dtype=torch.float64)
     k, v = (torch.randn(2, 2, 5, 8, generator=g, dtype=torch.float64) for _ in range(2))
@@ -223,7 +223,7 @@ def test_the_reported_calls_run_and_match_the_oracle() -> None:
         got = attnkit.attention(q, k, v, score="gaussian", scale=scale)
         want = oracle(np_of(q), np_of(k), np_of(v), score=("gaussian", 1.0),
                       scale=np.broadcast_to(scale.numpy(), (4,)))[0]  # fmt: skip
-        torch.testing.assert_close(got, torch.from_numpy(want), rtol=1e-9, atol=1e-9)
+        assert_close_to_scale(got, torch.from_numpy(want), rel=FLOAT64_REL)
     # 3-D grouped-query heads, the Gaussian, a per-batch mask, one NaN in the query (sdpa)
     q = torch.randn(4, 5, 8, generator=g, dtype=torch.float64)
     k, v = (torch.randn(2, 5, 8, generator=g, dtype=torch.float64) for _ in range(2))
@@ -235,8 +235,7 @@ def test_the_reported_calls_run_and_match_the_oracle() -> None:
     for backend in ("sdpa", "chunked", "reference", None):
         got = attnkit.attention(q, k, v, score="gaussian", mask=masks.valid_lens(lens),
                                 backend=backend)  # fmt: skip
-        torch.testing.assert_close(got, torch.from_numpy(want), rtol=1e-9, atol=1e-9,
-                                   equal_nan=True)  # fmt: skip
+        assert_close_to_scale(got, torch.from_numpy(want), rel=FLOAT64_REL)
     # 2-D inputs with ALiBi or a T5 bias on the reference backend (it crashed)
     q = torch.randn(5, 8, generator=g, dtype=torch.float64)
     k, v = (torch.randn(6, 8, generator=g, dtype=torch.float64) for _ in range(2))
@@ -248,4 +247,4 @@ def test_the_reported_calls_run_and_match_the_oracle() -> None:
         for backend in ("reference", "chunked", None):
             got = attnkit.attention(q, k, v, mods=m, backend=backend)
             assert got.shape == (5, 8)
-            torch.testing.assert_close(got, torch.from_numpy(want), rtol=1e-9, atol=1e-9)
+            assert_close_to_scale(got, torch.from_numpy(want), rel=FLOAT64_REL)

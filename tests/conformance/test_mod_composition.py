@@ -22,6 +22,7 @@ from attnkit import BackendNotSupportedError, mods
 
 from cases import CPU_BACKENDS, make_case, np_of
 from reference import oracle
+from tolerance import FLOAT64_REL, assert_close_to_scale
 
 H = 3
 SHAPE = (2, H, H, 6, 8, 5, 4)  # (B, H, Hk, L, S, E, Ev)
@@ -114,8 +115,7 @@ def test_modifiers_of_one_kind_compose(combo: str, shape: tuple[int, ...], mask_
     ref = oracle(np_of(case.q), np_of(case.k), np_of(case.v), score=case.score_spec,
                  mask=case.mask_spec, mods=[_spec(s) for s in specs])  # fmt: skip
     for name, got, want in zip(("out", "weights", "lse"), (out, w, lse), ref, strict=True):
-        torch.testing.assert_close(got.detach(), torch.from_numpy(want), rtol=1e-9, atol=1e-9,
-                                   msg=lambda m, n=name: f"{combo}, {n}: {m}")  # fmt: skip
+        assert_close_to_scale(got, torch.from_numpy(want), rel=FLOAT64_REL, what=f"{combo}, {name}")
     if backend == "reference":
         return
 
@@ -130,7 +130,7 @@ def test_modifiers_of_one_kind_compose(combo: str, shape: tuple[int, ...], mask_
         return tuple(torch.zeros(()) if d is None else d for d in got)
 
     for i, (a, b) in enumerate(zip(grads(backend), grads("reference"), strict=True)):
-        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-9, msg=lambda m, i=i: f"grad {i}: {m}")
+        assert_close_to_scale(a, b, rel=FLOAT64_REL, what=f"grad {i}")
 
 
 def test_two_softcaps_on_the_default_call_are_both_applied() -> None:
@@ -141,7 +141,7 @@ def test_two_softcaps_on_the_default_call_are_both_applied() -> None:
     want = oracle(np_of(q), np_of(k), np_of(v), mods=[("softcap", 1.0), ("softcap", 0.5)])[0]
     one = oracle(np_of(q), np_of(k), np_of(v), mods=[("softcap", 0.5)])[0]
     assert np.abs(want - one).max() > 1e-2  # the second cap changes the answer
-    torch.testing.assert_close(got, torch.from_numpy(want), rtol=1e-9, atol=1e-9)
+    assert_close_to_scale(got, torch.from_numpy(want), rel=FLOAT64_REL)
 
 
 def test_the_fused_path_takes_two_alibis_and_two_sinks() -> None:

@@ -16,6 +16,7 @@ from attnkit import BackendNotSupportedError, mods
 
 from cases import CPU_BACKENDS, make_case, np_of
 from reference import oracle
+from tolerance import FLOAT64_REL, GRADCHECK_ATOL, assert_close_to_scale
 
 H = 4
 SHAPE = (2, H, H, 7, 9, 6, 5)  # (B, H, Hk, L, S, E, Ev)
@@ -101,9 +102,9 @@ def test_modifiers_match_the_oracle(mod_name: str, mask_name: str, score_name: s
     ref_out, ref_w, ref_lse = oracle(np_of(case.q), np_of(case.k), np_of(case.v),
                                      score=case.score_spec, mask=case.mask_spec,
                                      scale=scale_np, mods=specs)  # fmt: skip
-    torch.testing.assert_close(out, torch.from_numpy(ref_out), rtol=1e-9, atol=1e-9)
-    torch.testing.assert_close(w, torch.from_numpy(ref_w), rtol=1e-9, atol=1e-9)
-    torch.testing.assert_close(lse, torch.from_numpy(ref_lse), rtol=1e-9, atol=1e-9)
+    assert_close_to_scale(out, torch.from_numpy(ref_out), rel=FLOAT64_REL, what="output")
+    assert_close_to_scale(w, torch.from_numpy(ref_w), rel=FLOAT64_REL, what="weights")
+    assert_close_to_scale(lse, torch.from_numpy(ref_lse), rel=FLOAT64_REL, what="lse")
 
 
 CLAIMS = {
@@ -155,7 +156,9 @@ def test_gradients_reach_inputs_and_learnable_parameters(mod_name: str, backend:
         return attnkit.attention(xs[0], xs[1], xs[2], mask=case.mask, mods=ms, scale=scale,
                                  backend=backend)  # fmt: skip
 
-    assert torch.autograd.gradcheck(fn, (*leaves, *params), eps=1e-6, atol=1e-6, fast_mode=True)
+    assert torch.autograd.gradcheck(
+        fn, (*leaves, *params), eps=1e-6, atol=GRADCHECK_ATOL, fast_mode=True
+    )
 
 
 def test_the_position_tables_gradient_is_the_same_bit_for_bit() -> None:

@@ -36,8 +36,8 @@ from attnkit.nn import MultiheadAttention, SelfAttention
 
 from cases import packed_ids
 from gloo_ranks import free_port, report_and_leave
+from tolerance import FLOAT64_REL, assert_close_to_scale
 
-RTOL, ATOL = 1e-9, 1e-10  # float64, as the oracle tests
 GROUP_DEADLINE_S = 240
 B, H, E = 2, 4, 3
 
@@ -120,7 +120,7 @@ def _make_mask(name: str, L: int, S: int, seed: int) -> masks.Mask | None:
 
 def _close(what: str, got: torch.Tensor, want: torch.Tensor, failures: list[str]) -> None:
     try:
-        torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+        assert_close_to_scale(got, want, rel=FLOAT64_REL, what=what)
     except AssertionError as exc:
         failures.append(f"{what}: {str(exc).splitlines()[0:3]}")
 

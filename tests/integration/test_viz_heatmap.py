@@ -11,6 +11,8 @@ import torch
 
 from attnkit import viz
 
+from tolerance import FLOAT32_ULPS_REL, assert_close_elementwise
+
 
 def _png_size(data: bytes) -> tuple[int, int]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -28,7 +30,8 @@ def test_heatmaps_grid_like_d2l() -> None:
     assert len(fig.axes) == 7  # six panels and one colorbar
     assert [ax.get_title() for ax in images[:3]] == ["a", "b", "c"]
     assert images[3].get_xlabel() == "Keys" and images[0].get_ylabel() == "Queries"
-    np.testing.assert_allclose(images[4].images[0].get_array(), m[1, 1].numpy(), rtol=1e-6)
+    shown = np.asarray(images[4].images[0].get_array())
+    assert_close_elementwise(shown, m[1, 1].numpy(), rel=FLOAT32_ULPS_REL)
     # One colorbar, so one color scale: the range of all panels together.
     want = (float(m.min()), float(m.max()))
     assert all(ax.images[0].get_clim() == pytest.approx(want) for ax in images)

@@ -15,6 +15,7 @@ import attnkit
 from attnkit import masks
 
 from cases import CPU_BACKENDS
+from tolerance import FLOAT64_REL, assert_close_to_scale
 
 B, H, HK, L, S, E, EV = 2, 4, 2, 5, 6, 3, 2
 
@@ -228,4 +229,4 @@ def test_a_valid_call_gives_the_gradients_of_attention(backend: str) -> None:
                                leaves)  # fmt: skip
     got = _run(args, backend=backend)
     for a, b in zip(got[:3], want, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+        assert_close_to_scale(a, b, rel=FLOAT64_REL)
