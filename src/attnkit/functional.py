@@ -18,8 +18,8 @@ from ._inputs import AttentionInputs, validate_inputs
 from ._keywords import refuse_unknown, sdpa_mask
 from ._masked_softmax import masked_softmax
 from .backends._common import graph_link
-from .backends.base import AttentionResult
 from .backends.dispatch import Explanation, explain_inputs, normalize_backend_arg, select_backend
+from .backends.records import AttentionResult
 from .mods import Mod, PositionMod, Sinks, Softcap
 from .scores import Score
 

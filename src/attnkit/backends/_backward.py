@@ -30,11 +30,9 @@ from .. import _lse
 from .._host import readable
 from .._inputs import AttentionInputs
 from ._materialized import materialized
+from .records import InputGrads
 
-__all__ = ["InputGrads", "leaf_call", "materialized_backward", "pull_back"]
-
-InputGrads = tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor | None]]
-"""(d query, d key, d value, [d param for each parameter asked for])."""
+__all__ = ["leaf_call", "materialized_backward", "pull_back"]
 
 
 def _maybe(rows: torch.Tensor) -> torch.Tensor | None:

@@ -9,8 +9,7 @@ The dispatcher runs the first backend, in priority order, with no reasons.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, TypeAlias
+from typing import ClassVar, TypeAlias
 
 import torch
 
@@ -18,9 +17,7 @@ from .._inputs import AttentionInputs
 from ..masks.base import mask_kinds
 from ..mods.base import backend_mod_kinds
 from .operands import DOT_FORM_LIMIT, gaussian_form
-
-if TYPE_CHECKING:
-    from ._backward import InputGrads
+from .records import AttentionResult, InputGrads
 
 __all__ = ["AttentionResult", "Backend", "PlainRunner"]
 
@@ -34,15 +31,6 @@ read off the modifier classes."""
 ALL_MASK_KINDS = mask_kinds()
 """Every mask kind (leaf kinds, and "or"/"not" for ``|`` and ``~`` combinations), read off
 the mask classes."""
-
-
-@dataclass(frozen=True)
-class AttentionResult:
-    """What every backend returns: output (..., L, Ev), weights (..., L, S) or None, lse (..., L) or None."""
-
-    output: torch.Tensor
-    weights: torch.Tensor | None = None
-    lse: torch.Tensor | None = None
 
 
 class Backend:

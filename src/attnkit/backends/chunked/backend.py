@@ -13,11 +13,12 @@ from ..._inputs import AttentionInputs
 from ...blockplan import BlockPlan
 from ...kernels import additive as _additive
 from ...scores import Additive, Score
-from .._backward import InputGrads, leaf_call, pull_back
+from .._backward import leaf_call, pull_back
 from .._common import all_finite, clean_values
 from ..autograd import KernelFunction
-from ..base import ALL_MOD_KINDS, AttentionResult, Backend
+from ..base import ALL_MOD_KINDS, Backend
 from ..operands import ScoreOperands, gaussian_form, lower_score
+from ..records import AttentionResult, InputGrads
 from .autograd import ChunkedCall
 from .sizes import tile_shape
 from .tiles import Operands, weights_tiles

@@ -13,10 +13,10 @@ from ..._inputs import AttentionInputs
 from ...blockplan import RaggedSeq
 from ...mods import ALiBi
 from .. import varlen
-from .._backward import InputGrads
 from .._common import all_finite, dense_mask, graph_link
-from ..base import AttentionResult, Backend, PlainRunner
+from ..base import Backend, PlainRunner
 from ..operands import alibi_folds, lower_score
+from ..records import AttentionResult, InputGrads
 from . import plan
 from .backward import BACKWARD_OP, sdpa_backward
 from .lse import has_lse_kernel, logits_of_call, lse_of_logits, weights_from_lse

@@ -26,9 +26,10 @@ import torch.nn.functional as F
 
 from ..._host import readable
 from ..._inputs import AttentionInputs
-from .._backward import InputGrads, leaf_call, materialized_backward, pull_back
+from .._backward import leaf_call, materialized_backward, pull_back
 from .._common import all_finite, dense_mask
 from ..operands import lower_score
+from ..records import InputGrads
 from .lse import _aten_op
 from .plan import causal_shift
 

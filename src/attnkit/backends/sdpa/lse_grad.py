@@ -23,7 +23,7 @@ from torch.autograd.function import once_differentiable
 
 from ..._inputs import AttentionInputs
 from ...scores import is_shared_score
-from ..base import AttentionResult
+from ..records import AttentionResult
 
 if TYPE_CHECKING:
     from .backend import SDPABackend

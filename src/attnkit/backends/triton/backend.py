@@ -11,10 +11,11 @@ import torch
 from ... import _torch_features as torch_features
 from ..._inputs import AttentionInputs
 from ...scores import Additive, Dot
-from .._backward import InputGrads, leaf_call, pull_back
+from .._backward import leaf_call, pull_back
 from .._common import clean_values, unit_stride
-from ..base import AttentionResult, Backend
+from ..base import Backend
 from ..operands import ScoreOperands, lower_score
+from ..records import AttentionResult, InputGrads
 from .layout import bh_shape, bh_view, kv_lead
 from .maskargs import pack_mask, plan_reason, spec_from_plan
 from .runtime import arch_of, interpreting, missing_reason
