@@ -19,7 +19,7 @@ from ._keywords import refuse_unknown, sdpa_mask
 from ._masked_softmax import masked_softmax
 from .backends._common import graph_link
 from .backends.dispatch import Explanation, explain_inputs, normalize_backend_arg, select_backend
-from .backends.records import AttentionResult
+from .backends.records import AttentionResult, BackwardCall, OutputGrads
 from .mods import Mod, PositionMod, Sinks, Softcap
 from .scores import Score
 
@@ -401,7 +401,7 @@ def attention_backward(
             inputs, out, lse, grad_out, grad_lse, params
         )
         chosen = select_backend(inputs, normalize_backend_arg(backend))
-    return chosen.backward(inputs, out, lse, grad_out, grad_lse, wrt)
+    return chosen.backward(BackwardCall(inputs, OutputGrads(out, lse, grad_out, grad_lse), wrt))
 
 
 def _empty_result(inputs: AttentionInputs) -> AttentionResult:

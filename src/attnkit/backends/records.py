@@ -5,9 +5,11 @@ every backend, the autograd wrappers (:mod:`.autograd`) and the context-parallel
 import these records without reaching upward.
 
 - :class:`AttentionResult`: a forward's (output, weights, lse).
-- :class:`BackwardCall`: what a backward from (out, lse) needs: the call's inputs, the
-  (out, lse) of the attention the call is a part of, their gradients, and the extra
-  tensors (score parameters) to differentiate.
+- :class:`OutputGrads`: an attention's (out, lse) and their gradients, where a backward
+  from (out, lse) starts (for a backend's call, and for its kernels' operands).
+- :class:`BackwardCall`: what a backend's backward needs: the call's inputs, the
+  :class:`OutputGrads` of the attention the call is a part of, and the extra tensors
+  (score parameters) to differentiate.
 - :data:`InputGrads`: what a backward returns.
 """
 
@@ -21,7 +23,7 @@ import torch
 
 from .._inputs import AttentionInputs
 
-__all__ = ["AttentionResult", "BackwardCall", "InputGrads"]
+__all__ = ["AttentionResult", "BackwardCall", "InputGrads", "OutputGrads"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,40 @@ InputGrads: TypeAlias = tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[tor
 
 
 @dataclass(frozen=True)
+class OutputGrads:
+    """The output an attention gave and the loss's gradients of it: what a backward from
+    (out, lse) starts from, in the layout of whoever holds it (a call's (*batch, L, ...),
+    a kernel's rows flattened to N).
+
+    Attributes:
+        out: (..., L, Ev) the attention's output.
+        lse: (..., L) its log-sum-exp (-inf for rows with no key anywhere).
+        grad_out: like ``out``, the loss's gradient of it.
+        grad_lse: like ``lse``, or None (no gradient reaches the lse).
+        weights: (..., L, S) the weights the forward returned, or None.
+        grad_weights: like ``weights``, or None.
+    """
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    grad_out: torch.Tensor
+    grad_lse: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
+    grad_weights: torch.Tensor | None = None
+
+    def rows(self, start: int, length: int) -> OutputGrads:
+        """The same record for query rows ``start .. start + length - 1`` (dim -2 of the
+        output, -1 of the lse); weights are not sliced (a part of the rows has none)."""
+        assert self.weights is None and self.grad_weights is None
+        return OutputGrads(
+            self.out.narrow(-2, start, length),  # (..., length, Ev)
+            self.lse.narrow(-1, start, length),  # (..., length)
+            self.grad_out.narrow(-2, start, length),  # (..., length, Ev)
+            None if self.grad_lse is None else self.grad_lse.narrow(-1, start, length),
+        )
+
+
+@dataclass(frozen=True)
 class BackwardCall:
     """One backward from (out, lse): a call taken as one part of an attention.
 
@@ -49,17 +85,12 @@ class BackwardCall:
     Attributes:
         inputs: the call (query (..., L, E), key (..., S, Ek), value (..., S, Ev), score,
             mask, modifiers, scale).
-        out: (*batch, L, Ev) the output of the attention this call is a part of.
-        lse: (*batch, L) its log-sum-exp (-inf for rows with no key anywhere).
-        grad_out: like ``out``, the loss's gradient of it.
-        grad_lse: like ``lse``, or None (no gradient reaches the lse).
+        given: the attention's output (*batch, L, Ev) and lse (*batch, L) and their
+            gradients (:class:`OutputGrads`; no weights).
         params: tensors the call's operands depend on (score parameters, a per-head
             scale) whose gradients are asked for too, in this order.
     """
 
     inputs: AttentionInputs
-    out: torch.Tensor
-    lse: torch.Tensor
-    grad_out: torch.Tensor
-    grad_lse: torch.Tensor | None = None
+    given: OutputGrads
     params: Sequence[torch.Tensor] = ()
