@@ -111,18 +111,14 @@ class FlashCall:
 
 
 def flash_attention(
+    call: FlashCall,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     attn_mask: torch.Tensor | None,
-    *,
-    is_causal: bool,
-    scale: float,
-    recompute: Callable[..., torch.Tensor],
 ) -> torch.Tensor:
     """out (B, H, L, D) of q (B, H, L, D), k and v (B, Hk, S, D) (Hk divides H), with
-    torch's fused forward and backward ops; ``recompute(q, k, v, attn_mask)`` gives the
-    same output with differentiable operations, for double backward."""
-    call = FlashCall(is_causal, scale, q.shape[1] // k.shape[1], recompute)
+    torch's fused forward and backward ops as ``call`` describes them (causal, scale,
+    ``call.groups == H // Hk``, the differentiable recomputation for double backward)."""
     out, _, _ = KernelFunction.apply(call, False, q, k, v, attn_mask)
     return out
