@@ -12,7 +12,9 @@ unchanged, only its layout):
   indentation: it belongs to the entry's description, not a new entry each.
 
 A function whose annotation says ``Any`` because its result depends on its flags
-gets the real union in the reference (``REAL_RETURNS``).
+gets the real union in the reference (``REAL_RETURNS``). A function decorated with
+``_same_parameters(other)`` (its parameters declared once, on ``other`` in the same
+module) shows ``other``'s parameters, as ``inspect.signature`` does at run time.
 """
 
 from __future__ import annotations
@@ -96,12 +98,24 @@ def normalize(text: str) -> str:
     return "\n".join(out)
 
 
+def _copy_parameters(func: griffe.Function) -> None:
+    """``func``'s parameters taken from the sibling its ``_same_parameters`` names."""
+    for decorator in func.decorators:
+        call = decorator.value
+        if isinstance(call, griffe.ExprCall) and str(call.function) == "_same_parameters":
+            source = func.parent.members[str(call.arguments[0])]
+            assert isinstance(source, griffe.Function), source
+            func.parameters = source.parameters
+
+
 class AttnkitDocstrings(griffe.Extension):
     """Normalizes docstrings as they load and sets the real return types."""
 
     def on_object(self, *, obj: griffe.Object, **kwargs: Any) -> None:
         if obj.docstring is not None:
             obj.docstring.value = normalize(obj.docstring.value)
+        if isinstance(obj, griffe.Function):
+            _copy_parameters(obj)
         real = REAL_RETURNS.get(obj.path)
         if real is not None and isinstance(obj, griffe.Function):
             if str(obj.returns) != "Any":

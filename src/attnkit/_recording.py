@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from ._inputs import AttentionInputs
-    from .backends.base import AttentionResult, Backend
+    from .backends.base import Backend
+    from .backends.records import AttentionResult
 
 __all__ = ["ACTIVE", "Recorder"]
 

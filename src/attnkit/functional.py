@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Literal, Never
+from typing import Any, Literal, Never, ParamSpec, TypeVar
 
 import torch
 
@@ -18,8 +18,8 @@ from ._inputs import AttentionInputs, validate_inputs
 from ._keywords import refuse_unknown, sdpa_mask
 from ._masked_softmax import masked_softmax
 from .backends._common import graph_link
-from .backends.base import AttentionResult
 from .backends.dispatch import Explanation, explain_inputs, normalize_backend_arg, select_backend
+from .backends.records import AttentionResult, BackwardCall, OutputGrads
 from .mods import Mod, PositionMod, Sinks, Softcap
 from .scores import Score
 
@@ -29,6 +29,41 @@ ScoreArg = str | Score
 MaskArg = _masks.Mask | torch.Tensor | None
 BackendArg = str | Sequence[str] | None
 ModsArg = Mod | Sequence[Mod] | None
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _same_parameters(source: Callable[_P, Any]) -> Callable[[Callable[..., _R]], Callable[_P, _R]]:
+    """A decorator: the function takes ``source``'s parameters, declared once there, and
+    keeps its own return type. Type checkers read them through the ``ParamSpec``;
+    ``inspect.signature``, ``help()`` and the reference (``docs/hooks/griffe_attnkit.py``)
+    show each of them with its annotation."""
+
+    def apply(func: Callable[..., _R]) -> Callable[_P, _R]:
+        own = inspect.signature(func).return_annotation
+        shared = inspect.signature(source).replace(return_annotation=own)
+        setattr(func, "__signature__", shared)  # noqa: B010
+        return func
+
+    return apply
+
+
+def _sdpa_keywords(
+    func: str,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    mask: MaskArg,
+    is_causal: bool,
+    attn_mask: torch.Tensor | None,
+    enable_gqa: bool | None,
+    unexpected: dict[str, Any],
+) -> MaskArg:
+    """The call's mask with SDPA's keywords folded in; TypeError for a keyword ``func``
+    does not take (see :mod:`attnkit._keywords`)."""
+    if unexpected:
+        refuse_unknown(func, unexpected, _KEYWORDS)
+    return sdpa_mask(query, key, mask, is_causal, attn_mask, enable_gqa)  # type: ignore[return-value]
 
 
 def attention(
@@ -125,9 +160,9 @@ def attention(
     """
     _features.check_compiling()
     if is_causal is not False or attn_mask is not None or enable_gqa is not None or unexpected:
-        if unexpected:
-            refuse_unknown("attention", unexpected, _KEYWORDS)
-        mask = sdpa_mask(query, key, mask, is_causal, attn_mask, enable_gqa)  # type: ignore[assignment]
+        mask = _sdpa_keywords(
+            "attention", query, key, mask, is_causal, attn_mask, enable_gqa, unexpected
+        )
     plan_key = None
     if return_weights is False and return_lse is False and mods is None:
         plan_key = _plans.plan_key(
@@ -177,25 +212,8 @@ def attention(
     return _pack(inputs, result)
 
 
-def explain(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    *,
-    score: ScoreArg = "scaled_dot",
-    mask: MaskArg = None,
-    scale: float | torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    return_weights: bool | Literal["mean"] = False,
-    return_lse: bool = False,
-    backend: BackendArg = None,
-    mods: ModsArg = None,
-    check_finite: bool = True,
-    is_causal: bool = False,
-    attn_mask: torch.Tensor | None = None,
-    enable_gqa: bool | None = None,
-    **unexpected: Never,
-) -> Explanation:
+@_same_parameters(attention)
+def explain(*args: Any, **kwargs: Any) -> Explanation:
     """Which backend :func:`attention` would run for these arguments, and why.
 
     Takes the same arguments as :func:`attention` and computes nothing. The
@@ -267,30 +285,34 @@ def explain(
         >>> ex.chosen, ex.forced, ex.reasons["reference"]
         ('reference', ('reference',), [])
     """
+    try:
+        bound = _PARAMETERS.bind(*args, **kwargs)
+    except TypeError as e:  # a missing or repeated argument, too many positional ones
+        raise TypeError(f"explain(): {e}") from None
+    bound.apply_defaults()
+    a = bound.arguments
+    query, key, mask, unexpected = a["query"], a["key"], a["mask"], a["unexpected"]
+    is_causal, attn_mask, enable_gqa = a["is_causal"], a["attn_mask"], a["enable_gqa"]
     if is_causal is not False or attn_mask is not None or enable_gqa is not None or unexpected:
-        if unexpected:
-            refuse_unknown("explain", unexpected, _KEYWORDS)
-        mask = sdpa_mask(query, key, mask, is_causal, attn_mask, enable_gqa)  # type: ignore[assignment]
-    inputs = validate_inputs(
-        query,
-        key,
-        value,
-        score=score,
-        mask=mask,
-        scale=scale,
-        dropout_p=dropout_p,
-        return_weights=return_weights,
-        return_lse=return_lse,
-        mods=mods,
-        check_finite=check_finite,
-    )
-    return explain_inputs(_split_common(_split_sinks(inputs)[0])[0], normalize_backend_arg(backend))
+        mask = _sdpa_keywords(
+            "explain", query, key, mask, is_causal, attn_mask, enable_gqa, unexpected
+        )
+    options = {name: a[name] for name in _VALIDATED}
+    inputs = validate_inputs(query, key, a["value"], **{**options, "mask": mask})
+    core = _split_common(_split_sinks(inputs)[0])[0]
+    return explain_inputs(core, normalize_backend_arg(a["backend"]))
 
 
-_KEYWORDS = tuple(
-    name for name in inspect.signature(attention).parameters if name not in ("unexpected",)
-)
+_PARAMETERS = inspect.signature(attention)
+"""The parameters of attention() and explain(), declared once (attention's)."""
+
+_KEYWORDS = tuple(name for name in _PARAMETERS.parameters if name not in ("unexpected",))
 """The keyword names attention() and explain() take (named in the error for any other)."""
+
+_VALIDATED = (
+    "score", "mask", "scale", "dropout_p", "return_weights", "return_lse", "mods", "check_finite"
+)  # fmt: skip
+"""The keyword arguments of validate_inputs(), named as in attention()."""
 
 
 def _split_common(inputs: AttentionInputs) -> tuple[AttentionInputs, tuple[PositionMod, ...]]:
@@ -401,7 +423,7 @@ def attention_backward(
             inputs, out, lse, grad_out, grad_lse, params
         )
         chosen = select_backend(inputs, normalize_backend_arg(backend))
-    return chosen.backward(inputs, out, lse, grad_out, grad_lse, wrt)
+    return chosen.backward(BackwardCall(inputs, OutputGrads(out, lse, grad_out, grad_lse), wrt))
 
 
 def _empty_result(inputs: AttentionInputs) -> AttentionResult:

@@ -24,6 +24,7 @@ import torch
 
 import attnkit
 from attnkit import BackendNotSupportedError, masks, scores
+from attnkit.backends.records import BackwardCall, OutputGrads
 from attnkit.backends.triton import TritonBackend
 
 if str(Path(__file__).resolve().parents[1]) not in sys.path:  # tests/ for the shared oracle
@@ -400,7 +401,9 @@ def test_backward_from_the_global_lse_adds_up_over_key_blocks(
         mask = case.mask.shard(0, k0, L, k1 - k0, L, S) if case.mask is not None else None
         inputs = validate_inputs(case.q, case.k[..., k0:k1, :], case.v[..., k0:k1, :],
                                  score=case.score, mask=mask)  # fmt: skip
-        dq, dk, dv, dp = be.backward(inputs, out.detach(), lse.detach(), d_out, d_lse, params)
+        dq, dk, dv, dp = be.backward(
+            BackwardCall(inputs, OutputGrads(out.detach(), lse.detach(), d_out, d_lse), params)
+        )
         got_q += dq
         got_k.append(dk)
         got_v.append(dv)

@@ -11,6 +11,7 @@ import torch
 import attnkit
 from attnkit import _lse
 from attnkit._inputs import validate_inputs
+from attnkit.backends.records import BackwardCall, OutputGrads
 
 from cases import make_case
 
@@ -50,7 +51,7 @@ def test_backward_from_the_calls_own_lse_matches_autograd(
     out, lse, d_out, d_lse, ref, params = _reference(case, with_d_lse)
     inputs = validate_inputs(case.q, case.k, case.v, score=case.score, mask=case.mask)
     be = attnkit.get_backend(backend)
-    dq, dk, dv, dp = be.backward(inputs, out, lse, d_out, d_lse, params)
+    dq, dk, dv, dp = be.backward(BackwardCall(inputs, OutputGrads(out, lse, d_out, d_lse), params))
     for got, want in zip([dq, dk, dv, *dp], ref, strict=True):
         torch.testing.assert_close(got, torch.zeros_like(got) if want is None else want)
 
@@ -75,7 +76,9 @@ def test_key_blocks_given_the_global_lse_add_up_to_the_whole(
             mask = mask.shard(0, k0, case.q.shape[-2], k1 - k0, case.q.shape[-2], S)
         k, v = case.k[..., k0:k1, :], case.v[..., k0:k1, :]
         inputs = validate_inputs(case.q, k, v, score=case.score, mask=mask)
-        gq, gk, gv, gp = be.backward(inputs, out, lse, d_out, d_lse, params)
+        gq, gk, gv, gp = be.backward(
+            BackwardCall(inputs, OutputGrads(out, lse, d_out, d_lse), params)
+        )
         dq += gq
         dk_parts.append(gk)
         dv_parts.append(gv)

@@ -187,3 +187,32 @@ def test_viewer_guide_explains_every_flag_of_show() -> None:
     guide = (DOCS / "guides" / "viewer.md").read_text(encoding="utf-8")
     flags = [f for a in hook.options(hook.command_parser("show")) for f in a.option_strings]
     assert [f for f in flags if f"`{f}" not in guide] == []
+
+
+def test_attention_and_explain_show_each_parameter_with_its_annotation() -> None:
+    import attnkit
+
+    shared = inspect.signature(attnkit.attention).parameters
+    assert len(shared) == 16  # query, key, value, 12 keywords and **unexpected
+    for func in (attnkit.attention, attnkit.explain):
+        params = inspect.signature(func).parameters
+        assert list(params) == list(shared)
+        for name, p in params.items():
+            assert p.annotation is not inspect.Parameter.empty, (func.__name__, name)
+            assert p.annotation == shared[name].annotation and p.default == shared[name].default
+    assert inspect.signature(attnkit.explain).return_annotation == "Explanation"
+
+
+def test_reference_shows_the_parameters_explain_shares_with_attention() -> None:
+    griffe = pytest.importorskip("griffe")
+    hook = _hook("griffe_attnkit")
+    module = griffe.load(
+        "attnkit.functional",
+        search_paths=[str(ROOT / "src")],
+        extensions=griffe.load_extensions(hook.AttnkitDocstrings),
+    )
+    attention, explain = module["attention"], module["explain"]
+    shown = [(p.name, str(p.annotation), p.default) for p in explain.parameters]
+    assert shown == [(p.name, str(p.annotation), p.default) for p in attention.parameters]
+    assert ("score", "ScoreArg", "'scaled_dot'") in shown
+    assert str(explain.returns) == "Explanation"

@@ -30,11 +30,9 @@ from .. import _lse
 from .._host import readable
 from .._inputs import AttentionInputs
 from ._materialized import materialized
+from .records import BackwardCall, InputGrads
 
-__all__ = ["InputGrads", "leaf_call", "materialized_backward", "pull_back"]
-
-InputGrads = tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor | None]]
-"""(d query, d key, d value, [d param for each parameter asked for])."""
+__all__ = ["leaf_call", "materialized_backward", "pull_back"]
 
 
 def _maybe(rows: torch.Tensor) -> torch.Tensor | None:
@@ -86,25 +84,19 @@ def pull_back(
     return dq, dk, dv, list(got[3:])
 
 
-def materialized_backward(
-    inputs: AttentionInputs,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    grad_out: torch.Tensor,
-    grad_lse: torch.Tensor | None,
-    params: Sequence[torch.Tensor] = (),
-) -> InputGrads:
+def materialized_backward(call: BackwardCall) -> InputGrads:
     """Gradients of this call's share (see the module docstring).
 
-    out (*batch, L, Ev), lse (*batch, L) (-inf for rows with no key anywhere),
-    grad_out like out, grad_lse like lse or None; ``params``: score parameters to
-    differentiate too.
+    ``call.given``: out (*batch, L, Ev), lse (*batch, L) (-inf for rows with no key
+    anywhere), grad_out like out, grad_lse like lse or None; ``call.params``: score
+    parameters to differentiate too.
     """
+    inputs, given = call.inputs, call.given
     cd = inputs.compute_dtype
-    d_out = grad_out.detach().to(cd)
-    D = (d_out * out.detach().to(cd)).sum(-1)  # (*batch, L)
-    if grad_lse is not None:
-        D = D - grad_lse.detach().to(cd)
+    d_out = given.grad_out.detach().to(cd)
+    D = (d_out * given.out.detach().to(cd)).sum(-1)  # (*batch, L)
+    if given.grad_lse is not None:
+        D = D - given.grad_lse.detach().to(cd)
     # rows whose output gradient is not finite (their global output is NaN) pass a NaN to
     # the pairs they use, and nothing through the others
     odd = ~(torch.isfinite(D) & torch.isfinite(d_out).all(dim=-1))  # (*batch, L)
@@ -112,7 +104,7 @@ def materialized_backward(
         leaves, rec = leaf_call(inputs, dropout_p=0.0)
         m = materialized(rec, extra_rows=_maybe(odd))
         logits = m.logits  # (*batch, L, S), -inf where blocked
-        lse_c = lse.detach().to(cd)
+        lse_c = given.lse.detach().to(cd)
         dead = torch.isneginf(lse_c)
         p = torch.exp(logits - _lse.safe_max(lse_c).unsqueeze(-1))  # (*batch, L, S)
         zero = torch.zeros((), dtype=p.dtype, device=p.device)
@@ -121,4 +113,4 @@ def materialized_backward(
             d_out = torch.where(m.reached.unsqueeze(-1), 0.0, d_out)
             D = torch.where(m.reached, 0.0, D)
         f = ((p @ m.value) * d_out).sum() - (p.sum(-1) * D).sum()
-    return pull_back([(f, torch.ones((), dtype=f.dtype))], leaves, params)
+    return pull_back([(f, torch.ones((), dtype=f.dtype))], leaves, call.params)

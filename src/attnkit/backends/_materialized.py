@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from .._host import readable
 from .._inputs import AttentionInputs
 from ._common import all_finite, dense_mask, masked_softmax, score_logits
-from .base import AttentionResult
+from .records import AttentionResult
 
 __all__ = ["Materialized", "materialized", "materialized_attention", "materialized_logits"]
 

@@ -13,16 +13,40 @@ hands in the global (out, lse).
 
 Double backward (``create_graph=True``): the call's ``differentiable_backward``
 recomputes with differentiable operations; a call without one raises.
+
+A backend whose kernels return an lse that autograd does not differentiate (torch's
+fused SDPA kernels return it through private ops) gets a differentiable (out, lse) from
+:func:`differentiable_lse_forward`: :class:`BackendFunction` runs the forward under
+``no_grad`` and its backward is the backend's own :meth:`~.base.Backend.backward` from
+(out, lse), given a :class:`.records.BackwardCall`. Gradients reach the query, key,
+value, the score's parameters and the modifiers' parameters (:func:`trainable`). Once
+differentiable (no double backward). The Function keeps the output in the dtype the
+forward computed it in (float32 for half inputs run upcast) and the cast to the
+inputs' dtype comes after it, so the backward's ``rowsum(d_out * out)`` is not taken
+from an output rounded to half.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
+from torch.autograd.function import once_differentiable
 
-__all__ = ["KernelCall", "KernelFunction"]
+from .._inputs import AttentionInputs
+from ..scores import is_shared_score
+from .base import Backend
+from .records import AttentionResult, BackwardCall, OutputGrads
+
+__all__ = [
+    "BackendFunction",
+    "KernelCall",
+    "KernelFunction",
+    "differentiable_lse_forward",
+    "trainable",
+]
 
 Grads = tuple[torch.Tensor | None, ...]
 
@@ -36,27 +60,16 @@ class KernelCall(Protocol):
         """(out, lse, weights or None) of the lowered logits."""
         ...
 
-    def backward(
-        self,
-        operands: Sequence[torch.Tensor | None],
-        out: torch.Tensor,
-        lse: torch.Tensor,
-        d_out: torch.Tensor,
-        d_lse: torch.Tensor | None,
-        weights: torch.Tensor | None,
-        d_weights: torch.Tensor | None,
-    ) -> Grads:
-        """One gradient per operand (None for an absent one), from (out, lse)."""
+    def backward(self, operands: Sequence[torch.Tensor | None], given: OutputGrads) -> Grads:
+        """One gradient per operand (None for an absent one), from ``given`` (out, lse,
+        weights or None, and their gradients, in the kernels' layout)."""
         ...
 
     def differentiable_backward(
-        self,
-        operands: Sequence[torch.Tensor | None],
-        d_out: torch.Tensor,
-        d_lse: torch.Tensor | None,
-        d_weights: torch.Tensor | None,
+        self, operands: Sequence[torch.Tensor | None], given: OutputGrads
     ) -> Grads:
-        """The same gradients with create_graph (double backward)."""
+        """The same gradients with create_graph (double backward): from ``given``'s
+        gradients only (the output, lse and weights are recomputed)."""
         ...
 
 
@@ -84,8 +97,74 @@ class KernelFunction(torch.autograd.Function):
         if d_out is None:
             d_out = torch.zeros_like(out)
         call: KernelCall = ctx.call
+        given = OutputGrads(out, lse, d_out, d_lse, weights, d_weights)
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            grads = call.differentiable_backward(operands, d_out, d_lse, d_weights)
+            grads = call.differentiable_backward(operands, given)
         else:
-            grads = call.backward(operands, out, lse, d_out.contiguous(), d_lse, weights, d_weights)
+            grads = call.backward(operands, replace(given, grad_out=d_out.contiguous()))
         return (None, None, *grads)
+
+
+def trainable(inputs: AttentionInputs) -> list[torch.Tensor]:
+    """Tensors besides q, k, v that need a gradient: score and modifier parameters and a
+    per-head scale."""
+    out: list[torch.Tensor] = []
+    if not is_shared_score(inputs.score):
+        out += [p for p in inputs.score.parameters() if p.requires_grad]
+    for m in inputs.mods:
+        out += [t for t in m.tensors() if t.requires_grad]
+    if inputs.head_scale is not None and inputs.head_scale.requires_grad:
+        out.append(inputs.head_scale)
+    return out
+
+
+Run = Callable[[AttentionInputs], AttentionResult]
+"""A backend's forward of validated inputs (with ``return_lse``)."""
+
+
+class BackendFunction(torch.autograd.Function):
+    """(backend, run, inputs, n, *tensors) -> (out, lse): ``run(inputs)`` without a graph,
+    differentiated by ``backend.backward`` from (out, lse); ``tensors`` are the call's
+    query, key, value and its first ``n - 3`` :func:`trainable` tensors."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        backend: Backend,
+        run: Run,
+        inputs: AttentionInputs,
+        n: int,
+        *tensors: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            res = run(inputs)
+        assert res.lse is not None
+        ctx.backend, ctx.inputs, ctx.n = backend, inputs, n
+        ctx.save_for_backward(res.output, res.lse)
+        return res.output, res.lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, d_out: torch.Tensor, d_lse: torch.Tensor) -> tuple[Any, ...]:
+        out, lse = ctx.saved_tensors
+        inputs: AttentionInputs = ctx.inputs
+        call = BackwardCall(inputs, OutputGrads(out, lse, d_out, d_lse), trainable(inputs))
+        dq, dk, dv, dps = ctx.backend.backward(call)
+        grads = [dq, dk, dv, *dps]
+        return (None, None, None, None, *grads[: ctx.n])
+
+
+def differentiable_lse_forward(
+    backend: Backend, inputs: AttentionInputs, run: Run
+) -> AttentionResult:
+    """``backend.forward(inputs)`` with an output and an lse that autograd differentiates,
+    ``run`` being the backend's forward that returns them unrounded (see the module
+    docstring). Weights, when asked for too, come from a second, differentiable pass."""
+    tensors = [inputs.query, inputs.key, inputs.value, *trainable(inputs)]
+    plain = replace(inputs, return_weights=False, weights_mean=False)
+    out, lse = BackendFunction.apply(backend, run, plain, len(tensors), *tensors)
+    out = out.to(inputs.dtype)  # (a no-op unless the forward ran upcast)
+    weights = None
+    if inputs.return_weights:
+        weights = backend.forward(replace(inputs, return_lse=False)).weights
+    return AttentionResult(output=out, weights=weights, lse=lse)

@@ -8,9 +8,8 @@ The dispatcher runs the first backend, in priority order, with no reasons.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, TypeAlias
+from collections.abc import Callable
+from typing import ClassVar, TypeAlias
 
 import torch
 
@@ -18,9 +17,7 @@ from .._inputs import AttentionInputs
 from ..masks.base import mask_kinds
 from ..mods.base import backend_mod_kinds
 from .operands import DOT_FORM_LIMIT, gaussian_form
-
-if TYPE_CHECKING:
-    from ._backward import InputGrads
+from .records import AttentionResult, BackwardCall, InputGrads
 
 __all__ = ["AttentionResult", "Backend", "PlainRunner"]
 
@@ -34,15 +31,6 @@ read off the modifier classes."""
 ALL_MASK_KINDS = mask_kinds()
 """Every mask kind (leaf kinds, and "or"/"not" for ``|`` and ``~`` combinations), read off
 the mask classes."""
-
-
-@dataclass(frozen=True)
-class AttentionResult:
-    """What every backend returns: output (..., L, Ev), weights (..., L, S) or None, lse (..., L) or None."""
-
-    output: torch.Tensor
-    weights: torch.Tensor | None = None
-    lse: torch.Tensor | None = None
 
 
 class Backend:
@@ -155,27 +143,19 @@ class Backend:
         """Compute attention for validated inputs."""
         raise NotImplementedError
 
-    def backward(
-        self,
-        inputs: AttentionInputs,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-        grad_out: torch.Tensor,
-        grad_lse: torch.Tensor | None,
-        params: Sequence[torch.Tensor] = (),
-    ) -> InputGrads:
-        """Gradients (d query, d key, d value, [d param for each of ``params``]) of this
-        call as one part of an attention whose output is ``out`` (*batch, L, Ev) with
-        log-sum-exp ``lse`` (*batch, L): e.g. one key block of a context-parallel ring,
-        given the global (out, lse). For a whole call, pass its own (out, lse).
+    def backward(self, call: BackwardCall) -> InputGrads:
+        """Gradients (d query, d key, d value, [d param for each of ``call.params``]) of
+        ``call.inputs`` as one part of an attention whose output is ``call.given.out``
+        (*batch, L, Ev) with log-sum-exp ``call.given.lse`` (*batch, L): e.g. one key
+        block of a context-parallel ring, given the global (out, lse). For a whole call,
+        its own (out, lse) (see :class:`.records.BackwardCall`).
 
-        ``grad_out`` like ``out``, ``grad_lse`` like ``lse`` or None. The default is the
-        materialized definition differentiated (:mod:`._backward`, O(L·S) memory); a
-        backend with a backward of its own from (out, lse) overrides it.
+        The default is the materialized definition differentiated (:mod:`._backward`,
+        O(L·S) memory); a backend with a backward of its own from (out, lse) overrides it.
         """
         from ._backward import materialized_backward
 
-        return materialized_backward(inputs, out, lse, grad_out, grad_lse, params)
+        return materialized_backward(call)
 
     def plain_runner(self, inputs: AttentionInputs) -> PlainRunner | None:
         """A shortcut for repeated plain calls like ``inputs`` (output only; see

@@ -23,7 +23,8 @@ from typing import ClassVar
 
 from .._inputs import AttentionInputs
 from ._materialized import materialized_attention
-from .base import ALL_MOD_KINDS, AttentionResult, Backend
+from .base import ALL_MOD_KINDS, Backend
+from .records import AttentionResult
 
 __all__ = ["ReferenceBackend"]
 

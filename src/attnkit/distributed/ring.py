@@ -36,7 +36,9 @@ from typing import Any
 import torch
 
 from .. import _lse
+from ..backends.records import OutputGrads
 from ..functional import attention, attention_backward
+from ..masks import Mask
 from ..scores import is_shared_score
 from .comm import P2P, in_flight, p2p, wait_all
 from .plan import Block, CallPlan
@@ -82,16 +84,24 @@ def _kv_transfers(
     return ops, incoming
 
 
-def _block_call(
+def _block_inputs(
     plan: CallPlan, blk: Block, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out (..., L_blk, Ev), lse (..., L_blk)) of one block, masked at its global positions."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Mask | None]:
+    """One block's query, key and value, and the full mask at the block's global positions."""
     qb = q.narrow(-2, blk.q_local, blk.L)  # (..., L_blk, E)
     kb = k.narrow(-2, blk.k_local, blk.S)  # (..., S_blk, Ek)
     vb = v.narrow(-2, blk.k_local, blk.S)  # (..., S_blk, Ev)
     mask = None
     if plan.mask is not None:
         mask = plan.mask.shard(blk.q_global, blk.k_global, blk.L, blk.S, plan.total_L, plan.total_S)
+    return qb, kb, vb, mask
+
+
+def _block_call(
+    plan: CallPlan, blk: Block, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (..., L_blk, Ev), lse (..., L_blk)) of one block, masked at its global positions."""
+    qb, kb, vb, mask = _block_inputs(plan, blk, q, k, v)
     out, lse = attention(
         qb, kb, vb, score=plan.score, mask=mask, scale=plan.scale, return_lse=True,
         backend=plan.backend,
@@ -140,25 +150,18 @@ def _block_grads(
     blk: Block,
     q: torch.Tensor,
     kv: tuple[torch.Tensor, torch.Tensor],
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    d_out: torch.Tensor,
-    d_lse: torch.Tensor,
+    given: OutputGrads,
     params: list[torch.Tensor],
     want: tuple[bool, bool, bool],
 ) -> list[torch.Tensor | None]:
     """Gradients (dq_blk, dk_blk, dv_blk, *d_params) of one block's share of the loss,
-    from the block's backend's own backward given the global (out, lse)."""
-    rows = slice(blk.q_local, blk.q_local + blk.L)
-    qb = q[..., rows, :]  # (..., L_blk, E)
-    kb = kv[0].narrow(-2, blk.k_local, blk.S)  # (..., S_blk, Ek)
-    vb = kv[1].narrow(-2, blk.k_local, blk.S)  # (..., S_blk, Ev)
-    mask = None
-    if plan.mask is not None:
-        mask = plan.mask.shard(blk.q_global, blk.k_global, blk.L, blk.S, plan.total_L, plan.total_S)
+    from the block's backend's own backward given the global (out, lse) of this rank's
+    queries (``given``: out (..., L_r, Ev), lse (..., L_r) and their gradients)."""
+    qb, kb, vb, mask = _block_inputs(plan, blk, q, *kv)
+    g = given.rows(blk.q_local, blk.L)  # (..., L_blk, Ev), (..., L_blk)
     dq, dk, dv, dps = attention_backward(
-        qb, kb, vb, out[..., rows, :], lse[..., rows], d_out[..., rows, :], d_lse[..., rows],
-        score=plan.score, mask=mask, scale=plan.scale, backend=plan.backend, params=params,
+        qb, kb, vb, g.out, g.lse, g.grad_out, g.grad_lse, score=plan.score, mask=mask,
+        scale=plan.scale, backend=plan.backend, params=params,
     )  # fmt: skip
     return [dq if want[0] else None, dk if want[1] else None, dv if want[2] else None, *dps]
 
@@ -183,10 +186,7 @@ def _backward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    d_out: torch.Tensor,
-    d_lse: torch.Tensor,
+    given: OutputGrads,
     params: list[torch.Tensor],
     want: tuple[bool, bool, bool],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
@@ -206,7 +206,7 @@ def _backward(
         with in_flight(p2p(kv_ops, plan.group, f"ring backward, step {t} (K/V)")):
             for blk in _row_pieces(plan.blocks[r][o]):
                 assert held is not None and grads is not None
-                g = _block_grads(plan, blk, q, held, out, lse, d_out, d_lse, params, want)
+                g = _block_grads(plan, blk, q, held, given, params, want)
                 if g[0] is not None:
                     dq[..., blk.q_local : blk.q_local + blk.L, :] += g[0]
                 if g[1] is not None:
@@ -260,7 +260,8 @@ class _RingAttention(torch.autograd.Function):
         plan: CallPlan = ctx.plan
         params: list[torch.Tensor] = list(ctx.params)
         want = (ctx.needs_input_grad[1], ctx.needs_input_grad[2], ctx.needs_input_grad[3])
-        dq, dk, dv, d_params = _backward(plan, q, k, v, out, lse, d_out, d_lse, params, want)
+        given = OutputGrads(out, lse, d_out, d_lse)
+        dq, dk, dv, d_params = _backward(plan, q, k, v, given, params, want)
         return (
             None,
             dq if want[0] else None,

@@ -19,6 +19,7 @@ import torch
 
 from ...blockplan import BlockPlan
 from .._common import masked_softmax
+from ..records import OutputGrads
 from .tiles import Operands, backward_tiles, forward_tiles
 
 __all__ = ["ChunkedCall"]
@@ -59,42 +60,24 @@ class ChunkedCall:
     def backward(
         self,
         operands: Sequence[torch.Tensor | None],
-        out: torch.Tensor,
-        lse: torch.Tensor,
-        d_out: torch.Tensor,
-        d_lse: torch.Tensor | None,
-        weights: torch.Tensor | None,
-        d_weights: torch.Tensor | None,
+        given: OutputGrads,
         d_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor | None, ...]:
-        """Operand gradients; ``d_rows`` (N, L) accumulates each row's sum of the logits'
-        gradient, for a per-row constant of the logits (see ``backward_tiles``)."""
+        """Operand gradients from ``given`` (out (N, L, Ev), lse (N, L), weights (N, L, S)
+        or None); ``d_rows`` (N, L) accumulates each row's sum of the logits' gradient,
+        for a per-row constant of the logits (see ``backward_tiles``)."""
         ops = self.operands(operands)
         d_pos = torch.zeros_like(ops.pos) if ops.pos is not None else None
         with torch.no_grad():
             dqa, dka, dw, dv, dkb = backward_tiles(
-                ops,
-                self.plan,
-                out,
-                lse,
-                d_out,
-                d_lse,
-                weights,
-                d_weights,
-                d_rows,
-                d_pos,
-                self.low.get("lse"),
+                ops, self.plan, given, d_rows, d_pos, self.low.get("lse")
             )
         return dqa, dka, dw, dv, dkb, d_pos
 
     def differentiable_backward(
-        self,
-        operands: Sequence[torch.Tensor | None],
-        d_out: torch.Tensor,
-        d_lse: torch.Tensor | None,
-        d_weights: torch.Tensor | None,
+        self, operands: Sequence[torch.Tensor | None], given: OutputGrads
     ) -> tuple[torch.Tensor | None, ...]:
-        return _differentiable_grads(self.operands(operands), self.plan, d_out, d_lse, d_weights)
+        return _differentiable_grads(self.operands(operands), self.plan, given)
 
 
 def dense_logits(ops: Operands, plan: BlockPlan) -> torch.Tensor:
@@ -132,17 +115,14 @@ def dense_logits(ops: Operands, plan: BlockPlan) -> torch.Tensor:
 
 
 def _differentiable_grads(
-    ops: Operands,
-    plan: BlockPlan,
-    d_out: torch.Tensor,
-    d_lse: torch.Tensor | None,
-    d_weights: torch.Tensor | None,
+    ops: Operands, plan: BlockPlan, given: OutputGrads
 ) -> tuple[torch.Tensor | None, ...]:
     """(dqa, dka, dw, dv, dkb, dpos) of the materialized computation, with create_graph.
 
     Recomputed from the saved tensors themselves, so the gradients stay connected to
     the graph that produced them (second derivatives flow back through it).
     """
+    d_out, d_lse, d_weights = given.grad_out, given.grad_lse, given.grad_weights
     with torch.enable_grad():
         weights, lse = masked_softmax(dense_logits(ops, plan))  # (N, L, S), (N, L)
         out = weights @ ops.v  # (N, L, Ev)

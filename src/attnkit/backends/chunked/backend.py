@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -13,11 +12,12 @@ from ..._inputs import AttentionInputs
 from ...blockplan import BlockPlan
 from ...kernels import additive as _additive
 from ...scores import Additive, Score
-from .._backward import InputGrads, leaf_call, pull_back
+from .._backward import leaf_call, pull_back
 from .._common import all_finite, clean_values
 from ..autograd import KernelFunction
-from ..base import ALL_MOD_KINDS, AttentionResult, Backend
+from ..base import ALL_MOD_KINDS, Backend
 from ..operands import ScoreOperands, gaussian_form, lower_score
+from ..records import AttentionResult, BackwardCall, InputGrads, OutputGrads
 from .autograd import ChunkedCall
 from .sizes import tile_shape
 from .tiles import Operands, weights_tiles
@@ -97,43 +97,34 @@ class ChunkedBackend(Backend):
             weights = _head_mean_weights(ops, plan, lse.detach(), inputs, call.low.get("lse"))
         return AttentionResult(output=out, weights=weights, lse=lse_out)
 
-    def backward(
-        self,
-        inputs: AttentionInputs,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-        grad_out: torch.Tensor,
-        grad_lse: torch.Tensor | None,
-        params: Sequence[torch.Tensor] = (),
-    ) -> InputGrads:
+    def backward(self, call: BackwardCall) -> InputGrads:
         """The tiles' own backward from a given (out, lse): each tile's probabilities are
         ``exp(s - lse)``, so nothing of size L×S is held; then back through the score's
         lowering (its projections) to the query, key, value and parameters."""
+        inputs, given = call.inputs, call.given
         batch, L = inputs.batch_shape, inputs.L
         N, cd = math.prod(batch), inputs.compute_dtype
         with torch.enable_grad():
             leaves, rec = leaf_call(inputs, return_lse=True)  # (the lse's frame: row constant)
             ops, lowered = _operands(rec)
-        lse_l = lowered.lowered_lse(lse.detach().to(cd)).reshape(N, L)  # (N, L)
-        call = ChunkedCall(_plan(rec), ops.kind, ops.scale, _flags(ops))
+        lse_l = lowered.lowered_lse(given.lse.detach().to(cd)).reshape(N, L)  # (N, L)
+        kernel = ChunkedCall(_plan(rec), ops.kind, ops.scale, _flags(ops))
         tensors = (ops.qa, ops.ka, ops.w, ops.v, ops.kb, ops.pos)
-        d_lse = grad_lse.detach().to(cd).reshape(N, L) if grad_lse is not None else None
+        grad_lse = given.grad_lse
+        d_lse = grad_lse.detach().to(cd).reshape(N, L) if grad_lse is not None else None  # (N, L)
         d_rows = torch.zeros(N, L, dtype=cd, device=inputs.device)  # (N, L)
-        grads = call.backward(
-            tensors,
-            out.detach().to(cd).reshape(N, L, -1),  # (N, L, Ev)
+        rows = OutputGrads(
+            given.out.detach().to(cd).reshape(N, L, -1),  # (N, L, Ev)
             lse_l,
-            grad_out.detach().to(cd).reshape(N, L, -1).contiguous(),  # (N, L, Ev)
+            given.grad_out.detach().to(cd).reshape(N, L, -1).contiguous(),  # (N, L, Ev)
             d_lse,
-            None,
-            None,
-            d_rows if lowered.row_constant is not None else None,
         )
+        grads = kernel.backward(tensors, rows, d_rows if lowered.row_constant is not None else None)
         pairs = [
             (t, g) for t, g in zip(tensors, grads, strict=True) if t is not None and g is not None
         ]
-        pairs += lowered.row_constant_pairs(lse, d_rows.reshape(*inputs.batch_shape, L))
-        return pull_back(pairs, leaves, params)
+        pairs += lowered.row_constant_pairs(given.lse, d_rows.reshape(*inputs.batch_shape, L))
+        return pull_back(pairs, leaves, call.params)
 
 
 def _mod_reasons(inputs: AttentionInputs) -> list[str]:

@@ -17,6 +17,7 @@ from ..._layout import ONE_HEAD, HeadLayout
 from ...blockplan import BlockPlan
 from ...kernels import additive as _additive
 from ...kernels.softmax import exp_rows_
+from ..records import OutputGrads
 from .sizes import TILE_ELEMENTS
 
 __all__ = ["Operands", "backward_tiles", "forward_tiles", "weights_tiles"]
@@ -465,12 +466,7 @@ def _weighted_dp(
 def backward_tiles(
     ops: Operands,
     plan: BlockPlan,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    d_out: torch.Tensor,
-    d_lse: torch.Tensor | None,
-    weights: torch.Tensor | None,
-    d_weights: torch.Tensor | None,
+    given: OutputGrads,
     d_rows: torch.Tensor | None = None,
     d_pos: torch.Tensor | None = None,
     low: torch.Tensor | None = None,
@@ -483,8 +479,11 @@ def backward_tiles(
     (N, L), when given, accumulates each row's sum of the logits' gradient (what a
     per-row constant of the logits receives); ``d_pos`` (H, L + S - 1) the position
     table's gradient, summed along each tile's diagonals per head. ``low`` (N, L): the
-    lse's rounding (:func:`lse_low`) where the forward gave it, or None.
+    lse's rounding (:func:`lse_low`) where the forward gave it, or None. ``given``: out
+    (N, L, Ev), lse (N, L), weights (N, L, S) or None, and their gradients.
     """
+    out, lse, d_out, d_lse = given.out, given.lse, given.grad_out, given.grad_lse
+    weights, d_weights = given.weights, given.grad_weights
     dqa = torch.zeros_like(ops.qa)
     dka = torch.zeros_like(ops.ka)
     dv = torch.zeros_like(ops.v)

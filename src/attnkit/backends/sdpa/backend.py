@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -13,14 +12,14 @@ from ..._inputs import AttentionInputs
 from ...blockplan import RaggedSeq
 from ...mods import ALiBi
 from .. import varlen
-from .._backward import InputGrads
 from .._common import all_finite, dense_mask, graph_link
-from ..base import AttentionResult, Backend, PlainRunner
+from ..autograd import differentiable_lse_forward
+from ..base import Backend, PlainRunner
 from ..operands import alibi_folds, lower_score
+from ..records import AttentionResult, BackwardCall, InputGrads
 from . import plan
 from .backward import BACKWARD_OP, sdpa_backward
 from .lse import has_lse_kernel, logits_of_call, lse_of_logits, weights_from_lse
-from .lse_grad import differentiable_lse_forward
 from .run import HAS_GQA, call, direct, direct_runner
 
 __all__ = ["SDPABackend"]
@@ -72,17 +71,9 @@ class SDPABackend(Backend):
             return []
         return [f"score {inputs.score.name!r} in {inputs.dtype} would run upcast to float32"]
 
-    def backward(
-        self,
-        inputs: AttentionInputs,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-        grad_out: torch.Tensor,
-        grad_lse: torch.Tensor | None,
-        params: Sequence[torch.Tensor] = (),
-    ) -> InputGrads:
+    def backward(self, call: BackwardCall) -> InputGrads:
         """torch's fused backward from (out, lse) where it can run (see :mod:`.backward`)."""
-        return sdpa_backward(inputs, out, lse, grad_out, grad_lse, params)
+        return sdpa_backward(call)
 
     def plain_runner(self, inputs: AttentionInputs) -> PlainRunner | None:
         """Direct calls (see :func:`.plan.is_direct`) repeat as one :func:`.run.direct`."""
@@ -98,7 +89,8 @@ class SDPABackend(Backend):
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
         if inputs.return_lse and inputs.needs_grad and not _lse_through_weights(inputs):
-            return differentiable_lse_forward(self, inputs)  # the kernels' lse has no autograd
+            # the kernels' lse has no autograd
+            return differentiable_lse_forward(self, inputs, self.forward_unrounded)
         res = self.forward_unrounded(inputs)
         if res.output.dtype == inputs.dtype:
             return res

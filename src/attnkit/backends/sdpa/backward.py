@@ -26,9 +26,10 @@ import torch.nn.functional as F
 
 from ..._host import readable
 from ..._inputs import AttentionInputs
-from .._backward import InputGrads, leaf_call, materialized_backward, pull_back
+from .._backward import leaf_call, materialized_backward, pull_back
 from .._common import all_finite, dense_mask
 from ..operands import lower_score
+from ..records import BackwardCall, InputGrads
 from .lse import _aten_op
 from .plan import causal_shift
 
@@ -57,24 +58,19 @@ def _reduce_to(g: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     return g.sum(dim=dims, keepdim=True) if dims else g
 
 
-def sdpa_backward(
-    inputs: AttentionInputs,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    grad_out: torch.Tensor,
-    grad_lse: torch.Tensor | None,
-    params: Sequence[torch.Tensor] = (),
-) -> InputGrads:
-    """Gradients of this call as a part of an attention with output ``out`` and lse
-    ``lse`` (see :meth:`attnkit.backends.base.Backend.backward`)."""
+def sdpa_backward(call: BackwardCall) -> InputGrads:
+    """Gradients of ``call.inputs`` as a part of an attention with output and lse
+    ``call.given`` (see :meth:`attnkit.backends.base.Backend.backward`)."""
+    inputs, given = call.inputs, call.given
+    out, lse, grad_lse = given.out, given.lse, given.grad_lse
     if not _usable(inputs):
-        return materialized_backward(inputs, out, lse, grad_out, grad_lse, params)
+        return materialized_backward(call)
     cd, batch, L, S = inputs.compute_dtype, inputs.batch_shape, inputs.L, inputs.S
     with torch.enable_grad():
         leaves, rec = leaf_call(inputs)
         ops = lower_score(rec, upcast=True, row_constant=True, fold_alibi=True)
         if ops.excluded is not None:
-            return materialized_backward(inputs, out, lse, grad_out, grad_lse, params)
+            return materialized_backward(call)
         qd, kd = ops.with_key_bias_feature()  # q'·k' + b == [q', 1]·[k', b]
         rows = ops.row_constant is not None
         if rows:  # [q', 1]·[k', 1] adds 1 to every logit: its query gradient sums each row
@@ -86,7 +82,7 @@ def sdpa_backward(
     lse_l = torch.where(dead, torch.zeros((), dtype=cd), lse_l)  # every p of a dead row is 0
     if rows:
         lse_l = lse_l + inputs.scale  # the logits carry one more scale * 1
-    d_out = grad_out.detach().to(cd).masked_fill(dead.unsqueeze(-1), 0.0)
+    d_out = given.grad_out.detach().to(cd).masked_fill(dead.unsqueeze(-1), 0.0)
     d_lse = torch.zeros_like(lse_l) if grad_lse is None else grad_lse.detach().to(cd)
     d_lse = d_lse.masked_fill(dead, 0.0)
     # the lse's gradient rides in one more value feature (see the module docstring)
@@ -133,4 +129,4 @@ def sdpa_backward(
         extra = ops.row_constant_pairs(lse, row_grad)
         dq = torch.cat([dq[..., :-1], torch.zeros_like(dq[..., -1:])], dim=-1)
     dq, dk, dv = _reduce_to(dq, qd.shape), _reduce_to(dk, kd.shape), _reduce_to(dv, vd.shape)
-    return pull_back([(qd, dq), (kd, dk), (vd, dv), *extra], leaves, params)
+    return pull_back([(qd, dq), (kd, dk), (vd, dv), *extra], leaves, call.params)

@@ -1,10 +1,11 @@
-"""torch's fused CPU flash kernel and its backward, as one lean autograd Function.
+"""torch's fused CPU flash kernel and its backward, as a call of the generic autograd Function.
 
 A call that needs gradients used to run torch's public SDPA inside a wrapper that
 rebuilt an inner graph and took a nested ``autograd.grad`` in the backward (so that
 the backward could itself be differentiated). :func:`flash_attention` calls the two
 fused ops directly instead: the forward op returns the output and the lse, which are
-saved; the backward op takes them. A backward that autograd records
+saved; the backward op takes them: a :class:`FlashCall` run by the generic
+:class:`attnkit.backends.autograd.KernelFunction`. A backward that autograd records
 (``create_graph=True``) recomputes the call with differentiable operations
 (:func:`.grad.math_attention`), so double backward still works.
 
@@ -14,15 +15,17 @@ no gradient (the backward op gives none for it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from .._common import expand_kv, unit_stride
+from ..autograd import Grads, KernelFunction
+from ..records import OutputGrads
 from .lse import LSE_OP, _aten_op
 
-__all__ = ["FLASH_BACKWARD_OP", "can_flash", "flash_attention"]
+__all__ = ["FLASH_BACKWARD_OP", "FlashCall", "can_flash", "flash_attention"]
 
 FLASH_BACKWARD_OP = _aten_op("_scaled_dot_product_flash_attention_for_cpu_backward")
 
@@ -52,61 +55,70 @@ def _mask4(mask: torch.Tensor | None, q: torch.Tensor, S: int) -> torch.Tensor |
     return mask.to(q.dtype).expand(*q.shape[:3], S).contiguous()  # (B, H, L, S)
 
 
-class _Flash(torch.autograd.Function):
-    @staticmethod
+@dataclass(frozen=True)
+class FlashCall:
+    """torch's fused CPU flash ops as a :class:`attnkit.backends.autograd.KernelCall`.
+
+    Operands: q (B, H, L, D), k and v (B, Hk, S, D) (Hk divides H), attn_mask None or
+    SDPA's mask (no gradient). ``recompute(q, k, v, attn_mask)`` gives the output with
+    differentiable operations, for double backward.
+    """
+
+    is_causal: bool
+    scale: float
+    groups: int
+    recompute: Callable[..., torch.Tensor]
+
     def forward(
-        ctx: Any,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        attn_mask: torch.Tensor | None,
-        is_causal: bool,
-        scale: float,
-        recompute: Callable[..., torch.Tensor],
-    ) -> torch.Tensor:
-        groups = q.shape[1] // k.shape[1]
-        ke, ve = expand_kv(k, groups), expand_kv(v, groups)  # (B, H, S, D)
+        self, operands: Sequence[torch.Tensor | None], want_weights: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        q, k, v, attn_mask = operands
+        assert q is not None and k is not None and v is not None
+        ke, ve = expand_kv(k, self.groups), expand_kv(v, self.groups)  # (B, H, S, D)
         mask = _mask4(attn_mask, q, k.shape[2])
         qc, kc, vc = unit_stride(q), unit_stride(ke), unit_stride(ve)
-        out, lse = LSE_OP(qc, kc, vc, 0.0, is_causal, attn_mask=mask, scale=scale)[:2]
-        ctx.save_for_backward(q, k, v, attn_mask, out, lse)
-        ctx.is_causal, ctx.scale, ctx.groups, ctx.recompute = is_causal, scale, groups, recompute
-        return out
+        out, lse = LSE_OP(qc, kc, vc, 0.0, self.is_causal, attn_mask=mask, scale=self.scale)[:2]
+        return out, lse, None
 
-    @staticmethod
-    def backward(ctx: Any, d_out: torch.Tensor) -> tuple[Any, ...]:
-        q, k, v, attn_mask, out, lse = ctx.saved_tensors
-        wants = ctx.needs_input_grad[:3]
-        if torch.is_grad_enabled():  # create_graph=True: differentiate a recomputation
-            again = ctx.recompute(q, k, v, attn_mask)
-            src = [t for t, w in zip((q, k, v), wants, strict=True) if w]
-            got = iter(torch.autograd.grad(again, src, d_out, create_graph=True))
-            return (*(next(got) if w else None for w in wants), None, None, None, None)
-        g = ctx.groups
+    def backward(self, operands: Sequence[torch.Tensor | None], given: OutputGrads) -> Grads:
+        """(dq, dk, dv, None) from the saved (out, lse). The lse is not handed out
+        (:func:`flash_attention` returns the output), so no gradient reaches it."""
+        q, k, v, attn_mask = operands
+        assert q is not None and k is not None and v is not None
+        g = self.groups
         mask = _mask4(attn_mask, q, k.shape[2])
         ke, ve = unit_stride(expand_kv(k, g)), unit_stride(expand_kv(v, g))
         dq, dk, dv = FLASH_BACKWARD_OP(
-            d_out.contiguous(), unit_stride(q), ke, ve, out, lse, 0.0, ctx.is_causal,
-            attn_mask=mask, scale=ctx.scale,
+            given.grad_out, unit_stride(q), ke, ve, given.out, given.lse, 0.0, self.is_causal,
+            attn_mask=mask, scale=self.scale,
         )  # fmt: skip
         if g > 1:  # query heads j*g .. j*g+g-1 share key head j
             dk = dk.unflatten(1, (-1, g)).sum(2)  # (B, Hk, S, D)
             dv = dv.unflatten(1, (-1, g)).sum(2)  # (B, Hk, S, D)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None
+
+    def differentiable_backward(
+        self, operands: Sequence[torch.Tensor | None], given: OutputGrads
+    ) -> Grads:
+        """The gradients of a differentiable recomputation, with create_graph."""
+        q, k, v, attn_mask = operands
+        assert q is not None and k is not None and v is not None
+        wants = [t.requires_grad for t in (q, k, v)]
+        again = self.recompute(q, k, v, attn_mask)
+        src = [t for t, w in zip((q, k, v), wants, strict=True) if w]
+        got = iter(torch.autograd.grad(again, src, given.grad_out, create_graph=True))
+        return (*(next(got) if w else None for w in wants), None)
 
 
 def flash_attention(
+    call: FlashCall,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     attn_mask: torch.Tensor | None,
-    *,
-    is_causal: bool,
-    scale: float,
-    recompute: Callable[..., torch.Tensor],
 ) -> torch.Tensor:
     """out (B, H, L, D) of q (B, H, L, D), k and v (B, Hk, S, D) (Hk divides H), with
-    torch's fused forward and backward ops; ``recompute(q, k, v, attn_mask)`` gives the
-    same output with differentiable operations, for double backward."""
-    out: torch.Tensor = _Flash.apply(q, k, v, attn_mask, is_causal, scale, recompute)
+    torch's fused forward and backward ops as ``call`` describes them (causal, scale,
+    ``call.groups == H // Hk``, the differentiable recomputation for double backward)."""
+    out, _, _ = KernelFunction.apply(call, False, q, k, v, attn_mask)
     return out

@@ -3,7 +3,8 @@
 torch's fused CPU kernel has a backward that cannot be differentiated again
 ("derivative for ..._backward is not implemented"), so ``gradgradcheck``, gradient
 penalties or Hessian-vector products fail through it. :func:`fused_twice_differentiable`
-wraps one fused call in an autograd Function:
+runs one fused call as a :class:`TwiceDifferentiableCall` of the generic
+:class:`attnkit.backends.autograd.KernelFunction`:
 
 - the forward runs the fused kernel and keeps its own graph;
 - the backward, in an ordinary backward pass, is the fused kernel's backward
@@ -19,14 +20,16 @@ replay).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from .._common import expand_kv, masked_softmax
+from ..autograd import Grads, KernelFunction
+from ..records import OutputGrads
 
-__all__ = ["fused_twice_differentiable", "math_attention"]
+__all__ = ["TwiceDifferentiableCall", "fused_twice_differentiable", "math_attention"]
 
 FusedCall = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
@@ -65,46 +68,62 @@ def math_attention(
     return torch.matmul(weights, v.to(weights.dtype))  # (..., L, Ev)
 
 
-class _TwiceDifferentiable(torch.autograd.Function):
-    """out, lse = run(q, k, v, mask), with the backward described in the module."""
+@dataclass
+class TwiceDifferentiableCall:
+    """One fused call as a :class:`attnkit.backends.autograd.KernelCall` whose backward is
+    itself differentiable (see the module docstring).
 
-    @staticmethod
+    Operands: q (..., L, E), k and v (..., S, E or Ev), attn_mask None or SDPA's mask (a
+    float mask may require grad: a Gaussian key bias). ``run(q, k, v, attn_mask)`` ->
+    (out, lse or None) is the fused call; ``math(q, k, v, attn_mask)`` the same output
+    with differentiable operations (:func:`math_attention`). The lse is returned without
+    a gradient reaching the operands.
+    """
+
+    run: FusedCall
+    math: Callable[..., torch.Tensor]
+    inner: tuple[list[torch.Tensor | None], torch.Tensor] | None = None
+    """The forward's own graph: (its leaves, its output)."""
+
     def forward(
-        ctx: Any,
-        run: FusedCall,
-        math: Callable[..., torch.Tensor],
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        attn_mask: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, operands: Sequence[torch.Tensor | None], want_weights: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         leaves = [
-            None if t is None else t.detach().requires_grad_(t.requires_grad)
-            for t in (q, k, v, attn_mask)
+            None if t is None else t.detach().requires_grad_(t.requires_grad) for t in operands
         ]
+        q, k, v, attn_mask = leaves
+        assert q is not None and k is not None and v is not None
         with torch.enable_grad():
-            out, lse = run(*leaves)  # type: ignore[arg-type]
-        ctx.inner = (leaves, out)
-        ctx.math = math
-        ctx.save_for_backward(q, k, v, attn_mask)
-        if lse is not None:
-            lse = lse.detach()
-            ctx.mark_non_differentiable(lse)
-        return out.detach(), lse
+            out, lse = self.run(q, k, v, attn_mask)
+        self.inner = (leaves, out)
+        return out.detach(), None if lse is None else lse.detach(), None
 
-    @staticmethod
-    def backward(ctx: Any, d_out: torch.Tensor, _d_lse: torch.Tensor | None) -> tuple[Any, ...]:
-        q, k, v, attn_mask = ctx.saved_tensors
-        wants = ctx.needs_input_grad[2:]
-        if torch.is_grad_enabled():  # create_graph=True: differentiable recomputation
-            out = ctx.math(q, k, v, attn_mask)
-            sources = [t for t, w in zip((q, k, v, attn_mask), wants, strict=True) if w]
-            grads = iter(torch.autograd.grad(out, sources, d_out, create_graph=True))
-        else:
-            leaves, out = ctx.inner
-            sources = [t for t, w in zip(leaves, wants, strict=True) if w]
-            grads = iter(torch.autograd.grad(out, sources, d_out, retain_graph=True))
-        return (None, None, *(next(grads) if w else None for w in wants))
+    def backward(self, operands: Sequence[torch.Tensor | None], given: OutputGrads) -> Grads:
+        """The fused kernel's backward, taken from the forward's graph (no recomputation)."""
+        assert self.inner is not None
+        leaves, out = self.inner
+        return _grads(out, leaves, given.grad_out, create_graph=False)
+
+    def differentiable_backward(
+        self, operands: Sequence[torch.Tensor | None], given: OutputGrads
+    ) -> Grads:
+        """The gradients of a differentiable recomputation, with create_graph."""
+        return _grads(self.math(*operands), operands, given.grad_out, create_graph=True)
+
+
+def _grads(
+    out: torch.Tensor,
+    sources: Sequence[torch.Tensor | None],
+    d_out: torch.Tensor,
+    *,
+    create_graph: bool,
+) -> Grads:
+    """The gradient of ``out`` (given ``d_out``) for each source that requires grad, None for
+    the others."""
+    wants = [t is not None and t.requires_grad for t in sources]
+    src = [t for t, w in zip(sources, wants, strict=True) if w and t is not None]
+    got = iter(torch.autograd.grad(out, src, d_out, retain_graph=True, create_graph=create_graph))
+    return tuple(next(got) if w else None for w in wants)
 
 
 def fused_twice_differentiable(
@@ -120,5 +139,6 @@ def fused_twice_differentiable(
     ``math(q, k, v, attn_mask)`` must compute the same output with differentiable
     operations (see :func:`math_attention`); the lse is returned without a gradient.
     """
-    out, lse = _TwiceDifferentiable.apply(run, math, q, k, v, attn_mask)
-    return out, lse
+    call = TwiceDifferentiableCall(run, math)
+    out, lse, _ = KernelFunction.apply(call, False, q, k, v, attn_mask)
+    return out, None if lse is None else lse.detach()

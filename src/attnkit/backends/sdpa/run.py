@@ -23,7 +23,7 @@ from ... import _torch_features as _features
 from ..._host import readable
 from .._common import all_finite, expand_kv
 from . import poison
-from .flash import can_flash, flash_attention
+from .flash import FlashCall, can_flash, flash_attention
 from .grad import fused_twice_differentiable, math_attention
 from .lse import lse_call
 
@@ -371,8 +371,8 @@ def _kernel(
                                       groups=groups)  # fmt: skip
         if not want_lse and q.ndim == 4 and can_flash(q, k, v, attn_mask):
             # torch's fused ops directly: no inner graph, no nested autograd.grad
-            return flash_attention(q, k, v, attn_mask, is_causal=is_causal, scale=scale,
-                                   recompute=recompute), None  # fmt: skip
+            flash = FlashCall(is_causal, scale, q.shape[-3] // k.shape[-3], recompute)
+            return flash_attention(flash, q, k, v, attn_mask), None
         return fused_twice_differentiable(run, recompute, q, k, v, attn_mask)
     return run(q, k, v, attn_mask)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -11,10 +10,11 @@ import torch
 from ... import _torch_features as torch_features
 from ..._inputs import AttentionInputs
 from ...scores import Additive, Dot
-from .._backward import InputGrads, leaf_call, pull_back
+from .._backward import leaf_call, pull_back
 from .._common import clean_values, unit_stride
-from ..base import AttentionResult, Backend
+from ..base import Backend
 from ..operands import ScoreOperands, lower_score
+from ..records import AttentionResult, BackwardCall, InputGrads
 from .layout import bh_shape, bh_view, kv_lead
 from .maskargs import pack_mask, plan_reason, spec_from_plan
 from .runtime import arch_of, interpreting, missing_reason
@@ -120,15 +120,7 @@ class TritonBackend(Backend):
             lse_out = lowered.finish_lse(lse)  # (*batch, L)
         return AttentionResult(output=out, weights=weights, lse=lse_out)
 
-    def backward(
-        self,
-        inputs: AttentionInputs,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-        grad_out: torch.Tensor,
-        grad_lse: torch.Tensor | None,
-        params: Sequence[torch.Tensor] = (),
-    ) -> InputGrads:
+    def backward(self, call: BackwardCall) -> InputGrads:
         """The backward kernels from a given (out, lse) (the backward op, no recomputation
         of the forward), then back through the score's lowering. A score with a per-query
         term (the Gaussian) gets one more feature of ones in q and k: the logits shift by
@@ -136,6 +128,8 @@ class TritonBackend(Backend):
         row's sum of the logits' gradient, which the per-query term receives."""
         from . import ops
 
+        inputs, given = call.inputs, call.given
+        lse, grad_lse = given.lse, given.grad_lse
         batch, L = inputs.batch_shape, inputs.L
         B, H = bh_shape(batch)
         with torch.enable_grad():
@@ -148,10 +142,10 @@ class TritonBackend(Backend):
         lse_l = torch.where(dead, torch.zeros((), dtype=lse_l.dtype), lse_l)
         if rows:
             lse_l = lse_l + inputs.scale  # every logit is one scale larger (the ones feature)
-        d_out = grad_out.detach().to(inputs.dtype).reshape(B, H, L, -1)  # (B, H, L, Ev)
+        d_out = given.grad_out.detach().to(inputs.dtype).reshape(B, H, L, -1)  # (B, H, L, Ev)
         d_out = d_out.masked_fill(dead.unsqueeze(-1), 0.0)
         d_lse = grad_lse.detach().float().reshape(B, H, L) if grad_lse is not None else None
-        out4 = out.detach().to(inputs.dtype).reshape(B, H, L, -1)  # (B, H, L, Ev)
+        out4 = given.out.detach().to(inputs.dtype).reshape(B, H, L, -1)  # (B, H, L, Ev)
         dq, dk, dv, dkb, dw = ops.attention_backward(
             q4.detach(), k4.detach(), v4.detach(), None if kb3 is None else kb3.detach(),
             None if w is None else w.detach(), *k_ops.mask_args, out4, lse_l, d_out, d_lse,
@@ -166,7 +160,7 @@ class TritonBackend(Backend):
             row_grad = dq[..., -1].float().reshape(*batch, L) / inputs.scale  # rows' sums of dS
             pairs[0] = (q4, torch.cat([dq[..., :-1], torch.zeros_like(dq[..., -1:])], -1))
             pairs += lowered.row_constant_pairs(lse, row_grad)
-        return pull_back([(t, g.to(t.dtype)) for t, g in pairs], leaves, params)
+        return pull_back([(t, g.to(t.dtype)) for t, g in pairs], leaves, call.params)
 
 
 @dataclass

@@ -22,8 +22,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kmask import SPARSE_FIELDS, key_range, query_range, record, tile_state
-from .logits import ADDITIVE, HAS_DO, HAS_DW, HAS_KB, LOG2E, logits_tile, mm, mm_narrow, tanh
+from .kmask import SPARSE_FIELDS, key_range, query_range, tile_state
+from .logits import (
+    ADDITIVE,
+    HAS_DO,
+    HAS_DW,
+    HAS_KB,
+    LOG2E,
+    load_tile,
+    logits_tile,
+    mm,
+    mm_narrow,
+    operand_tile,
+    program_row,
+    tanh,
+)
 
 
 @triton.jit
@@ -37,11 +50,7 @@ def _ds(s, lse, delta, do, v, dw_base, offs_m, offs_n, L, S, OPS: tl.constexpr):
     else:
         dp = tl.zeros_like(p)
     if (HAS_DW & OPS) != 0:
-        dp += tl.load(
-            dw_base + offs_m[:, None] * S + offs_n[None, :],
-            mask=(offs_m[:, None] < L) & (offs_n[None, :] < S),
-            other=0.0,
-        ).to(tl.float32)
+        dp += load_tile(dw_base, offs_m, S, L, offs_n, S).to(tl.float32)
     return p, p * (dp - delta[:, None])
 
 
@@ -55,16 +64,8 @@ def _additive_grads(g, q_base, k_base, W, D_base, s_d, DWV_ptr, offs_m, offs_n, 
     for h0 in range(0, E, BLOCK_H):
         offs_h = h0 + tl.arange(0, BLOCK_H)
         in_h = offs_h < E
-        qa = tl.load(
-            q_base + offs_m[:, None] * s_q_l + offs_h[None, :],
-            mask=in_m[:, None] & in_h[None, :],
-            other=0.0,
-        ).to(tl.float32)  # (BLOCK_M, BLOCK_H)
-        ka = tl.load(
-            k_base + offs_n[:, None] * s_k_s + offs_h[None, :],
-            mask=in_n[:, None] & in_h[None, :],
-            other=0.0,
-        ).to(tl.float32)  # (BLOCK_N, BLOCK_H)
+        qa = load_tile(q_base, offs_m, s_q_l, L, offs_h, E).to(tl.float32)  # (BLOCK_M, BLOCK_H)
+        ka = load_tile(k_base, offs_n, s_k_s, S, offs_h, E).to(tl.float32)  # (BLOCK_N, BLOCK_H)
         w = tl.load(W + offs_h, mask=in_h, other=0.0).to(tl.float32)
         t = tanh(qa[:, None, :] + ka[None, :, :])  # (BLOCK_M, BLOCK_N, BLOCK_H)
         dt = g[:, :, None] * (1.0 - t * t)
@@ -93,17 +94,10 @@ def _dkdv_step(
 ):  # fmt: skip
     offs_m = i0 + tl.arange(0, BLOCK_M)
     in_m = offs_m < L
-    q = tl.load(
-        q_base + offs_m[:, None] * s_q_l + offs_e[None, :],
-        mask=in_m[:, None] & (offs_e[None, :] < E),
-        other=0.0,
-    )  # (BLOCK_M, E_P2); unused by the Additive score
+    # (BLOCK_M, E_P2); unused by the Additive score
+    q = load_tile(q_base, offs_m, s_q_l, L, offs_e, E)
     if (HAS_DO & OPS) != 0:
-        do = tl.load(
-            do_base + offs_m[:, None] * EV + offs_v[None, :],
-            mask=in_m[:, None] & (offs_v[None, :] < EV),
-            other=0.0,
-        )  # (BLOCK_M, EV_P2)
+        do = load_tile(do_base, offs_m, EV, L, offs_v, EV)  # (BLOCK_M, EV_P2)
     else:
         do = tl.zeros((BLOCK_M, EV_P2), dtype=v.dtype)
     lse = tl.load(LSE_row + offs_m, mask=in_m, other=float("-inf"))
@@ -136,40 +130,24 @@ def attention_backward_dkdv_kernel(
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     row = tl.program_id(1)
-    b = row // H
-    h = row % H
-    hk = h // GROUPS
-    b0 = row // R
+    b, h, rec, q_base, k_base, v_base, kv_rows = program_row(
+        row, Q, K, V, MASK, H, GROUPS, R, L, S, s_q_b, s_q_h, s_k_b, s_k_h, s_v_b, s_v_h, MB
+    )  # fmt: skip
+    kb_base = KB + kv_rows
     j0 = pid_n * BLOCK_N
     offs_n = j0 + tl.arange(0, BLOCK_N)
     offs_e = tl.arange(0, E_P2)
     offs_v = tl.arange(0, EV_P2)
     in_n = offs_n < S
-    q_base = Q + b.to(tl.int64) * s_q_b + h.to(tl.int64) * s_q_h
-    k_base = K + b.to(tl.int64) * s_k_b + hk.to(tl.int64) * s_k_h
-    v_base = V + b.to(tl.int64) * s_v_b + hk.to(tl.int64) * s_v_h
-    kb_base = KB + (b * (H // GROUPS) + hk).to(tl.int64) * S
     do_base = DO + row.to(tl.int64) * L * EV
     dw_base = DWG + row.to(tl.int64) * L * S
     DK_base = DK + row.to(tl.int64) * S * E
     DWV_ptr = DWV + (row.to(tl.int64) * tl.num_programs(0) + pid_n) * E
     qk_scale = scale * LOG2E
     SKIP_EMPTY: tl.constexpr = (SPARSE_FIELDS & MB) != 0
-    rec = record(MASK, MB, b0, L, S)
 
-    if (ADDITIVE & OPS) != 0:
-        k = tl.zeros((BLOCK_N, E_P2), dtype=tl.float32)  # unused: the logits read ka
-    else:
-        k = tl.load(
-            k_base + offs_n[:, None] * s_k_s + offs_e[None, :],
-            mask=in_n[:, None] & (offs_e[None, :] < E),
-            other=0.0,
-        )  # (BLOCK_N, E_P2)
-    v = tl.load(
-        v_base + offs_n[:, None] * s_v_s + offs_v[None, :],
-        mask=in_n[:, None] & (offs_v[None, :] < EV),
-        other=0.0,
-    )  # (BLOCK_N, EV_P2)
+    k = operand_tile(k_base, offs_n, s_k_s, S, offs_e, E, OPS, BLOCK_N, E_P2)  # (BLOCK_N, E_P2)
+    v = load_tile(v_base, offs_n, s_v_s, S, offs_v, EV)  # (BLOCK_N, EV_P2)
     dk = tl.zeros((BLOCK_N, E_P2), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, EV_P2), dtype=tl.float32)
     dkb = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -212,21 +190,9 @@ def _dq_step(
     BLOCK_H: tl.constexpr, E_P2: tl.constexpr, EV_P2: tl.constexpr,
 ):  # fmt: skip
     offs_n = j0 + tl.arange(0, BLOCK_N)
-    in_n = offs_n < S
-    if (ADDITIVE & OPS) != 0:
-        k = tl.zeros((BLOCK_N, E_P2), dtype=tl.float32)  # unused: the logits read ka
-    else:
-        k = tl.load(
-            k_base + offs_n[:, None] * s_k_s + offs_e[None, :],
-            mask=in_n[:, None] & (offs_e[None, :] < E),
-            other=0.0,
-        )  # (BLOCK_N, E_P2)
+    k = operand_tile(k_base, offs_n, s_k_s, S, offs_e, E, OPS, BLOCK_N, E_P2)  # (BLOCK_N, E_P2)
     if (HAS_DO & OPS) != 0:
-        v = tl.load(
-            v_base + offs_n[:, None] * s_v_s + offs_v[None, :],
-            mask=in_n[:, None] & (offs_v[None, :] < EV),
-            other=0.0,
-        )  # (BLOCK_N, EV_P2)
+        v = load_tile(v_base, offs_n, s_v_s, S, offs_v, EV)  # (BLOCK_N, EV_P2)
     else:
         v = tl.zeros((BLOCK_N, EV_P2), dtype=do.dtype)  # unused
     s = logits_tile(
@@ -253,35 +219,25 @@ def attention_backward_dq_kernel(
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     row = tl.program_id(1)
-    b = row // H
-    h = row % H
-    hk = h // GROUPS
-    b0 = row // R
+    b, h, rec, q_base, k_base, v_base, kv_rows = program_row(
+        row, Q, K, V, MASK, H, GROUPS, R, L, S, s_q_b, s_q_h, s_k_b, s_k_h, s_v_b, s_v_h, MB
+    )  # fmt: skip
+    kb_base = KB + kv_rows
     i0 = pid_m * BLOCK_M
     offs_m = i0 + tl.arange(0, BLOCK_M)
     offs_e = tl.arange(0, E_P2)
     offs_v = tl.arange(0, EV_P2)
     in_m = offs_m < L
-    q_base = Q + b.to(tl.int64) * s_q_b + h.to(tl.int64) * s_q_h
-    k_base = K + b.to(tl.int64) * s_k_b + hk.to(tl.int64) * s_k_h
-    v_base = V + b.to(tl.int64) * s_v_b + hk.to(tl.int64) * s_v_h
-    kb_base = KB + (b * (H // GROUPS) + hk).to(tl.int64) * S
     dw_base = DWG + row.to(tl.int64) * L * S
     DQ_base = DQ + row.to(tl.int64) * L * E
     qk_scale = scale * LOG2E
     SKIP_EMPTY: tl.constexpr = (SPARSE_FIELDS & MB) != 0
-    rec = record(MASK, MB, b0, L, S)
 
-    q = tl.load(
-        q_base + offs_m[:, None] * s_q_l + offs_e[None, :],
-        mask=in_m[:, None] & (offs_e[None, :] < E),
-        other=0.0,
-    )  # (BLOCK_M, E_P2); unused by the Additive score
+    # (BLOCK_M, E_P2); unused by the Additive score
+    q = load_tile(q_base, offs_m, s_q_l, L, offs_e, E)
     if (HAS_DO & OPS) != 0:
-        do = tl.load(
-            DO + row.to(tl.int64) * L * EV + offs_m[:, None] * EV + offs_v[None, :],
-            mask=in_m[:, None] & (offs_v[None, :] < EV),
-            other=0.0,
+        do = load_tile(
+            DO + row.to(tl.int64) * L * EV, offs_m, EV, L, offs_v, EV
         )  # (BLOCK_M, EV_P2)
     else:
         do = tl.zeros((BLOCK_M, EV_P2), dtype=DO.dtype.element_ty)  # unused

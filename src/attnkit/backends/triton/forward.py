@@ -11,8 +11,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kmask import SPARSE_FIELDS, key_range, record, tile_state
-from .logits import ADDITIVE, HAS_VBAD, LN2, LOG2E, logits_tile, mm_narrow, narrow
+from .kmask import SPARSE_FIELDS, key_range, tile_state
+from .logits import (
+    HAS_VBAD,
+    LN2,
+    LOG2E,
+    load_tile,
+    logits_tile,
+    mm_narrow,
+    narrow,
+    operand_tile,
+    program_row,
+)
 
 
 @triton.jit
@@ -26,14 +36,7 @@ def _step(
     """One key tile of the online softmax: the updated (acc, m_i, l_i, bad_rows)."""
     offs_n = j0 + tl.arange(0, BLOCK_N)
     in_n = offs_n < S
-    if (ADDITIVE & OPS) != 0:
-        k = tl.zeros((BLOCK_N, E_P2), dtype=tl.float32)  # unused: the logits read ka
-    else:
-        k = tl.load(
-            k_base + offs_n[:, None] * s_k_s + offs_e[None, :],
-            mask=in_n[:, None] & (offs_e[None, :] < E),
-            other=0.0,
-        )  # (BLOCK_N, E_P2)
+    k = operand_tile(k_base, offs_n, s_k_s, S, offs_e, E, OPS, BLOCK_N, E_P2)  # (BLOCK_N, E_P2)
     s = logits_tile(
         q, k, q_base, k_base, W, kb_base, BIAS, rec, KEEP, b, h, H, offs_m, offs_n,
         L, S, E, s_q_l, s_k_s, qk_scale, LO0, HI0, LO1, HI1, state,
@@ -50,11 +53,7 @@ def _step(
     alpha = tl.exp2(m_i - shift)
     p = tl.exp2(s - shift[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = tl.load(
-        v_base + offs_n[:, None] * s_v_s + offs_v[None, :],
-        mask=in_n[:, None] & (offs_v[None, :] < EV),
-        other=0.0,
-    )  # (BLOCK_N, EV_P2)
+    v = load_tile(v_base, offs_n, s_v_s, S, offs_v, EV)  # (BLOCK_N, EV_P2)
     acc = acc * alpha[:, None] + mm_narrow(p, v, OPS)
     return acc, m_new, l_i, bad_rows
 
@@ -69,32 +68,19 @@ def attention_forward_kernel(
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     row = tl.program_id(1)
-    b = row // H
-    h = row % H
-    hk = h // GROUPS
-    kv_row = b * (H // GROUPS) + hk
-    b0 = row // R
+    b, h, rec, q_base, k_base, v_base, kv_rows = program_row(
+        row, Q, K, V, MASK, H, GROUPS, R, L, S, s_q_b, s_q_h, s_k_b, s_k_h, s_v_b, s_v_h, MB
+    )  # fmt: skip
+    kb_base = KB + kv_rows
+    vb_base = VBAD + kv_rows
     i0 = pid_m * BLOCK_M
     offs_m = i0 + tl.arange(0, BLOCK_M)
     offs_e = tl.arange(0, E_P2)
     offs_v = tl.arange(0, EV_P2)
-    q_base = Q + b.to(tl.int64) * s_q_b + h.to(tl.int64) * s_q_h
-    k_base = K + b.to(tl.int64) * s_k_b + hk.to(tl.int64) * s_k_h
-    v_base = V + b.to(tl.int64) * s_v_b + hk.to(tl.int64) * s_v_h
-    kb_base = KB + kv_row.to(tl.int64) * S
-    vb_base = VBAD + kv_row.to(tl.int64) * S
     qk_scale = scale * LOG2E
     SKIP_EMPTY: tl.constexpr = (SPARSE_FIELDS & MB) != 0
-    rec = record(MASK, MB, b0, L, S)
 
-    if (ADDITIVE & OPS) != 0:
-        q = tl.zeros((BLOCK_M, E_P2), dtype=tl.float32)  # unused: the logits read qa
-    else:
-        q = tl.load(
-            q_base + offs_m[:, None] * s_q_l + offs_e[None, :],
-            mask=(offs_m[:, None] < L) & (offs_e[None, :] < E),
-            other=0.0,
-        )  # (BLOCK_M, E_P2)
+    q = operand_tile(q_base, offs_m, s_q_l, L, offs_e, E, OPS, BLOCK_M, E_P2)  # (BLOCK_M, E_P2)
     bad_rows = tl.zeros((BLOCK_M,), dtype=tl.int32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)

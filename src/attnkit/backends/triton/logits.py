@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from . import bits as _b
-from .kmask import dense_bias, tile_keep
+from .kmask import dense_bias, record, tile_keep
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -26,6 +26,47 @@ HAS_DW = tl.constexpr(_b.HAS_DW)
 MEAN = tl.constexpr(_b.MEAN)
 _HAS_BIAS = tl.constexpr(1 << _b.BIAS_SHIFT)
 FULL = tl.constexpr(2)
+
+
+@triton.jit
+def load_tile(base, offs_r, stride, n_rows, offs_c, n_cols):
+    """The tile ``base[r * stride + c]`` for rows ``offs_r`` and columns ``offs_c`` (unit
+    stride), 0 outside ``r < n_rows`` and ``c < n_cols``: (len(offs_r), len(offs_c))."""
+    return tl.load(
+        base + offs_r[:, None] * stride + offs_c[None, :],
+        mask=(offs_r[:, None] < n_rows) & (offs_c[None, :] < n_cols),
+        other=0.0,
+    )
+
+
+@triton.jit
+def operand_tile(base, offs_r, stride, n_rows, offs_e, E, OPS: tl.constexpr,
+                 ROWS: tl.constexpr, E_P2: tl.constexpr):  # fmt: skip
+    """A (ROWS, E_P2) tile of q' or k' for the dot form; zeros under the Additive score,
+    whose logits read the projections themselves (:func:`additive_logits`)."""
+    if (ADDITIVE & OPS) != 0:
+        tile = tl.zeros((ROWS, E_P2), dtype=tl.float32)  # unused
+    else:
+        tile = load_tile(base, offs_r, stride, n_rows, offs_e, E)
+    return tile
+
+
+@triton.jit
+def program_row(row, Q, K, V, MASK, H, GROUPS, R, L, S, s_q_b, s_q_h, s_k_b, s_k_h,
+                s_v_b, s_v_h, MB: tl.constexpr):  # fmt: skip
+    """What the program of row ``row = b * H + h`` (batch element b, query head h) reads:
+    (b, h, its mask record, the start of its q (L, E), of the k (S, E) and v (S, Ev) of
+    its key head h // GROUPS, and the offset of that key head's per-key rows (S,): key
+    bias, value flags)."""
+    b = row // H
+    h = row % H
+    hk = h // GROUPS
+    q_base = Q + b.to(tl.int64) * s_q_b + h.to(tl.int64) * s_q_h
+    k_base = K + b.to(tl.int64) * s_k_b + hk.to(tl.int64) * s_k_h
+    v_base = V + b.to(tl.int64) * s_v_b + hk.to(tl.int64) * s_v_h
+    kv_rows = (b * (H // GROUPS) + hk).to(tl.int64) * S
+    rec = record(MASK, MB, row // R, L, S)
+    return b, h, rec, q_base, k_base, v_base, kv_rows
 
 
 @triton.jit
@@ -91,16 +132,8 @@ def additive_logits(QA, s_qa_l, KA, s_ka_s, W, offs_m, offs_n, L, S, HID,
     for h0 in range(0, HID, BLOCK_H):
         offs_h = h0 + tl.arange(0, BLOCK_H)
         in_h = offs_h < HID
-        qa = tl.load(
-            QA + offs_m[:, None] * s_qa_l + offs_h[None, :],
-            mask=(offs_m[:, None] < L) & in_h[None, :],
-            other=0.0,
-        ).to(tl.float32)  # (BLOCK_M, BLOCK_H)
-        ka = tl.load(
-            KA + offs_n[:, None] * s_ka_s + offs_h[None, :],
-            mask=(offs_n[:, None] < S) & in_h[None, :],
-            other=0.0,
-        ).to(tl.float32)  # (BLOCK_N, BLOCK_H)
+        qa = load_tile(QA, offs_m, s_qa_l, L, offs_h, HID).to(tl.float32)  # (BLOCK_M, BLOCK_H)
+        ka = load_tile(KA, offs_n, s_ka_s, S, offs_h, HID).to(tl.float32)  # (BLOCK_N, BLOCK_H)
         w = tl.load(W + offs_h, mask=in_h, other=0.0).to(tl.float32)  # (BLOCK_H,)
         t = tanh(qa[:, None, :] + ka[None, :, :])  # (BLOCK_M, BLOCK_N, BLOCK_H)
         acc += tl.sum(t * w[None, None, :], axis=2)

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .kmask import record, tile_state
-from .logits import ADDITIVE, LOG2E, MEAN, logits_tile
+from .logits import LOG2E, MEAN, logits_tile, operand_tile
 
 
 @triton.jit
@@ -52,20 +52,8 @@ def attention_weights_kernel(
             q_base = Q + b.to(tl.int64) * s_q_b + h.to(tl.int64) * s_q_h
             k_base = K + b.to(tl.int64) * s_k_b + hk.to(tl.int64) * s_k_h
             kb_base = KB + (b * (H // GROUPS) + hk).to(tl.int64) * S
-            if (ADDITIVE & OPS) != 0:
-                q = tl.zeros((BLOCK_M, E_P2), dtype=tl.float32)  # unused: logits read qa
-                k = tl.zeros((BLOCK_N, E_P2), dtype=tl.float32)
-            else:
-                q = tl.load(
-                    q_base + offs_m[:, None] * s_q_l + offs_e[None, :],
-                    mask=(offs_m[:, None] < L) & (offs_e[None, :] < E),
-                    other=0.0,
-                )  # (BLOCK_M, E_P2)
-                k = tl.load(
-                    k_base + offs_n[:, None] * s_k_s + offs_e[None, :],
-                    mask=(offs_n[:, None] < S) & (offs_e[None, :] < E),
-                    other=0.0,
-                )  # (BLOCK_N, E_P2)
+            q = operand_tile(q_base, offs_m, s_q_l, L, offs_e, E, OPS, BLOCK_M, E_P2)
+            k = operand_tile(k_base, offs_n, s_k_s, S, offs_e, E, OPS, BLOCK_N, E_P2)
             s = logits_tile(
                 q, k, q_base, k_base, W, kb_base, BIAS, rec, KEEP, b, h, H, offs_m,
                 offs_n, L, S, E, s_q_l, s_k_s, qk_scale, LO0, HI0, LO1, HI1, state,
