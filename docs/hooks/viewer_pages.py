@@ -10,6 +10,8 @@ no built copy of the viewer's scripts.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import tempfile
 from pathlib import Path
@@ -32,8 +34,11 @@ def make_page(args: list[str], folder: Path, name: str) -> bytes:
 
     out = folder / name
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if main(["show", *args, "--out", str(out), "--no-png", "--quiet"]) != 0:
-        raise PluginError(f"viewer_pages: attnkit show {' '.join(args)} failed")
+    said = io.StringIO()  # the command's summary: shown only when it fails
+    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+        code = main(["show", *args, "--out", str(out), "--no-png", "--quiet"])
+    if code != 0:
+        raise PluginError(f"viewer_pages: attnkit show {' '.join(args)} failed:\n{said.getvalue()}")
     return out.read_bytes()
 
 
