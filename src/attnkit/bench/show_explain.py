@@ -19,9 +19,7 @@ model compute.
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .runner import CaseResult
-from .show import _timed, build_model, text_of
+from .show import _forward_child, _timed, build_model, text_of
 
 __all__ = ["EXPLAIN_CASES", "ExplainCase", "forward_backward_seconds", "run_explain_case"]
 
@@ -120,7 +118,7 @@ def run_explain_case(case: ExplainCase, *, quick: bool) -> CaseResult:
                 got: dict[str, float] = {}
                 for what in order:
                     if what == "step":
-                        got[what] = _child_seconds(child)
+                        got[what] = _forward_child(child)
                     else:
                         got[what] = _timed([*show, "--explain"] if what == "explain" else show)[0]
                 explains.append(got["explain"])
@@ -144,11 +142,3 @@ def run_explain_case(case: ExplainCase, *, quick: bool) -> CaseResult:
     except Exception as exc:  # report and go on with the other cases
         res.error = f"{type(exc).__name__}: {exc}"
     return res
-
-
-def _child_seconds(cmd: list[str]) -> float:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"the forward and backward's child failed: {tail}")
-    return float(json.loads(proc.stdout.strip().splitlines()[-1])["forward_s"])
