@@ -190,6 +190,51 @@ def test_generate_explains_each_generated_token(gpt2: Path, tmp_path: Path) -> N
     assert meta["explain"]["prompt_length"] == L and "explain.scores" not in arrays
 
 
+@pytest.fixture
+def weights_read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The class of every transformers model whose weights are read, in order."""
+    from transformers import PreTrainedModel
+
+    read = PreTrainedModel.from_pretrained.__func__  # type: ignore[attr-defined]
+    seen: list[str] = []
+
+    def counted(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(cls.__name__)
+        return read(cls, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(counted))
+    return seen
+
+
+@pytest.mark.parametrize("extra", [[], ["--generate", "2"]], ids=["text", "generate"])
+def test_the_page_and_its_explain_view_read_the_weights_once(
+    gpt2: Path, tmp_path: Path, weights_read: list[str], extra: list[str]
+) -> None:
+    """One model, built with its head, runs the page's forward and the attribution."""
+    payload = _payload(_show(tmp_path, "The animal cross the street", "--model", str(gpt2),
+                             "--explain", *extra))  # fmt: skip
+    assert "explain" in payload
+    assert weights_read == ["GPT2LMHeadModel"]
+
+
+def test_a_classifier_page_reads_the_weights_once(
+    gpt2: Path, tmp_path: Path, weights_read: list[str]
+) -> None:
+    """A sequence classifier's page runs on the classifier the Explain view attributes."""
+    from attnkit import viz
+
+    directory = tmp_path / "classifier"
+    transformers.AutoTokenizer.from_pretrained(str(gpt2)).save_pretrained(directory)
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config.from_pretrained(str(gpt2), num_labels=3)
+    transformers.GPT2ForSequenceClassification(cfg).save_pretrained(directory)
+    data = _payload(_show(tmp_path, TEXT, "--model", str(directory), "--explain"))["explain"]
+    assert weights_read == ["GPT2ForSequenceClassification"]
+    want = viz.explain(str(directory), None, TEXT)
+    assert data["targetKind"] == "class" and data["target"] == str(want.target)
+    assert_close_to_scale(_floats(data["scores"]), want.scores, what="scores")
+
+
 def test_explain_generation_refuses_before_any_compute(gpt2: Path) -> None:
     from attnkit import viz
 
