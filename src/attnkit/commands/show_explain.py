@@ -184,14 +184,15 @@ def check_image(args: argparse.Namespace, checkpoint: Any) -> None:
         )
 
 
-def run_image(args: argparse.Namespace, directory: Path, picture: Any) -> Any:
-    """:func:`attnkit.viz.explain_image` on the checkpoint and the picture
-    (None without ``--explain``)."""
+def run_image(args: argparse.Namespace, checkpoint: Any, picture: Any) -> Any:
+    """:func:`attnkit.viz.explain_image` on the checkpoint (an
+    :class:`~attnkit.models.hf_vision.ImageCheckpoint`, whose model the page ran) and the
+    picture (None without ``--explain``)."""
     if getattr(args, "explain", None) is None:
         return None
     from ..viz.attribution_image import explain_image
 
     try:
-        return explain_image(directory, picture, method=args.explain)
+        return explain_image(checkpoint, picture, method=args.explain)
     except (ValueError, TypeError) as exc:
         raise UsageError(f"--explain: {exc}") from None
