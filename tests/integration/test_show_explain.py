@@ -358,3 +358,39 @@ def test_explain_view_of_a_generation_in_a_browser(
     assert "layer=0&heads=1&" in page.evaluate("location.hash")
     assert errors == []
     page.close()
+
+
+@pytest.mark.parametrize("sandbox", ["", "allow-scripts"], ids=["srcdoc", "sandboxed"])
+def test_explain_view_in_a_notebook_frame(browser: Any, gpt2: Path, sandbox: str) -> None:
+    """Jupyter, VS Code and Colab show a page in an about:srcdoc frame (sandboxed in some),
+    where the address cannot be written: the Explain view opens, a head-importance cell
+    chooses a layer and a head for the other views, and no page error comes on the way."""
+    from attnkit import viz
+
+    a = viz.explain(str(gpt2), None, TEXT)
+    frame_html = viz.show(str(gpt2), None, TEXT, explain=a, progress=False)._repr_html_()
+    if sandbox:
+        frame_html = frame_html.replace("<iframe ", f'<iframe sandbox="{sandbox}" ', 1)
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.set_content(frame_html)
+    page.frame_locator("iframe").locator("body[data-ready='1']").wait_for(timeout=20_000)
+    frame = page.frames[1]
+    assert frame.url == "about:srcdoc"
+    assert "view=explain" in frame.evaluate("AK.address()")  # the page opens on it
+    frame.locator("#view-matrix").click()
+    frame.locator("#view-explain").click()
+    assert "view=explain" in frame.evaluate("AK.address()")
+    assert "Explaining the logit of next token" in frame.locator("#explain-body").inner_text()
+    assert frame.locator(".explain-tok").count() == len(a.tokens)
+    frame.locator(".explain-cell[data-layer='1'][data-head='0']").click()
+    assert "layer=1&heads=0&" in frame.evaluate("AK.address()")
+    assert frame.locator(".explain-cell[aria-pressed='true']").count() == 1
+    frame.locator("#view-matrix").click()
+    assert frame.locator("#layer").input_value() == "1"
+    frame.locator("#view-explain").click()
+    frame.locator(".explain-matrix").hover()  # the relevance matrix's tooltip
+    assert errors == []
+    page.close()
