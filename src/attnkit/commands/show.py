@@ -215,7 +215,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..viz.reduce import Budget
 
     try:
-        source.load(generate=bool(args.generate))
+        source.load(generate=bool(args.generate), head=explain_dir is not None)
         show_compare.prepare(source, second)
         if source.content_tokens(text) == 0:
             raise UsageError(
@@ -241,9 +241,10 @@ def _run(args: argparse.Namespace) -> int:
             args, source, second, text, pair, layer_sel=layer_sel, head_sel=head_sel,
             max_length=max_length, budget=Budget(top_k=args.top_k), view=view,
         )  # fmt: skip
-    explained = (
-        None if explain_dir is None else show_explain.run(args, explain_dir, text, max_length, run)
-    )
+    explained = None
+    if explain_dir is not None:
+        net, tokenizer = source.explain_model(explain_dir)  # the page's model, built once
+        explained = show_explain.run(args, net, tokenizer, text, max_length, run)
     return _write(args, source, run, text, pair, layers, heads, outputs, other, explained)
 
 

@@ -109,14 +109,14 @@ def _run(args: argparse.Namespace) -> int:
     heads = resolve(head_sel, ck.num_heads, "--heads", "head")
     show_explain.check_image(args, ck)
     try:
-        ck.load()
+        ck.load(head=args.explain is not None)  # one model for the page and --explain
         with quiet(args.quiet):
             run = ck.attend(picture, layers=layers, heads=heads, budget=Budget(top_k=args.top_k))
     except hf.CheckpointError as exc:
         raise UsageError(f"--model: {exc}") from None
     except ValueError as exc:
         raise UsageError(f"--image: {exc}") from None
-    explained = show_explain.run_image(args, model, picture)
+    explained = show_explain.run_image(args, ck, picture)
     return _write(args, ck, run, picture, layers, heads, outputs, explained)
 
 

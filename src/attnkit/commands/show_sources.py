@@ -33,11 +33,16 @@ class BertSource:
         self.special_tokens = 2
         self.model: Any = None
 
-    def load(self, generate: bool = False) -> None:
+    def load(self, generate: bool = False, head: bool = False) -> None:
         from ..models import bert
 
         self.model = bert.load(self.path)
         self.name = self.model.name
+
+    def explain_model(self, directory: Path) -> tuple[Any, Any]:
+        """What ``--explain`` attributes: the folder, which :func:`attnkit.viz.explain` loads
+        through transformers (attnkit's own encoder is not a transformers model)."""
+        return str(directory), None
 
     def vocabulary(self) -> dict[str, int]:
         """The tokenizer's tokens and their ids (a comparison needs the same on both sides)."""
@@ -75,9 +80,16 @@ class TransformersSource:
         self.num_heads = ck.num_heads
         self.max_tokens = ck.max_tokens
 
-    def load(self, generate: bool = False) -> None:
-        self.checkpoint.load(causal_lm=generate)
+    def load(self, generate: bool = False, head: bool = False) -> None:
+        """Build the model; ``head``: with the head its config names, which ``--explain``
+        attributes and the page's forward runs too, so the weights are read once."""
+        self.checkpoint.load(causal_lm=generate, head=head)
         self.max_tokens = self.checkpoint.max_tokens
+
+    def explain_model(self, directory: Path) -> tuple[Any, Any]:
+        """What ``--explain`` attributes: the model :meth:`load` built (with ``head=True``)
+        and its tokenizer; ``directory`` is this checkpoint's folder."""
+        return self.checkpoint.model, self.checkpoint.tokenizer
 
     def vocabulary(self) -> dict[str, int]:
         """The tokenizer's tokens and their ids (a comparison needs the same on both sides)."""
