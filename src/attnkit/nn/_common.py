@@ -7,9 +7,9 @@ and what was expected.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 from torch import nn
@@ -19,6 +19,8 @@ from ..functional import attention
 
 __all__ = [
     "InputShapeError",
+    "MhaLayer",
+    "ParamOwner",
     "attend",
     "attention_override",
     "check_dropout",
@@ -120,10 +122,82 @@ def check_key_value(owner: str, key: torch.Tensor, value: torch.Tensor) -> None:
         )
 
 
-def _parameter_tensors(module: nn.Module) -> list[torch.Tensor]:
+class ParamOwner(Protocol):
+    """What :func:`check_param_dtype` reads of a layer: its parameters, its submodules
+    and their names (every ``torch.nn.Module`` has them)."""
+
+    @property
+    def _parameters(self) -> Mapping[str, nn.Parameter | None]: ...
+
+    @property
+    def _modules(self) -> Mapping[str, nn.Module | None]: ...
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...
+
+
+class MhaLayer(ParamOwner, Protocol):
+    """What the helpers of :class:`~attnkit.nn.MultiheadAttention` (its input checks,
+    torch's fused op, the nested path) read of the layer; the layer is one.
+
+    Sizes: ``embed_dim`` E, ``kdim``, ``vdim``, ``num_heads`` H; ``in_proj_bias``
+    (3E,) or None, ``bias_k`` (1, 1, E) or None, ``out_proj`` (E -> E).
+    """
+
+    @property
+    def training(self) -> bool: ...
+
+    @property
+    def embed_dim(self) -> int: ...
+
+    @property
+    def kdim(self) -> int: ...
+
+    @property
+    def vdim(self) -> int: ...
+
+    @property
+    def num_heads(self) -> int: ...
+
+    @property
+    def batch_first(self) -> bool: ...
+
+    @property
+    def add_zero_attn(self) -> bool: ...
+
+    @property
+    def in_proj_bias(self) -> torch.Tensor | None: ...
+
+    @property
+    def bias_k(self) -> torch.Tensor | None: ...
+
+    @property
+    def out_proj(self) -> nn.Linear: ...
+
+    def merge_masks(
+        self,
+        attn_mask: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+        query: torch.Tensor,
+    ) -> tuple[torch.Tensor | None, int | None]:
+        """torch's merged mask of a self-attention call and its type (see the layer)."""
+        ...
+
+    def _attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: masks.Mask | None,
+        self_attn: bool,
+        need_weights: bool,
+        average_attn_weights: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+
+def _parameter_tensors(module: ParamOwner) -> list[torch.Tensor]:
     """Every parameter of ``module`` and its submodules (cheaper than ``named_parameters``)."""
     found: list[torch.Tensor] = []
-    pending = [module]
+    pending: list[ParamOwner] = [module]
     while pending:
         m = pending.pop()
         found.extend(p for p in m._parameters.values() if p is not None)
@@ -133,7 +207,7 @@ def _parameter_tensors(module: nn.Module) -> list[torch.Tensor]:
 
 def check_param_dtype(
     owner: str,
-    module: nn.Module,
+    module: ParamOwner,
     *,
     cast: Sequence[torch.Tensor | None] = (),
     **inputs: torch.Tensor,
