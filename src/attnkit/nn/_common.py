@@ -7,7 +7,7 @@ and what was expected.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal, Protocol
 
@@ -122,15 +122,27 @@ def check_key_value(owner: str, key: torch.Tensor, value: torch.Tensor) -> None:
         )
 
 
+MergeMasksFn = Callable[
+    [torch.Tensor | None, torch.Tensor | None, torch.Tensor], tuple[torch.Tensor | None, int | None]
+]
+"""(attn_mask, key_padding_mask, query (N, L, E)) -> (merged mask, its type), as
+``torch.nn.MultiheadAttention.merge_masks``."""
+
+LayerAttendFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, masks.Mask | None, bool, bool, bool],
+    tuple[torch.Tensor, torch.Tensor | None],
+]
+"""(query (N, L, E), key (N, S, kdim), value (N, S, vdim), mask, self_attn, need_weights,
+average_attn_weights) -> (output (N, L, E), weights or None): a layer's projections
+around :func:`attnkit.attention`."""
+
+
 class ParamOwner(Protocol):
     """What :func:`check_param_dtype` reads of a layer: its parameters, its submodules
     and their names (every ``torch.nn.Module`` has them)."""
 
-    @property
-    def _parameters(self) -> Mapping[str, nn.Parameter | None]: ...
-
-    @property
-    def _modules(self) -> Mapping[str, nn.Module | None]: ...
+    _parameters: dict[str, nn.Parameter | None]
+    _modules: dict[str, nn.Module | None]
 
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...
 
@@ -140,58 +152,28 @@ class MhaLayer(ParamOwner, Protocol):
     torch's fused op, the nested path) read of the layer; the layer is one.
 
     Sizes: ``embed_dim`` E, ``kdim``, ``vdim``, ``num_heads`` H; ``in_proj_bias``
-    (3E,) or None, ``bias_k`` (1, 1, E) or None, ``out_proj`` (E -> E).
+    (3E,) or None, ``bias_k`` (1, 1, E) or None, ``out_proj`` (E -> E); ``merge_masks``
+    (:data:`MergeMasksFn`) and ``_attend`` (:data:`LayerAttendFn`).
     """
 
-    @property
-    def training(self) -> bool: ...
+    training: bool
+    embed_dim: int
+    kdim: int
+    vdim: int
+    num_heads: int
+    batch_first: bool
+    add_zero_attn: bool
+    in_proj_bias: nn.Parameter | None
+    bias_k: nn.Parameter | None
 
     @property
-    def embed_dim(self) -> int: ...
+    def merge_masks(self) -> MergeMasksFn: ...
 
     @property
-    def kdim(self) -> int: ...
-
-    @property
-    def vdim(self) -> int: ...
-
-    @property
-    def num_heads(self) -> int: ...
-
-    @property
-    def batch_first(self) -> bool: ...
-
-    @property
-    def add_zero_attn(self) -> bool: ...
-
-    @property
-    def in_proj_bias(self) -> torch.Tensor | None: ...
-
-    @property
-    def bias_k(self) -> torch.Tensor | None: ...
+    def _attend(self) -> LayerAttendFn: ...
 
     @property
     def out_proj(self) -> nn.Linear: ...
-
-    def merge_masks(
-        self,
-        attn_mask: torch.Tensor | None,
-        key_padding_mask: torch.Tensor | None,
-        query: torch.Tensor,
-    ) -> tuple[torch.Tensor | None, int | None]:
-        """torch's merged mask of a self-attention call and its type (see the layer)."""
-        ...
-
-    def _attend(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        mask: masks.Mask | None,
-        self_attn: bool,
-        need_weights: bool,
-        average_attn_weights: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
 
 def _parameter_tensors(module: ParamOwner) -> list[torch.Tensor]:
