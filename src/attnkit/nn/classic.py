@@ -130,8 +130,11 @@ class _ValidLensAttention(nn.Module):
         self.dropout = nn.Dropout(check_dropout(self._owner, dropout))
         self.attention_weights: torch.Tensor | None = None
 
-    def _score_and_sizes(self) -> tuple[str | Score, int | None, int | None]:
-        """The score, and the query and key feature sizes it needs (None: any, but equal)."""
+    def _score_and_sizes(
+        self, queries: object, keys: object, values: object
+    ) -> tuple[str | Score, int | None, int | None]:
+        """The score, and the query and key feature sizes it needs (None: any, but equal),
+        for a call on ``queries`` (B, L, Dq), ``keys`` (B, S, Dk), ``values`` (B, S, Dv)."""
         raise NotImplementedError
 
     def forward(
@@ -146,7 +149,7 @@ class _ValidLensAttention(nn.Module):
         Returns (B, L, Dv); the weights (B, L, S) are kept in ``.attention_weights``.
         """
         check_compiling()
-        score, q_size, k_size = self._score_and_sizes()
+        score, q_size, k_size = self._score_and_sizes(queries, keys, values)
         q, k, v = _check_qkv(self._owner, queries, keys, values, q_size, k_size)
         check_param_dtype(self._owner, self, queries=q)
         mask = _valid_lens_mask(self._owner, valid_lens, q.shape[0], q.shape[1], k.shape[1])
@@ -174,7 +177,9 @@ class DotProductAttention(_ValidLensAttention):
     def __init__(self, dropout: float = 0.0) -> None:
         super().__init__(dropout)
 
-    def _score_and_sizes(self) -> tuple[str | Score, int | None, int | None]:
+    def _score_and_sizes(
+        self, queries: object, keys: object, values: object
+    ) -> tuple[str | Score, int | None, int | None]:
         return "scaled_dot", None, None
 
 
@@ -283,23 +288,6 @@ class AdditiveAttention(_ValidLensAttention):
         score.W_q, score.W_k, score.w_v = self.W_q, self.W_k, self.w_v
         return score
 
-    def forward(
-        self,
-        queries: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        valid_lens: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """queries (B, L, Dq), keys (B, S, Dk), values (B, S, Dv), valid_lens (B,) or (B, L).
-
-        Returns (B, L, Dv); the weights (B, L, S) are kept in ``.attention_weights``.
-        The lazy form fixes Dq and Dk on its first call.
-        """
-        check_compiling()
-        if _is_lazy(self.W_q) or _is_lazy(self.W_k):
-            self._infer_sizes(queries, keys, values)
-        return super().forward(queries, keys, values, valid_lens)
-
     def _infer_sizes(self, queries: object, keys: object, values: object) -> None:
         """Fix the input sizes of the lazy ``W_q``/``W_k`` from the first call.
 
@@ -318,7 +306,11 @@ class AdditiveAttention(_ValidLensAttention):
                 # A LazyLinear loaded from a state_dict leaves in_features at 0.
                 linear.in_features = int(linear.weight.shape[1])
 
-    def _score_and_sizes(self) -> tuple[str | Score, int | None, int | None]:
+    def _score_and_sizes(
+        self, queries: object, keys: object, values: object
+    ) -> tuple[str | Score, int | None, int | None]:
+        if _is_lazy(self.W_q) or _is_lazy(self.W_k):  # the lazy form: sizes of the first call
+            self._infer_sizes(queries, keys, values)
         return self.score, self.W_q.in_features, self.W_k.in_features
 
 
