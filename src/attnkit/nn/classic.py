@@ -55,11 +55,12 @@ def _check_qkv(
             f"{owner}: queries, keys and values must share the batch size B, got "
             f"{shape_str(queries)}, {shape_str(keys)}, {shape_str(values)}"
         )
-    if keys.shape[1] != values.shape[1]:
-        raise ValueError(
-            f"{owner}: keys and values must have the same number of keys S, got keys "
-            f"{shape_str(keys)} and values {shape_str(values)}"
-        )
+    _check_same(
+        owner,
+        "number of keys S",
+        ("keys", keys, keys.shape[1]),
+        ("values", values, values.shape[1]),
+    )
     if q_features is not None and queries.shape[-1] != q_features:
         raise ValueError(
             f"{owner}: queries have {queries.shape[-1]} features, expected query_size={q_features}"
@@ -117,6 +118,19 @@ def _valid_lens_mask(
                 f"from {lo} to {hi}"
             )
     return masks.valid_lens(lens.to(torch.long))
+
+
+def _check_same(
+    owner: str, what: str, a: tuple[str, torch.Tensor, int], b: tuple[str, torch.Tensor, int]
+) -> None:
+    """Raise unless two inputs agree on one size; ``a`` and ``b`` are (name, the input as
+    given (any shape, shown in the message), its size of ``what``)."""
+    (a_name, a_t, a_size), (b_name, b_t, b_size) = a, b
+    if a_size != b_size:
+        raise ValueError(
+            f"{owner}: {a_name} and {b_name} must have the same {what}, got {a_name} "
+            f"{shape_str(a_t)} and {b_name} {shape_str(b_t)}"
+        )
 
 
 class _ValidLensAttention(nn.Module):
@@ -464,15 +478,11 @@ class NadarayaWatson(nn.Module):
         q = queries if queries.ndim == 2 else queries.unsqueeze(-1)  # (n, d)
         k = keys if keys.ndim == 2 else keys.unsqueeze(-1)  # (m, d)
         v = values if values.ndim == 2 else values.unsqueeze(-1)  # (m, dv)
-        if q.shape[-1] != k.shape[-1]:
-            raise ValueError(
-                f"{owner}: queries and keys must have the same feature size d, got queries "
-                f"{shape_str(queries)} and keys {shape_str(keys)}"
-            )
-        if k.shape[0] != v.shape[0]:
-            raise ValueError(
-                f"{owner}: keys and values must have the same number m of rows, got keys "
-                f"{shape_str(keys)} and values {shape_str(values)}"
-            )
+        _check_same(
+            owner, "feature size d", ("queries", queries, q.shape[-1]), ("keys", keys, k.shape[-1])
+        )
+        _check_same(
+            owner, "number m of rows", ("keys", keys, k.shape[0]), ("values", values, v.shape[0])
+        )
         out, self.attention_weights = attention(q, k, v, score=self.score, return_weights=True)
         return out if values.ndim == 2 else out.squeeze(-1)
