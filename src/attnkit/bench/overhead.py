@@ -99,14 +99,28 @@ def _call_overhead(device: str, causal: bool = False) -> Callable[[bool], Sides]
     return build
 
 
+_MHA_SIZES = (1, 16, 64, 8)
+"""B, N, E, H of the layer cases: a short self-attention call, per call overhead."""
+
+
+def _mha_pair(
+    device: str, seed: int, training: bool
+) -> tuple[attnkit.nn.MultiheadAttention, torch.nn.MultiheadAttention, torch.Tensor]:
+    """attnkit's layer and torch's (E, H of :data:`_MHA_SIZES`, batch first) holding the
+    same weights, in training or eval mode, and an input x (B, N, E) on ``device``."""
+    B, N, E, H = _MHA_SIZES
+    torch.manual_seed(seed)
+    theirs = torch.nn.MultiheadAttention(E, H, batch_first=True).to(device).train(training)
+    ours = attnkit.nn.MultiheadAttention(E, H, batch_first=True).to(device).train(training)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(B, N, E, generator=torch.Generator().manual_seed(seed)).to(device)
+    return ours, theirs, x
+
+
 def _layer(device: str) -> Callable[[bool], Sides]:
     def build(quick: bool) -> Sides:
-        B, N, E, H = 1, 16, 64, 8
-        torch.manual_seed(12)
-        theirs = torch.nn.MultiheadAttention(E, H, batch_first=True).to(device).eval()
-        ours = attnkit.nn.MultiheadAttention(E, H, batch_first=True).to(device).eval()
-        ours.load_state_dict(theirs.state_dict())
-        x = torch.randn(B, N, E, generator=torch.Generator().manual_seed(12)).to(device)
+        B, N, E, H = _MHA_SIZES
+        ours, theirs, x = _mha_pair(device, 12, training=False)
 
         def run_ours() -> torch.Tensor:
             with torch.no_grad():
@@ -131,12 +145,8 @@ def _layer(device: str) -> Callable[[bool], Sides]:
 
 def _layer_train(device: str) -> Callable[[bool], Sides]:
     def build(quick: bool) -> Sides:
-        B, N, E, H = 1, 16, 64, 8
-        torch.manual_seed(15)
-        theirs = torch.nn.MultiheadAttention(E, H, batch_first=True).to(device).train()
-        ours = attnkit.nn.MultiheadAttention(E, H, batch_first=True).to(device).train()
-        ours.load_state_dict(theirs.state_dict())
-        x = torch.randn(B, N, E, generator=torch.Generator().manual_seed(15)).to(device)
+        B, N, E, H = _MHA_SIZES
+        ours, theirs, x = _mha_pair(device, 15, training=True)
 
         def step(
             layer: torch.nn.MultiheadAttention | attnkit.nn.MultiheadAttention,
