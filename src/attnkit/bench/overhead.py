@@ -55,10 +55,6 @@ def _qkv(
     return q, k, v
 
 
-def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
-
-
 def _chosen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: Any) -> Callable[[], Any]:
     return lambda: attnkit.explain(q, k, v, **kw).chosen
 
@@ -79,12 +75,11 @@ def _call_overhead(device: str, causal: bool = False) -> Callable[[bool], Sides]
         def theirs() -> torch.Tensor:
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-        return Sides(
-            attnkit=ours,
-            baseline=theirs,
-            baseline_name="torch SDPA" + (", is_causal=True" if causal else ""),
-            shape=f"B={B} H={H} L=S={N} E={E} float32{' causal' if causal else ''}, per call",
-            check=lambda: _maxdiff(ours(), theirs()),
+        return Sides.compared(
+            ours,
+            theirs,
+            "torch SDPA" + (", is_causal=True" if causal else ""),
+            f"B={B} H={H} L=S={N} E={E} float32{' causal' if causal else ''}, per call",
             repeat=20 if quick else 200,
             backend=_chosen(q, k, v, mask=mask),
             sync=_sync(device),
@@ -130,12 +125,11 @@ def _layer(device: str) -> Callable[[bool], Sides]:
             with torch.no_grad():
                 return theirs(x, x, x, need_weights=False)[0]
 
-        return Sides(
-            attnkit=run_ours,
-            baseline=run_theirs,
-            baseline_name="torch.nn.MultiheadAttention",
-            shape=f"B={B} L=S={N} E={E} heads={H}, eval forward, per call",
-            check=lambda: _maxdiff(run_ours(), run_theirs()),
+        return Sides.compared(
+            run_ours,
+            run_theirs,
+            "torch.nn.MultiheadAttention",
+            f"B={B} L=S={N} E={E} heads={H}, eval forward, per call",
             repeat=10 if quick else 100,
             sync=_sync(device),
         )
@@ -159,12 +153,11 @@ def _layer_train(device: str) -> Callable[[bool], Sides]:
             assert grad is not None
             return grad
 
-        return Sides(
-            attnkit=lambda: step(ours),
-            baseline=lambda: step(theirs),
-            baseline_name="torch.nn.MultiheadAttention",
-            shape=f"B={B} L=S={N} E={E} heads={H}, forward + backward, per step",
-            check=lambda: _maxdiff(step(ours), step(theirs)),
+        return Sides.compared(
+            lambda: step(ours),
+            lambda: step(theirs),
+            "torch.nn.MultiheadAttention",
+            f"B={B} L=S={N} E={E} heads={H}, forward + backward, per step",
             repeat=5 if quick else 50,
             sync=_sync(device),
         )
@@ -177,14 +170,11 @@ def _decode(device: str) -> Callable[[bool], Sides]:
         B, H, S, E = (1, 4, 256, 32) if quick else (1, 32, 4096, 128)
         q, k, v = _qkv(B, H, 1, S, E, device, 13)
         mask = masks.causal("bottom_right")
-        return Sides(
-            attnkit=lambda: attnkit.attention(q, k, v, mask=mask),
-            baseline=lambda: F.scaled_dot_product_attention(q, k, v),
-            baseline_name="torch SDPA, same cache",
-            shape=f"B={B} H={H} L=1 S={S} E={E} causal('bottom_right'), per step",
-            check=lambda: _maxdiff(
-                attnkit.attention(q, k, v, mask=mask), F.scaled_dot_product_attention(q, k, v)
-            ),
+        return Sides.compared(
+            lambda: attnkit.attention(q, k, v, mask=mask),
+            lambda: F.scaled_dot_product_attention(q, k, v),
+            "torch SDPA, same cache",
+            f"B={B} H={H} L=1 S={S} E={E} causal('bottom_right'), per step",
             repeat=5 if quick else 20,
             backend=_chosen(q, k, v, mask=mask),
             sync=_sync(device),
@@ -232,14 +222,13 @@ def _compiled(device: str, check_finite: bool = True) -> Callable[[bool], Sides]
         # the first 100 calls, compile included, happen here (outside the timed region)
         counts = compile_counts(lambda: ours(q, k, v), 100)
         theirs(q, k, v)
-        return Sides(
-            attnkit=lambda: ours(q, k, v),
-            baseline=lambda: theirs(q, k, v),
-            baseline_name="compiled torch SDPA",
-            shape=f"B={B} H={H} L=S={N} E={E} causal, torch.compile(fullgraph=True)"
+        return Sides.compared(
+            lambda: ours(q, k, v),
+            lambda: theirs(q, k, v),
+            "compiled torch SDPA",
+            f"B={B} H={H} L=S={N} E={E} causal, torch.compile(fullgraph=True)"
             + ("" if check_finite else ", check_finite=False")
             + ", per call",
-            check=lambda: _maxdiff(ours(q, k, v), theirs(q, k, v)),
             repeat=10 if quick else 100,
             counts=lambda: counts,
             backend=_chosen(q, k, v, mask=mask),
