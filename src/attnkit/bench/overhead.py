@@ -94,53 +94,19 @@ def _call_overhead(device: str, causal: bool = False) -> Callable[[bool], Sides]
     return build
 
 
-_MHA_SIZES = (1, 16, 64, 8)
-"""B, N, E, H of the layer cases: a short self-attention call, per call overhead."""
+def _layer(device: str, training: bool = False) -> Callable[[bool], Sides]:
+    """attnkit's MultiheadAttention against torch's, holding the same weights, on x (1, 16,
+    64) with 8 heads: an eval forward per call, or with ``training`` a forward and backward
+    per step (the in_proj_weight gradient compared)."""
 
-
-def _mha_pair(
-    device: str, seed: int, training: bool
-) -> tuple[attnkit.nn.MultiheadAttention, torch.nn.MultiheadAttention, torch.Tensor]:
-    """attnkit's layer and torch's (E, H of :data:`_MHA_SIZES`, batch first) holding the
-    same weights, in training or eval mode, and an input x (B, N, E) on ``device``."""
-    B, N, E, H = _MHA_SIZES
-    torch.manual_seed(seed)
-    theirs = torch.nn.MultiheadAttention(E, H, batch_first=True).to(device).train(training)
-    ours = attnkit.nn.MultiheadAttention(E, H, batch_first=True).to(device).train(training)
-    ours.load_state_dict(theirs.state_dict())
-    x = torch.randn(B, N, E, generator=torch.Generator().manual_seed(seed)).to(device)
-    return ours, theirs, x
-
-
-def _layer(device: str) -> Callable[[bool], Sides]:
     def build(quick: bool) -> Sides:
-        B, N, E, H = _MHA_SIZES
-        ours, theirs, x = _mha_pair(device, 12, training=False)
-
-        def run_ours() -> torch.Tensor:
-            with torch.no_grad():
-                return ours(x, x, x, need_weights=False)[0]
-
-        def run_theirs() -> torch.Tensor:
-            with torch.no_grad():
-                return theirs(x, x, x, need_weights=False)[0]
-
-        return Sides.compared(
-            run_ours,
-            run_theirs,
-            "torch.nn.MultiheadAttention",
-            f"B={B} L=S={N} E={E} heads={H}, eval forward, per call",
-            repeat=10 if quick else 100,
-            sync=_sync(device),
-        )
-
-    return build
-
-
-def _layer_train(device: str) -> Callable[[bool], Sides]:
-    def build(quick: bool) -> Sides:
-        B, N, E, H = _MHA_SIZES
-        ours, theirs, x = _mha_pair(device, 15, training=True)
+        B, N, E, H = 1, 16, 64, 8
+        seed = 15 if training else 12
+        torch.manual_seed(seed)
+        theirs = torch.nn.MultiheadAttention(E, H, batch_first=True).to(device).train(training)
+        ours = attnkit.nn.MultiheadAttention(E, H, batch_first=True).to(device).train(training)
+        ours.load_state_dict(theirs.state_dict())
+        x = torch.randn(B, N, E, generator=torch.Generator().manual_seed(seed)).to(device)
 
         def step(
             layer: torch.nn.MultiheadAttention | attnkit.nn.MultiheadAttention,
@@ -153,12 +119,25 @@ def _layer_train(device: str) -> Callable[[bool], Sides]:
             assert grad is not None
             return grad
 
+        def side(
+            layer: torch.nn.MultiheadAttention | attnkit.nn.MultiheadAttention,
+        ) -> Callable[[], torch.Tensor]:
+            if training:
+                return lambda: step(layer)
+
+            def forward() -> torch.Tensor:
+                with torch.no_grad():
+                    return layer(x, x, x, need_weights=False)[0]
+
+            return forward
+
+        what = "forward + backward, per step" if training else "eval forward, per call"
         return Sides.compared(
-            lambda: step(ours),
-            lambda: step(theirs),
+            side(ours),
+            side(theirs),
             "torch.nn.MultiheadAttention",
-            f"B={B} L=S={N} E={E} heads={H}, forward + backward, per step",
-            repeat=5 if quick else 50,
+            f"B={B} L=S={N} E={E} heads={H}, {what}",
+            repeat=(5 if quick else 50) if training else (10 if quick else 100),
             sync=_sync(device),
         )
 
@@ -276,7 +255,7 @@ def overhead_cases(device: str = "cpu") -> tuple[BenchCase, ...]:
             "overhead",
             "≤ 1.1× torch",
             1 / 1.1,
-            _layer_train(device),
+            _layer(device, training=True),
             max_pairs=31,
             memory=False,
         ),
