@@ -1,7 +1,9 @@
 """Small argument checks shared by the layers of :mod:`attnkit.nn`.
 
 Every check raises before any compute, naming the argument, what was received
-and what was expected.
+and what was expected. :class:`MhaLayer` is what the helper modules of
+:class:`~attnkit.nn.MultiheadAttention` read of the layer, so that they need not
+import it (the layer's module imports them).
 """
 
 from __future__ import annotations
