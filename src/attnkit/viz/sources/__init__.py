@@ -1,0 +1,31 @@
+"""Where the viewer's attention comes from: every model behind one :class:`Source` protocol.
+
+- :class:`Source`: the protocol (sizes before a model is built, ``load``,
+  ``attend`` with streaming capture, what explain attributes).
+- :func:`open_source`: the source of a checkpoint folder, the default
+  checkpoint or a model in memory; ``attnkit show`` and :func:`attnkit.viz.show`
+  both resolve their model here.
+- :class:`BertSource` (attnkit's own encoder), :class:`TransformersSource` (any
+  other local checkpoint), :class:`ModelSource` (a transformers model in memory).
+
+Nothing here imports :mod:`attnkit.commands`: errors are the models' own
+(``CheckpointError``, ``ConfigError``) or :class:`SourceError`, and the command
+line words them with its flags.
+"""
+
+from __future__ import annotations
+
+from .base import Source, SourceError
+from .checkpoint import BertSource, TransformersSource
+from .module import ModelSource, hf_kind
+from .resolve import open_source
+
+__all__ = [
+    "BertSource",
+    "ModelSource",
+    "Source",
+    "SourceError",
+    "TransformersSource",
+    "hf_kind",
+    "open_source",
+]
