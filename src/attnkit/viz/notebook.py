@@ -1,6 +1,7 @@
 """The model side of :func:`attnkit.viz.show`: a model (or folder), a tokenizer and text.
 
-:func:`run_model` runs the same streaming capture as ``attnkit show``;
+:func:`run_model` runs the same streaming capture as ``attnkit show``, on the
+model resolved the same way (:func:`attnkit.viz.sources.open_source`);
 :func:`from_generate` turns what transformers' ``generate(...,
 output_attentions=True, return_dict_in_generate=True)`` returns into one
 page set with a step slider; :func:`from_bertviz` reads bertviz's

@@ -9,12 +9,9 @@ then loaded, then run on a text with streaming capture. :func:`open_source`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from ...models.hf_run import AttentionRun
-
-__all__ = ["Source", "SourceError"]
+__all__ = ["Source", "SourceError", "TextSource"]
 
 
 class SourceError(ValueError):
@@ -27,27 +24,25 @@ class SourceError(ValueError):
 
 @runtime_checkable
 class Source(Protocol):
-    """A model the viewer runs: its sizes before it is built, then its attention on a text.
+    """A model the viewer runs: its sizes before it is built, then its attention on an input.
+
+    Every source has these; a text source (:class:`TextSource`) has its tokenizer's
+    too. An image source's input is a picture, its tokens the picture's patches
+    (:class:`~.image.ImageSource`).
 
     Attributes:
         name: a short name for messages and the page's title (the folder's name, or
             the checkpoint's own name once loaded).
-        kind: ``"encoder"``, ``"decoder"`` or ``"encoder-decoder"``.
+        kind: ``"encoder"``, ``"decoder"``, ``"encoder-decoder"`` or ``"vision encoder"``.
         num_layers: layers whose attention is captured (the decoder's, for an
             encoder-decoder when it has fewer).
         num_heads: attention heads per layer.
-        max_tokens: the longest input the model's positions allow (may shrink on
-            :meth:`load`, when only the tokenizer knows it).
-        special_tokens: special tokens the tokenizer adds to one text ([CLS] and
-            [SEP]: 2; 0 when the source does not count them before a run).
     """
 
     name: str
     kind: str
     num_layers: int
     num_heads: int
-    max_tokens: int
-    special_tokens: int
 
     def load(self, generate: bool = False, head: bool = False) -> None:
         """Build the model and its tokenizer; idempotent.
@@ -59,27 +54,57 @@ class Source(Protocol):
         """
         ...
 
-    def attend(self, text: str, pair: str | None, **options: Any) -> AttentionRun:
-        """Run the model on ``text`` with streaming capture: every layer reduced as it runs.
+    def attend(self, text: Any, pair: str | None, **options: Any) -> Any:
+        """Run the model on one input with streaming capture: every layer reduced as it runs.
 
         Args:
-            text: the input (a decoder's prompt; an encoder-decoder's encoder text).
+            text: the input: a text (a decoder's prompt; an encoder-decoder's encoder
+                text), or an RGB ``PIL.Image`` for an image source.
             pair: a second sentence, or an encoder-decoder's decoder text, or None.
-            **options: ``max_length`` (int, tokens), ``layers`` and ``heads`` (sequences
-                of ints, increasing), ``generate_tokens`` (int, a decoder's new tokens),
-                ``seed`` (int or None: greedy), ``budget``
-                (:class:`~attnkit.viz.reduce.Budget`), ``view``
+            **options: ``layers`` and ``heads`` (sequences of ints, increasing),
+                ``budget`` (:class:`~attnkit.viz.reduce.Budget`); a text source also
+                takes ``max_length`` (int, tokens), ``generate_tokens`` (int, a
+                decoder's new tokens), ``seed`` (int or None: greedy) and ``view``
                 (:class:`~attnkit.viz.options.ViewOptions`).
 
         Returns:
-            An :class:`~attnkit.models.hf_run.AttentionRun`: the tokens shown (Q of
-            them), the reduced sets (per layer × head, (Q, K) or a long input's block
-            overview and top-k), the untruncated token count and the run's notes.
+            An :class:`~attnkit.models.hf_run.AttentionRun` (an image source's
+            :class:`~attnkit.models.hf_vision.ImageRun`): the tokens shown (Q of them),
+            the reduced sets (per layer × head, (Q, K) weights or a long input's block
+            overview and exact top-k), and the run's notes.
 
         Raises:
             SourceError: generation asked of a model that is not a decoder.
         """
         ...
+
+    def explain_model(self, directory: Path) -> tuple[Any, Any]:
+        """What attribution runs backward through for this source: ``(model, tokenizer)``.
+
+        The target is the output of the head :meth:`load` built with ``head=True``
+        (a classifier's top class, a language model's next token), the way backward
+        is the model's own autograd. Returns that model and its tokenizer; or a
+        folder (str) and None when :func:`attnkit.viz.explain` must load the
+        checkpoint through transformers itself (attnkit's own encoder is not a
+        transformers model); or an image checkpoint and None
+        (:func:`attnkit.viz.explain_image`). ``directory`` is the checkpoint's folder.
+        """
+        ...
+
+
+@runtime_checkable
+class TextSource(Source, Protocol):
+    """A source whose input is text: :class:`Source` and its tokenizer's facts.
+
+    Attributes:
+        max_tokens: the longest input the model's positions allow (may shrink on
+            :meth:`~Source.load`, when only the tokenizer knows it).
+        special_tokens: special tokens the tokenizer adds to one text ([CLS] and
+            [SEP]: 2; 0 when the source does not count them before a run).
+    """
+
+    max_tokens: int
+    special_tokens: int
 
     def content_tokens(self, text: str) -> int:
         """How many tokens ``text`` makes without special tokens (0: only invisible characters)."""
@@ -87,14 +112,4 @@ class Source(Protocol):
 
     def vocabulary(self) -> dict[str, int]:
         """The tokenizer's tokens and their ids (a comparison needs the same on both sides)."""
-        ...
-
-    def explain_model(self, directory: Path) -> tuple[Any, Any]:
-        """What :func:`attnkit.viz.explain` attributes for this source: ``(model, tokenizer)``.
-
-        The model :meth:`load` built with ``head=True`` and its tokenizer, or a folder
-        (str) and None when explain must load the checkpoint through transformers
-        itself (attnkit's own encoder is not a transformers model). ``directory`` is
-        the checkpoint's folder.
-        """
         ...

@@ -7,14 +7,14 @@ from typing import Any
 
 from torch import nn
 
-from .base import Source
+from .base import TextSource
 from .checkpoint import BertSource, TransformersSource
 from .module import ModelSource
 
 __all__ = ["open_source"]
 
 
-def open_source(model: str | Path | nn.Module | None, tokenizer: Any = None) -> Source:
+def open_source(model: str | Path | nn.Module | None, tokenizer: Any = None) -> TextSource:
     """The source for a model: checked (config against weights), not built.
 
     Args:
@@ -26,7 +26,7 @@ def open_source(model: str | Path | nn.Module | None, tokenizer: Any = None) -> 
         tokenizer: a transformers model's tokenizer (ignored for the others).
 
     Returns:
-        A :class:`~.base.Source`: :class:`BertSource`, :class:`TransformersSource` or
+        A :class:`~.base.TextSource`: :class:`BertSource`, :class:`TransformersSource` or
         :class:`ModelSource`.
 
     Raises:
