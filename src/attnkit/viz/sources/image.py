@@ -47,8 +47,9 @@ class ImageSource:
 
     @property
     def family(self) -> Any:
-        """The checkpoint's :class:`~attnkit.models.hf_vision.VisionFamily` (a folder only)."""
-        return self.checkpoint.family
+        """The checkpoint's :class:`~attnkit.models.hf_vision.VisionFamily`; None for a model
+        you hold."""
+        return None if self.checkpoint is None else self.checkpoint.family
 
     def load(self, generate: bool = False, head: bool = False) -> None:
         """Build the checkpoint's model (once); ``head``: with its image classification
