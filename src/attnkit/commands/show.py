@@ -16,7 +16,9 @@ encoder-decoders such as T5) runs through transformers
 (:mod:`attnkit.models.hf`). Every check on the input, the options and the
 checkpoint's config happens before a model is built. The modules beside this
 one hold the parts: :mod:`.show_args` (options), :mod:`.show_sources`
-(checkpoints), :mod:`.show_report` (terminal and picture).
+(checkpoints: :mod:`attnkit.viz.sources`, which :func:`attnkit.viz.show` resolves
+its model through too, with errors naming the flags), :mod:`.show_report`
+(terminal and picture).
 """
 
 from __future__ import annotations

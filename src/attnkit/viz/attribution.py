@@ -123,13 +123,13 @@ class _Task:
 
 def _kind(model: nn.Module) -> tuple[str, bool]:
     """("lm" | "classifier" | "encoder", causal) of a transformers model."""
-    from .notebook import _hf_kind
+    from .sources import hf_kind as kind_of
 
     name = type(model).__name__
     cfg = getattr(model, "config", None)
     if cfg is None or not hasattr(model, "get_input_embeddings"):
         raise TypeError(f"model: expected a transformers model or a checkpoint folder, got {name}")
-    hf_kind = _hf_kind(model)
+    hf_kind = kind_of(model)
     if hf_kind == "encoder-decoder":
         raise ValueError(
             f"model: explain takes encoders and decoders, not an encoder-decoder ({name})"

@@ -1,10 +1,12 @@
 """The model side of :func:`attnkit.viz.show_image`: a vision checkpoint (or a model you
 hold) and a picture, run once with streaming capture, as a page.
 
-It stands above both :mod:`attnkit.models.hf_vision` (which runs the model and reduces
-its attention with :class:`~attnkit.viz.image.ImageSetReducer`) and
-:mod:`attnkit.viz.html` (which draws the page): :mod:`attnkit.viz.image` below them
-holds the picture's layout, its reducer and its payload, and imports neither.
+The model is resolved as ``attnkit show --image`` resolves it
+(:func:`attnkit.viz.sources.open_image_source`, over :mod:`attnkit.models.hf_vision`,
+which runs the model and reduces its attention with
+:class:`~attnkit.viz.image.ImageSetReducer`); :mod:`attnkit.viz.html` draws the page.
+:mod:`attnkit.viz.image` below them holds the picture's layout, its reducer and its
+payload, and imports neither.
 """
 
 from __future__ import annotations
@@ -75,23 +77,13 @@ def show_image(
         ImportError: Pillow is not installed (``pip install "attnkit[image]"``).
         ValueError: the picture cannot be read, or the model is not a supported family.
     """
-    # Imported here, not at the top: the models import viz's capture modules, which runs
-    # this package's __init__, so the package must not import the models when it loads.
-    from ..models import hf_vision
+    from .sources import open_image_source
 
     picture = _as_picture(image)
     budget = Budget(top_k=top_k)
-    if isinstance(model, (str, Path)):
-        if processor is not None:
-            raise TypeError("processor: a checkpoint folder brings its own; pass processor=None")
-        ck = hf_vision.ImageCheckpoint(model)
-        run = ck.attend(picture, layers=layers, heads=heads, budget=budget)
-        name = ck.name
-    else:
-        run = hf_vision.attend_model(
-            model, picture, processor, layers=layers, heads=heads, budget=budget
-        )
-        name = type(model).__name__
+    source = open_image_source(model, processor)
+    run = source.attend(picture, layers=layers, heads=heads, budget=budget)
+    name = source.name
     shown = Path(image).name if isinstance(image, (str, Path)) else "the picture"
     return Page(
         render_html(
