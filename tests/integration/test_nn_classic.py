@@ -141,7 +141,11 @@ def test_classic_bad_inputs() -> None:
         layer(q, k, v, torch.tensor([1, 2, 3]))
     with pytest.raises(ValueError, match="same feature size"):
         layer(q, torch.randn(2, 5, 3), v)
-    with pytest.raises(ValueError, match="same number of keys"):
+    with pytest.raises(
+        ValueError,
+        match=r"keys and values must have the same number of keys S, got keys "
+        r"\(2, 5, 4\) and values \(2, 4, 3\)",
+    ):
         layer(q, k, torch.randn(2, 4, 3))
     with pytest.raises(ValueError, match=r"queries must have shape \(B, L, Dq\)"):
         layer(q[0], k, v)
@@ -252,9 +256,17 @@ def test_nadaraya_watson_bad_inputs() -> None:
     nw = NadarayaWatson()
     with pytest.raises(ValueError, match=r"keys and values of shape \(3, m\)"):
         nw(torch.rand(3), torch.rand(4, 5), torch.rand(4, 5))
-    with pytest.raises(ValueError, match="same feature size"):
+    with pytest.raises(
+        ValueError,
+        match=r"queries and keys must have the same feature size d, got queries "
+        r"\(3, 2\) and keys \(4, 3\)",
+    ):
         nw(torch.rand(3, 2), torch.rand(4, 3), torch.rand(4))
-    with pytest.raises(ValueError, match="same number m of rows"):
+    with pytest.raises(
+        ValueError,
+        match=r"keys and values must have the same number m of rows, got keys \(4\) "
+        r"and values \(5\)",
+    ):
         nw(torch.rand(3), torch.rand(4), torch.rand(5))
 
 

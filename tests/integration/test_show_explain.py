@@ -190,6 +190,51 @@ def test_generate_explains_each_generated_token(gpt2: Path, tmp_path: Path) -> N
     assert meta["explain"]["prompt_length"] == L and "explain.scores" not in arrays
 
 
+@pytest.fixture
+def weights_read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The class of every transformers model whose weights are read, in order."""
+    from transformers import PreTrainedModel
+
+    read = PreTrainedModel.from_pretrained.__func__  # type: ignore[attr-defined]
+    seen: list[str] = []
+
+    def counted(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(cls.__name__)
+        return read(cls, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(counted))
+    return seen
+
+
+@pytest.mark.parametrize("extra", [[], ["--generate", "2"]], ids=["text", "generate"])
+def test_the_page_and_its_explain_view_read_the_weights_once(
+    gpt2: Path, tmp_path: Path, weights_read: list[str], extra: list[str]
+) -> None:
+    """One model, built with its head, runs the page's forward and the attribution."""
+    payload = _payload(_show(tmp_path, "The animal cross the street", "--model", str(gpt2),
+                             "--explain", *extra))  # fmt: skip
+    assert "explain" in payload
+    assert weights_read == ["GPT2LMHeadModel"]
+
+
+def test_a_classifier_page_reads_the_weights_once(
+    gpt2: Path, tmp_path: Path, weights_read: list[str]
+) -> None:
+    """A sequence classifier's page runs on the classifier the Explain view attributes."""
+    from attnkit import viz
+
+    directory = tmp_path / "classifier"
+    transformers.AutoTokenizer.from_pretrained(str(gpt2)).save_pretrained(directory)
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config.from_pretrained(str(gpt2), num_labels=3)
+    transformers.GPT2ForSequenceClassification(cfg).save_pretrained(directory)
+    data = _payload(_show(tmp_path, TEXT, "--model", str(directory), "--explain"))["explain"]
+    assert weights_read == ["GPT2ForSequenceClassification"]
+    want = viz.explain(str(directory), None, TEXT)
+    assert data["targetKind"] == "class" and data["target"] == str(want.target)
+    assert_close_to_scale(_floats(data["scores"]), want.scores, what="scores")
+
+
 def test_explain_generation_refuses_before_any_compute(gpt2: Path) -> None:
     from attnkit import viz
 
@@ -311,5 +356,41 @@ def test_explain_view_of_a_generation_in_a_browser(
     assert page.locator(".explain-tok").count() == 5  # the prompt: the sources of step 1
     page.locator(".explain-cell[data-layer='0'][data-head='1']").click()
     assert "layer=0&heads=1&" in page.evaluate("location.hash")
+    assert errors == []
+    page.close()
+
+
+@pytest.mark.parametrize("sandbox", ["", "allow-scripts"], ids=["srcdoc", "sandboxed"])
+def test_explain_view_in_a_notebook_frame(browser: Any, gpt2: Path, sandbox: str) -> None:
+    """Jupyter, VS Code and Colab show a page in an about:srcdoc frame (sandboxed in some),
+    where the address cannot be written: the Explain view opens, a head-importance cell
+    chooses a layer and a head for the other views, and no page error comes on the way."""
+    from attnkit import viz
+
+    a = viz.explain(str(gpt2), None, TEXT)
+    frame_html = viz.show(str(gpt2), None, TEXT, explain=a, progress=False)._repr_html_()
+    if sandbox:
+        frame_html = frame_html.replace("<iframe ", f'<iframe sandbox="{sandbox}" ', 1)
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.set_content(frame_html)
+    page.frame_locator("iframe").locator("body[data-ready='1']").wait_for(timeout=20_000)
+    frame = page.frames[1]
+    assert frame.url == "about:srcdoc"
+    assert "view=explain" in frame.evaluate("AK.address()")  # the page opens on it
+    frame.locator("#view-matrix").click()
+    frame.locator("#view-explain").click()
+    assert "view=explain" in frame.evaluate("AK.address()")
+    assert "Explaining the logit of next token" in frame.locator("#explain-body").inner_text()
+    assert frame.locator(".explain-tok").count() == len(a.tokens)
+    frame.locator(".explain-cell[data-layer='1'][data-head='0']").click()
+    assert "layer=1&heads=0&" in frame.evaluate("AK.address()")
+    assert frame.locator(".explain-cell[aria-pressed='true']").count() == 1
+    frame.locator("#view-matrix").click()
+    assert frame.locator("#layer").input_value() == "1"
+    frame.locator("#view-explain").click()
+    frame.locator(".explain-matrix").hover()  # the relevance matrix's tooltip
     assert errors == []
     page.close()

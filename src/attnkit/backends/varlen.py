@@ -55,9 +55,15 @@ def can_unpad(inputs: AttentionInputs) -> bool:
     return inputs.block_plan().ragged_ready()  # (decided without reading the lengths)
 
 
-def take_rows(t: torch.Tensor, start: int, n: int) -> torch.Tensor:
-    """Rows [start, start + n) of t (..., N, D), zero-padded past N: (..., n, D)."""
-    rows = t[..., start : start + n, :]  # (..., <= n, D)
+def take_rows(
+    t: torch.Tensor, start: int, n: int, index: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Rows [start, start + n) of t (..., N, D), or the rows ``index`` (K,) lists when
+    given, zero-padded to n rows: (..., n, D)."""
+    if index is None:
+        rows = t[..., start : start + n, :]  # (..., <= n, D)
+    else:
+        rows = t.index_select(-2, index.to(t.device))  # (..., K, D)
     short = n - rows.shape[-2]
     return F.pad(rows, (0, 0, 0, short)) if short else rows
 
@@ -65,19 +71,13 @@ def take_rows(t: torch.Tensor, start: int, n: int) -> torch.Tensor:
 def take_queries(t: torch.Tensor, seq: RaggedSeq, n: int) -> torch.Tensor:
     """A sequence's queries of t (..., L, D) (its index list, or its contiguous run),
     zero-padded to n rows: (..., n, D)."""
-    if seq.query_idx is None:
-        return take_rows(t, seq.q0, n)
-    rows = t.index_select(-2, seq.query_idx.to(t.device))  # (..., L_b, D)
-    return F.pad(rows, (0, 0, 0, n - rows.shape[-2]))  # (..., n, D)
+    return take_rows(t, seq.q0, n, seq.query_idx)
 
 
 def take_keys(t: torch.Tensor, seq: RaggedSeq, n: int) -> torch.Tensor:
     """A sequence's keys of t (..., S, D) (its index list, or its contiguous run),
     zero-padded to n rows: (..., n, D)."""
-    if seq.key_idx is None:
-        return take_rows(t, seq.k0, n)
-    rows = t.index_select(-2, seq.key_idx.to(t.device))  # (..., S_b, D)
-    return F.pad(rows, (0, 0, 0, n - rows.shape[-2]))  # (..., n, D)
+    return take_rows(t, seq.k0, n, seq.key_idx)
 
 
 CALL_COST = 2.5e7

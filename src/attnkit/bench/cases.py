@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import attnkit
 from attnkit import masks, scores
 
-__all__ = ["CASES", "BenchCase", "Sides"]
+__all__ = ["CASES", "BenchCase", "Sides", "max_abs_diff"]
 
 
 @dataclass
@@ -46,6 +46,28 @@ class Sides:
     backend: Callable[[], str | None] | None = None
     sync: Callable[[], None] | None = None
     figures: Callable[[], dict[str, float]] | None = None
+
+    @classmethod
+    def compared(
+        cls,
+        ours: Callable[[], torch.Tensor],
+        theirs: Callable[[], torch.Tensor],
+        baseline_name: str,
+        shape: str,
+        **rest: Any,
+    ) -> Sides:
+        """Sides ``ours`` (attnkit) and ``theirs`` (the baseline), each returning one
+        tensor of the same shape, checked by :func:`max_abs_diff` of a call of each;
+        ``rest`` are the other fields."""
+        return cls(
+            ours, theirs, baseline_name, shape, lambda: max_abs_diff(ours(), theirs()), **rest
+        )
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest absolute difference of a and b (one shape, any float dtype), read in
+    float32 or wider; 0.0 when they are empty."""
+    return float((a.detach().float() - b.detach().float()).abs().max()) if a.numel() else 0.0
 
 
 @dataclass(frozen=True)
@@ -88,22 +110,17 @@ def _qkv(B: int, H: int, L: int, S: int, E: int, Ev: int, seed: int) -> tuple[to
     return q, k, v
 
 
-def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
-
-
 # --------------------------------------------------------------------------- 1. dense
 
 
 def _dense(quick: bool) -> Sides:
     B, H, N, E = (2, 2, 64, 16) if quick else (4, 8, 2048, 64)
     q, k, v = _qkv(B, H, N, N, E, E, 1)
-    return Sides(
-        attnkit=lambda: attnkit.attention(q, k, v),
-        baseline=lambda: F.scaled_dot_product_attention(q, k, v),
-        baseline_name="torch SDPA",
-        shape=f"B={B} H={H} L=S={N} E={E}",
-        check=lambda: _maxdiff(attnkit.attention(q, k, v), F.scaled_dot_product_attention(q, k, v)),
+    return Sides.compared(
+        lambda: attnkit.attention(q, k, v),
+        lambda: F.scaled_dot_product_attention(q, k, v),
+        "torch SDPA",
+        f"B={B} H={H} L=S={N} E={E}",
     )
 
 
@@ -128,7 +145,7 @@ def _ragged(queries: bool) -> Callable[[bool], Sides]:
             b = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask)
             rows = key_keep if queries else torch.ones(B, N, dtype=torch.bool)  # (B, L)
             sel = rows[:, None, :, None].expand_as(a)  # (B, H, L, Ev)
-            return _maxdiff(a[sel], b[sel])
+            return max_abs_diff(a[sel], b[sel])
 
         return Sides(
             attnkit=lambda: attnkit.attention(q, k, v, mask=mask),
@@ -149,15 +166,11 @@ def _causal(quick: bool) -> Sides:
     q, k, v = _qkv(B, H, N, N, E, E, 4)
     dense = torch.ones(N, N, dtype=torch.bool).tril()  # (L, S)
     mask = masks.causal()
-    return Sides(
-        attnkit=lambda: attnkit.attention(q, k, v, mask=mask),
-        baseline=lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense),
-        baseline_name="SDPA + dense bool causal",
-        shape=f"B={B} H={H} L=S={N} E={E}",
-        check=lambda: _maxdiff(
-            attnkit.attention(q, k, v, mask=mask),
-            F.scaled_dot_product_attention(q, k, v, attn_mask=dense),
-        ),
+    return Sides.compared(
+        lambda: attnkit.attention(q, k, v, mask=mask),
+        lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense),
+        "SDPA + dense bool causal",
+        f"B={B} H={H} L=S={N} E={E}",
     )
 
 
@@ -178,12 +191,11 @@ def _window(n_full: int) -> Callable[[bool], Sides]:
             # the dense mask is part of what the baseline pays for
             return F.scaled_dot_product_attention(q, k, v, attn_mask=dense())
 
-        return Sides(
-            attnkit=lambda: attnkit.attention(q, k, v, mask=mask),
-            baseline=baseline,
-            baseline_name="SDPA + dense bool window",
-            shape=f"B={B} H={H} N={N} E={E} window({W}, 0)",
-            check=lambda: _maxdiff(attnkit.attention(q, k, v, mask=mask), baseline()),
+        return Sides.compared(
+            lambda: attnkit.attention(q, k, v, mask=mask),
+            baseline,
+            "SDPA + dense bool window",
+            f"B={B} H={H} N={N} E={E} window({W}, 0)",
         )
 
     return build
@@ -217,41 +229,32 @@ def _additive_inputs(
     return q, k, v, score
 
 
-def _additive(quick: bool) -> Sides:
-    B, L, hidden, E, Ev = (2, 64, 16, 16, 8) if quick else (2, 1024, 128, 64, 64)
-    q, k, v, score = _additive_inputs(B, L, hidden, E, Ev, grad=False)
+def _additive(long: bool) -> Callable[[bool], Sides]:
+    """The additive score's forward against d2l's materialized one; ``long``: at a length
+    the materialized features do not fit, attnkit alone."""
 
-    def ours() -> torch.Tensor:
-        with torch.no_grad():
-            return attnkit.attention(q, k, v, score=score)
+    def build(quick: bool) -> Sides:
+        if long:
+            B, L, hidden, E, Ev = (1, 512, 16, 16, 8) if quick else (1, 16384, 128, 64, 64)
+        else:
+            B, L, hidden, E, Ev = (2, 64, 16, 16, 8) if quick else (2, 1024, 128, 64, 64)
+        q, k, v, score = _additive_inputs(B, L, hidden, E, Ev, grad=False)
+        shape = f"B={B} L=S={L} hidden={hidden} E={E} Ev={Ev}"
 
-    def theirs() -> torch.Tensor:
-        with torch.no_grad():
-            return d2l_additive(q, k, v, score)
+        def ours() -> torch.Tensor:
+            with torch.no_grad():
+                return attnkit.attention(q, k, v, score=score)
 
-    return Sides(
-        attnkit=ours,
-        baseline=theirs,
-        baseline_name="d2l materialized",
-        shape=f"B={B} L=S={L} hidden={hidden} E={E} Ev={Ev}",
-        check=lambda: _maxdiff(ours(), theirs()),
-    )
+        if long:
+            return Sides(attnkit=ours, baseline=None, baseline_name="(attnkit only)", shape=shape)
 
+        def theirs() -> torch.Tensor:
+            with torch.no_grad():
+                return d2l_additive(q, k, v, score)
 
-def _additive_long(quick: bool) -> Sides:
-    B, L, hidden, E, Ev = (1, 512, 16, 16, 8) if quick else (1, 16384, 128, 64, 64)
-    q, k, v, score = _additive_inputs(B, L, hidden, E, Ev, grad=False)
+        return Sides.compared(ours, theirs, "d2l materialized", shape)
 
-    def ours() -> torch.Tensor:
-        with torch.no_grad():
-            return attnkit.attention(q, k, v, score=score)
-
-    return Sides(
-        attnkit=ours,
-        baseline=None,
-        baseline_name="(attnkit only)",
-        shape=f"B={B} L=S={L} hidden={hidden} E={E} Ev={Ev}",
-    )
+    return build
 
 
 def _additive_train(quick: bool) -> Sides:
@@ -272,7 +275,7 @@ def _additive_train(quick: bool) -> Sides:
         return step(lambda: d2l_additive(q, k, v, score))
 
     def check() -> float:
-        return max(_maxdiff(a, b) for a, b in zip(ours(), theirs(), strict=True))
+        return max(max_abs_diff(a, b) for a, b in zip(ours(), theirs(), strict=True))
 
     return Sides(
         attnkit=ours,
@@ -312,7 +315,7 @@ def _weights(quick: bool) -> Sides:
     def check() -> float:
         out, w = attnkit.attention(q, k, v, return_weights=True)
         ref_w = torch.softmax(q @ k.transpose(-2, -1) / E**0.5, dim=-1)
-        return max(_maxdiff(w, ref_w), _maxdiff(out, attnkit.attention(q, k, v)))
+        return max(max_abs_diff(w, ref_w), max_abs_diff(out, attnkit.attention(q, k, v)))
 
     return Sides(
         attnkit=lambda: attnkit.attention(q, k, v, return_weights=True),
@@ -330,13 +333,15 @@ CASES: tuple[BenchCase, ...] = (
     BenchCase("causal", "causal", "≥ 1.4×", 1.4, _causal),
     BenchCase("window_4096", "window", "linear memory", None, _window(4096)),
     BenchCase("window_8192", "window", "≥ 8×", 8.0, _window(8192)),
-    BenchCase("additive", "additive", "≥ 10×, ≤ 1/50 memory", 10.0, _additive, mem_goal=1 / 50),
+    BenchCase(
+        "additive", "additive", "≥ 10×, ≤ 1/50 memory", 10.0, _additive(long=False), mem_goal=1 / 50
+    ),
     BenchCase(
         "additive_16k",
         "additive",
         "< 512 MiB extra",
         None,
-        _additive_long,
+        _additive(long=True),
         mem_limit_mib=512,
         timed=False,
     ),

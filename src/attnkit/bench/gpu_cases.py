@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import attnkit
 from attnkit import masks, scores
 
-from .cases import Sides, d2l_additive
+from .cases import Sides, d2l_additive, max_abs_diff
 from .gpu_shapes import (
     BWD_FACTOR,
     GpuCase,
@@ -75,10 +75,6 @@ def _explained(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: Any) -> 
     return lambda: attnkit.explain(q, k, v, backend=None, **kw).chosen
 
 
-def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.detach().float() - b.detach().float()).abs().max()) if a.numel() else 0.0
-
-
 def flex_available() -> str | None:
     """Why FlexAttention cannot be a peer here (torch < 2.5 has none), or None."""
     try:
@@ -123,7 +119,7 @@ def _dense(causal: bool, backward: bool) -> Callable[[GpuShape, str], Sides]:
             baseline=_fwd_bwd(theirs, [q, k, v]) if backward else theirs,
             baseline_name="torch SDPA" + (" (is_causal)" if causal else ""),
             shape=_describe(s) + (", forward+backward" if backward else ""),
-            check=lambda: _maxdiff(ours(), theirs()),
+            check=lambda: max_abs_diff(ours(), theirs()),
             backend=_explained(q, k, v, mask=mask),
         )
 
@@ -157,7 +153,7 @@ def _ragged(peer: str) -> Callable[[GpuShape, str], Sides]:
 
         def check() -> float:
             rows = keep[:, None, :, None].expand(-1, s.H, -1, s.E)  # (B, H, L, E)
-            return _maxdiff(ours()[rows], theirs()[rows])
+            return max_abs_diff(ours()[rows], theirs()[rows])
 
         return Sides(
             attnkit=ours,
@@ -195,12 +191,11 @@ def _window(peer: str) -> Callable[[GpuShape, str], Sides]:
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
 
             name = "SDPA + dense bool window (built once)"
-        return Sides(
-            attnkit=ours,
-            baseline=theirs,
-            baseline_name=name,
-            shape=_describe(s) + f", window({W}, 0)",
-            check=lambda: _maxdiff(ours(), theirs()),
+        return Sides.compared(
+            ours,
+            theirs,
+            name,
+            _describe(s) + f", window({W}, 0)",
             backend=_explained(q, k, v, mask=mask),
         )
 
@@ -264,7 +259,7 @@ def _additive(backward: bool) -> Callable[[GpuShape, str], Sides]:
                 f"B={s.B} L=S={s.L} hidden={s.hidden} E={s.E} {_dtype(s)}"
                 + (", forward+backward" if backward else "")
             ),
-            check=lambda: _maxdiff(no_grad(ours)(), no_grad(theirs)()),
+            check=lambda: max_abs_diff(no_grad(ours)(), no_grad(theirs)()),
             backend=_explained(q, k, v, score=score),
         )
 
@@ -299,7 +294,7 @@ def _weights(peer: str) -> Callable[[GpuShape, str], Sides]:
             baseline=theirs,
             baseline_name=name,
             shape=_describe(s) + ", return_weights=True",
-            check=lambda: _maxdiff(
+            check=lambda: max_abs_diff(
                 ours()[1], torch.softmax(q.float() @ k.float().transpose(-2, -1) / s.E**0.5, -1)
             ),
             backend=_explained(q, k, v, return_weights=True),

@@ -33,13 +33,9 @@ import torch
 import attnkit
 from attnkit import masks, mods
 
-from .cases import BenchCase, Sides
+from .cases import BenchCase, Sides, max_abs_diff
 
 __all__ = ["MODEL_CASES", "materialized_modifier"]
-
-
-def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
 
 
 # --------------------------------------------------------------------------- the Llama stack
@@ -87,9 +83,11 @@ def _llama_case(baseline: str, weights: bool) -> Callable[[bool], Sides]:
 
         def check() -> float:
             a, b = run(ours)(), run(theirs)()
-            diffs = [_maxdiff(a.last_hidden_state, b.last_hidden_state)]
+            diffs = [max_abs_diff(a.last_hidden_state, b.last_hidden_state)]
             if weights:
-                diffs += [_maxdiff(x, y) for x, y in zip(a.attentions, b.attentions, strict=True)]
+                diffs += [
+                    max_abs_diff(x, y) for x, y in zip(a.attentions, b.attentions, strict=True)
+                ]
             return max(diffs)
 
         return Sides(
@@ -177,12 +175,11 @@ def _modifier_case(kind: str) -> Callable[[bool], Sides]:
             with torch.no_grad():
                 return materialized_modifier(kind, q, k, v, param)
 
-        return Sides(
-            attnkit=ours,
-            baseline=theirs,
-            baseline_name="materialized formula",
-            shape=f"B={B} H={H} L=S={N} E={E}, {kind}",
-            check=lambda: _maxdiff(ours(), theirs()),
+        return Sides.compared(
+            ours,
+            theirs,
+            "materialized formula",
+            f"B={B} H={H} L=S={N} E={E}, {kind}",
             backend=lambda: attnkit.explain(q, k, v, mask=mask, mods=mod).chosen,
         )
 

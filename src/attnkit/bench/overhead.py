@@ -55,10 +55,6 @@ def _qkv(
     return q, k, v
 
 
-def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
-
-
 def _chosen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: Any) -> Callable[[], Any]:
     return lambda: attnkit.explain(q, k, v, **kw).chosen
 
@@ -79,12 +75,11 @@ def _call_overhead(device: str, causal: bool = False) -> Callable[[bool], Sides]
         def theirs() -> torch.Tensor:
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-        return Sides(
-            attnkit=ours,
-            baseline=theirs,
-            baseline_name="torch SDPA" + (", is_causal=True" if causal else ""),
-            shape=f"B={B} H={H} L=S={N} E={E} float32{' causal' if causal else ''}, per call",
-            check=lambda: _maxdiff(ours(), theirs()),
+        return Sides.compared(
+            ours,
+            theirs,
+            "torch SDPA" + (", is_causal=True" if causal else ""),
+            f"B={B} H={H} L=S={N} E={E} float32{' causal' if causal else ''}, per call",
             repeat=20 if quick else 200,
             backend=_chosen(q, k, v, mask=mask),
             sync=_sync(device),
@@ -99,44 +94,19 @@ def _call_overhead(device: str, causal: bool = False) -> Callable[[bool], Sides]
     return build
 
 
-def _layer(device: str) -> Callable[[bool], Sides]:
+def _layer(device: str, training: bool = False) -> Callable[[bool], Sides]:
+    """attnkit's MultiheadAttention against torch's, holding the same weights, on x (1, 16,
+    64) with 8 heads: an eval forward per call, or with ``training`` a forward and backward
+    per step (the in_proj_weight gradient compared)."""
+
     def build(quick: bool) -> Sides:
         B, N, E, H = 1, 16, 64, 8
-        torch.manual_seed(12)
-        theirs = torch.nn.MultiheadAttention(E, H, batch_first=True).to(device).eval()
-        ours = attnkit.nn.MultiheadAttention(E, H, batch_first=True).to(device).eval()
+        seed = 15 if training else 12
+        torch.manual_seed(seed)
+        theirs = torch.nn.MultiheadAttention(E, H, batch_first=True).to(device).train(training)
+        ours = attnkit.nn.MultiheadAttention(E, H, batch_first=True).to(device).train(training)
         ours.load_state_dict(theirs.state_dict())
-        x = torch.randn(B, N, E, generator=torch.Generator().manual_seed(12)).to(device)
-
-        def run_ours() -> torch.Tensor:
-            with torch.no_grad():
-                return ours(x, x, x, need_weights=False)[0]
-
-        def run_theirs() -> torch.Tensor:
-            with torch.no_grad():
-                return theirs(x, x, x, need_weights=False)[0]
-
-        return Sides(
-            attnkit=run_ours,
-            baseline=run_theirs,
-            baseline_name="torch.nn.MultiheadAttention",
-            shape=f"B={B} L=S={N} E={E} heads={H}, eval forward, per call",
-            check=lambda: _maxdiff(run_ours(), run_theirs()),
-            repeat=10 if quick else 100,
-            sync=_sync(device),
-        )
-
-    return build
-
-
-def _layer_train(device: str) -> Callable[[bool], Sides]:
-    def build(quick: bool) -> Sides:
-        B, N, E, H = 1, 16, 64, 8
-        torch.manual_seed(15)
-        theirs = torch.nn.MultiheadAttention(E, H, batch_first=True).to(device).train()
-        ours = attnkit.nn.MultiheadAttention(E, H, batch_first=True).to(device).train()
-        ours.load_state_dict(theirs.state_dict())
-        x = torch.randn(B, N, E, generator=torch.Generator().manual_seed(15)).to(device)
+        x = torch.randn(B, N, E, generator=torch.Generator().manual_seed(seed)).to(device)
 
         def step(
             layer: torch.nn.MultiheadAttention | attnkit.nn.MultiheadAttention,
@@ -149,13 +119,25 @@ def _layer_train(device: str) -> Callable[[bool], Sides]:
             assert grad is not None
             return grad
 
-        return Sides(
-            attnkit=lambda: step(ours),
-            baseline=lambda: step(theirs),
-            baseline_name="torch.nn.MultiheadAttention",
-            shape=f"B={B} L=S={N} E={E} heads={H}, forward + backward, per step",
-            check=lambda: _maxdiff(step(ours), step(theirs)),
-            repeat=5 if quick else 50,
+        def side(
+            layer: torch.nn.MultiheadAttention | attnkit.nn.MultiheadAttention,
+        ) -> Callable[[], torch.Tensor]:
+            if training:
+                return lambda: step(layer)
+
+            def forward() -> torch.Tensor:
+                with torch.no_grad():
+                    return layer(x, x, x, need_weights=False)[0]
+
+            return forward
+
+        what = "forward + backward, per step" if training else "eval forward, per call"
+        return Sides.compared(
+            side(ours),
+            side(theirs),
+            "torch.nn.MultiheadAttention",
+            f"B={B} L=S={N} E={E} heads={H}, {what}",
+            repeat=(5 if quick else 50) if training else (10 if quick else 100),
             sync=_sync(device),
         )
 
@@ -167,14 +149,11 @@ def _decode(device: str) -> Callable[[bool], Sides]:
         B, H, S, E = (1, 4, 256, 32) if quick else (1, 32, 4096, 128)
         q, k, v = _qkv(B, H, 1, S, E, device, 13)
         mask = masks.causal("bottom_right")
-        return Sides(
-            attnkit=lambda: attnkit.attention(q, k, v, mask=mask),
-            baseline=lambda: F.scaled_dot_product_attention(q, k, v),
-            baseline_name="torch SDPA, same cache",
-            shape=f"B={B} H={H} L=1 S={S} E={E} causal('bottom_right'), per step",
-            check=lambda: _maxdiff(
-                attnkit.attention(q, k, v, mask=mask), F.scaled_dot_product_attention(q, k, v)
-            ),
+        return Sides.compared(
+            lambda: attnkit.attention(q, k, v, mask=mask),
+            lambda: F.scaled_dot_product_attention(q, k, v),
+            "torch SDPA, same cache",
+            f"B={B} H={H} L=1 S={S} E={E} causal('bottom_right'), per step",
             repeat=5 if quick else 20,
             backend=_chosen(q, k, v, mask=mask),
             sync=_sync(device),
@@ -222,14 +201,13 @@ def _compiled(device: str, check_finite: bool = True) -> Callable[[bool], Sides]
         # the first 100 calls, compile included, happen here (outside the timed region)
         counts = compile_counts(lambda: ours(q, k, v), 100)
         theirs(q, k, v)
-        return Sides(
-            attnkit=lambda: ours(q, k, v),
-            baseline=lambda: theirs(q, k, v),
-            baseline_name="compiled torch SDPA",
-            shape=f"B={B} H={H} L=S={N} E={E} causal, torch.compile(fullgraph=True)"
+        return Sides.compared(
+            lambda: ours(q, k, v),
+            lambda: theirs(q, k, v),
+            "compiled torch SDPA",
+            f"B={B} H={H} L=S={N} E={E} causal, torch.compile(fullgraph=True)"
             + ("" if check_finite else ", check_finite=False")
             + ", per call",
-            check=lambda: _maxdiff(ours(q, k, v), theirs(q, k, v)),
             repeat=10 if quick else 100,
             counts=lambda: counts,
             backend=_chosen(q, k, v, mask=mask),
@@ -277,7 +255,7 @@ def overhead_cases(device: str = "cpu") -> tuple[BenchCase, ...]:
             "overhead",
             "≤ 1.1× torch",
             1 / 1.1,
-            _layer_train(device),
+            _layer(device, training=True),
             max_pairs=31,
             memory=False,
         ),

@@ -16,7 +16,9 @@ encoder-decoders such as T5) runs through transformers
 (:mod:`attnkit.models.hf`). Every check on the input, the options and the
 checkpoint's config happens before a model is built. The modules beside this
 one hold the parts: :mod:`.show_args` (options), :mod:`.show_sources`
-(checkpoints), :mod:`.show_report` (terminal and picture).
+(checkpoints: :mod:`attnkit.viz.sources`, which :func:`attnkit.viz.show` resolves
+its model through too, with errors naming the flags), :mod:`.show_report`
+(terminal and picture).
 """
 
 from __future__ import annotations
@@ -215,7 +217,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..viz.reduce import Budget
 
     try:
-        source.load(generate=bool(args.generate))
+        source.load(generate=bool(args.generate), head=explain_dir is not None)
         show_compare.prepare(source, second)
         if source.content_tokens(text) == 0:
             raise UsageError(
@@ -241,9 +243,10 @@ def _run(args: argparse.Namespace) -> int:
             args, source, second, text, pair, layer_sel=layer_sel, head_sel=head_sel,
             max_length=max_length, budget=Budget(top_k=args.top_k), view=view,
         )  # fmt: skip
-    explained = (
-        None if explain_dir is None else show_explain.run(args, explain_dir, text, max_length, run)
-    )
+    explained = None
+    if explain_dir is not None:
+        net, tokenizer = source.explain_model(explain_dir)  # the page's model, built once
+        explained = show_explain.run(args, net, tokenizer, text, max_length, run)
     return _write(args, source, run, text, pair, layers, heads, outputs, other, explained)
 
 

@@ -119,11 +119,15 @@ def check_model(args: argparse.Namespace, directory: Path, name: str) -> None:
         )
 
 
-def run(args: argparse.Namespace, directory: Path, text: str, max_length: int,
+def run(args: argparse.Namespace, model: Any, tokenizer: Any, text: str, max_length: int,
         page_run: Any = None) -> Any:  # fmt: skip
-    """:func:`attnkit.viz.explain` on the checkpoint and the text, cut at ``max_length`` tokens
+    """:func:`attnkit.viz.explain` on the model and the text, cut at ``max_length`` tokens
     as the page is; under ``--generate``, every generated token of ``page_run`` (the page's
-    run: its ids and tokens) in turn; None without ``--explain``."""
+    run: its ids and tokens) in turn; None without ``--explain``.
+
+    ``model`` and ``tokenizer``: the page's own model and its tokenizer when it is a
+    transformers model built with its head (its weights are read once), else the
+    checkpoint folder (str) and None."""
     method = getattr(args, "explain", None)
     if method is None:
         return None
@@ -133,9 +137,9 @@ def run(args: argparse.Namespace, directory: Path, text: str, max_length: int,
     text2 = getattr(args, "compare", None)
     try:
         if getattr(args, "generate", 0) and page_run is not None:
-            return explain_generation(str(directory), None, page_run.ids, page_run.used_tokens,
+            return explain_generation(model, tokenizer, page_run.ids, page_run.used_tokens,
                                       tokens=page_run.tokens, method=method)  # fmt: skip
-        return explain(str(directory), None, text, method=method, max_length=max_length,
+        return explain(model, tokenizer, text, method=method, max_length=max_length,
                        compare=None if text2 is None else text2.strip())  # fmt: skip
     except (ValueError, TypeError) as exc:
         raise UsageError(f"--explain: {exc}") from None
@@ -180,14 +184,15 @@ def check_image(args: argparse.Namespace, checkpoint: Any) -> None:
         )
 
 
-def run_image(args: argparse.Namespace, directory: Path, picture: Any) -> Any:
-    """:func:`attnkit.viz.explain_image` on the checkpoint and the picture
-    (None without ``--explain``)."""
+def run_image(args: argparse.Namespace, checkpoint: Any, picture: Any) -> Any:
+    """:func:`attnkit.viz.explain_image` on the checkpoint (an
+    :class:`~attnkit.models.hf_vision.ImageCheckpoint`, whose model the page ran) and the
+    picture (None without ``--explain``)."""
     if getattr(args, "explain", None) is None:
         return None
     from ..viz.attribution_image import explain_image
 
     try:
-        return explain_image(directory, picture, method=args.explain)
+        return explain_image(checkpoint, picture, method=args.explain)
     except (ValueError, TypeError) as exc:
         raise UsageError(f"--explain: {exc}") from None

@@ -97,26 +97,30 @@ def _run(args: argparse.Namespace) -> int:
     model = check_input(args.model, "--model", directory=True)
     picture = _open_picture(args.image)
 
-    from ..models import hf, hf_vision
+    from ..models import hf
     from ..viz.progress import quiet
     from ..viz.reduce import Budget
+    from ..viz.sources import open_image_source
 
     try:
-        ck = hf_vision.ImageCheckpoint(str(model))
+        source = open_image_source(str(model))
     except hf.CheckpointError as exc:
         raise UsageError(f"--model: {exc}") from None
-    layers = sorted(resolve(layer_sel, ck.num_layers, "--layers", "layer"))
-    heads = resolve(head_sel, ck.num_heads, "--heads", "head")
+    ck = source.checkpoint
+    layers = sorted(resolve(layer_sel, source.num_layers, "--layers", "layer"))
+    heads = resolve(head_sel, source.num_heads, "--heads", "head")
     show_explain.check_image(args, ck)
     try:
-        ck.load()
+        source.load(head=args.explain is not None)  # one model for the page and --explain
         with quiet(args.quiet):
-            run = ck.attend(picture, layers=layers, heads=heads, budget=Budget(top_k=args.top_k))
+            run = source.attend(
+                picture, layers=layers, heads=heads, budget=Budget(top_k=args.top_k)
+            )
     except hf.CheckpointError as exc:
         raise UsageError(f"--model: {exc}") from None
     except ValueError as exc:
         raise UsageError(f"--image: {exc}") from None
-    explained = show_explain.run_image(args, model, picture)
+    explained = show_explain.run_image(args, ck, picture)
     return _write(args, ck, run, picture, layers, heads, outputs, explained)
 
 

@@ -159,11 +159,7 @@ def _private_dir(path: Path) -> str | None:
         return f"cannot create the kernel cache {path} ({exc.strerror or exc})"
     if not stat.S_ISDIR(st.st_mode) or path.is_symlink():
         return f"the kernel cache {path} is not a real folder"
-    if st.st_uid != os.getuid():
-        return f"the kernel cache {path} belongs to another user"
-    if st.st_mode & 0o022:
-        return f"the kernel cache {path} is writable by group or others"
-    return None
+    return _not_private(st, f"the kernel cache {path}")
 
 
 def _safe_file(path: Path) -> str | None:
@@ -174,10 +170,15 @@ def _safe_file(path: Path) -> str | None:
         return f"cannot read {path} ({exc.strerror or exc})"
     if not stat.S_ISREG(st.st_mode):
         return f"{path} is not a regular file"
+    return _not_private(st, str(path))
+
+
+def _not_private(st: os.stat_result, what: str) -> str | None:
+    """Why ``what`` (of status ``st``) is not private to this user, or None."""
     if st.st_uid != os.getuid():
-        return f"{path} belongs to another user"
+        return f"{what} belongs to another user"
     if st.st_mode & 0o022:
-        return f"{path} is writable by group or others"
+        return f"{what} is writable by group or others"
     return None
 
 

@@ -40,23 +40,39 @@ def _leaves(m: Mask) -> list[Mask]:
     return out
 
 
-class AndMask(Mask):
+class _Combination(Mask):
+    """What ``&`` and ``|`` share: a tuple of parts (its :meth:`children`), sharded,
+    signed and mapped part by part into a combination of the same class."""
+
+    kind_reported = False  # not a kind: its subclasses name theirs
+
+    def __init__(self, parts: Sequence[Mask]) -> None:
+        self._parts = tuple(parts)
+
+    def children(self) -> tuple[Mask, ...]:
+        return self._parts
+
+    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
+        return type(self)([p._shard(q0, k0, L, S, total_L, total_S) for p in self._parts])
+
+    def signature(self, L: int, S: int) -> tuple[object, ...]:
+        return (type(self), *(p.signature(L, S) for p in self._parts))
+
+    def map_tensors(self, fn: Callable[[torch.Tensor, str], torch.Tensor]) -> Mask:
+        return type(self)([p.map_tensors(fn) for p in self._parts])
+
+
+class AndMask(_Combination):
     """Conjunction of masks: kept where every part keeps; biases add up."""
 
     kind = "and"
     kind_reported = False  # its parts' kinds are reported
-
-    def __init__(self, parts: Sequence[Mask]) -> None:
-        self._parts = tuple(parts)
 
     @classmethod
     def of(cls, a: Mask, b: Mask) -> AndMask:
         return cls((*a.parts(), *b.parts()))
 
     def parts(self) -> tuple[Mask, ...]:
-        return self._parts
-
-    def children(self) -> tuple[Mask, ...]:
         return self._parts
 
     def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
@@ -76,24 +92,16 @@ class AndMask(Mask):
             out = conjoin(out, p.lower(L, S, device))
         return out
 
-    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
-        return AndMask([p._shard(q0, k0, L, S, total_L, total_S) for p in self._parts])
 
-    def signature(self, L: int, S: int) -> tuple[object, ...]:
-        return (AndMask, *(p.signature(L, S) for p in self._parts))
-
-    def map_tensors(self, fn: Callable[[torch.Tensor, str], torch.Tensor]) -> Mask:
-        return AndMask([p.map_tensors(fn) for p in self._parts])
-
-
-class OrMask(Mask):
+class OrMask(_Combination):
     """Disjunction of keep-type masks: kept where any part keeps."""
 
     kind = "or"
+    kind_reported = True
 
     def __init__(self, parts: Sequence[Mask]) -> None:
         _no_bias("|", parts)
-        self._alts = tuple(parts)
+        super().__init__(parts)
 
     @classmethod
     def of(cls, a: Mask, b: Mask) -> OrMask:
@@ -102,12 +110,9 @@ class OrMask(Mask):
             flat += list(m.children()) if isinstance(m, OrMask) else [m]
         return cls(flat)
 
-    def children(self) -> tuple[Mask, ...]:
-        return self._alts
-
     def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
         keep_t: torch.Tensor | None = torch.zeros((), dtype=torch.bool, device=device)
-        for p in self._alts:
+        for p in self._parts:
             d = p.dense(L, S, batch_shape, device)
             if d.keep is None:  # this part keeps everything
                 return DenseMask(keep=None, bias=None)
@@ -116,18 +121,9 @@ class OrMask(Mask):
 
     def lower(self, L: int, S: int, device: torch.device) -> DNF:
         out: DNF = []
-        for p in self._alts:
+        for p in self._parts:
             out += p.lower(L, S, device)
         return out
-
-    def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
-        return OrMask([p._shard(q0, k0, L, S, total_L, total_S) for p in self._alts])
-
-    def signature(self, L: int, S: int) -> tuple[object, ...]:
-        return (OrMask, *(p.signature(L, S) for p in self._alts))
-
-    def map_tensors(self, fn: Callable[[torch.Tensor, str], torch.Tensor]) -> Mask:
-        return OrMask([p.map_tensors(fn) for p in self._alts])
 
 
 class NotMask(Mask):

@@ -145,7 +145,7 @@ class Checkpoint:
         self.max_tokens = positions if positions else _DEFAULT_MAX_TOKENS
         self._model: Any = None
         self._tokenizer: Any = None
-        self._lm = False
+        self._head = "none"  # the head of the built model
 
     # ----------------------------------------------------------------------- checks
 
@@ -216,35 +216,37 @@ class Checkpoint:
 
     # ----------------------------------------------------------------------- loading
 
-    def load(self, *, causal_lm: bool = False) -> None:
+    @property
+    def head(self) -> str:
+        """The head the checkpoint's config names, from the config alone: ``"classifier"``
+        (its ``architectures`` name a ``...ForSequenceClassification``), ``"lm"`` (a
+        decoder: its language-model head) or ``"none"``."""
+        archs = list(getattr(self.config, "architectures", None) or [])
+        if any(a.endswith("ForSequenceClassification") for a in archs):
+            return "classifier"
+        return "lm" if self.kind == "decoder" else "none"
+
+    def load(self, *, causal_lm: bool = False, head: bool = False) -> None:
         """Build the model (eager attention, eval mode) and the tokenizer; idempotent.
+
+        A model with a head serves every later call that asks for less: the page's
+        forward runs its backbone, whose attention is the base model's.
 
         Args:
             causal_lm: build the language-model head too (for generation).
+            head: build the head the config names (:attr:`head`; what
+                :func:`attnkit.viz.explain` attributes), so one model serves both the
+                page and the attribution.
         """
-        if self._model is not None and (self._lm or not causal_lm):
+        wanted = "lm" if causal_lm else self.head if head else "none"
+        if self._model is not None and wanted in ("none", self._head):
             return
-        import transformers
-        from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-        transformers.logging.set_verbosity_error()
-        transformers.logging.disable_progress_bar()
-        if self._tokenizer is None:
-            missing = not any((self.directory / f).is_file() for f in _TOKENIZER_FILES)
-            if missing:
-                raise CheckpointError(
-                    f"{self.directory}: no tokenizer files (expected one of "
-                    f"{', '.join(_TOKENIZER_FILES)})"
-                )
-            try:
-                self._tokenizer = AutoTokenizer.from_pretrained(
-                    str(self.directory), local_files_only=True, trust_remote_code=False
-                )
-            except Exception as exc:  # transformers raises many types for a bad tokenizer
-                raise CheckpointError(
-                    f"{self.directory}: no usable tokenizer ({_first_line(exc)})"
-                ) from None
-        auto = AutoModelForCausalLM if causal_lm else AutoModel
+        self._load_tokenizer()
+        autos: dict[str, Any] = {"lm": AutoModelForCausalLM,
+                                 "classifier": AutoModelForSequenceClassification}  # fmt: skip
+        auto = autos.get(wanted, AutoModel)
         try:
             self._model = auto.from_pretrained(
                 str(self.directory), local_files_only=True, attn_implementation="eager",
@@ -254,15 +256,45 @@ class Checkpoint:
             raise CheckpointError(
                 f"{self.directory}: transformers cannot load it ({_first_line(exc)})"
             ) from None
-        self._lm = causal_lm
+        self._head = wanted
+
+    def _load_tokenizer(self) -> None:
+        """Build the tokenizer (no model); idempotent."""
+        if self._tokenizer is not None:
+            return
+        import transformers
+        from transformers import AutoTokenizer
+
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+        missing = not any((self.directory / f).is_file() for f in _TOKENIZER_FILES)
+        if missing:
+            raise CheckpointError(
+                f"{self.directory}: no tokenizer files (expected one of "
+                f"{', '.join(_TOKENIZER_FILES)})"
+            )
+        try:
+            self._tokenizer = AutoTokenizer.from_pretrained(
+                str(self.directory), local_files_only=True, trust_remote_code=False
+            )
+        except Exception as exc:  # transformers raises many types for a bad tokenizer
+            raise CheckpointError(
+                f"{self.directory}: no usable tokenizer ({_first_line(exc)})"
+            ) from None
         limit = getattr(self._tokenizer, "model_max_length", None)
         if not getattr(self.config, "max_position_embeddings", None) and isinstance(limit, int):
             self.max_tokens = min(limit, self.max_tokens) if limit < 10**6 else self.max_tokens
 
     @property
-    def tokenizer(self) -> Any:
-        """The checkpoint's tokenizer (built by :meth:`load`)."""
+    def model(self) -> Any:
+        """The built model (built by :meth:`load` if it is not yet: the base model)."""
         self.load()
+        return self._model
+
+    @property
+    def tokenizer(self) -> Any:
+        """The checkpoint's tokenizer (built on first use; no model is built for it)."""
+        self._load_tokenizer()
         return self._tokenizer
 
     def _encode(self, text: str, pair: str | None, max_length: int | None) -> Any:

@@ -296,18 +296,27 @@ class ImageCheckpoint:
         self.patch = _patch_size(self.config, str(config_path))
         self.prefix = self.family.prefix(self.config)
         self._model: Any = None
+        self._head = False  # the built model has its classification head
 
-    def load(self) -> None:
-        """Build the model (eager attention, eval mode); idempotent."""
-        if self._model is not None:
+    def load(self, *, head: bool = False) -> None:
+        """Build the model (eager attention, eval mode); idempotent.
+
+        Args:
+            head: build it with its image classification head (its config names a
+                ``...ForImageClassification``), which :func:`attnkit.viz.explain_image`
+                attributes; the page's forward runs its encoder as it runs the base model's,
+                so one model serves both.
+        """
+        if self._model is not None and (self._head or not head):
             return
         import transformers
-        from transformers import AutoModel
+        from transformers import AutoModel, AutoModelForImageClassification
 
         transformers.logging.set_verbosity_error()
         transformers.logging.disable_progress_bar()
+        auto: Any = AutoModelForImageClassification if head else AutoModel
         try:
-            self._model = AutoModel.from_pretrained(
+            self._model = auto.from_pretrained(
                 str(self.directory),
                 local_files_only=True,
                 attn_implementation="eager",
@@ -317,6 +326,7 @@ class ImageCheckpoint:
             raise CheckpointError(
                 f"{self.directory}: transformers cannot load it ({_first_line(exc)})"
             ) from None
+        self._head = head
 
     @property
     def model(self) -> nn.Module:

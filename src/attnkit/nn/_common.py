@@ -1,7 +1,9 @@
 """Small argument checks shared by the layers of :mod:`attnkit.nn`.
 
 Every check raises before any compute, naming the argument, what was received
-and what was expected.
+and what was expected. :class:`MhaLayer` is what the helper modules of
+:class:`~attnkit.nn.MultiheadAttention` read of the layer, so that they need not
+import it (the layer's module imports them).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 from torch import nn
@@ -19,6 +21,8 @@ from ..functional import attention
 
 __all__ = [
     "InputShapeError",
+    "MhaLayer",
+    "ParamOwner",
     "attend",
     "attention_override",
     "check_dropout",
@@ -120,10 +124,64 @@ def check_key_value(owner: str, key: torch.Tensor, value: torch.Tensor) -> None:
         )
 
 
-def _parameter_tensors(module: nn.Module) -> list[torch.Tensor]:
+MergeMasksFn = Callable[
+    [torch.Tensor | None, torch.Tensor | None, torch.Tensor], tuple[torch.Tensor | None, int | None]
+]
+"""(attn_mask, key_padding_mask, query (N, L, E)) -> (merged mask, its type), as
+``torch.nn.MultiheadAttention.merge_masks``."""
+
+LayerAttendFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, masks.Mask | None, bool, bool, bool],
+    tuple[torch.Tensor, torch.Tensor | None],
+]
+"""(query (N, L, E), key (N, S, kdim), value (N, S, vdim), mask, self_attn, need_weights,
+average_attn_weights) -> (output (N, L, E), weights or None): a layer's projections
+around :func:`attnkit.attention`."""
+
+
+class ParamOwner(Protocol):
+    """What :func:`check_param_dtype` reads of a layer: its parameters, its submodules
+    and their names (every ``torch.nn.Module`` has them)."""
+
+    _parameters: dict[str, nn.Parameter | None]
+    _modules: dict[str, nn.Module | None]
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...
+
+
+class MhaLayer(ParamOwner, Protocol):
+    """What the helpers of :class:`~attnkit.nn.MultiheadAttention` (its input checks,
+    torch's fused op, the nested path) read of the layer; the layer is one.
+
+    Sizes: ``embed_dim`` E, ``kdim``, ``vdim``, ``num_heads`` H; ``in_proj_bias``
+    (3E,) or None, ``bias_k`` (1, 1, E) or None, ``out_proj`` (E -> E); ``merge_masks``
+    (:data:`MergeMasksFn`) and ``_attend`` (:data:`LayerAttendFn`).
+    """
+
+    training: bool
+    embed_dim: int
+    kdim: int
+    vdim: int
+    num_heads: int
+    batch_first: bool
+    add_zero_attn: bool
+    in_proj_bias: nn.Parameter | None
+    bias_k: nn.Parameter | None
+
+    @property
+    def merge_masks(self) -> MergeMasksFn: ...
+
+    @property
+    def _attend(self) -> LayerAttendFn: ...
+
+    @property
+    def out_proj(self) -> nn.Linear: ...
+
+
+def _parameter_tensors(module: ParamOwner) -> list[torch.Tensor]:
     """Every parameter of ``module`` and its submodules (cheaper than ``named_parameters``)."""
     found: list[torch.Tensor] = []
-    pending = [module]
+    pending: list[ParamOwner] = [module]
     while pending:
         m = pending.pop()
         found.extend(p for p in m._parameters.values() if p is not None)
@@ -133,7 +191,7 @@ def _parameter_tensors(module: nn.Module) -> list[torch.Tensor]:
 
 def check_param_dtype(
     owner: str,
-    module: nn.Module,
+    module: ParamOwner,
     *,
     cast: Sequence[torch.Tensor | None] = (),
     **inputs: torch.Tensor,

@@ -13,17 +13,12 @@ messages keeps working; it always names the shapes received and expected.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 
 from .. import masks
 from .._strided import check_strided, is_plain_strided
-from ._common import InputShapeError, check_key_value, check_param_dtype, shape_str
-
-if TYPE_CHECKING:
-    from .multihead import MultiheadAttention
+from ._common import InputShapeError, MhaLayer, check_key_value, check_param_dtype, shape_str
 
 __all__ = ["OWNER", "build_mask", "check_devices", "check_inputs", "check_params"]
 
@@ -31,7 +26,7 @@ OWNER = "MultiheadAttention"
 
 
 def check_inputs_dtype(
-    layer: MultiheadAttention, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    layer: MhaLayer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 ) -> None:
     """Raise unless query, key and value share one dtype, and the parameters the query's
     (see :func:`check_params`)."""
@@ -43,7 +38,7 @@ def check_inputs_dtype(
     check_params(layer, query)
 
 
-def check_params(layer: MultiheadAttention, query: torch.Tensor) -> None:
+def check_params(layer: MhaLayer, query: torch.Tensor) -> None:
     """Raise unless the parameters share the query's dtype and device.
 
     ``in_proj_bias`` may have another floating-point dtype (torch's layer runs it):
@@ -52,7 +47,7 @@ def check_params(layer: MultiheadAttention, query: torch.Tensor) -> None:
     check_param_dtype(OWNER, layer, cast=(layer.in_proj_bias,), query=query)
 
 
-def check_inputs(layer: MultiheadAttention, query: object, key: object, value: object) -> bool:
+def check_inputs(layer: MhaLayer, query: object, key: object, value: object) -> bool:
     """Validate shapes and feature sizes of dense inputs; return whether they are batched.
 
     The checks of the inputs alone depend only on their types, shapes, dtypes and
@@ -81,7 +76,7 @@ def check_devices(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -
             )
 
 
-def check_query_dims(layer: MultiheadAttention, query: torch.Tensor) -> None:
+def check_query_dims(layer: MhaLayer, query: torch.Tensor) -> None:
     """Raise unless ``query`` has 2 or 3 dims."""
     if query.ndim not in (2, 3):
         layout = "(N, L, E)" if layer.batch_first else "(L, N, E)"
@@ -93,7 +88,7 @@ def check_query_dims(layer: MultiheadAttention, query: torch.Tensor) -> None:
 
 
 def check_features(
-    layer: MultiheadAttention, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    layer: MhaLayer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 ) -> None:
     """Raise unless the last dims are embed_dim, kdim and vdim."""
     for name, t, want in (
@@ -109,9 +104,7 @@ def check_features(
             )
 
 
-def _check_inputs_once(
-    layer: MultiheadAttention, query: object, key: object, value: object
-) -> bool:
+def _check_inputs_once(layer: MhaLayer, query: object, key: object, value: object) -> bool:
     """Every check of :func:`check_inputs`, in full."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
@@ -148,7 +141,7 @@ def _check_inputs_once(
 
 
 def build_mask(
-    layer: MultiheadAttention,
+    layer: MhaLayer,
     key_padding_mask: object,
     attn_mask: object,
     is_causal: bool,
@@ -220,7 +213,7 @@ def build_mask(
 
 
 def _attn_mask_4d(
-    layer: MultiheadAttention, am: torch.Tensor, batched: bool, N: int, L: int, S: int
+    layer: MhaLayer, am: torch.Tensor, batched: bool, N: int, L: int, S: int
 ) -> torch.Tensor:
     """Reshape every accepted ``attn_mask`` layout to (N or 1, H or 1, L, S)."""
     H = layer.num_heads
@@ -261,7 +254,7 @@ def _attn_mask_4d(
     raise bad
 
 
-def _check_mask_tensor(name: str, value: object, layer: MultiheadAttention) -> torch.Tensor:
+def _check_mask_tensor(name: str, value: object, layer: MhaLayer) -> torch.Tensor:
     """``value`` when it is a dense bool or float tensor on the layer's (the query's) device."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(
@@ -297,7 +290,7 @@ _CHECKED_MAX = 256
 
 
 def _checked_key(
-    layer: MultiheadAttention, query: object, key: object, value: object
+    layer: MhaLayer, query: object, key: object, value: object
 ) -> tuple[object, ...] | None:
     """What the input checks depend on, or None for inputs that are not plain tensors.
 

@@ -41,11 +41,10 @@ import torch
 from .. import _recording
 from .._host import strict
 from ..backends import dispatch
-from ._common import override_active
+from ._common import MhaLayer, override_active
 
 if TYPE_CHECKING:
     from ..masks import Mask
-    from .multihead import MultiheadAttention
 
 __all__ = ["NATIVE_OP", "blocker", "metadata_blocker", "native_forward", "op_mask"]
 
@@ -81,7 +80,7 @@ def _causal(L: int, device: torch.device) -> torch.Tensor:
 
 
 def blocker(
-    layer: MultiheadAttention,
+    layer: MhaLayer,
     query: object,
     key: object,
     value: object,
@@ -105,7 +104,7 @@ def blocker(
 
 
 def metadata_blocker(
-    layer: MultiheadAttention,
+    layer: MhaLayer,
     query: object,
     key: object,
     value: object,
@@ -181,7 +180,7 @@ def metadata_blocker(
 
 
 def _masks_blocker(
-    layer: MultiheadAttention,
+    layer: MhaLayer,
     key_padding_mask: object,
     attn_mask: object,
     is_causal: object,
@@ -222,7 +221,7 @@ def _finite(x: torch.Tensor) -> bool:
 
 
 def op_mask(
-    layer: MultiheadAttention,
+    layer: MhaLayer,
     x: torch.Tensor,
     key_padding_mask: torch.Tensor | None,
     attn_mask: torch.Tensor | Mask | None,
@@ -247,7 +246,7 @@ def op_mask(
 
 
 def native_forward(
-    layer: MultiheadAttention,
+    layer: MhaLayer,
     x: torch.Tensor,
     mask: torch.Tensor | None,
     mask_type: int | None,

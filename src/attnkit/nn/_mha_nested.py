@@ -16,17 +16,14 @@ returns them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .. import masks
 from .._host import readable
-from ._common import InputShapeError, shape_str
+from ._common import InputShapeError, MhaLayer, shape_str
 from ._mha_inputs import OWNER, build_mask, check_devices, check_inputs_dtype, check_query_dims
-
-if TYPE_CHECKING:
-    from .multihead import MultiheadAttention
 
 __all__ = ["any_nested", "nested_forward"]
 
@@ -88,7 +85,7 @@ class _Ragged:
 
 
 def nested_forward(
-    layer: MultiheadAttention,
+    layer: MhaLayer,
     query: object,
     key: object,
     value: object,
@@ -135,7 +132,7 @@ def nested_forward(
 
 
 def _check(
-    layer: MultiheadAttention,
+    layer: MhaLayer,
     query: object,
     key: object,
     value: object,

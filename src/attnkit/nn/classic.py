@@ -55,11 +55,12 @@ def _check_qkv(
             f"{owner}: queries, keys and values must share the batch size B, got "
             f"{shape_str(queries)}, {shape_str(keys)}, {shape_str(values)}"
         )
-    if keys.shape[1] != values.shape[1]:
-        raise ValueError(
-            f"{owner}: keys and values must have the same number of keys S, got keys "
-            f"{shape_str(keys)} and values {shape_str(values)}"
-        )
+    _check_same(
+        owner,
+        "number of keys S",
+        ("keys", keys, keys.shape[1]),
+        ("values", values, values.shape[1]),
+    )
     if q_features is not None and queries.shape[-1] != q_features:
         raise ValueError(
             f"{owner}: queries have {queries.shape[-1]} features, expected query_size={q_features}"
@@ -119,6 +120,19 @@ def _valid_lens_mask(
     return masks.valid_lens(lens.to(torch.long))
 
 
+def _check_same(
+    owner: str, what: str, a: tuple[str, torch.Tensor, int], b: tuple[str, torch.Tensor, int]
+) -> None:
+    """Raise unless two inputs agree on one size; ``a`` and ``b`` are (name, the input as
+    given (any shape, shown in the message), its size of ``what``)."""
+    (a_name, a_t, a_size), (b_name, b_t, b_size) = a, b
+    if a_size != b_size:
+        raise ValueError(
+            f"{owner}: {a_name} and {b_name} must have the same {what}, got {a_name} "
+            f"{shape_str(a_t)} and {b_name} {shape_str(b_t)}"
+        )
+
+
 class _ValidLensAttention(nn.Module):
     """What d2l's two layers share: ``forward(queries, keys, values, valid_lens)``,
     dropout on the weights, and the weights of the last call in ``.attention_weights``."""
@@ -130,8 +144,11 @@ class _ValidLensAttention(nn.Module):
         self.dropout = nn.Dropout(check_dropout(self._owner, dropout))
         self.attention_weights: torch.Tensor | None = None
 
-    def _score_and_sizes(self) -> tuple[str | Score, int | None, int | None]:
-        """The score, and the query and key feature sizes it needs (None: any, but equal)."""
+    def _score_and_sizes(
+        self, queries: object, keys: object, values: object
+    ) -> tuple[str | Score, int | None, int | None]:
+        """The score, and the query and key feature sizes it needs (None: any, but equal),
+        for a call on ``queries`` (B, L, Dq), ``keys`` (B, S, Dk), ``values`` (B, S, Dv)."""
         raise NotImplementedError
 
     def forward(
@@ -146,7 +163,7 @@ class _ValidLensAttention(nn.Module):
         Returns (B, L, Dv); the weights (B, L, S) are kept in ``.attention_weights``.
         """
         check_compiling()
-        score, q_size, k_size = self._score_and_sizes()
+        score, q_size, k_size = self._score_and_sizes(queries, keys, values)
         q, k, v = _check_qkv(self._owner, queries, keys, values, q_size, k_size)
         check_param_dtype(self._owner, self, queries=q)
         mask = _valid_lens_mask(self._owner, valid_lens, q.shape[0], q.shape[1], k.shape[1])
@@ -174,7 +191,9 @@ class DotProductAttention(_ValidLensAttention):
     def __init__(self, dropout: float = 0.0) -> None:
         super().__init__(dropout)
 
-    def _score_and_sizes(self) -> tuple[str | Score, int | None, int | None]:
+    def _score_and_sizes(
+        self, queries: object, keys: object, values: object
+    ) -> tuple[str | Score, int | None, int | None]:
         return "scaled_dot", None, None
 
 
@@ -283,23 +302,6 @@ class AdditiveAttention(_ValidLensAttention):
         score.W_q, score.W_k, score.w_v = self.W_q, self.W_k, self.w_v
         return score
 
-    def forward(
-        self,
-        queries: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        valid_lens: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """queries (B, L, Dq), keys (B, S, Dk), values (B, S, Dv), valid_lens (B,) or (B, L).
-
-        Returns (B, L, Dv); the weights (B, L, S) are kept in ``.attention_weights``.
-        The lazy form fixes Dq and Dk on its first call.
-        """
-        check_compiling()
-        if _is_lazy(self.W_q) or _is_lazy(self.W_k):
-            self._infer_sizes(queries, keys, values)
-        return super().forward(queries, keys, values, valid_lens)
-
     def _infer_sizes(self, queries: object, keys: object, values: object) -> None:
         """Fix the input sizes of the lazy ``W_q``/``W_k`` from the first call.
 
@@ -318,7 +320,11 @@ class AdditiveAttention(_ValidLensAttention):
                 # A LazyLinear loaded from a state_dict leaves in_features at 0.
                 linear.in_features = int(linear.weight.shape[1])
 
-    def _score_and_sizes(self) -> tuple[str | Score, int | None, int | None]:
+    def _score_and_sizes(
+        self, queries: object, keys: object, values: object
+    ) -> tuple[str | Score, int | None, int | None]:
+        if _is_lazy(self.W_q) or _is_lazy(self.W_k):  # the lazy form: sizes of the first call
+            self._infer_sizes(queries, keys, values)
         return self.score, self.W_q.in_features, self.W_k.in_features
 
 
@@ -472,15 +478,11 @@ class NadarayaWatson(nn.Module):
         q = queries if queries.ndim == 2 else queries.unsqueeze(-1)  # (n, d)
         k = keys if keys.ndim == 2 else keys.unsqueeze(-1)  # (m, d)
         v = values if values.ndim == 2 else values.unsqueeze(-1)  # (m, dv)
-        if q.shape[-1] != k.shape[-1]:
-            raise ValueError(
-                f"{owner}: queries and keys must have the same feature size d, got queries "
-                f"{shape_str(queries)} and keys {shape_str(keys)}"
-            )
-        if k.shape[0] != v.shape[0]:
-            raise ValueError(
-                f"{owner}: keys and values must have the same number m of rows, got keys "
-                f"{shape_str(keys)} and values {shape_str(values)}"
-            )
+        _check_same(
+            owner, "feature size d", ("queries", queries, q.shape[-1]), ("keys", keys, k.shape[-1])
+        )
+        _check_same(
+            owner, "number m of rows", ("keys", keys, k.shape[0]), ("values", values, v.shape[0])
+        )
         out, self.attention_weights = attention(q, k, v, score=self.score, return_weights=True)
         return out if values.ndim == 2 else out.squeeze(-1)

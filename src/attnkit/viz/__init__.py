@@ -36,7 +36,8 @@ from .attribution_steps import GenerationAttribution, explain_generation
 from .capture import AttentionRecord, Capture, capture
 from .compare import Comparison, compare
 from .html import Page, render_html, show, to_html
-from .image import ImageLayout, show_image
+from .image import ImageLayout
+from .image_show import show_image
 from .notebook import from_generate
 from .rollout import attention_flow, attention_rollout
 from .stats import head_statistics

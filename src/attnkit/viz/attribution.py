@@ -123,13 +123,13 @@ class _Task:
 
 def _kind(model: nn.Module) -> tuple[str, bool]:
     """("lm" | "classifier" | "encoder", causal) of a transformers model."""
-    from .notebook import _hf_kind
+    from .sources import hf_kind as kind_of
 
     name = type(model).__name__
     cfg = getattr(model, "config", None)
     if cfg is None or not hasattr(model, "get_input_embeddings"):
         raise TypeError(f"model: expected a transformers model or a checkpoint folder, got {name}")
-    hf_kind = _hf_kind(model)
+    hf_kind = kind_of(model)
     if hf_kind == "encoder-decoder":
         raise ValueError(
             f"model: explain takes encoders and decoders, not an encoder-decoder ({name})"
@@ -162,37 +162,28 @@ def checkpoint_kind(directory: str | Path) -> tuple[str, str]:
         ValueError: the folder is not a checkpoint transformers reads, or it holds an
             encoder-decoder.
     """
+    ck = _checkpoint(Path(directory))
+    return ("encoder" if ck.head == "none" else ck.head), ck.name
+
+
+def _checkpoint(directory: Path) -> Any:
+    """The folder as an :class:`attnkit.models.hf.Checkpoint` (config checked, nothing
+    built); ValueError for an encoder-decoder."""
     from ..models.hf import Checkpoint
 
-    ck = Checkpoint(Path(directory))
+    ck = Checkpoint(directory)
     if ck.kind == "encoder-decoder":
         raise ValueError(
             f"model: explain takes encoders and decoders, not an encoder-decoder ({ck.name})"
         )
-    archs = list(getattr(ck.config, "architectures", None) or [])
-    if any(a.endswith("ForSequenceClassification") for a in archs):
-        return "classifier", ck.name
-    return ("lm" if ck.kind == "decoder" else "encoder"), ck.name
+    return ck
 
 
 def _load(directory: Path) -> tuple[nn.Module, Any]:
     """A checkpoint folder's model with the head its config names, and its tokenizer."""
-    import transformers
-
-    from ..models.hf import Checkpoint
-
-    kind, _ = checkpoint_kind(directory)
-    ck = Checkpoint(directory)
-    tokenizer = ck.tokenizer
-    if kind == "classifier":
-        auto: Any = transformers.AutoModelForSequenceClassification
-    elif kind == "lm":
-        auto = transformers.AutoModelForCausalLM
-    else:
-        auto = transformers.AutoModel
-    model = auto.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False,
-                                 attn_implementation="eager")  # fmt: skip
-    return model.eval(), tokenizer
+    ck = _checkpoint(directory)
+    ck.load(head=True)
+    return ck.model, ck.tokenizer
 
 
 def _encode(tokenizer: Any, text: str, limit: int) -> tuple[torch.Tensor, list[str]]:

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .attribution import Attribution, _attribute, _Task
+
+if TYPE_CHECKING:
+    from ..models.hf_vision import ImageCheckpoint
 
 __all__ = ["IMAGE_METHODS", "explain_image", "image_classifier_name"]
 
@@ -36,13 +39,16 @@ def image_classifier_name(config: Any) -> str | None:
 
 
 def explain_image(
-    directory: str | Path, image: Any, *, method: str = "attention_x_gradient"
+    directory: str | Path | ImageCheckpoint, image: Any, *, method: str = "attention_x_gradient"
 ) -> Attribution:
     """Attribute a vision transformer classifier's top class to its picture's tokens.
 
     Args:
-        directory: a local checkpoint folder of a ``...ForImageClassification`` model of a
-            family :func:`attnkit.viz.show_image` reads, with ``preprocessor_config.json``.
+        directory: a local checkpoint folder (str or Path) of a ``...ForImageClassification``
+            model of a family :func:`attnkit.viz.show_image` reads, with
+            ``preprocessor_config.json``; or that folder as an
+            :class:`~attnkit.models.hf_vision.ImageCheckpoint`, whose model is built with its
+            head once and kept (``attnkit show --image --explain`` runs its page on it too).
         image: the picture: an RGB ``PIL.Image``.
         method: ``"attention_x_gradient"`` (default) or ``"rollout"``.
 
@@ -63,18 +69,18 @@ def explain_image(
         raise ValueError(
             f"method: a picture is explained by {' or '.join(IMAGE_METHODS)}, got {method!r}"
         )
-    ck = hf_vision.ImageCheckpoint(directory)
+    ck = (
+        directory
+        if isinstance(directory, hf_vision.ImageCheckpoint)
+        else hf_vision.ImageCheckpoint(directory)
+    )
     if image_classifier_name(ck.config) is None:
         raise ValueError(
             f"model: {ck.name} has no classification head (its config names no "
             "...ForImageClassification); a picture's target is a classifier's top class"
         )
-    import transformers
-
-    model: Any = transformers.AutoModelForImageClassification.from_pretrained(
-        str(ck.directory), local_files_only=True, attn_implementation="eager",
-        trust_remote_code=False,
-    ).eval()  # fmt: skip
+    ck.load(head=True)
+    model: Any = ck.model
     picture = ck.image_input.picture(image)  # (H, W, 3) uint8
     H, W = picture.shape[:2]
     layout = ImageLayout(picture, H // ck.patch[0], W // ck.patch[1], ck.patch, tuple(ck.prefix))

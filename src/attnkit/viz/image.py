@@ -40,7 +40,6 @@ __all__ = [
     "open_image",
     "patch_label",
     "require_pillow",
-    "show_image",
 ]
 
 PILLOW_HINT = 'pip install "attnkit[image]"'
@@ -258,87 +257,3 @@ def image_payload(layout: ImageLayout, s: ReducedSet) -> dict[str, Any]:
             roll = np.asarray(s.rollout[: len(layout.prefix)], np.float32)  # (n, K)
             out["rolloutRows"] = _rows_part(roll[None, None])  # (1, 1, n, K)
     return out
-
-
-def _as_picture(image: Any) -> Any:
-    """An RGB ``PIL.Image`` from a path, a PIL image or an (H, W, 3) uint8 array."""
-    Image = require_pillow()
-    if isinstance(image, (str, Path)):
-        return open_image(image)
-    if isinstance(image, Image.Image):
-        return image.convert("RGB")
-    if (
-        isinstance(image, np.ndarray)
-        and image.ndim == 3
-        and image.shape[2] == 3
-        and image.dtype == np.uint8
-    ):
-        return Image.fromarray(image)
-    raise TypeError(
-        "image: expected a file path, a PIL image or an (H, W, 3) uint8 array, got "
-        f"{type(image).__name__}"
-    )
-
-
-def show_image(
-    model: Any,
-    image: Any,
-    *,
-    processor: Any = None,
-    layers: Sequence[int] | None = None,
-    heads: Sequence[int] | None = None,
-    title: str | None = None,
-    scale: str = "linear",
-    top_k: int = 16,
-) -> Any:
-    """A page of a vision transformer's attention on a picture, as a :class:`~attnkit.viz.Page`.
-
-    The same run as ``attnkit show --image``: the picture is prepared as the
-    checkpoint prepares its own (``preprocessor_config.json``), every layer's exact
-    weights are reduced while the model runs, and the page's image view draws each
-    head's attention from ``[CLS]`` (or a clicked patch) and the rollout over the picture.
-
-    Args:
-        model: a checkpoint folder (str or Path) of a supported family (see
-            :mod:`attnkit.models.hf_vision`), or a transformers vision model you hold.
-        image: a file path, a ``PIL.Image`` or an (H, W, 3) uint8 array.
-        processor: for a model you hold: its checkpoint folder, its image processor or its
-            ``preprocessor_config.json`` as a dict (a folder brings its own).
-        layers, heads: what to show (default all).
-        title: the page's title (default: the model and the picture).
-        scale: the colour scale ("linear", "power" or "log").
-        top_k: keys kept per query row on a long page.
-
-    Raises:
-        ImportError: Pillow is not installed (``pip install "attnkit[image]"``).
-        ValueError: the picture cannot be read, or the model is not a supported family.
-    """
-    from ..models import hf_vision
-    from .html import Page, render_html
-    from .reduce import Budget
-
-    picture = _as_picture(image)
-    budget = Budget(top_k=top_k)
-    if isinstance(model, (str, Path)):
-        if processor is not None:
-            raise TypeError("processor: a checkpoint folder brings its own; pass processor=None")
-        ck = hf_vision.ImageCheckpoint(model)
-        run = ck.attend(picture, layers=layers, heads=heads, budget=budget)
-        name = ck.name
-    else:
-        run = hf_vision.attend_model(
-            model, picture, processor, layers=layers, heads=heads, budget=budget
-        )
-        name = type(model).__name__
-    shown = Path(image).name if isinstance(image, (str, Path)) else "the picture"
-    return Page(
-        render_html(
-            run.sets,
-            None,
-            title=title or f"Attention of {name} on {shown}",
-            subtitle=run.layout.describe(),
-            notes=[*run.notes, *run.sets[0].notes],
-            scale=scale,
-            image=run.layout,
-        )
-    )

@@ -1,6 +1,7 @@
 """The model side of :func:`attnkit.viz.show`: a model (or folder), a tokenizer and text.
 
-:func:`run_model` runs the same streaming capture as ``attnkit show``;
+:func:`run_model` runs the same streaming capture as ``attnkit show``, on the
+model resolved the same way (:func:`attnkit.viz.sources.open_source`);
 :func:`from_generate` turns what transformers' ``generate(...,
 output_attentions=True, return_dict_in_generate=True)`` returns into one
 page set with a step slider; :func:`from_bertviz` reads bertviz's
@@ -25,18 +26,6 @@ _BERTVIZ = ("encoder_attention", "decoder_attention", "cross_attention", "encode
 def is_model(x: Any) -> bool:
     """A model or a checkpoint folder, rather than weights."""
     return isinstance(x, (nn.Module, str, Path))
-
-
-def _hf_kind(model: nn.Module) -> str:
-    cfg = getattr(model, "config", None)
-    if getattr(cfg, "is_encoder_decoder", False):
-        return "encoder-decoder"
-    name = type(model).__name__
-    if name.endswith(("ForCausalLM", "LMHeadModel")) or getattr(cfg, "is_decoder", False):
-        return "decoder"
-    from ..models.hf import _DECODER_TYPES
-
-    return "decoder" if getattr(cfg, "model_type", "") in _DECODER_TYPES else "encoder"
 
 
 def run_model(
@@ -92,45 +81,15 @@ def run_model(
 def _run(model: Any, tokenizer: Any, text: str, pair: str | None, max_length: int | None,
          generate: int, seed: int | None, layers: Sequence[int] | None, budget: Any,
          view: Any) -> Any:  # fmt: skip
-    from ..models import bert, hf
-    from ..models.bert import run as bert_run
-    from ..models.hf_run import attend
-    from ..models.hf_run import generate as hf_generate
+    """The model resolved as ``attnkit show`` resolves ``--model`` (:func:`.sources.open_source`),
+    loaded and run."""
+    from .sources import open_source
 
-    if isinstance(model, (str, Path)):
-        directory = Path(model)
-        from ..models.config_json import is_bert_family
-
-        if is_bert_family(directory):
-            model = bert.load(directory)
-        else:
-            ck = hf.Checkpoint(directory)
-            return ck.attend(text, pair, max_length=max_length, layers=layers,
-                             generate_tokens=generate, seed=seed, budget=budget,
-                             view=view)  # fmt: skip
-    if isinstance(model, bert.Bert):
-        if generate:
-            raise ValueError("generate: a BERT encoder does not generate text")
-        return bert_run.attend(model, text, pair, max_length=max_length, layers=layers,
-                               budget=budget, view=view)  # fmt: skip
-    if tokenizer is None:
-        raise TypeError("tokenizer: a transformers model needs its tokenizer")
-    cfg = model.config
-    kind = _hf_kind(model)
-    n_layers = int(getattr(cfg, "num_hidden_layers", 0) or getattr(cfg, "num_layers", 0))
-    n_heads = int(cfg.num_attention_heads)
-    n_dec = getattr(cfg, "num_decoder_layers", None) or getattr(cfg, "decoder_layers", None)
-    limit = max_length or getattr(cfg, "max_position_embeddings", None) or 512
-    model.eval()
-    if generate:
-        if kind != "decoder":
-            raise ValueError(f"generate: needs a decoder (a causal language model), got an {kind}")
-        return hf_generate(model, tokenizer, text, generate, max_length=limit, n_layers=n_layers,
-                           n_heads=n_heads, layers=layers, seed=seed, budget=budget,
-                           view=view)  # fmt: skip
-    return attend(model, tokenizer, kind, text, pair, max_length=limit, n_layers=n_layers,
-                  n_heads=n_heads, n_decoder_layers=n_dec, layers=layers, budget=budget,
-                  view=view)  # fmt: skip
+    source = open_source(model, tokenizer)
+    source.load(generate=bool(generate))
+    return source.attend(text, pair, max_length=max_length, layers=layers,
+                         generate_tokens=generate, seed=seed, budget=budget,
+                         view=view)  # fmt: skip
 
 
 def from_bertviz(attentions: Any, tokens: Any, extra: Mapping[str, Any]) -> tuple[Any, Any]:

