@@ -32,6 +32,8 @@ positions after it) and sums over the hidden dimension:
   call timed; the raw per-dimension attributions summed over the hidden dimension.
   inseq's integrated gradients start from the embedding of the tokenizer's UNK token,
   so that token's row of ``wte`` is zeroed here: its baseline is zero as the others'.
+  inseq keeps its attributions in float32 (its step outputs are cast), so on the float64
+  model its scores differ from the others' at float32's rounding (about 1e-7).
 
 Reported per row: the wall time (after a warm-up call of the same tool and method on
 8 tokens, the median of up to ``--repeats`` calls, fewer where the calls so far took
@@ -144,7 +146,9 @@ class Case:
     def gap(self) -> float:
         """y(x) − y(0)."""
         with torch.no_grad():
-            return float(self.objective(self.embeds) - self.objective(torch.zeros_like(self.embeds)))
+            return float(
+                self.objective(self.embeds) - self.objective(torch.zeros_like(self.embeds))
+            )
 
 
 def case(name: str, model: torch.nn.Module, tok: Any, n: int) -> Case:
@@ -155,7 +159,8 @@ def case(name: str, model: torch.nn.Module, tok: Any, n: int) -> Case:
     ids = torch.tensor([tok(text)["input_ids"]])  # (1, n)
     assert ids.shape[1] == n, ids.shape
     with torch.no_grad():
-        embeds = model.get_input_embeddings()(ids)  # (1, n, D)
+        net: Any = model
+        embeds = net.get_input_embeddings()(ids)  # (1, n, D)
         logits = model(inputs_embeds=embeds).logits[0, -1]  # (V,)
     words = len(SPECIALS) + len(dict.fromkeys(WORDS))  # ids of the words: [3, words)
     index = int(logits[len(SPECIALS) : words].argmax()) + len(SPECIALS)
@@ -315,8 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=32, help="IG points at the short length (32)")
     p.add_argument("--long-steps", type=int, default=2, help="IG points at the long length (2)")
     p.add_argument("--repeats", type=int, default=3, help="most timed calls of a row (3)")
-    p.add_argument("--budget", type=float, default=20.0,
-                   help="no new timed call of a row after this many seconds of them (20)")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=20.0,
+        help="no new timed call of a row after this many seconds of them (20)",
+    )
     p.add_argument("--inseq-long", action="store_true", help="time inseq at the long length too")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
@@ -340,19 +349,26 @@ def main(argv: list[str] | None = None) -> int:
         long = case("gpt2-small", small, small_tok, args.long)
         measure(long, args.long_steps, long_tools, warm, args, rows, skip)
     machine = machine_info()
-    record = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+    end = [round(x, 2) for x in os.getloadavg()]
+    found = versions()
+    record: dict[str, Any] = {
+        "command": " ".join(["python", "scripts/attribution_peers.py", *sys.argv[1:]]),
         "machine": {k: machine[k] for k in ("cpu", "cores", "threads", "date_utc")},
-        "versions": versions(),
+        "versions": found,
         "inseq": "runs" if skip is None else f"does not run: {skip}",
         "wall_s": round(time.perf_counter() - start, 1),
-        "load_average_1_5_15_min": {"start": load, "end": [round(x, 2) for x in os.getloadavg()]},
+        "load_average_1_5_15_min": {"start": load, "end": end},
         "rows": [asdict(r) for r in rows],
     }
     args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     print(f"{machine['cpu']}, {args.threads} threads; " + ", ".join(
-        f"{k} {v}" for k, v in record["versions"].items() if v))  # fmt: skip
+        f"{k} {v}" for k, v in found.items() if v))  # fmt: skip
     print(table(rows))
+    print(
+        "\nattnkit: the whole explain() call (tokenizing, its main pass with head importance, "
+        "for integrated gradients also y at zero); captum, inseq: the attribute() call. "
+        f"Load average (1, 5, 15 min) at the start {load}, at the end {end}."
+    )
     return 0
 
 
