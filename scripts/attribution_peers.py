@@ -2,6 +2,7 @@
 
     python scripts/attribution_peers.py --json peers.json
     python scripts/attribution_peers.py --json peers.json --long 2000 --long-steps 2 --inseq-long
+    python scripts/attribution_peers.py --json inseq.json --tools attnkit,inseq --inseq-long
 
 Nothing is downloaded: both models are random GPT-2s built here from a config with a
 fixed seed, and the tokenizer is a word-level one over the show suite's words
@@ -327,13 +328,20 @@ def main(argv: list[str] | None = None) -> int:
         help="no new timed call of a row after this many seconds of them (20)",
     )
     p.add_argument("--inseq-long", action="store_true", help="time inseq at the long length too")
+    p.add_argument(
+        "--tools",
+        default="attnkit,captum,inseq",
+        help="comma-separated; attnkit first (the others are compared with it)",
+    )
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     from attnkit.bench.runner import machine_info
 
     skip = inseq_reason()
-    tools = ["attnkit", "captum", "inseq"]
+    tools = args.tools.split(",")
+    if tools[0] != "attnkit" or not set(tools) <= {"attnkit", "captum", "inseq"}:
+        p.error(f"--tools: attnkit, then any of captum and inseq; got {args.tools!r}")
     rows: list[Row] = []
     start = time.perf_counter()
     load = [round(x, 2) for x in os.getloadavg()]
@@ -345,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     short = case("gpt2-small", small, small_tok, args.short)
     measure(short, args.steps, tools, warm, args, rows, skip)
     if args.long:
-        long_tools = tools if args.inseq_long else ["attnkit", "captum"]
+        long_tools = [t for t in tools if t != "inseq" or args.inseq_long]
         long = case("gpt2-small", small, small_tok, args.long)
         measure(long, args.long_steps, long_tools, warm, args, rows, skip)
     machine = machine_info()
