@@ -14,6 +14,8 @@ import torch
 
 from attnkit.nn import EinsumMultiHeadAttention
 
+from tolerance import FLOAT32_REL, scaled_error
+
 keras = pytest.importorskip("keras")
 if keras.backend.backend() != "torch":
     pytest.skip("keras was imported earlier with another backend", allow_module_level=True)
@@ -154,7 +156,7 @@ def test_dropout_eval_parity_and_training_noise() -> None:
     assert np.abs(out.detach().numpy() - _np(ref)).max() <= TOL
     ours.train()
     torch.manual_seed(0)
-    assert not torch.allclose(ours(torch.from_numpy(q), torch.from_numpy(q)), out)
+    assert scaled_error(ours(torch.from_numpy(q), torch.from_numpy(q)), out) > FLOAT32_REL
 
 
 def test_fully_masked_row_gives_zero_heads() -> None:
