@@ -12,8 +12,6 @@ from attnkit.nn import AdditiveAttention, DotProductAttention, KernelScore, Nada
 
 from tolerance import FLOAT32_REL, FLOAT32_ULPS_REL, assert_close_to_scale, scaled_error
 
-TOL = 1e-5
-
 
 def _d2l_masked_softmax(scores: torch.Tensor, valid_lens: torch.Tensor | None) -> torch.Tensor:
     """d2l's rule: keys at or past the valid length get -1e6 before the softmax."""
@@ -41,11 +39,13 @@ def test_additive_matches_d2l(per_query: bool) -> None:
         out = layer(q, k, v, lens)
         w = _d2l_masked_softmax(_d2l_additive(layer, q, k), lens)
         assert layer.attention_weights is not None
-        assert (layer.attention_weights - w).abs().max() <= TOL
-        assert (out - w @ v).abs().max() <= TOL
-        assert (
-            layer(q, k, v) - _d2l_masked_softmax(_d2l_additive(layer, q, k), None) @ v
-        ).abs().max() <= TOL
+        assert_close_to_scale(layer.attention_weights, w, rel=FLOAT32_ULPS_REL)
+        assert_close_to_scale(out, w @ v, rel=FLOAT32_ULPS_REL)
+        assert_close_to_scale(
+            layer(q, k, v),
+            _d2l_masked_softmax(_d2l_additive(layer, q, k), None) @ v,
+            rel=FLOAT32_ULPS_REL,
+        )
 
 
 def test_additive_loads_d2l_state_dict() -> None:
@@ -79,8 +79,8 @@ def test_dot_product_matches_d2l() -> None:
         out = layer(q, k, v, lens)
         w = _d2l_masked_softmax(q @ k.transpose(1, 2) / math.sqrt(4), lens)
         assert layer.attention_weights is not None
-        assert (layer.attention_weights - w).abs().max() <= TOL
-        assert (out - w @ v).abs().max() <= TOL
+        assert_close_to_scale(layer.attention_weights, w, rel=FLOAT32_ULPS_REL)
+        assert_close_to_scale(out, w @ v, rel=FLOAT32_ULPS_REL)
 
 
 def test_valid_length_zero_gives_zeros_not_uniform() -> None:
@@ -91,7 +91,7 @@ def test_valid_length_zero_gives_zeros_not_uniform() -> None:
     assert torch.equal(out[0], torch.zeros(2, 3))  # d2l: the mean of every value
     d2l = _d2l_masked_softmax(q @ k.transpose(1, 2) / 2, lens) @ v
     assert_close_to_scale(d2l[0], v[0].mean(0).expand(2, 3))
-    assert (out[1] - d2l[1]).abs().max() <= TOL
+    assert_close_to_scale(out[1], d2l[1], rel=FLOAT32_ULPS_REL)
 
 
 def test_dropout_and_gradients() -> None:
@@ -294,8 +294,8 @@ def test_additive_lazy_form_matches_d2l(per_query: bool) -> None:
     assert set(layer.state_dict()) == {"W_q.weight", "W_k.weight", "w_v.weight"}
     w = _d2l_masked_softmax(_d2l_additive(layer, q, k), lens)
     assert layer.attention_weights is not None
-    assert (layer.attention_weights - w).abs().max() <= TOL
-    assert (out - w @ v).abs().max() <= TOL
+    assert_close_to_scale(layer.attention_weights, w, rel=FLOAT32_ULPS_REL)
+    assert_close_to_scale(out, w @ v, rel=FLOAT32_ULPS_REL)
     # Later calls keep the sizes fixed by the first one.
     with pytest.raises(ValueError, match="expected query_size=5"):
         layer(torch.randn(3, 4, 3), k, v)
@@ -312,7 +312,7 @@ def test_additive_lazy_form_loads_d2l_state_dict() -> None:
     want = _d2l_masked_softmax(scores, lens) @ v
     for layer in (AdditiveAttention(8, 0.0), AdditiveAttention(num_hiddens=8, dropout=0.0)):
         layer.load_state_dict(d2l.state_dict())
-        assert (layer(q, k, v, lens) - want).abs().max() <= TOL
+        assert_close_to_scale(layer(q, k, v, lens), want, rel=FLOAT32_ULPS_REL)
 
 
 def test_additive_both_signatures() -> None:

@@ -13,9 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from attnkit import _host, masks
 from attnkit.nn import KVCache, SelfAttention
 
-from tolerance import FLOAT32_REL, assert_close_to_scale, scaled_error
-
-TOL = 1e-5
+from tolerance import FLOAT32_REL, FLOAT32_ULPS_REL, assert_close_to_scale, scaled_error
 
 
 def _written_out(layer: SelfAttention, x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
@@ -48,13 +46,15 @@ def test_matches_written_out(heads: int, fused: bool, out_proj: bool, bias: bool
     keep2 = torch.arange(5)[None, :] < lens[:, None]  # (B, S)
     out = layer(x, keep2.to(torch.int64))  # 0/1 integers, as the classic scripts build them
     ref = _written_out(layer, x, keep2[:, None, :].expand(3, 5, 5))
-    assert (out - ref).abs().max() <= TOL
+    assert_close_to_scale(out, ref, rel=FLOAT32_ULPS_REL)
     assert torch.equal(out[2], ref[2]) and not torch.isnan(out).any()
     keep3 = torch.rand(3, 5, 5) < 0.6
-    assert (layer(x, keep3) - _written_out(layer, x, keep3)).abs().max() <= TOL
+    assert_close_to_scale(layer(x, keep3), _written_out(layer, x, keep3), rel=FLOAT32_ULPS_REL)
     causal = torch.ones(5, 5, dtype=torch.bool).tril().expand(3, 5, 5)
-    assert (layer(x, masks.causal()) - _written_out(layer, x, causal)).abs().max() <= TOL
-    assert (layer(x) - _written_out(layer, x, None)).abs().max() <= TOL
+    assert_close_to_scale(
+        layer(x, masks.causal()), _written_out(layer, x, causal), rel=FLOAT32_ULPS_REL
+    )
+    assert_close_to_scale(layer(x), _written_out(layer, x, None), rel=FLOAT32_ULPS_REL)
 
 
 def test_seed_state_dict_names_and_unbatched() -> None:
@@ -70,7 +70,7 @@ def test_seed_state_dict_names_and_unbatched() -> None:
     x = torch.randn(5, 4)
     out, w = sep(x, return_weights=True)
     assert out.shape == (5, 4) and w.shape == (1, 5, 5)
-    assert (out - sep(x[None])[0]).abs().max() <= TOL
+    assert_close_to_scale(out, sep(x[None])[0], rel=FLOAT32_ULPS_REL)
 
 
 def test_dropout_on_weights_only_while_training() -> None:
@@ -79,7 +79,7 @@ def test_dropout_on_weights_only_while_training() -> None:
     x = torch.randn(2, 6, 4)
     layer.eval()
     ref = layer(x)
-    assert (ref - _written_out(layer, x, None)).abs().max() <= TOL
+    assert_close_to_scale(ref, _written_out(layer, x, None), rel=FLOAT32_ULPS_REL)
     layer.train()
     assert scaled_error(layer(x), ref) > FLOAT32_REL
 
@@ -179,7 +179,7 @@ def test_causal_and_grouped_query_match_written_out(
     torch.manual_seed(10 + kv_heads)
     layer = SelfAttention(8, 4, fused_qkv=fused, causal=causal, num_kv_heads=kv_heads)
     x = torch.randn(2, 6, 8)
-    assert (layer(x) - _written_out_gqa(layer, x, causal)).abs().max() <= TOL
+    assert_close_to_scale(layer(x), _written_out_gqa(layer, x, causal), rel=FLOAT32_ULPS_REL)
     kv = 2 * kv_heads
     shapes = {name: tuple(p.shape) for name, p in layer.named_parameters()}
     if fused:
