@@ -13,7 +13,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from attnkit import _host, masks
 from attnkit.nn import KVCache, SelfAttention
 
-from tolerance import FLOAT32_REL, FLOAT32_ULPS_REL, assert_close_to_scale, scaled_error
+from tolerance import (
+    FLOAT32_REL,
+    FLOAT32_ULPS_REL,
+    FLOAT64_REL,
+    assert_close_to_scale,
+    scaled_error,
+)
 
 
 def _written_out(layer: SelfAttention, x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
@@ -219,7 +225,7 @@ def test_step_by_step_decoding_equals_full_causal_forward(fused: bool) -> None:
     with torch.no_grad():
         steps = [layer(x[:, i : i + 1], cache=cache) for i in range(11)]
     assert cache.length == 11
-    assert (torch.cat(steps, dim=1) - full).abs().max() <= 1e-12
+    assert_close_to_scale(torch.cat(steps, dim=1), full, rel=FLOAT64_REL)
 
 
 def test_prefill_then_steps_equal_a_single_forward() -> None:
@@ -233,14 +239,14 @@ def test_prefill_then_steps_equal_a_single_forward() -> None:
             assert w.shape == (3, 4, b - a, b)  # (B, H, new tokens, filled length)
             outs.append(out)
             weights.append(w)
-    assert (torch.cat(outs, dim=1) - full).abs().max() <= 1e-12
+    assert_close_to_scale(torch.cat(outs, dim=1), full, rel=FLOAT64_REL)
     for (a, b), w in zip(((0, 5), (5, 6), (6, 9), (9, 10), (10, 11)), weights, strict=True):
-        assert (w - full_w[:, :, a:b, :b]).abs().max() <= 1e-12
+        assert_close_to_scale(w, full_w[:, :, a:b, :b], rel=FLOAT64_REL)
     # A reset cache decodes a new batch from the start.
     cache.reset()
     with torch.no_grad():
         again = layer(x[:, :4].flip(0), cache=cache)
-    assert (again - layer(x[:, :4].flip(0))).abs().max() <= 1e-12
+    assert_close_to_scale(again, layer(x[:, :4].flip(0)), rel=FLOAT64_REL)
 
 
 def test_unbatched_decoding_and_unfilled_cache_contents_do_not_matter() -> None:
@@ -252,7 +258,7 @@ def test_unbatched_decoding_and_unfilled_cache_contents_do_not_matter() -> None:
         head = layer(x[0, :3], cache=cache)  # (S, hidden) unbatched
         tail = layer(x[0, 3:5], cache=cache)
     assert head.shape == (3, 16) and tail.shape == (2, 16)
-    assert (torch.cat([head, tail]) - layer(x[0, :5])).abs().max() <= 1e-12
+    assert_close_to_scale(torch.cat([head, tail]), layer(x[0, :5]), rel=FLOAT64_REL)
 
 
 _SYNCING = frozenset(
@@ -281,7 +287,7 @@ def test_decode_steps_make_no_host_sync() -> None:
         prompt = layer(x[:, :6], cache=cache)
         with _host.device_semantics(), _NoSync():  # every tensor counts as a device's
             steps = [layer(x[:, i : i + 1], cache=cache) for i in range(6, 11)]
-    assert (torch.cat([prompt, *steps], dim=1) - ref).abs().max() <= 1e-12
+    assert_close_to_scale(torch.cat([prompt, *steps], dim=1), ref, rel=FLOAT64_REL)
 
 
 @pytest.mark.torch_feature("compile")
@@ -355,7 +361,7 @@ def test_a_failed_step_leaves_the_cache_length_unchanged() -> None:
         good = masks.keep(torch.ones(3, 1, 2, 6, dtype=torch.bool))  # (.., new 2, filled 6)
         tail = layer(x[:, 4:6], good, cache=cache)
     assert cache.length == 6
-    assert (tail - layer(x[:, :6])[:, 4:]).abs().max() <= 1e-12
+    assert_close_to_scale(tail, layer(x[:, :6])[:, 4:], rel=FLOAT64_REL)
 
 
 def test_kv_cache_on_its_own() -> None:
