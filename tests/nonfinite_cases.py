@@ -18,6 +18,7 @@ from attnkit import masks
 
 from cases import make_mask, make_score, mask_to
 from reference import oracle_mask
+from tolerance import FLOAT32_ULPS_REL, assert_close_to_scale
 
 B, H, HK, L, S, E, EV = 2, 2, 1, 6, 7, 4, 3  # GQA: both query heads share one kv head
 POISON_QUERY_ROWS = (1, 3, 4)
@@ -163,7 +164,7 @@ def check_poisoned(
         w = want[name]
         # Values do not enter the weights or the lse: those ignore a poisoned value.
         rows = torch.ones_like(clean) if where == "value" and name != "out" else clean
-        torch.testing.assert_close(g[rows], w[rows], msg=lambda m, n=name: f"{what}, {n}: {m}")
+        assert_close_to_scale(g[rows], w[rows], rel=FLOAT32_ULPS_REL, what=f"{what}, {name}")
     dirty = torch.from_numpy(used)
     if not dirty.any():
         return True

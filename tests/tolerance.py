@@ -18,8 +18,9 @@ never a number of its own:
   ``FLOAT32_CALL_REL``: float32 results a known, small number of roundings from
   their peer, held tighter than ``FLOAT32_REL``.
 - ``FLOAT16_REL``, ``BFLOAT16_REL`` (``half_rel`` picks one by dtype): a result
-  rounded to a half dtype.
-- ``BYTE_STEP``, ``byte_sum_rel``: weights that travel as one byte each.
+  rounded to a half dtype; ``half_grad_rel``: a gradient computed in one.
+- ``BYTE_STEP``, ``SIGNED_BYTE_STEP``, ``half_step_rel``, ``byte_sum_rel``: values
+  that travel as one byte each.
 - ``exp_rel``: a float32 exp whose argument is itself rounded.
 - ``WEIGHTS_SCALE``: statistics of attention weights, measured against the
   weights' scale rather than their own.
@@ -31,13 +32,20 @@ Where each entry is computed on its own and entries span orders of magnitude (an
 exp per entry, a logsumexp per row), the rule is applied per entry instead
 (``assert_close_elementwise``): every entry within ``rel`` of itself.
 
+``TIMING_SPREAD_REL`` is no rounding figure: a benchmark's median of ratios against
+the ratio of its medians, which differ by the spread of wall-clock timings.
+
 ``GRADCHECK_ATOL`` is the bound handed to ``torch.autograd.gradcheck`` and
 ``gradgradcheck``, whose comparison is theirs, not this module's.
 
 Exact comparisons (``torch.equal``, ``assert_close(..., rtol=0, atol=0)``) are no
-tolerance and stay as they are. tests/unit/test_tolerance_rule.py fails on any other
-``atol=``/``rtol=`` literal in the suite outside the documented exceptions
-(``EXCEPTIONS``, each with its reason here). There are none at present.
+tolerance and stay as they are. tests/unit/test_tolerance_rule.py fails, outside the
+documented exceptions (``EXCEPTIONS``, each with its reason here), on a tolerance
+keyword (``atol=``, ``rtol=``, ``rel=``, ``abs=``, ``rel_tol=``, ``abs_tol=``) whose
+value holds a number, and on ``assert_close``, ``assert_allclose``, ``allclose`` or
+``isclose`` called without a tolerance: their defaults are element-wise (torch's for
+float32 is an ``atol`` of 1e-5 on every entry), so a call says it is exact
+(``rtol=0, atol=0``) or compares here. There are no exceptions at present.
 """
 
 from __future__ import annotations
@@ -57,12 +65,16 @@ __all__ = [
     "FLOAT32_ULPS_REL",
     "FLOAT64_REL",
     "GRADCHECK_ATOL",
+    "SIGNED_BYTE_STEP",
+    "TIMING_SPREAD_REL",
     "WEIGHTS_SCALE",
     "assert_close_elementwise",
     "assert_close_to_scale",
     "byte_sum_rel",
     "exp_rel",
+    "half_grad_rel",
     "half_rel",
+    "half_step_rel",
     "plain_math_rel",
     "printed_rel",
     "scaled_error",
@@ -110,6 +122,11 @@ BYTE_STEP = 1 / 255
 """One step of a weight that travels as one byte (0..255) against the largest weight
 of its set: decoded, a weight is within half a step of it."""
 
+SIGNED_BYTE_STEP = 1 / 127
+"""One step of a signed value that travels as one byte (-127..127) against the largest
+magnitude of its set (a page's relevance rows, its A - B differences): decoded, a value
+is within half a step of it."""
+
 WEIGHTS_SCALE = 1.0
 """The scale of attention weights (they lie in [0, 1]): statistics computed from them
 (entropy, mean distance, the weight on the first key) carry an error on this scale,
@@ -120,6 +137,12 @@ GRADCHECK_ATOL = 1e-6
 float64 analytic and central-difference Jacobians (their eps 1e-6: truncation about
 eps² and rounding about 1e-16/eps = 1e-10, times the curvature of the softmax)."""
 
+TIMING_SPREAD_REL = 0.5
+"""Not rounding: a benchmark figure that is the median of per-run ratios, against the
+ratio of the medians of the same runs. The two agree only up to the run-to-run spread
+of wall-clock timings of fresh processes, which on a shared machine reaches tens of
+percent; the check is that the figure is that ratio, not a different quantity."""
+
 EXCEPTIONS: dict[str, tuple[int, str]] = {}
 """Test files allowed a bare ``atol=``/``rtol=`` literal: path -> (how many, why)."""
 
@@ -129,11 +152,27 @@ def half_rel(dtype: torch.dtype) -> float:
     return {torch.float16: FLOAT16_REL, torch.bfloat16: BFLOAT16_REL}.get(dtype, FLOAT32_REL)
 
 
+def half_grad_rel(dtype: torch.dtype) -> float:
+    """A gradient through one attention call in ``dtype`` against float64 math: in a half
+    dtype, the forward's rounding to it (one ``half_rel``) carried through the backward
+    plus the gradient's own rounding to it (another); ``FLOAT32_GRAD_REL`` in float32."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return 2 * half_rel(dtype)
+    return FLOAT32_GRAD_REL
+
+
 def printed_rel(digits: int) -> float:
     """Relative to each entry: a float32 figure printed to ``digits`` significant digits
     (a page's CSV) is within half a unit of its last digit, 0.5 · 10^(1 - digits) of
     itself, plus ``FLOAT32_ULPS_REL`` for the float32 figure that was printed."""
     return 0.5 * 10.0 ** (1 - digits) + FLOAT32_ULPS_REL
+
+
+def half_step_rel(step: float) -> float:
+    """Relative to the largest magnitude of a set: a value quantized in steps of ``step``
+    of it (``BYTE_STEP``, ``SIGNED_BYTE_STEP``) is within half a step once decoded, plus
+    ``FLOAT32_ULPS_REL`` for the float32 scale it is decoded with."""
+    return step / 2 + FLOAT32_ULPS_REL
 
 
 def byte_sum_rel(terms: int) -> float:

@@ -48,8 +48,8 @@ def _exp_rows_still_correct() -> None:
     got = s.clone()
     sums = softmax.exp_rows_(got, s.amax(-1), want_sum=True)
     assert sums is not None
-    torch.testing.assert_close(got, ref)
-    torch.testing.assert_close(sums, ref.sum(-1))
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    torch.testing.assert_close(sums, ref.sum(-1), rtol=0, atol=0)
 
 
 # ------------------------------------------------------------------ where builds go
@@ -238,7 +238,9 @@ def test_a_file_that_is_not_our_library_falls_back_to_torch(
     _exp_rows_still_correct()
     g = torch.Generator().manual_seed(1)
     qh, kh, w = torch.randn(1, 3, 5, generator=g), torch.randn(1, 4, 5, generator=g), torch.ones(5)
-    torch.testing.assert_close(additive.logits(qh, kh, w), additive.logits_torch(qh, kh, w))
+    torch.testing.assert_close(
+        additive.logits(qh, kh, w), additive.logits_torch(qh, kh, w), rtol=0, atol=0
+    )
 
 
 # ------------------------------------------------------------------ faults during a build
@@ -315,4 +317,4 @@ def test_no_compile_uses_the_torch_fallbacks_and_builds_nothing(
     assert_close_to_scale(additive.logits(qh, kh, w).double(), exact)
     grads = zip(additive.grads(qh, kh, w, up), additive.grads_torch(qh, kh, w, up), strict=True)
     for got, ref in grads:
-        torch.testing.assert_close(got, ref)
+        torch.testing.assert_close(got, ref, rtol=0, atol=0)

@@ -28,11 +28,11 @@ def test_finite_inputs_give_the_same_result_with_the_checks_off(
     leaves = [t.clone().requires_grad_(True) for t in (case.q, case.k, case.v)]
     checked = attnkit.attention(*leaves, **kw)
     unchecked = attnkit.attention(*leaves, check_finite=False, **kw)
-    torch.testing.assert_close(unchecked, checked)
+    torch.testing.assert_close(unchecked, checked, rtol=0, atol=0)
     g = torch.randn_like(checked)
     for a, b in zip(torch.autograd.grad(checked, leaves, g),
                     torch.autograd.grad(unchecked, leaves, g), strict=True):  # fmt: skip
-        torch.testing.assert_close(b, a)
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
 
 
 def test_the_default_keeps_the_policy_and_the_opt_out_hands_the_inputs_to_the_kernel() -> None:
@@ -43,7 +43,9 @@ def test_the_default_keeps_the_policy_and_the_opt_out_hands_the_inputs_to_the_ke
     assert torch.isfinite(out[0, 0, :4]).all() and torch.isnan(out[0, 0, 4]).all()
     raw = attnkit.attention(q, k, v, mask=masks.causal(), check_finite=False)
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    torch.testing.assert_close(raw, want, equal_nan=True)  # exactly what the kernel gives
+    torch.testing.assert_close(
+        raw, want, equal_nan=True, rtol=0, atol=0
+    )  # exactly what the kernel gives
 
 
 def test_check_finite_must_be_a_bool() -> None:

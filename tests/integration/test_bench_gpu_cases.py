@@ -10,6 +10,8 @@ from attnkit.bench import GPU_CASES, GpuShape, suite_cases
 from attnkit.bench.gpu_cases import BWD_FACTOR, attention_flops, ragged_lengths, window_pairs
 from attnkit.bench.gpu_runner import cuda_missing
 
+from tolerance import FLOAT64_REL
+
 BY_NAME = {c.name: c for c in GPU_CASES}
 
 
@@ -62,7 +64,7 @@ def test_ragged_lengths_and_flops() -> None:
     assert len(set(lens.tolist())) == 16
     s = BY_NAME["ragged_vs_sdpa"].shape
     expected = 4 * 16 * 128 * float((lens.double() ** 2).sum())
-    assert BY_NAME["ragged_vs_sdpa"].flops(s) == pytest.approx(expected, rel=1e-12)
+    assert BY_NAME["ragged_vs_sdpa"].flops(s) == pytest.approx(expected, rel=FLOAT64_REL)
     assert attention_flops(GpuShape(B=1, H=1, E=1), 1.0) == 4.0
 
 

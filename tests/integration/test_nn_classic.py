@@ -10,9 +10,7 @@ import torch
 
 from attnkit.nn import AdditiveAttention, DotProductAttention, KernelScore, NadarayaWatson
 
-from tolerance import assert_close_to_scale
-
-TOL = 1e-5
+from tolerance import FLOAT32_REL, FLOAT32_ULPS_REL, assert_close_to_scale, scaled_error
 
 
 def _d2l_masked_softmax(scores: torch.Tensor, valid_lens: torch.Tensor | None) -> torch.Tensor:
@@ -41,11 +39,13 @@ def test_additive_matches_d2l(per_query: bool) -> None:
         out = layer(q, k, v, lens)
         w = _d2l_masked_softmax(_d2l_additive(layer, q, k), lens)
         assert layer.attention_weights is not None
-        assert (layer.attention_weights - w).abs().max() <= TOL
-        assert (out - w @ v).abs().max() <= TOL
-        assert (
-            layer(q, k, v) - _d2l_masked_softmax(_d2l_additive(layer, q, k), None) @ v
-        ).abs().max() <= TOL
+        assert_close_to_scale(layer.attention_weights, w, rel=FLOAT32_ULPS_REL)
+        assert_close_to_scale(out, w @ v, rel=FLOAT32_ULPS_REL)
+        assert_close_to_scale(
+            layer(q, k, v),
+            _d2l_masked_softmax(_d2l_additive(layer, q, k), None) @ v,
+            rel=FLOAT32_ULPS_REL,
+        )
 
 
 def test_additive_loads_d2l_state_dict() -> None:
@@ -64,9 +64,8 @@ def test_additive_loads_d2l_state_dict() -> None:
     out = layer(q, k, v, torch.tensor([2, 6]))
     # All keys equal: the weights are uniform over the valid keys.
     assert out.shape == (2, 1, 4)
-    assert torch.allclose(out[0, 0], v[0, :2].mean(0)) and torch.allclose(
-        out[1, 0], v[0, :6].mean(0)
-    )
+    assert_close_to_scale(out[0, 0], v[0, :2].mean(0), rel=FLOAT32_ULPS_REL)
+    assert_close_to_scale(out[1, 0], v[0, :6].mean(0), rel=FLOAT32_ULPS_REL)
     layer.double()
     assert layer.score.W_q.weight.dtype == torch.float64
     assert layer(q.double(), k.double(), v.double()).dtype == torch.float64
@@ -80,8 +79,8 @@ def test_dot_product_matches_d2l() -> None:
         out = layer(q, k, v, lens)
         w = _d2l_masked_softmax(q @ k.transpose(1, 2) / math.sqrt(4), lens)
         assert layer.attention_weights is not None
-        assert (layer.attention_weights - w).abs().max() <= TOL
-        assert (out - w @ v).abs().max() <= TOL
+        assert_close_to_scale(layer.attention_weights, w, rel=FLOAT32_ULPS_REL)
+        assert_close_to_scale(out, w @ v, rel=FLOAT32_ULPS_REL)
 
 
 def test_valid_length_zero_gives_zeros_not_uniform() -> None:
@@ -92,7 +91,7 @@ def test_valid_length_zero_gives_zeros_not_uniform() -> None:
     assert torch.equal(out[0], torch.zeros(2, 3))  # d2l: the mean of every value
     d2l = _d2l_masked_softmax(q @ k.transpose(1, 2) / 2, lens) @ v
     assert_close_to_scale(d2l[0], v[0].mean(0).expand(2, 3))
-    assert (out[1] - d2l[1]).abs().max() <= TOL
+    assert_close_to_scale(out[1], d2l[1], rel=FLOAT32_ULPS_REL)
 
 
 def test_dropout_and_gradients() -> None:
@@ -102,7 +101,7 @@ def test_dropout_and_gradients() -> None:
     layer.eval()
     ref = layer(q, k, v)
     layer.train()
-    assert not torch.allclose(layer(q, k, v), ref)
+    assert scaled_error(layer(q, k, v), ref) > FLOAT32_REL  # dropout: more than rounding
     layer64 = AdditiveAttention(3, 2, 4, 0.0).double()
     args = (
         torch.randn(2, 2, 2, dtype=torch.float64, requires_grad=True),
@@ -295,8 +294,8 @@ def test_additive_lazy_form_matches_d2l(per_query: bool) -> None:
     assert set(layer.state_dict()) == {"W_q.weight", "W_k.weight", "w_v.weight"}
     w = _d2l_masked_softmax(_d2l_additive(layer, q, k), lens)
     assert layer.attention_weights is not None
-    assert (layer.attention_weights - w).abs().max() <= TOL
-    assert (out - w @ v).abs().max() <= TOL
+    assert_close_to_scale(layer.attention_weights, w, rel=FLOAT32_ULPS_REL)
+    assert_close_to_scale(out, w @ v, rel=FLOAT32_ULPS_REL)
     # Later calls keep the sizes fixed by the first one.
     with pytest.raises(ValueError, match="expected query_size=5"):
         layer(torch.randn(3, 4, 3), k, v)
@@ -313,7 +312,7 @@ def test_additive_lazy_form_loads_d2l_state_dict() -> None:
     want = _d2l_masked_softmax(scores, lens) @ v
     for layer in (AdditiveAttention(8, 0.0), AdditiveAttention(num_hiddens=8, dropout=0.0)):
         layer.load_state_dict(d2l.state_dict())
-        assert (layer(q, k, v, lens) - want).abs().max() <= TOL
+        assert_close_to_scale(layer(q, k, v, lens), want, rel=FLOAT32_ULPS_REL)
 
 
 def test_additive_both_signatures() -> None:

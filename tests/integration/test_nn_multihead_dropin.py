@@ -9,11 +9,15 @@ import torch
 
 from attnkit.nn import InputShapeError, MultiheadAttention
 
-from tolerance import assert_close_to_scale
+from tolerance import (
+    FLOAT32_CHAIN_REL,
+    FLOAT32_GRAD_REL,
+    FLOAT32_ULPS_REL,
+    FLOAT64_REL,
+    assert_close_to_scale,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
-
-TOL = 1e-5
 
 
 def _pair(seed: int, **kw: object) -> tuple[torch.nn.MultiheadAttention, MultiheadAttention]:
@@ -77,10 +81,10 @@ def test_jagged_self_attention_equals_each_sequence_alone(options: dict[str, boo
     assert weights.shape == (3, 6, 6 + extra)  # (N, L_max, S_max + extra keys)
     for i, (got, (w_out, w_weights)) in enumerate(zip(out.unbind(), want, strict=True)):
         n = parts[i].shape[0]
-        assert (got - w_out).abs().max() <= TOL
+        assert_close_to_scale(got, w_out, rel=FLOAT32_CHAIN_REL)
         assert w_weights is not None
         keys = list(range(n)) + list(range(6, 6 + extra))  # its keys, then the extra ones
-        assert (weights[i, :n, keys] - w_weights).abs().max() <= TOL
+        assert_close_to_scale(weights[i, :n, keys], w_weights, rel=FLOAT32_ULPS_REL)
         assert not weights[i, n:].any() and not weights[i, :, n:6].any()  # padding: 0
 
 
@@ -94,15 +98,15 @@ def test_jagged_cross_attention_causal_and_per_head_weights() -> None:
     for i, (got, (w_out, w_weights)) in enumerate(zip(out.unbind(), want, strict=True)):
         assert w_weights is not None
         L, S = qs[i].shape[0], ks[i].shape[0]
-        assert (got - w_out).abs().max() <= TOL
-        assert (weights[i, :, :L, :S] - w_weights).abs().max() <= TOL
+        assert_close_to_scale(got, w_out, rel=FLOAT32_ULPS_REL)
+        assert_close_to_scale(weights[i, :, :L, :S], w_weights, rel=FLOAT32_ULPS_REL)
     # is_causal on a ragged self-attention batch: causal within each sequence
     nt = _jagged(qs)
     out, _ = ours(nt, nt, nt, is_causal=True, need_weights=False)
     for q, got in zip(qs, out.unbind(), strict=True):
         causal = torch.ones(q.shape[0], q.shape[0], dtype=torch.bool).triu(1)
         want_out = theirs(q[None], q[None], q[None], attn_mask=causal, need_weights=False)[0][0]
-        assert (got - want_out).abs().max() <= TOL
+        assert_close_to_scale(got, want_out, rel=FLOAT32_ULPS_REL)
 
 
 def test_jagged_training_gradients_equal_each_sequence_alone() -> None:
@@ -116,10 +120,11 @@ def test_jagged_training_gradients_equal_each_sequence_alone() -> None:
         theirs(x[None], x[None], x[None], need_weights=False)[0].square().sum().backward()
     assert nt.grad is not None
     for got, x in zip(nt.grad.unbind(), dense, strict=True):
-        assert x.grad is not None and (got - x.grad).abs().max() <= TOL
+        assert x.grad is not None
+        assert_close_to_scale(got, x.grad, rel=FLOAT32_ULPS_REL)
     for (name, p), q in zip(ours.named_parameters(), theirs.parameters(), strict=True):
         assert p.grad is not None and q.grad is not None
-        assert (p.grad - q.grad).abs().max() <= 1e-4, name
+        assert_close_to_scale(p.grad, q.grad, rel=FLOAT32_GRAD_REL, what=name)
 
 
 def test_strided_nested_equals_torchs_fast_path() -> None:
@@ -132,9 +137,9 @@ def test_strided_nested_equals_torchs_fast_path() -> None:
         got, got_w = ours(nt, nt, nt)
     assert got.is_nested and got.layout == torch.strided
     for a, b in zip(got.unbind(), want.unbind(), strict=True):
-        assert a.shape == b.shape and (a - b).abs().max() <= TOL
+        assert_close_to_scale(a, b, rel=FLOAT32_ULPS_REL)
     assert got_w is not None and want_w is not None
-    assert (got_w - want_w).abs().max() <= TOL
+    assert_close_to_scale(got_w, want_w, rel=FLOAT32_ULPS_REL)
 
 
 @pytest.mark.parametrize("need_weights", [False, True])
@@ -192,7 +197,8 @@ def test_in_proj_bias_of_another_dtype_runs_like_torch(mode: str) -> None:
         want, want_w = theirs(x, x, x)
         got, got_w = ours(x, x, x)
     assert got.dtype == torch.float64 and got_w is not None and want_w is not None
-    assert (got - want).abs().max() <= 1e-12 and (got_w - want_w).abs().max() <= 1e-12
+    assert_close_to_scale(got, want, rel=FLOAT64_REL)
+    assert_close_to_scale(got_w, want_w, rel=FLOAT64_REL)
     if mode == "train":
         want.sum().backward()
         got.sum().backward()

@@ -17,7 +17,7 @@ import torch
 
 from attnkit.cli import main
 
-from tolerance import assert_close_to_scale
+from tolerance import FLOAT32_CHAIN_REL, SIGNED_BYTE_STEP, assert_close_to_scale, half_step_rel
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -93,8 +93,8 @@ def test_page_holds_the_scores_of_viz_explain(gpt2: Path, tmp_path: Path, method
     got = _relevance(data["relevance"])
     assert_close_to_scale(torch.diagonal(got), torch.diagonal(want.relevance), what="diagonal")
     for i in range(off.shape[0]):
-        assert_close_to_scale(got[i] - torch.diag(torch.diagonal(got))[i], off[i], rel=1 / 250,
-                              what=f"relevance row {i}")  # fmt: skip
+        assert_close_to_scale(got[i] - torch.diag(torch.diagonal(got))[i], off[i],
+                              rel=half_step_rel(SIGNED_BYTE_STEP), what=f"relevance row {i}")  # fmt: skip
     if method == "rollout":
         assert data["heads"] is None
         return
@@ -183,7 +183,7 @@ def test_generate_explains_each_generated_token(gpt2: Path, tmp_path: Path) -> N
         assert_close_to_scale(matrix[t, :p], want.scores, what=f"step {t}")
         assert bool(matrix[t, p:].isnan().all())  # sources that came later
         assert_close_to_scale(heads[t], want.head_importance, what=f"heads of step {t}")
-        assert data["values"][t] == pytest.approx(want.target_value, rel=1e-5)
+        assert data["values"][t] == pytest.approx(want.target_value, rel=FLOAT32_CHAIN_REL)
     got = torch.from_numpy(arrays["explain.steps.scores"].astype(np.float64))
     assert_close_to_scale(got, matrix, what="saved steps")
     assert arrays["explain.steps.target"][:, 0].tolist() == [L - 1, L, L + 1]

@@ -154,7 +154,7 @@ def test_pattern_classes_of_known_heads() -> None:
 def test_rollout_and_flow() -> None:
     w = torch.tensor([[[[1.0, 0.0], [1.0, 0.0]]]])  # one layer: both positions read token 0
     r = viz.attention_rollout(w)
-    np.testing.assert_allclose(r, [[1.0, 0.0], [0.5, 0.5]])
+    np.testing.assert_array_equal(r, [[1.0, 0.0], [0.5, 0.5]])
     f = viz.attention_flow(torch.softmax(torch.randn(3, 2, 5, 5), -1))
     assert_close_to_scale(torch.as_tensor(f.sum(-1)), torch.ones(f.shape[:-1]))
     with pytest.raises(ValueError, match="max_tokens"):

@@ -8,6 +8,8 @@ import torch
 
 import attnkit
 
+from tolerance import FLOAT32_ULPS_REL, assert_close_to_scale
+
 
 def test_cast_is_a_shallow_copy_whose_gradients_reach_the_module() -> None:
     score = attnkit.scores.Additive(4, 3, 5)
@@ -22,7 +24,7 @@ def test_cast_is_a_shallow_copy_whose_gradients_reach_the_module() -> None:
     assert grad is not None and grad.dtype == torch.float32
     twin = copy.deepcopy(score).double()  # the same logits on a float64 copy of the module
     (want,) = torch.autograd.grad(twin.logits(q, k).sum(), twin.W_q.weight)
-    torch.testing.assert_close(grad, want.float())
+    assert_close_to_scale(grad, want.float(), rel=FLOAT32_ULPS_REL)
 
 
 def test_cast_keeps_buffers() -> None:
@@ -53,4 +55,6 @@ def test_feature_terms_sum_to_the_logits() -> None:
         else:
             assert t.kind == "additive" and t.weights is not None
             per = torch.tanh(a + b) * t.weights
-        torch.testing.assert_close(per.sum(-1), score.logits(q, k), msg=score.name)
+        assert_close_to_scale(
+            per.sum(-1), score.logits(q, k), rel=FLOAT32_ULPS_REL, what=score.name
+        )

@@ -1,17 +1,26 @@
 """The suite compares float results through tests/tolerance.py, not bare tolerances.
 
-A scan of the test sources: an ``atol=`` or ``rtol=`` whose value holds a number
-(``atol=1e-6``, ``rtol=1 / 255``, ``atol=max(2 * err, 1e-5)``) is a tolerance of the
-call site's own, outside the rule; the figure belongs in tolerance.py, named and
-documented. Exact comparisons (``rtol=0, atol=0`` on one call) are no tolerance, and
-the files in ``tolerance.EXCEPTIONS`` keep the literals it counts, for its reasons.
+A scan of the test sources' syntax trees, two kinds of finding:
+
+- A tolerance of the call site's own: a tolerance keyword (``atol=``, ``rtol=``,
+  ``rel=``, ``abs=``, ``rel_tol=``, ``abs_tol=``) or a name of that spelling assigned,
+  whose value holds a number (``atol=1e-6``, ``rel=1 / 255``, ``atol=max(2 * err,
+  1e-5)``), and a number handed positionally as a tolerance (``pytest.approx(x, 1e-3)``,
+  ``np.allclose(a, b, 1e-5)``). The figure belongs in tolerance.py, named and documented.
+- A comparison left at its library's default tolerance: ``assert_close``,
+  ``assert_allclose``, ``allclose`` or ``isclose`` called with no tolerance. Their
+  defaults are element-wise (torch's float32 default is an ``atol`` of 1e-5 on every
+  entry), and the scan cannot tell the dtypes of the operands, so each call says what it
+  means: exact (``rtol=0, atol=0``), or through tolerance.py's helpers.
+
+Exact comparisons (``rtol=0, atol=0`` on one call) are no tolerance; ``pytest.approx``
+with its default relative 1e-6 and no number of the caller's own is not a finding. The
+files in ``tolerance.EXCEPTIONS`` keep the findings it counts, for its reasons.
 """
 
 from __future__ import annotations
 
-import io
-import re
-import tokenize
+import ast
 from pathlib import Path
 
 import pytest
@@ -21,63 +30,67 @@ import tolerance
 TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
 
-# keyword = value, the value read up to the next top-level comma or closing bracket
-_KEYWORD = re.compile(r"\b([ar]tol)\s*=\s*(?!=)")
-_NUMBER = re.compile(r"(?<![\w.])\d")
+_TOLERANCES = {"atol", "rtol", "rel", "abs", "rel_tol", "abs_tol"}
+# names assigned a figure: ``rel`` and ``abs`` also name other things (relative positions)
+_TOLERANCE_NAMES = {"atol", "rtol", "rel_tol", "abs_tol"}
+# calls whose tolerance is theirs when none is given, and how many positional
+# arguments come before the first positional tolerance
+_DEFAULTED = {"assert_close": None, "assert_allclose": 2, "allclose": 2, "isclose": 2}
+_POSITIONAL = {**_DEFAULTED, "approx": 1}
 
 
-def _value(text: str, start: int) -> str:
-    """The expression that starts at ``start``, up to a comma or bracket at its level."""
-    depth = 0
-    for i in range(start, len(text)):
-        c = text[i]
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            if depth == 0:
-                return text[start:i]
-            depth -= 1
-        elif c in ",\n" and depth == 0:
-            return text[start:i]
-    return text[start:]
+def _name(call: ast.Call) -> str:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
 
 
-# the text of f-strings comes as FSTRING_MIDDLE from Python 3.12 on
-_BLANKED = {tokenize.COMMENT, tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)}
+def _holds_number(node: ast.AST) -> bool:
+    """Whether a number literal sits in ``node``, leaving out indexes (``w.shape[-1]``)
+    and the arguments of tolerance.py's helpers (``printed_rel(5)``: five digits printed
+    is a fact about the data, the helper turns it into the figure)."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, int | float | complex) and not isinstance(node.value, bool)
+    if isinstance(node, ast.Subscript):
+        return _holds_number(node.value)
+    if isinstance(node, ast.Call) and _name(node) in tolerance.__all__:
+        return False
+    return any(_holds_number(child) for child in ast.iter_child_nodes(node))
 
 
-def _code_lines(source: str) -> list[str]:
-    """The source's lines with comments and the insides of strings blanked out."""
-    lines = source.splitlines()
-    out = [list(line) for line in lines]
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type not in _BLANKED:
-            continue
-        (r0, c0), (r1, c1) = tok.start, tok.end
-        for r in range(r0, r1 + 1):
-            row = out[r - 1]
-            a = c0 if r == r0 else 0
-            b = c1 if r == r1 else len(row)
-            row[a:b] = " " * (b - a)
-    return ["".join(row) for row in out]
+def _is_zero(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and not isinstance(node.value, bool) and node.value == 0
+
+
+def _call_findings(call: ast.Call) -> list[int]:
+    name = _name(call)
+    given = {k.arg: k.value for k in call.keywords if k.arg in _TOLERANCES}
+    if set(given) == {"atol", "rtol"} and all(_is_zero(v) for v in given.values()):
+        return []  # exact
+    found = [v.lineno for v in given.values() if _holds_number(v) and not _is_zero(v)]
+    first = _POSITIONAL.get(name)
+    if first is not None:
+        found += [a.lineno for a in call.args[first:] if _holds_number(a)]
+    if name in _DEFAULTED and not given and not any(k.arg is None for k in call.keywords):
+        if first is None or len(call.args) <= first:
+            found.append(call.lineno)  # the library's default tolerance
+    return found
 
 
 def bare_tolerances(source: str) -> list[tuple[int, str]]:
-    """(line, text) of each ``atol=``/``rtol=`` in code (not in a string or a comment)
-    whose value holds a number, leaving out exact comparisons (a call whose atol and
-    rtol are both 0)."""
-    found = []
+    """(line, text) of each finding in ``source``: a tolerance keyword, tolerance name or
+    positional tolerance whose value holds a number, or a comparison called without a
+    tolerance; exact comparisons (``rtol=0, atol=0``) are no finding."""
     lines = source.splitlines()
-    for line_no, code in enumerate(_code_lines(source), start=1):
-        line = lines[line_no - 1]
-        values = {m.group(1): _value(code, m.end()).strip() for m in _KEYWORD.finditer(code)}
-        if not values:
-            continue
-        if values.get("atol") == "0" and values.get("rtol") == "0":
-            continue  # exact
-        if any(_NUMBER.search(v) for v in values.values()):
-            found.append((line_no, line.strip()))
-    return found
+    found: list[int] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            found += _call_findings(node)
+        elif isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {t.id for t in targets if isinstance(t, ast.Name)}
+            if names & _TOLERANCE_NAMES and _holds_number(node.value):
+                found.append(node.lineno)
+    return [(n, lines[n - 1].strip()) for n in sorted(set(found))]
 
 
 def _test_sources() -> list[Path]:
@@ -93,8 +106,9 @@ def test_no_test_file_holds_a_bare_tolerance() -> None:
         if len(hits) > allowed:
             offenders += [f"{rel}:{n}: {text}" for n, text in hits]
     assert not offenders, (
-        "bare atol=/rtol= literals; compare through tests/tolerance.py (a named figure with"
-        " its reason) or list the file in tolerance.EXCEPTIONS:\n" + "\n".join(offenders)
+        "bare tolerances or default-tolerance comparisons; compare through tests/tolerance.py"
+        " (a named figure with its reason), exactly (rtol=0, atol=0), or list the file in"
+        " tolerance.EXCEPTIONS:\n" + "\n".join(offenders)
     )
 
 
@@ -104,7 +118,7 @@ def test_every_exception_is_documented_and_still_used() -> None:
         assert path.is_file(), f"{rel}: listed in tolerance.EXCEPTIONS but not a file"
         assert why and rel in (tolerance.__doc__ or ""), f"{rel}: no reason in tolerance.py"
         assert len(bare_tolerances(path.read_text(encoding="utf-8"))) == count, (
-            f"{rel}: tolerance.EXCEPTIONS allows {count} literal(s), the file holds another number"
+            f"{rel}: tolerance.EXCEPTIONS allows {count} finding(s), the file holds another number"
         )
 
 
@@ -118,10 +132,36 @@ def test_every_exception_is_documented_and_still_used() -> None:
         ("torch.testing.assert_close(a, b, rtol=0, atol=1e-6)", True),
         ("torch.testing.assert_close(a, b,\n    rtol=2e-6)", True),
         ("torch.testing.assert_close(a, b, rtol=0, atol=0)", False),
+        ("torch.testing.assert_close(a, b, rtol=0, atol=SOME_NAMED_ATOL)", False),
         ("torch.testing.assert_close(a, b, atol=0, rtol=0)", False),
         ("assert torch.autograd.gradcheck(f, xs, eps=1e-6, atol=GRADCHECK_ATOL)", False),
         ("assert_close_to_scale(a, b, rel=FLOAT64_REL)", False),
         ("x = 1e-6  # atol=1e-6 in a comment", False),
+        ("assert x == pytest.approx(y, rel=1e-12)", True),
+        ("assert x == pytest.approx(y, abs=1e-9)", True),
+        ("assert x == pytest.approx(y, 1e-3)", True),
+        ("assert x == pytest.approx(y, rel=FLOAT64_REL)", False),
+        ("assert x == pytest.approx(y)", False),
+        ("assert math.isclose(a, b, rel_tol=1e-5)", True),
+        ("assert_close_to_scale(a, b, rel=1 / 500)", True),
+        ("assert_close_to_scale(a, b, rel=half_step_rel(BYTE_STEP))", False),
+        ("assert_close_elementwise(a, b, rel=5 * FLOAT16_REL)", True),
+        ("atol = 2e-5", True),
+        ("rel = -np.minimum(rel, 0)", False),
+        ("assert_close_to_scale(a, b, rel=byte_sum_rel(w.shape[-1]))", False),
+        ("assert_close_elementwise(a, b, rel=printed_rel(5))", False),
+        ("assert_close_to_scale(a, b, rel=REL[0])", False),
+        ("torch.testing.assert_close(a, b)", True),
+        ("torch.testing.assert_close(a, b, msg=lambda m: m)", True),
+        ("torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)", False),
+        ("torch.testing.assert_close(a, b, **EXACT)", False),
+        ("np.testing.assert_allclose(r, [[1.0, 0.0]])", True),
+        ("assert torch.allclose(a, b)", True),
+        ("assert not np.allclose(a, b)", True),
+        ("assert np.allclose(a, b, 1e-5)", True),
+        ("assert torch.isclose(a, b).all()", True),
+        ("assert torch.equal(a, b) and (a == 1).all()", False),
+        ("print('assert_close(a, b) rel=1e-3')", False),
     ],
 )
 def test_the_scan_tells_a_bare_tolerance_from_a_named_one(line: str, flagged: bool) -> None:
