@@ -27,7 +27,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import show_compare, show_explain, show_image
 from .outputs import Output, ShowOutputs, check_input, show_outputs, shown_path, write_all
@@ -48,6 +48,9 @@ from .show_report import (
     tokens_line,
 )
 from .show_sources import open_source
+
+if TYPE_CHECKING:
+    from ..viz.options import ViewOptions
 
 __all__ = ["DESCRIPTION", "add_arguments", "parse_selection", "run"]
 
@@ -148,7 +151,7 @@ def _checked(args: argparse.Namespace) -> tuple[str, str | None]:
     return text.strip(), pair
 
 
-def _view(args: argparse.Namespace) -> Any:
+def _view(args: argparse.Namespace) -> ViewOptions:
     """The view options (words, special tokens, the neuron window), checked."""
     from ..viz.options import NeuronWindow, ViewOptions, WindowError
 
@@ -211,11 +214,15 @@ def _run(args: argparse.Namespace) -> int:
 
     second = show_compare.open_second(args)
     from ..models import bert, hf
-    from ..viz.options import WindowError
+    from ..viz.notebook import attend
+    from ..viz.options import RunOptions, WindowError
     from ..viz.positions import WordsError
     from ..viz.progress import quiet
-    from ..viz.reduce import Budget
 
+    options = RunOptions(
+        text, pair, max_length=max_length, layers=layers, heads=heads, generate=args.generate,
+        seed=args.seed, top_k=args.top_k, view=view, progress=not args.quiet,
+    )  # fmt: skip
     try:
         source.load(generate=bool(args.generate), head=explain_dir is not None)
         show_compare.prepare(source, second)
@@ -223,12 +230,7 @@ def _run(args: argparse.Namespace) -> int:
             raise UsageError(
                 "TEXT gives no tokens (only invisible or control characters); try: " + EXAMPLE
             )
-        with quiet(args.quiet):
-            run = source.attend(
-                text, pair, max_length=max_length, layers=layers, heads=heads,
-                generate_tokens=args.generate, seed=args.seed, budget=Budget(top_k=args.top_k),
-                view=view,
-            )  # fmt: skip
+        run = attend(source, options)
     except (bert.CheckpointError, hf.CheckpointError) as exc:
         raise UsageError(f"--model: {exc}" if args.model else str(exc)) from None
     except WordsError as exc:
@@ -241,7 +243,7 @@ def _run(args: argparse.Namespace) -> int:
     with quiet(args.quiet):
         other = show_compare.run_second(
             args, source, second, text, pair, layer_sel=layer_sel, head_sel=head_sel,
-            max_length=max_length, budget=Budget(top_k=args.top_k), view=view,
+            max_length=max_length, budget=options.budget(), view=view,
         )  # fmt: skip
     explained = None
     if explain_dir is not None:
