@@ -217,7 +217,6 @@ def _run(args: argparse.Namespace) -> int:
     from ..viz.notebook import attend
     from ..viz.options import RunOptions, WindowError
     from ..viz.positions import WordsError
-    from ..viz.progress import quiet
 
     options = RunOptions(
         text, pair, max_length=max_length, layers=layers, heads=heads, generate=args.generate,
@@ -240,11 +239,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.words and any(n.startswith("Word view (runs") for n in run.sets[0].notes):
         print("attnkit show: note: the tokenizer marks no words; --words groups the tokens "
                   "between spaces", file=sys.stderr)  # fmt: skip
-    with quiet(args.quiet):
-        other = show_compare.run_second(
-            args, source, second, text, pair, layer_sel=layer_sel, head_sel=head_sel,
-            max_length=max_length, budget=options.budget(), view=view,
-        )  # fmt: skip
+    other = show_compare.run_second(
+        args, source, second, options, layer_sel=layer_sel, head_sel=head_sel
+    )
     explained = None
     if explain_dir is not None:
         net, tokenizer = source.explain_model(explain_dir)  # the page's model, built once
