@@ -18,7 +18,9 @@ checkpoint's config happens before a model is built. The modules beside this
 one hold the parts: :mod:`.show_args` (options), :mod:`.show_sources`
 (checkpoints: :mod:`attnkit.viz.sources`, which :func:`attnkit.viz.show` resolves
 its model through too, with errors naming the flags), :mod:`.show_report`
-(terminal and picture).
+(terminal and picture). The flags, once checked, make one
+:class:`attnkit.viz.options.RunOptions`, which :func:`attnkit.viz.notebook.attend`
+runs: the same record and function as :func:`attnkit.viz.show` with a model.
 """
 
 from __future__ import annotations
