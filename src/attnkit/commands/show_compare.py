@@ -13,12 +13,15 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .outputs import check_input
 from .show_args import UsageError, count, resolve
 from .show_report import elide_text, tokens_line
 from .show_sources import open_source
+
+if TYPE_CHECKING:
+    from ..viz.options import RunOptions
 
 __all__ = [
     "SecondSide",
@@ -147,7 +150,7 @@ def run_second(
     args: argparse.Namespace,
     source: Any,
     second: Any,
-    options: Any,
+    options: RunOptions,
     *,
     layer_sel: Any,
     head_sel: Any,
@@ -174,7 +177,7 @@ def run_second(
     return None
 
 
-def _second_text(source: Any, options: Any, text2: str, *, layer_sel: Any,
+def _second_text(source: Any, options: RunOptions, text2: str, *, layer_sel: Any,
                  head_sel: Any) -> SecondSide:  # fmt: skip
     """The same model on a second text."""
     from ..viz.notebook import attend
@@ -212,7 +215,7 @@ def prepare(source: Any, second: Any) -> None:
     _check_same_tokenizer(source, second)
 
 
-def _second_model(source: Any, second: Any, options: Any, *, layer_sel: Any,
+def _second_model(source: Any, second: Any, options: RunOptions, *, layer_sel: Any,
                   head_sel: Any) -> SecondSide:  # fmt: skip
     """The same text on a second model with the same tokenizer (checked by :func:`prepare`)."""
     from ..viz.notebook import attend

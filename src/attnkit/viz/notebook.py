@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from .options import RunOptions
 
 __all__ = [
     "attend",
@@ -76,13 +79,15 @@ def run_model(
     """
     from .options import RunOptions
 
-    options = RunOptions.of(check_text(text), pair=pair, max_length=max_length, generate=generate, seed=seed,
-                            layers=layers, top_k=top_k, words=words, special=special,
-                            neuron_window=neuron_window, progress=progress)  # fmt: skip
+    options = RunOptions.of(
+        check_text(text), pair=pair, max_length=max_length, generate=generate, seed=seed,
+        layers=layers, top_k=top_k, words=words, special=special, neuron_window=neuron_window,
+        progress=progress,
+    )  # fmt: skip
     return run_options(model, tokenizer, options)
 
 
-def run_options(model: Any, tokenizer: Any, options: Any) -> Any:
+def run_options(model: Any, tokenizer: Any, options: RunOptions) -> Any:
     """The model resolved as ``attnkit show`` resolves ``--model``
     (:func:`.sources.open_source`), loaded, and run with ``options`` by :func:`attend`.
 
@@ -105,7 +110,7 @@ def check_text(text: Any) -> str:
     return text
 
 
-def attend(source: Any, options: Any) -> Any:
+def attend(source: Any, options: RunOptions) -> Any:
     """Run a loaded :class:`~attnkit.viz.sources.Source` with one
     :class:`~attnkit.viz.options.RunOptions`: the one model run of ``attnkit show``
     and :func:`attnkit.viz.show`.
