@@ -60,3 +60,34 @@ def test_show_runs_a_folder_and_a_built_model_alike() -> None:
     assert a.total_tokens == b.total_tokens
     with pytest.raises(ValueError, match=r"^generate: a BERT encoder does not generate text$"):
         attnkit.viz.show(folder, None, "the cat sat", generate=2, progress=False)
+
+
+def test_the_command_and_show_run_one_record(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from attnkit.cli import main
+    from attnkit.viz import notebook
+    from attnkit.viz.options import NeuronWindow, RunOptions
+
+    seen: list[RunOptions] = []
+    attend = notebook.attend
+
+    def recording(source: object, options: RunOptions) -> object:
+        seen.append(options)
+        return attend(source, options)
+
+    monkeypatch.setattr(notebook, "attend", recording)
+    out = str(tmp_path / "a.html")
+    args = ["show", "the cat sat", "--out", out, "--no-png", "--quiet", "--words",
+            "--top-k", "8", "--layers", "0,2"]  # fmt: skip
+    assert main(args) == 0
+    page = attnkit.viz.show(bert.default_checkpoint(), None, "the cat sat", words=True,
+                            top_k=8, include_layers=[0, 2], progress=False)  # fmt: skip
+    assert page.html.startswith("<!DOCTYPE html>")
+    cli, python = seen
+    assert cli.view == python.view == RunOptions.of("x", words=True).view
+    assert (cli.text, cli.top_k, list(cli.layers or ())) == ("the cat sat", 8, [0, 2])
+    assert (python.text, python.top_k, list(python.layers or ())) == ("the cat sat", 8, [0, 2])
+    assert not cli.progress and not python.progress
+    near = RunOptions.of("x", neuron_window="cat").view.neuron_window
+    assert near == NeuronWindow(near="cat")

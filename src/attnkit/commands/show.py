@@ -18,7 +18,9 @@ checkpoint's config happens before a model is built. The modules beside this
 one hold the parts: :mod:`.show_args` (options), :mod:`.show_sources`
 (checkpoints: :mod:`attnkit.viz.sources`, which :func:`attnkit.viz.show` resolves
 its model through too, with errors naming the flags), :mod:`.show_report`
-(terminal and picture).
+(terminal and picture). The flags, once checked, make one
+:class:`attnkit.viz.options.RunOptions`, which :func:`attnkit.viz.notebook.attend`
+runs: the same record and function as :func:`attnkit.viz.show` with a model.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import show_compare, show_explain, show_image
 from .outputs import Output, ShowOutputs, check_input, show_outputs, shown_path, write_all
@@ -48,6 +50,9 @@ from .show_report import (
     tokens_line,
 )
 from .show_sources import open_source
+
+if TYPE_CHECKING:
+    from ..viz.options import ViewOptions
 
 __all__ = ["DESCRIPTION", "add_arguments", "parse_selection", "run"]
 
@@ -148,7 +153,7 @@ def _checked(args: argparse.Namespace) -> tuple[str, str | None]:
     return text.strip(), pair
 
 
-def _view(args: argparse.Namespace) -> Any:
+def _view(args: argparse.Namespace) -> ViewOptions:
     """The view options (words, special tokens, the neuron window), checked."""
     from ..viz.options import NeuronWindow, ViewOptions, WindowError
 
@@ -211,11 +216,14 @@ def _run(args: argparse.Namespace) -> int:
 
     second = show_compare.open_second(args)
     from ..models import bert, hf
-    from ..viz.options import WindowError
+    from ..viz.notebook import attend
+    from ..viz.options import RunOptions, WindowError
     from ..viz.positions import WordsError
-    from ..viz.progress import quiet
-    from ..viz.reduce import Budget
 
+    options = RunOptions(
+        text, pair, max_length=max_length, layers=layers, heads=heads, generate=args.generate,
+        seed=args.seed, top_k=args.top_k, view=view, progress=not args.quiet,
+    )  # fmt: skip
     try:
         source.load(generate=bool(args.generate), head=explain_dir is not None)
         show_compare.prepare(source, second)
@@ -223,12 +231,7 @@ def _run(args: argparse.Namespace) -> int:
             raise UsageError(
                 "TEXT gives no tokens (only invisible or control characters); try: " + EXAMPLE
             )
-        with quiet(args.quiet):
-            run = source.attend(
-                text, pair, max_length=max_length, layers=layers, heads=heads,
-                generate_tokens=args.generate, seed=args.seed, budget=Budget(top_k=args.top_k),
-                view=view,
-            )  # fmt: skip
+        run = attend(source, options)
     except (bert.CheckpointError, hf.CheckpointError) as exc:
         raise UsageError(f"--model: {exc}" if args.model else str(exc)) from None
     except WordsError as exc:
@@ -238,11 +241,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.words and any(n.startswith("Word view (runs") for n in run.sets[0].notes):
         print("attnkit show: note: the tokenizer marks no words; --words groups the tokens "
                   "between spaces", file=sys.stderr)  # fmt: skip
-    with quiet(args.quiet):
-        other = show_compare.run_second(
-            args, source, second, text, pair, layer_sel=layer_sel, head_sel=head_sel,
-            max_length=max_length, budget=Budget(top_k=args.top_k), view=view,
-        )  # fmt: skip
+    other = show_compare.run_second(
+        args, source, second, options, layer_sel=layer_sel, head_sel=head_sel
+    )
     explained = None
     if explain_dir is not None:
         net, tokenizer = source.explain_model(explain_dir)  # the page's model, built once

@@ -13,12 +13,15 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .outputs import check_input
 from .show_args import UsageError, count, resolve
 from .show_report import elide_text, tokens_line
 from .show_sources import open_source
+
+if TYPE_CHECKING:
+    from ..viz.options import RunOptions
 
 __all__ = [
     "SecondSide",
@@ -147,48 +150,46 @@ def run_second(
     args: argparse.Namespace,
     source: Any,
     second: Any,
-    text: str,
-    pair: str | None,
+    options: RunOptions,
     *,
     layer_sel: Any,
     head_sel: Any,
-    max_length: int,
-    budget: Any,
-    view: Any = None,
 ) -> SecondSide | None:
     """Run side B with side A's options (None when nothing is compared).
 
     ``source`` is side A's checkpoint, already loaded; ``second`` is
-    :func:`open_second`'s checkpoint (None for ``--compare``).
+    :func:`open_second`'s checkpoint (None for ``--compare``); ``options`` is side A's
+    :class:`~attnkit.viz.options.RunOptions`, whose layers and heads B takes again from
+    ``layer_sel`` and ``head_sel`` (its own numbers of them).
     """
     from ..models import bert, hf
 
     text2: str | None = getattr(args, "compare", None)
-    options = {"layer_sel": layer_sel, "head_sel": head_sel, "max_length": max_length,
-               "budget": budget, "view": view}  # fmt: skip
     try:
         if second is not None:
-            return _second_model(source, second, text, pair, **options)
+            return _second_model(source, second, options, layer_sel=layer_sel, head_sel=head_sel)
         if text2 is not None:
-            return _second_text(source, text, text2.strip(), **options)
+            return _second_text(source, options, text2.strip(), layer_sel=layer_sel,
+                                head_sel=head_sel)  # fmt: skip
     except (bert.CheckpointError, hf.CheckpointError) as exc:
         flag = "--compare-model" if second is not None else "--compare"
         raise UsageError(f"{flag}: {exc}") from None
     return None
 
 
-def _second_text(
-    source: Any, text: str, text2: str, *, layer_sel: Any, head_sel: Any, max_length: int,
-    budget: Any, view: Any,
-) -> SecondSide:  # fmt: skip
+def _second_text(source: Any, options: RunOptions, text2: str, *, layer_sel: Any,
+                 head_sel: Any) -> SecondSide:  # fmt: skip
     """The same model on a second text."""
+    from ..viz.notebook import attend
+
     if source.content_tokens(text2) == 0:
         raise UsageError("--compare: the second text gives no tokens (only invisible characters)")
     layers = sorted(resolve(layer_sel, source.num_layers, "--layers", "layer"))
     heads = resolve(head_sel, source.num_heads, "--heads", "head")
-    run = source.attend(text2, None, max_length=max_length, layers=layers, heads=heads,
-                        budget=budget, view=view)  # fmt: skip
-    names = (f"“{_side_name(text)}”", f"“{_side_name(text2)}”")
+    side = replace(options, text=text2, pair=None, layers=layers, heads=heads, generate=0,
+                   seed=None)  # fmt: skip
+    run = attend(source, side)
+    names = (f"“{_side_name(options.text)}”", f"“{_side_name(text2)}”")
     return SecondSide(run, names, "text", text2, source.name)
 
 
@@ -214,21 +215,20 @@ def prepare(source: Any, second: Any) -> None:
     _check_same_tokenizer(source, second)
 
 
-def _second_model(
-    source: Any, second: Any, text: str, pair: str | None, *, layer_sel: Any, head_sel: Any,
-    max_length: int, budget: Any, view: Any,
-) -> SecondSide:  # fmt: skip
+def _second_model(source: Any, second: Any, options: RunOptions, *, layer_sel: Any,
+                  head_sel: Any) -> SecondSide:  # fmt: skip
     """The same text on a second model with the same tokenizer (checked by :func:`prepare`)."""
+    from ..viz.notebook import attend
+
     try:
         layers = sorted(resolve(layer_sel, second.num_layers, "--layers", "layer"))
         heads = resolve(head_sel, second.num_heads, "--heads", "head")
     except UsageError as exc:
         raise UsageError(f"--compare-model: {second.name}: {exc}") from None
-    limit = min(max_length, second.max_tokens)
-    run = second.attend(
-        text, pair, max_length=limit, layers=layers, heads=heads, budget=budget, view=view
-    )
-    return SecondSide(run, (source.name, second.name), "model", text, second.name)
+    limit = min(options.max_length, second.max_tokens)
+    side = replace(options, max_length=limit, layers=layers, heads=heads, generate=0, seed=None)
+    run = attend(second, side)
+    return SecondSide(run, (source.name, second.name), "model", options.text, second.name)
 
 
 def subtitle(side: SecondSide, shown: str) -> str:

@@ -428,7 +428,8 @@ def show(
         >>> page.html.startswith("<!DOCTYPE html>")
         True
     """
-    from .notebook import from_bertviz, is_model, run_model
+    from .notebook import check_text, from_bertviz, is_model, run_options
+    from .options import RunOptions
 
     if sentence_b_start is not None:
         if pair_start is not None:
@@ -437,10 +438,12 @@ def show(
     if bertviz:
         attentions, tokens = from_bertviz(attentions, tokens, bertviz)
     if is_model(attentions):
-        run = run_model(attentions, tokenizer if tokenizer is not None else tokens, text,
-                        pair=pair, max_length=max_length, generate=generate, seed=seed,
-                        layers=include_layers, top_k=top_k, words=words, special=special,
-                        neuron_window=neuron_window, progress=progress)  # fmt: skip
+        options = RunOptions.of(
+            check_text(text), pair=pair, max_length=max_length, generate=generate, seed=seed,
+            layers=include_layers, top_k=top_k, words=words, special=special,
+            neuron_window=neuron_window, progress=progress,
+        )  # fmt: skip
+        run = run_options(attentions, tokenizer if tokenizer is not None else tokens, options)
         attentions, tokens = run.sets, None
         subtitle = subtitle or (text or "")
         notes = [*notes, *run.notes]

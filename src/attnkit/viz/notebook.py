@@ -1,7 +1,9 @@
 """The model side of :func:`attnkit.viz.show`: a model (or folder), a tokenizer and text.
 
-:func:`run_model` runs the same streaming capture as ``attnkit show``, on the
-model resolved the same way (:func:`attnkit.viz.sources.open_source`);
+:func:`attend` is the one model run of ``attnkit show`` and :func:`attnkit.viz.show`:
+a loaded source and one :class:`~attnkit.viz.options.RunOptions`; :func:`run_model`
+resolves the model the same way as ``attnkit show``
+(:func:`attnkit.viz.sources.open_source`) and runs it there;
 :func:`from_generate` turns what transformers' ``generate(...,
 output_attentions=True, return_dict_in_generate=True)`` returns into one
 page set with a step slider; :func:`from_bertviz` reads bertviz's
@@ -12,12 +14,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-__all__ = ["from_bertviz", "from_generate", "is_model", "run_model"]
+if TYPE_CHECKING:
+    from .options import RunOptions
+
+__all__ = [
+    "attend",
+    "check_text",
+    "from_bertviz",
+    "from_generate",
+    "is_model",
+    "run_model",
+    "run_options",
+]
 
 _BERTVIZ = ("encoder_attention", "decoder_attention", "cross_attention", "encoder_tokens",
             "decoder_tokens")  # fmt: skip
@@ -46,6 +59,9 @@ def run_model(
 ) -> Any:
     """Run a model on ``text`` with streaming capture; an :class:`~attnkit.models.hf_run.AttentionRun`.
 
+    The arguments make one :class:`~attnkit.viz.options.RunOptions` (:meth:`RunOptions.of
+    <attnkit.viz.options.RunOptions.of>`), which :func:`run_options` runs.
+
     Args:
         model: a transformers model, an attnkit :class:`~attnkit.models.bert.Bert`,
             or a checkpoint folder (str or Path; BERT family or any transformers model).
@@ -61,35 +77,64 @@ def run_model(
             positions, or a token's text to centre the window on.
         progress: progress on stderr (:mod:`attnkit.viz.progress`).
     """
-    from .options import NeuronWindow, ViewOptions
-    from .progress import quiet
-    from .reduce import Budget
+    from .options import RunOptions
 
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"text: expected the text to run the model on, got {text!r}")
-    budget = Budget(top_k=top_k)
-    window = None
-    if isinstance(neuron_window, str):
-        window = NeuronWindow(near=neuron_window)
-    elif neuron_window is not None:
-        window = NeuronWindow(*neuron_window)
-    view = ViewOptions(words=words, drop_special=not special, neuron_window=window)
-    with quiet(not progress):
-        return _run(model, tokenizer, text, pair, max_length, generate, seed, layers, budget, view)
+    options = RunOptions.of(
+        check_text(text), pair=pair, max_length=max_length, generate=generate, seed=seed,
+        layers=layers, top_k=top_k, words=words, special=special, neuron_window=neuron_window,
+        progress=progress,
+    )  # fmt: skip
+    return run_options(model, tokenizer, options)
 
 
-def _run(model: Any, tokenizer: Any, text: str, pair: str | None, max_length: int | None,
-         generate: int, seed: int | None, layers: Sequence[int] | None, budget: Any,
-         view: Any) -> Any:  # fmt: skip
-    """The model resolved as ``attnkit show`` resolves ``--model`` (:func:`.sources.open_source`),
-    loaded and run."""
+def run_options(model: Any, tokenizer: Any, options: RunOptions) -> Any:
+    """The model resolved as ``attnkit show`` resolves ``--model``
+    (:func:`.sources.open_source`), loaded, and run with ``options`` by :func:`attend`.
+
+    Args:
+        model: as for :func:`run_model`; tokenizer: its tokenizer (or None).
+        options: the run (:class:`~attnkit.viz.options.RunOptions`).
+    """
     from .sources import open_source
 
+    check_text(options.text)
     source = open_source(model, tokenizer)
-    source.load(generate=bool(generate))
-    return source.attend(text, pair, max_length=max_length, layers=layers,
-                         generate_tokens=generate, seed=seed, budget=budget,
-                         view=view)  # fmt: skip
+    source.load(generate=bool(options.generate))
+    return attend(source, options)
+
+
+def check_text(text: Any) -> str:
+    """``text`` when it is a str with something besides whitespace, else ValueError."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"text: expected the text to run the model on, got {text!r}")
+    return text
+
+
+def attend(source: Any, options: RunOptions) -> Any:
+    """Run a loaded :class:`~attnkit.viz.sources.Source` with one
+    :class:`~attnkit.viz.options.RunOptions`: the one model run of ``attnkit show``
+    and :func:`attnkit.viz.show`.
+
+    Tokens, streaming capture of the chosen layers and heads, and every layer reduced
+    while it runs (:mod:`attnkit.viz.reduce`), with progress on stderr unless
+    ``options.progress`` is False.
+
+    Args:
+        source: the model, loaded (:meth:`~attnkit.viz.sources.Source.load`).
+        options: the run: text, pair, layers, heads, generation, budget and view.
+
+    Returns:
+        An :class:`~attnkit.models.hf_run.AttentionRun`: its page sets (each
+        (layers, heads, Q, K) reduced), tokens and notes.
+    """
+    from .progress import quiet
+
+    with quiet(not options.progress):
+        return source.attend(
+            options.text, options.pair, max_length=options.max_length, layers=options.layers,
+            heads=options.heads, generate_tokens=options.generate, seed=options.seed,
+            budget=options.budget(), view=options.view,
+        )  # fmt: skip
 
 
 def from_bertviz(attentions: Any, tokens: Any, extra: Mapping[str, Any]) -> tuple[Any, Any]:

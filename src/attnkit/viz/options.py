@@ -10,15 +10,16 @@ tokens and notes once the run is reduced. The CLI and the Python path share it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from .neuron import DEFAULT_WINDOW, WindowError, window_capacity
 from .positions import map_labels, map_position, position_map
-from .reduce import ReducedSet, SetReducer
+from .reduce import Budget, ReducedSet, SetReducer
 from .tokens import TokenText
 
-__all__ = ["NeuronWindow", "PageView", "ViewOptions", "WindowError"]
+__all__ = ["NeuronWindow", "PageView", "RunOptions", "ViewOptions", "WindowError"]
 
 _RANGE = re.compile(r"^\s*(-?\d+)?\s*:\s*(-?\d+)?\s*$")
 
@@ -99,6 +100,62 @@ class ViewOptions:
     words: bool = False
     drop_special: bool = False
     neuron_window: NeuronWindow | None = None
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """One model run of the viewer: the same record for ``attnkit show`` and
+    :func:`attnkit.viz.show` (:func:`attnkit.viz.notebook.attend` runs it).
+
+    Attributes:
+        text: the input.
+        pair: a second sentence (an encoder-decoder's decoder text), or None.
+        max_length: truncate the input to this many tokens (None: the model's positions).
+        layers: the layer numbers to capture, in the order they run (None: all).
+        heads: the head numbers to keep (None: all).
+        generate: a decoder generates this many tokens after the text (0: none).
+        seed: with ``generate``, sample with this seed (None: greedy).
+        top_k: keys kept per query row on a long page.
+        view: tokens or words, special tokens, the neuron window (:class:`ViewOptions`).
+        progress: progress on stderr (:mod:`attnkit.viz.progress`).
+    """
+
+    text: str
+    pair: str | None = None
+    max_length: int | None = None
+    layers: Sequence[int] | None = None
+    heads: Sequence[int] | None = None
+    generate: int = 0
+    seed: int | None = None
+    top_k: int = 16
+    view: ViewOptions = field(default_factory=ViewOptions)
+    progress: bool = True
+
+    @classmethod
+    def of(
+        cls,
+        text: str,
+        *,
+        words: bool = False,
+        special: bool = True,
+        neuron_window: tuple[int | None, int | None] | str | None = None,
+        **options: Any,
+    ) -> RunOptions:
+        """The record from :func:`attnkit.viz.show`'s arguments: ``words``, ``special``
+        (False: leave the special tokens out) and ``neuron_window`` (``(start, stop)``
+        positions or a token's text) make the :class:`ViewOptions`; ``options`` are the
+        other fields."""
+        window = None
+        if isinstance(neuron_window, str):
+            window = NeuronWindow(near=neuron_window)
+        elif neuron_window is not None:
+            window = NeuronWindow(*neuron_window)
+        view = ViewOptions(words=words, drop_special=not special, neuron_window=window)
+        return cls(text, view=view, **options)
+
+    def budget(self) -> Budget:
+        """What a long page keeps (:class:`~attnkit.viz.reduce.Budget` with ``top_k``)."""
+        return Budget(top_k=self.top_k)
 
 
 class PageView:
