@@ -190,22 +190,6 @@ def test_generate_explains_each_generated_token(gpt2: Path, tmp_path: Path) -> N
     assert meta["explain"]["prompt_length"] == L and "explain.scores" not in arrays
 
 
-@pytest.fixture
-def weights_read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The class of every transformers model whose weights are read, in order."""
-    from transformers import PreTrainedModel
-
-    read = PreTrainedModel.from_pretrained.__func__  # type: ignore[attr-defined]
-    seen: list[str] = []
-
-    def counted(cls: Any, *args: Any, **kwargs: Any) -> Any:
-        seen.append(cls.__name__)
-        return read(cls, *args, **kwargs)
-
-    monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(counted))
-    return seen
-
-
 @pytest.mark.parametrize("extra", [[], ["--generate", "2"]], ids=["text", "generate"])
 def test_the_page_and_its_explain_view_read_the_weights_once(
     gpt2: Path, tmp_path: Path, weights_read: list[str], extra: list[str]
@@ -361,7 +345,7 @@ def test_explain_view_of_a_generation_in_a_browser(
 
 
 @pytest.mark.parametrize("sandbox", ["", "allow-scripts"], ids=["srcdoc", "sandboxed"])
-def test_explain_view_in_a_notebook_frame(browser: Any, gpt2: Path, sandbox: str) -> None:
+def test_explain_view_in_a_notebook_frame(notebook_frame: Any, gpt2: Path, sandbox: str) -> None:
     """Jupyter, VS Code and Colab show a page in an about:srcdoc frame (sandboxed in some),
     where the address cannot be written: the Explain view opens, a head-importance cell
     chooses a layer and a head for the other views, and no page error comes on the way."""
@@ -369,16 +353,7 @@ def test_explain_view_in_a_notebook_frame(browser: Any, gpt2: Path, sandbox: str
 
     a = viz.explain(str(gpt2), None, TEXT)
     frame_html = viz.show(str(gpt2), None, TEXT, explain=a, progress=False)._repr_html_()
-    if sandbox:
-        frame_html = frame_html.replace("<iframe ", f'<iframe sandbox="{sandbox}" ', 1)
-    page = browser.new_page(viewport={"width": 1200, "height": 900})
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.set_content(frame_html)
-    page.frame_locator("iframe").locator("body[data-ready='1']").wait_for(timeout=20_000)
-    frame = page.frames[1]
-    assert frame.url == "about:srcdoc"
+    frame, errors = notebook_frame(frame_html, sandbox)
     assert "view=explain" in frame.evaluate("AK.address()")  # the page opens on it
     frame.locator("#view-matrix").click()
     frame.locator("#view-explain").click()
@@ -393,4 +368,3 @@ def test_explain_view_in_a_notebook_frame(browser: Any, gpt2: Path, sandbox: str
     frame.locator("#view-explain").click()
     frame.locator(".explain-matrix").hover()  # the relevance matrix's tooltip
     assert errors == []
-    page.close()

@@ -118,28 +118,18 @@ def test_pair_page_from_a_link(browser, tmp_path: Path) -> None:  # type: ignore
 
 
 @pytest.mark.parametrize("sandbox", ["", "allow-scripts"], ids=["srcdoc", "sandboxed"])
-def test_the_inline_page_works_in_a_notebook_frame(browser, sandbox: str) -> None:  # type: ignore[no-untyped-def]
+def test_the_inline_page_works_in_a_notebook_frame(notebook_frame, sandbox: str) -> None:  # type: ignore[no-untyped-def]
     """Jupyter, VS Code and Colab show the page in an about:srcdoc frame (sandboxed in some),
     where history.replaceState throws: the address is then kept in memory."""
     w = torch.softmax(torch.randn(2, 2, 6, 6, generator=torch.Generator().manual_seed(0)), -1)
     frame_html = viz.show(w, ["a", "b", "c", "d", "e", "f"])._repr_html_()
-    if sandbox:
-        frame_html = frame_html.replace("<iframe ", f'<iframe sandbox="{sandbox}" ', 1)
-    page = browser.new_page(viewport={"width": 1200, "height": 900})
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.set_content(frame_html)
-    page.frame_locator("iframe").locator("body[data-ready='1']").wait_for(timeout=20_000)
-    frame = page.frames[1]
-    assert frame.url == "about:srcdoc"
+    frame, errors = notebook_frame(frame_html, sandbox)
     for view in ("matrix", "model", "stats", "rollout", "head"):
         frame.locator(f"#view-{view}").click()
         assert f"view={view}" in frame.evaluate("AK.address()")  # the state, wherever it lives
     frame.locator("#q-col .tok").nth(1).click()
     assert "token=1" in frame.evaluate("AK.address()")
     assert errors == []
-    page.close()
 
 
 # --------------------------------------------------------------------------- finding tokens
