@@ -116,6 +116,8 @@ def _run_end(session: nox.Session, torch_version: str, transformers_version: str
             f"transformers=={transformers_version}", env=PIP_ENV,
         )  # fmt: skip
         out = session.run("python", "-c", _VERSIONS, silent=True)
+        if out is None:  # ``nox --install-only``: nothing ran, nothing to record
+            return
         record["torch"], record["transformers"] = str(out).split()[-2:]
         record["stage"] = "tests"
         session.run(
