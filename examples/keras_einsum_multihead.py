@@ -79,6 +79,7 @@ def main() -> dict[str, Any]:
         "mha_shape": tuple(y.shape),
         "scores_shape": tuple(scores.shape),
         "max_diff_vs_einsums": max_diff,
+        "pair_vs_einsums": (y, ref + mha.output_bias),
     }
 
 

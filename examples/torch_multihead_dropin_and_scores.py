@@ -72,6 +72,7 @@ def main() -> dict[str, Any]:
         "output_shape": tuple(out.shape),
         "weights_shape": tuple(weights.shape),
         "max_diff_vs_torch": max_diff,
+        "pairs_vs_torch": [(out, ref), (weights, ref_weights)],
         "extra_keys_weights_shape": tuple(w2.shape),
         "padding_weight": float(w2[:, :, S - 2 : S].abs().max()),
         "score_weights": rows,

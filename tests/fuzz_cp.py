@@ -39,9 +39,7 @@ from attnkit import distributed as cp
 
 from fuzz_draws import Draw, fill
 from gloo_ranks import free_port, report_and_leave
-
-REL = 1e-8
-"""Error allowed relative to a result's largest magnitude (float64 on both sides)."""
+from tolerance import FLOAT64_RANKS_REL
 
 
 def draw_cp(seed: int, index: int, world: int) -> tuple[Draw, str | None, str]:
@@ -80,7 +78,7 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
     if not bool(fin.any()):
         return True
     scale = max(float(w[fin].abs().max()), 1e-300)
-    return float((g[fin] - w[fin]).abs().max()) <= REL * scale
+    return float((g[fin] - w[fin]).abs().max()) <= FLOAT64_RANKS_REL * scale
 
 
 def run_case(rank: int, world: int, seed: int, index: int) -> tuple[str, list[str]]:

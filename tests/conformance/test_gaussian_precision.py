@@ -19,12 +19,7 @@ from attnkit.nn import NadarayaWatson
 
 import fuzz_calls
 from cases import CPU_BACKENDS
-from tolerance import scaled_error
-
-RATIO = 4.0
-"""How many times plain float32 math's error a backend may have (the fuzz's yardstick)."""
-FLOOR = 2e-7
-"""Errors below this share of a result's scale (a few float32 roundings) always pass."""
+from tolerance import PLAIN_FLOOR_REL, PLAIN_RATIO, scaled_error
 
 
 def _oracle(
@@ -63,7 +58,7 @@ def _within_plain(
     plain = _oracle(q, k, v, sigma, torch.float32)
     for name, g, w, p in zip(("out", "d_q", "d_k", "d_v"), got, want, plain, strict=True):
         err, base = scaled_error(g, w), scaled_error(p, w)
-        assert err <= max(RATIO * base, FLOOR), (
+        assert err <= max(PLAIN_RATIO * base, PLAIN_FLOOR_REL), (
             f"{name}: error {err:.3g} of its scale, plain float32 math {base:.3g}"
         )
 
@@ -109,7 +104,9 @@ def test_nadaraya_watson_layer_small_sigma(sigma: float) -> None:
     (p64, g64), (p32, g32) = want
     for name, got, w, plain in (("pred", pred, p64, p32), ("d_q", d_q, g64, g32)):
         err, base = scaled_error(got, w), scaled_error(plain, w)
-        assert err <= max(RATIO * base, FLOOR), f"{name}: {err:.3g} against plain {base:.3g}"
+        assert err <= max(PLAIN_RATIO * base, PLAIN_FLOOR_REL), (
+            f"{name}: {err:.3g} against plain {base:.3g}"
+        )
 
 
 @pytest.mark.parametrize("sigma", [1e4, 3e3])
@@ -163,7 +160,9 @@ def test_weights_and_gradients_far_from_every_key(backend: str) -> None:
     for n, name in enumerate(("out", "weights", "d_q")):
         err = scaled_error((out, w, d_q)[n], want[0][n])
         base = scaled_error(want[1][n], want[0][n])
-        assert err <= max(RATIO * base, FLOOR), f"{name}: {err:.3g} against plain {base:.3g}"
+        assert err <= max(PLAIN_RATIO * base, PLAIN_FLOOR_REL), (
+            f"{name}: {err:.3g} against plain {base:.3g}"
+        )
 
 
 def test_form_is_chosen_per_call_not_per_shape() -> None:
@@ -180,7 +179,7 @@ def test_form_is_chosen_per_call_not_per_shape() -> None:
     want = torch.softmax(-((xq.double() - xk.double().T) ** 2) / 2, -1) @ yk.double()
     plain = torch.softmax(-((xq - xk.T) ** 2) / 2, -1) @ yk
     err, base = scaled_error(out, want), scaled_error(plain, want)
-    assert err <= max(RATIO * base, FLOOR), f"{err:.3g} against plain {base:.3g}"
+    assert err <= max(PLAIN_RATIO * base, PLAIN_FLOOR_REL), f"{err:.3g} against plain {base:.3g}"
 
 
 @pytest.mark.parametrize("index", [4, 66, 715, 1026, 1791, 1840])

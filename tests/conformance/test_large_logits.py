@@ -38,7 +38,7 @@ from attnkit._host import device_semantics
 
 from cases import Case, make_case, make_mask, np_of
 from reference import oracle, oracle_mask
-from tolerance import FLOAT32_REL, assert_close_to_scale
+from tolerance import FLOAT32_REL, ONE_HOT_REL, assert_close_to_scale
 
 SHAPE = (2, 2, 1, 7, 11, 6, 3)  # (B, H, Hk, L, S, E, Ev): GQA, L != S, odd sizes
 MAGNITUDES = (1e3, 1e4, 1e6)
@@ -505,11 +505,6 @@ ONE_HOT_SCALE = 1e5
 """Logits of about 1e5 whose rows are one-hot: each softmax is a single 1, so the exact
 gradients of q and k are 0 and plain float32 math gets them exactly (``p * (dp - sum_j p
 dp)`` with p exactly 1 and 0)."""
-ONE_HOT_REL = 1e-5
-"""Gradients within this share of the call's largest gradient (that of v). The fused
-backward's ``exp(s - lse) * (dP - rowsum(dO * O))`` rounds at ``|dO| |v| * eps`` times
-the scale on the way to q and k: about 5% of it before the output's and lse's gradients
-joined the weights' softmax backward."""
 
 
 def _one_hot_grads(backend: str, dtype: torch.dtype, want_lse: bool) -> list[torch.Tensor]:

@@ -10,7 +10,7 @@ from attnkit.bench import GPU_CASES, GpuShape, suite_cases
 from attnkit.bench.gpu_cases import BWD_FACTOR, attention_flops, ragged_lengths, window_pairs
 from attnkit.bench.gpu_runner import cuda_missing
 
-from tolerance import FLOAT64_REL
+from tolerance import BENCH_SIDES_ABS, FLOAT64_REL
 
 BY_NAME = {c.name: c for c in GPU_CASES}
 
@@ -60,7 +60,7 @@ def test_window_pairs_count_the_band() -> None:
 def test_ragged_lengths_and_flops() -> None:
     lens = ragged_lengths(16, 2048)
     assert lens.shape == (16,) and int(lens.min()) >= 2048 // 10 and int(lens.max()) <= 2048
-    assert abs(float(lens.float().mean()) / 2048 - 0.55) < 0.01  # mean of U[N/10, N]
+    assert 0.54 < float(lens.float().mean()) / 2048 < 0.56  # mean of U[N/10, N]: 0.55
     assert len(set(lens.tolist())) == 16
     s = BY_NAME["ragged_vs_sdpa"].shape
     expected = 4 * 16 * 128 * float((lens.double() ** 2).sum())
@@ -84,7 +84,7 @@ def test_sides_agree_at_tiny_sizes_on_the_cpu(name: str) -> None:
     sides.attnkit()
     sides.baseline()
     if sides.check is not None:
-        assert sides.check() < 1e-4
+        assert sides.check() < BENCH_SIDES_ABS
     assert sides.backend is not None and sides.backend() is not None
 
 

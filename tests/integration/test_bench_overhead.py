@@ -10,6 +10,8 @@ from attnkit.bench import OVERHEAD_CASES, run_case, suite_cases
 from attnkit.bench.overhead import compile_counts
 from attnkit.bench.runner import CaseResult
 
+from tolerance import BENCH_SIDES_ABS, FLOAT64_REL
+
 
 def test_overhead_suite_names_its_seven_cases_and_targets() -> None:
     cases = {c.name: c for c in suite_cases("overhead")}
@@ -24,12 +26,12 @@ def test_overhead_suite_names_its_seven_cases_and_targets() -> None:
     ]
     for name in ("call_overhead", "call_overhead_causal"):
         assert cases[name].max_extra_s == 10e-6 and cases[name].goal is None
-    assert abs(cases["layer_mha"].goal - 1 / 1.1) < 1e-12  # type: ignore[operator]
-    assert abs(cases["layer_mha_train"].goal - 1 / 1.1) < 1e-12  # type: ignore[operator]
-    assert abs(cases["decode_step"].goal - 1 / 1.1) < 1e-12  # type: ignore[operator]
-    assert abs(cases["compiled"].goal - 1 / 1.05) < 1e-12  # type: ignore[operator]
+    assert cases["layer_mha"].goal == pytest.approx(1 / 1.1, rel=FLOAT64_REL)
+    assert cases["layer_mha_train"].goal == pytest.approx(1 / 1.1, rel=FLOAT64_REL)
+    assert cases["decode_step"].goal == pytest.approx(1 / 1.1, rel=FLOAT64_REL)
+    assert cases["compiled"].goal == pytest.approx(1 / 1.05, rel=FLOAT64_REL)
     for name in ("compiled", "compiled_unchecked"):
-        assert abs(cases[name].goal - 1 / 1.05) < 1e-12  # type: ignore[operator]
+        assert cases[name].goal == pytest.approx(1 / 1.05, rel=FLOAT64_REL)
         assert dict(cases[name].count_limits) == {"graph_breaks": 0, "recompiles": 0}
 
 
@@ -42,7 +44,7 @@ def _run_quick(names: set[str]) -> dict[str, CaseResult]:
         assert res.error is None, res
         assert res.pairs >= 3 and res.speedup is not None and res.speedup > 0
         assert res.extra_s is not None
-        assert res.max_abs_diff is not None and res.max_abs_diff < 1e-4, res
+        assert res.max_abs_diff is not None and res.max_abs_diff < BENCH_SIDES_ABS, res
         assert res.met is None  # quick shapes are not judged
     return results
 

@@ -25,14 +25,10 @@ transformers = pytest.importorskip("transformers")
 import attnkit.integrations.transformers as hf_attnkit  # noqa: E402
 from attnkit.integrations.transformers import attention as hf_attention  # noqa: E402
 
-from tolerance import FLOAT32_REL, assert_close_to_scale  # noqa: E402
+from tolerance import FLOAT32_REL, ZERO_GRAD_REL, assert_close_to_scale  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
-ZERO_GRAD = 1e-6
-"""A gradient below this fraction of the model's largest is zero up to rounding (a key
-bias: softmax ignores a constant added to a query's logits): it is checked against the
-model's scale, its own being noise."""
 VOCAB, LENGTH, PAD = 100, 13, 3
 DECODER = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
            "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 64,
@@ -220,7 +216,7 @@ def test_logits_and_gradients_equal_eager(name: str) -> None:
             assert p_a.grad is None, n
             continue
         assert p_a.grad is not None, n
-        if float(p_e.grad.abs().max()) < ZERO_GRAD * model_scale:
+        if float(p_e.grad.abs().max()) < ZERO_GRAD_REL * model_scale:
             error = float((p_a.grad - p_e.grad).abs().max()) / model_scale
             assert error <= FLOAT32_REL, f"{n}.grad: error {error:.3g} of the model's scale"
         else:

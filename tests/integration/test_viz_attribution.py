@@ -22,15 +22,20 @@ pytest.importorskip("tokenizers")
 
 from attnkit import viz  # noqa: E402
 
-from tolerance import FLOAT64_REL  # noqa: E402
+from tolerance import (  # noqa: E402
+    FLOAT32_STORED_REL,
+    FLOAT32_ULPS_REL,
+    FLOAT64_MODEL_REL,
+    FLOAT64_REL,
+    QUADRATURE_REL,
+    assert_close_to_scale,
+)
 
 transformers.logging.set_verbosity_error()
 
 WORDS = "the cat sat on a mat because it was tired and then slept".split()
 TEXT = "the cat sat on a mat because it was tired"
 OTHER = "a cat slept on the mat"
-EXACT = 1e-10  # float64 against float64: rounding only
-CAPTUM = 1e-7  # captum holds its step weights in float32 (relative rounding 6e-8)
 
 
 def _tokenizer(template: bool) -> Any:
@@ -170,11 +175,8 @@ def case(request: pytest.FixtureRequest) -> Any:
     return model, tok, compare, row, ref
 
 
-def _close(got: torch.Tensor, want: torch.Tensor, tol: float = EXACT) -> float:
-    got, want = got.detach(), want.detach()
-    err = float((got - want).abs().max() / want.abs().max().clamp_min(1e-300))
-    assert err <= tol, err
-    return err
+def _close(got: torch.Tensor, want: torch.Tensor, rel: float = FLOAT64_MODEL_REL) -> None:
+    assert_close_to_scale(got, want, rel=rel)
 
 
 def test_each_method_is_its_definition(case: Any) -> None:
@@ -229,14 +231,14 @@ def test_integrated_gradients_equal_captum_and_complete(case: Any, method: str) 
         ref.embeds, baselines=torch.zeros_like(ref.embeds), n_steps=steps, method=method,
         internal_batch_size=16,
     )[0].sum(-1)  # fmt: skip
-    _close(ig.scores, want, CAPTUM)
+    _close(ig.scores, want, FLOAT32_STORED_REL)
     _close(ig.head_importance, ref.importance)
     assert ig.baseline_value == pytest.approx(
         float(fn(torch.zeros_like(ref.embeds))[0].detach()), rel=FLOAT64_REL
     )
     if method == "gausslegendre":
         gap = ig.target_value - ig.baseline_value
-        assert abs(float(ig.scores.sum()) - gap) <= 0.01 * abs(gap)
+        assert float(ig.scores.sum()) == pytest.approx(gap, rel=QUADRATURE_REL)
         ixg = (
             captum_attr.InputXGradient(fn)
             .attribute(ref.embeds.clone().requires_grad_(True))[0]
@@ -308,8 +310,8 @@ def test_grouped_query_heads_are_exact() -> None:
                               for o in heads])  # fmt: skip
     a = viz.explain(model, tok, TEXT)
     # Llama's eager attention takes its softmax in float32, whatever the model's dtype
-    _close(a.relevance, r, 1e-6)
-    _close(a.head_importance, importance, 1e-6)
+    _close(a.relevance, r, FLOAT32_ULPS_REL)
+    _close(a.head_importance, importance, FLOAT32_ULPS_REL)
 
 
 def test_checkpoint_folder(tmp_path: Any) -> None:

@@ -20,7 +20,13 @@ import torch
 from attnkit import viz
 from attnkit.viz.reduce import Budget, ReducedSet, SetReducer
 
-from tolerance import assert_close_elementwise, printed_rel
+from tolerance import (
+    BYTE_STEP,
+    assert_close_elementwise,
+    assert_close_to_scale,
+    half_step_rel,
+    printed_rel,
+)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
@@ -283,7 +289,7 @@ def test_matrix_and_statistics_download_as_csv(browser, tmp_path: Path) -> None:
     assert [r[0] for r in rows[1:]] == [f"{i}:{t}" for i, t in enumerate(tokens)]
     got_w = np.array([[float(x) for x in r[1:]] for r in rows[1:]])
     want = w[1, 2].double().numpy()
-    assert np.abs(got_w - want).max() <= want.max() / 510 + 1e-4 * want.max()
+    assert_close_to_scale(got_w, want, rel=half_step_rel(BYTE_STEP) + printed_rel(5))
     with page.expect_download() as got:
         page.locator("#csv-stats").click()
     notes, rows = _csv(got.value)

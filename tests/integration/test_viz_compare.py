@@ -18,7 +18,7 @@ import torch
 from attnkit import viz
 from attnkit.viz.reduce import Budget
 
-from tolerance import FLOAT32_ULPS_REL, assert_close_to_scale
+from tolerance import FLOAT32_ULPS_REL, SIGNED_BYTE_STEP, assert_close_to_scale, half_step_rel
 
 TOKENS = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "[SEP]"]
 
@@ -77,9 +77,10 @@ def test_equal_tokens_give_a_minus_b_of_every_weight() -> None:
     exact = (wa - wb).double().numpy()
     head_max = np.abs(exact).max(axis=(2, 3), keepdims=True)  # (layers, heads, 1, 1)
     err = np.abs(_signed(part) - exact)
-    assert (err <= head_max / 254 * (1 + 1e-6)).all() and err.max() > 0  # one signed byte each
+    assert (err <= head_max * half_step_rel(SIGNED_BYTE_STEP)).all()  # one signed byte each
+    assert err.max() > 0
     rollout = _signed(part["rollout"])[0, 0]
-    assert np.abs(rollout - d.rollout).max() <= np.abs(d.rollout).max() / 254 * (1 + 1e-6)
+    assert_close_to_scale(rollout, d.rollout, rel=half_step_rel(SIGNED_BYTE_STEP))
 
 
 def test_long_sides_give_a_minus_b_of_the_exact_block_means() -> None:

@@ -16,6 +16,8 @@ import torch
 
 from attnkit import viz
 
+from tolerance import BYTE_STEP, half_step_rel
+
 TOKENS = ["[CLS]", "the", "cat", "sat", "</script><b>x</b>", "mat", "[SEP]"]
 
 
@@ -78,7 +80,7 @@ def test_data_round_trips_within_one_byte_per_weight(tmp_path: Path, L: int) -> 
     assert data["layers"] == ["layer 0", "layer 1"] and data["heads"][2] == "head 2"
     head_max = w.amax(dim=(2, 3), keepdim=True).double().numpy()  # (layers, heads, 1, 1)
     err = np.abs(_decoded(data) - w.double().numpy())
-    assert (err <= head_max / 510 + 1e-7).all()
+    assert (err <= head_max * half_step_rel(BYTE_STEP)).all()
     assert err.max() > 0  # quantized, really one byte
 
 

@@ -7,6 +7,12 @@ A scan of the test sources' syntax trees, two kinds of finding:
   whose value holds a number (``atol=1e-6``, ``rel=1 / 255``, ``atol=max(2 * err,
   1e-5)``), and a number handed positionally as a tolerance (``pytest.approx(x, 1e-3)``,
   ``np.allclose(a, b, 1e-5)``). The figure belongs in tolerance.py, named and documented.
+- A bound of the assertion's own: an ``assert`` whose ``<`` or ``<=`` bound holds a
+  float below 0.1 (``assert err < 1e-5``, ``assert abs(x - 45.5) < 1e-5``, ``err <= tol +
+  1e-3 * b``): a tolerance written as a comparison instead of a keyword.
+- A figure of the module's own: a module-level name assigned a float below 0.01, alone
+  or in a tuple or dict (``EXACT = 1e-10``, ``TOL = {torch.float32: 1e-4}``): a tolerance
+  kept beside the tests instead of in tolerance.py.
 - A comparison left at its library's default tolerance: ``assert_close``,
   ``assert_allclose``, ``allclose`` or ``isclose`` called with no tolerance. Their
   defaults are element-wise (torch's float32 default is an ``atol`` of 1e-5 on every
@@ -76,15 +82,62 @@ def _call_findings(call: ast.Call) -> list[int]:
     return found
 
 
+def _bound_findings(test: ast.expr) -> list[int]:
+    """Lines of the ``<``/``<=`` comparisons in an assertion whose bound holds a float
+    literal below 0.1: the assertion's own tolerance (integers and larger floats are
+    counts, shapes and ratios, not rounding figures)."""
+    found = []
+    for node in ast.walk(test):
+        if not isinstance(node, ast.Compare):
+            continue
+        bounds = [c for op, c in zip(node.ops, node.comparators, strict=True) if
+                  isinstance(op, ast.Lt | ast.LtE)]  # fmt: skip
+        if any(_small_float(b) for b in bounds):
+            found.append(node.lineno)
+    return found
+
+
+def _small_float(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, float) and 0 < node.value < 0.1
+    if isinstance(node, ast.Call) and _name(node) in tolerance.__all__:
+        return False
+    return any(_small_float(child) for child in ast.iter_child_nodes(node))
+
+
+def _tiny_literal(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, float) and 0 < node.value < 0.01
+    if isinstance(node, ast.Tuple | ast.List | ast.Dict):
+        return any(_tiny_literal(child) for child in ast.iter_child_nodes(node))
+    return False
+
+
+def _module_figures(tree: ast.Module) -> list[int]:
+    """Lines of module-level names assigned a float literal below 0.01 (alone, or in a
+    tuple, list or dict): a figure of the file's own."""
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) for t in targets) and _tiny_literal(node.value):
+                found.append(node.lineno)
+    return found
+
+
 def bare_tolerances(source: str) -> list[tuple[int, str]]:
     """(line, text) of each finding in ``source``: a tolerance keyword, tolerance name or
-    positional tolerance whose value holds a number, or a comparison called without a
-    tolerance; exact comparisons (``rtol=0, atol=0``) are no finding."""
+    positional tolerance whose value holds a number, an assertion's ``<`` bound holding a
+    small float, or a comparison called without a tolerance; exact comparisons
+    (``rtol=0, atol=0``) are no finding."""
     lines = source.splitlines()
-    found: list[int] = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    found: list[int] = _module_figures(tree)
+    for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             found += _call_findings(node)
+        elif isinstance(node, ast.Assert):
+            found += _bound_findings(node.test)
         elif isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names = {t.id for t in targets if isinstance(t, ast.Name)}
@@ -136,7 +189,7 @@ def test_every_exception_is_documented_and_still_used() -> None:
         ("torch.testing.assert_close(a, b, atol=0, rtol=0)", False),
         ("assert torch.autograd.gradcheck(f, xs, eps=1e-6, atol=GRADCHECK_ATOL)", False),
         ("assert_close_to_scale(a, b, rel=FLOAT64_REL)", False),
-        ("x = 1e-6  # atol=1e-6 in a comment", False),
+        ("x = 1.5  # atol=1e-6 in a comment", False),
         ("assert x == pytest.approx(y, rel=1e-12)", True),
         ("assert x == pytest.approx(y, abs=1e-9)", True),
         ("assert x == pytest.approx(y, 1e-3)", True),
@@ -162,6 +215,21 @@ def test_every_exception_is_documented_and_still_used() -> None:
         ("assert torch.isclose(a, b).all()", True),
         ("assert torch.equal(a, b) and (a == 1).all()", False),
         ("print('assert_close(a, b) rel=1e-3')", False),
+        ("assert err < 1e-5", True),
+        ("assert abs(out.item() - 45.5) < 1e-5", True),
+        ("assert ((a - b).abs() <= tol + 1e-3 * b.abs()).all()", True),
+        ("assert 0.5 < ratio < 2.0", False),
+        ("assert err <= FLOAT32_REL * scale", False),
+        ("assert n < 10 and t <= 0.5", False),
+        ("assert err <= half_step_rel(0.01) * scale", False),
+        ("ok = err < 1e-5", False),
+        ("EXACT = 1e-10", True),
+        ("TOL: float = 2e-7", True),
+        ("TOLS = {torch.float32: 1e-4, torch.float64: 1e-9}", True),
+        ("REPLAY = (1e-8, 1e-6)", True),
+        ("STEPS = 32", False),
+        ("RATIO = 4.0", False),
+        ("def f():\n    eps = 1e-6\n    return eps", False),
     ],
 )
 def test_the_scan_tells_a_bare_tolerance_from_a_named_one(line: str, flagged: bool) -> None:
