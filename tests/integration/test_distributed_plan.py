@@ -53,6 +53,43 @@ def test_causal_blocks_are_skipped_and_kv_stops_travelling() -> None:
     assert no_mask.ring_blocks == [16] * 4 and no_mask.ring_hops == [3] * 4
 
 
+@pytest.mark.parametrize("combine", ["or", "and"])
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_blocks_of_a_mask_whose_tensors_do_not_name_the_call_dims(
+    layout: str, combine: str
+) -> None:
+    """A per-head dense mask (H, 1, S) or'ed with per-batch lengths (B,): neither tensor
+    tells the call's leading dims (B, H), so the planner takes them from q and k (it once
+    guessed them from the first tensor and failed to broadcast). Every block the plan keeps
+    holds a pair the dense mask keeps, and every skipped block holds none (``and`` skips
+    some)."""
+    B, H, N, world = 2, 4, 17, 4
+    g = torch.Generator().manual_seed(3)
+    heads = torch.rand(H, 1, N, generator=g) < 0.3  # (H, 1, S): 1 = masked
+    lens = masks.valid_lens(torch.tensor([6, 5]), queries=True)
+    mask = masks.tf(heads) | lens if combine == "or" else masks.tf(heads) & lens
+    dense = mask.to_dense(N, N, (B, H)).any(dim=(0, 1))  # (L, S): kept by some row
+    q = torch.zeros(B, H, cp.shard_lengths(N, world, layout)[0], 3)  # rank 0's shard
+    ex = cp.explain_context_parallel(q, q, q, world_size=world, seq_len=N, kv_seq_len=N,
+                                     mask=mask, layout=layout, strategy="ring")  # fmt: skip
+    segs = cp.segments(N, world, layout)
+    want = [
+        sum(bool(dense[q0 : q0 + L, k0 : k0 + S].any())
+            for q0, L in segs[r] for o in range(world) for k0, S in segs[o])
+        for r in range(world)
+    ]  # fmt: skip
+    assert ex.ring_blocks == want
+
+
+def test_explain_refuses_a_mask_of_other_lengths_in_one_line() -> None:
+    q = torch.zeros(2, 4, 5, 3)  # a shard of 17 positions over 4 ranks, zigzag
+    mask = masks.tf(torch.zeros(4, 1, 17, dtype=torch.bool))
+    with pytest.raises(
+        ValueError, match=r"mask: must describe the full sequence of 17 queries and 20 keys"
+    ):
+        cp.explain_context_parallel(q, q, q, world_size=4, seq_len=17, mask=mask)
+
+
 def test_block_emptiness_reads_bands_and_cpu_lengths() -> None:
     # keys [8, 12) for queries [0, 4) under causal: empty; the reverse: full
     assert block_is_empty(masks.causal(), 0, 8, 4, 4, 16, 16)

@@ -33,6 +33,7 @@ __all__ = [
     "ContextParallelError",
     "Strategy",
     "all_to_all_reasons",
+    "call_batch_shape",
     "plan_blocks",
     "prepare",
 ]
@@ -99,10 +100,12 @@ def plan_blocks(
     kv_segments: list[list[Segment]],
     total_L: int,
     total_S: int,
+    batch_shape: Sequence[int],
 ) -> tuple[list[list[list[Block]]], list[int]]:
     """The non-empty blocks of every (rank, K/V origin) pair and each origin's last ring
     step: origin o's K/V sits on rank (o + t) % P at step t and travels no further than
-    the last step at which some rank needs it."""
+    the last step at which some rank needs it. ``batch_shape``: the call's leading dims
+    (:func:`call_batch_shape`), which the mask's tensors broadcast against."""
     P = len(q_segments)
     blocks: list[list[list[Block]]] = []
     for r in range(P):
@@ -111,7 +114,8 @@ def plan_blocks(
             found = []
             for qi, (ql, qg, L) in enumerate(_local_segments(q_segments[r])):
                 for kl, kg, S in _local_segments(kv_segments[o]):
-                    if not block_is_empty(mask, qg, kg, L, S, total_L, total_S):
+                    if not block_is_empty(mask, qg, kg, L, S, total_L, total_S,
+                                          batch_shape):  # fmt: skip
                         found.append(Block(qi, ql, qg, L, kl, kg, S))
             row.append(found)
         blocks.append(row)
@@ -163,7 +167,7 @@ def choose_strategy(
     return "ring", why, reasons
 
 
-def _batch_shape(q_shape: Sequence[int], k_shape: Sequence[int]) -> tuple[int, ...]:
+def call_batch_shape(q_shape: Sequence[int], k_shape: Sequence[int]) -> tuple[int, ...]:
     """Leading dims of the call (query's heads win over key's under grouped-query)."""
     qb, kb = list(q_shape[:-2]), list(k_shape[:-2])
     if qb and kb and kb[-1] not in (1, qb[-1]):
@@ -229,7 +233,7 @@ def prepare(
                 f"{total} positions over {P} ranks holds {expected}; cut the sequence with "
                 f"attnkit.distributed.shard(x, group=..., layout={layout!r})"
             )
-    batch_shape = _batch_shape(q.shape, k.shape)
+    batch_shape = call_batch_shape(q.shape, k.shape)
     if m is not None:
         try:
             m.validate(batch_shape, total_L, total_S)
@@ -239,7 +243,7 @@ def prepare(
                 f"keys (every rank passes the same mask): {exc}"
             ) from exc
     chosen, why, _ = choose_strategy(strategy, q.shape, k.shape, P)  # type: ignore[arg-type]
-    blocks, last_hop = plan_blocks(m, q_segs, kv_segs, total_L, total_S)
+    blocks, last_hop = plan_blocks(m, q_segs, kv_segs, total_L, total_S, batch_shape)
     return CallPlan(
         group=group,
         rank=rank,
