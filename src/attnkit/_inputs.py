@@ -62,6 +62,10 @@ class AttentionInputs:
     gaussian_form: str | None = None
     """How a Gaussian score is computed for these inputs, once decided
     (:func:`attnkit.backends.operands.gaussian_form`): None until then."""
+    gaussian_terms: float | None = None
+    """The largest term of a Gaussian score's dot form in units of the logits, measured
+    when its form is decided (:func:`attnkit.backends.operands.gaussian_dot_terms`);
+    None until then, or where it was not measured."""
 
     @property
     def mod_kinds(self) -> frozenset[str]:

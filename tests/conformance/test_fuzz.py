@@ -100,30 +100,6 @@ def test_extremes_fuzz_sample(focus: str) -> None:
     assert report.per_backend["reference"] == 30, report.lines()
 
 
-CHUNKED_LARGE_LOGITS_PARAMS = (
-    "chunked at logits of 1e3 .. 1e6: 3 of 1,731 calls (cases 837, 1609, 1863), gradients "
-    "of what every key of a row shares (the additive score's w and W_q, a bilinear query "
-    "with relpos and sinks) up to 7x plain float32's: a sum of logit gradients that "
-    "cancel, each rounded at eps times the logits' size"
-)
-
-SDPA_GAUSSIAN_GRADIENTS = (
-    "sdpa on the Gaussian's extremes without the weights: 5 of 692 calls (cases 936, "
-    "1026, 1411, 1623, 1812), gradients of q, k and of sigma (d_p0 up to 2.7 of its "
-    "scale) where the dot form stays under its precision limit for the output: the fused "
-    "backward's exp(s - lse) and rowsum(dO * O) round at eps times the dot form's terms, "
-    "and sigma's gradient sums terms that cancel"
-)
-
-
-KNOWN_PRECISION = {
-    ("large_logits", "chunked"): ({837, 1609, 1863}, CHUNKED_LARGE_LOGITS_PARAMS),
-    ("gaussian_extremes", "sdpa"): ({936, 1026, 1411, 1623, 1812}, SDPA_GAUSSIAN_GRADIENTS),
-}
-"""Precision findings still open, by campaign and case number; any other finding of any
-kind fails the campaign (no whole campaign is excused)."""
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["reference", "chunked", "sdpa"])
 @pytest.mark.parametrize("focus", fuzz_calls.FOCUS)
@@ -132,9 +108,7 @@ def test_extremes_fuzz_campaign(focus: str, backend: str) -> None:
     runs any number: ``python tests/fuzz_calls.py --focus gaussian_extremes
     --per-backend 20000``)."""
     report = fuzz_calls.campaign(2_000, CALLS_SEED, backends=(backend,), focus=focus)
-    known, _why = KNOWN_PRECISION.get((focus, backend), (set(), ""))
-    found = [f for f in report.findings if not (f.kind == "precision" and f.index in known)]
-    assert not found, "\n".join(report.lines() + [f.line() for f in found[:20]])
+    _check_calls(report)
 
 
 @pytest.mark.slow

@@ -38,7 +38,7 @@ from attnkit._host import device_semantics
 
 from cases import Case, make_case, make_mask, np_of
 from reference import oracle, oracle_mask
-from tolerance import FLOAT32_REL, ONE_HOT_REL, assert_close_to_scale
+from tolerance import FLOAT32_REL, ONE_HOT_REL, assert_close_to_scale, plain_math_rel
 
 SHAPE = (2, 2, 1, 7, 11, 6, 3)  # (B, H, Hk, L, S, E, Ev): GQA, L != S, odd sizes
 MAGNITUDES = (1e3, 1e4, 1e6)
@@ -539,6 +539,50 @@ def test_output_and_lse_gradients_with_weights_on_one_hot_rows(
     assert_close_to_scale(torch.cat([g.flatten() for g in got]),
                           torch.cat([g.flatten() for g in want]), rel=ONE_HOT_REL,
                           what=f"{backend} gradients")  # fmt: skip
+
+
+# ------------------------------------------------ gradients every key of a row shares
+
+
+def _row_shared_grads(score_name: str, seed: int, scale: float, backend: str,
+                      dtype: torch.dtype) -> list[torch.Tensor]:  # fmt: skip
+    """Gradients of q, k, v and the score's parameters of a fixed random loss on the
+    output and weights of a causal call in ``dtype``: random float32 inputs, keys of one
+    feature (B, H, L, S) = (2, 3, 8, 7), an Additive (hidden 4) or Bilinear score."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 3, n, e, generator=gen, dtype=torch.float64).float()
+               for n, e in ((8, 2), (7, 1), (7, 4)))  # fmt: skip
+    q, k, v = (t.to(dtype).requires_grad_() for t in (q, k, v))
+    torch.manual_seed(seed)
+    f64 = torch.float64
+    score: scores.Score = (
+        scores.Additive(2, 1, 4, dtype=f64) if score_name == "additive"
+        else scores.Bilinear(2, 1, dtype=f64)
+    )  # fmt: skip
+    score = score.float().to(dtype)  # float32 parameters, the same in either dtype
+    out, w = attnkit.attention(q, k, v, score=score, scale=scale, mask=masks.causal(),
+                               return_weights=True, backend=backend)  # fmt: skip
+    g = torch.Generator().manual_seed(seed + 1)
+    loss = sum((t.double() * torch.randn(t.shape, generator=g, dtype=torch.float64)).sum()
+               for t in (out, w))  # fmt: skip
+    return [t.double() for t in torch.autograd.grad(loss, [q, k, v, *score.parameters()])]
+
+
+@pytest.mark.parametrize(("score_name", "seed", "scale"),
+                         [("additive", 3, 1e3), ("bilinear", 13, 3e3)])  # fmt: skip
+def test_row_shared_gradients_at_large_logits(score_name: str, seed: int, scale: float) -> None:
+    """Rows held by a few keys at logits of 1e3: the gradients of what every key of a row
+    shares (a query, the Additive score's ``W_q`` and ``w_v``, the Bilinear ``W``) sum
+    the logits' gradients of the row, which cancel. The tiles' backward formed them as
+    ``p * (dp - sum_j p dp)``, the row term rounded at the size of ``dp``: 5-10x the
+    error of plain float32 math (the conformance fuzz's large logits, cases 837, 1609,
+    1863 of seed 28). Within twice plain float32's error of the float64 gradients."""
+    got = _row_shared_grads(score_name, seed, scale, "chunked", torch.float32)
+    want = _row_shared_grads(score_name, seed, scale, "reference", torch.float64)
+    plain = _row_shared_grads(score_name, seed, scale, "reference", torch.float32)
+    names = ["d_q", "d_k", "d_v"] + [f"d_param{n}" for n in range(len(want) - 3)]
+    for name, g, w, p in zip(names, got, want, plain, strict=True):
+        assert_close_to_scale(g, w, rel=plain_math_rel(p, w), what=f"chunked {name}")
 
 
 # ------------------------------------------------ the additive score's tanh

@@ -63,9 +63,11 @@ from ._common import (
 )
 
 __all__ = [
+    "DOT_FORM_GRAD_TERMS",
     "DOT_FORM_LIMIT",
     "ScoreOperands",
     "alibi_folds",
+    "gaussian_dot_terms",
     "gaussian_form",
     "lower_score",
 ]
@@ -75,6 +77,19 @@ DOT_FORM_LIMIT = 8.0
 rounding, at which it still runs on a dot-product kernel (see :func:`gaussian_form`).
 At 8 the dot form's output keeps plain float32's error and its gradients stay within
 about 6x of it (1-D Nadaraya–Watson on [0, 5] at σ = 0.7); the differences keep 1-2x."""
+
+DOT_FORM_GRAD_TERMS = 64.0
+"""The largest term of the Gaussian's dot form, ``g·max(‖q_i - c‖², ‖k_j - c‖²)`` in units
+of the logits (:func:`gaussian_dot_terms`), up to which a fused kernel's backward gives
+the gradients of q, k and σ. A fused backward forms the logits' gradient as
+``p * (dP - rowsum(dO * O))``, its row term rounded at ``eps * |dO| |v|`` where the true
+row term cancels ``dP`` of the keys that hold the row; in the dot form that rounding
+reaches q, k and σ multiplied by the dot form's terms (σ's gradient sums ``ds * s'`` over
+logits of that size). Beyond a few dozen units rows are held by one key (the true
+gradients vanish) while that rounding grows with the terms: the conformance fuzz found
+sdpa's gradients off by up to 2.7 of their scale at terms of 5e2 .. 5e7, where ordinary
+calls (unit features, σ near 1) stay below 30. Beyond the limit the chunked tiles give the
+gradients, their row term summed apart from its estimate."""
 
 
 @dataclass(frozen=True)
@@ -187,6 +202,15 @@ def gaussian_form(inputs: AttentionInputs) -> str:
     return inputs.gaussian_form
 
 
+def gaussian_dot_terms(inputs: AttentionInputs) -> float:
+    """The largest term of the call's Gaussian dot form in units of the logits,
+    ``g·max_i,j max(‖q_i - c‖², ‖k_j - c‖²)`` (``g = scale/2σ²``, c the keys' mean), as
+    :func:`gaussian_form` measured it; 0 where it was not measured (not a Gaussian, the
+    inputs not readable on the host, empty or not finite)."""
+    gaussian_form(inputs)
+    return inputs.gaussian_terms or 0.0
+
+
 def _gaussian_form(inputs: AttentionInputs, score: Gaussian) -> str:
     q, k = inputs.query, inputs.key
     if not (readable(q) and readable(k)):
@@ -207,7 +231,8 @@ def _gaussian_form(inputs: AttentionInputs, score: Gaussian) -> str:
         nq = torch.linalg.vecdot(qc, qc)  # (..., L)
         nk = torch.linalg.vecdot(kc, kc)  # (..., S)
         rk = float(nk.amax())
-        if g * max(float(nq.amax()), rk) <= DOT_FORM_LIMIT:
+        inputs.gaussian_terms = g * max(float(nq.amax()), rk)
+        if inputs.gaussian_terms <= DOT_FORM_LIMIT:
             return "dot"
         size = torch.broadcast_shapes(qc.shape[:-2], kc.shape[:-2])
         step = max(1, (1 << 22) // max(1, math.prod(size) * k.shape[-2]))

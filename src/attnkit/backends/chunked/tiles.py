@@ -439,17 +439,29 @@ def _weighted_dp(
     d_out: torch.Tensor,
     d_weights: torch.Tensor | None,
     guarded: bool,
+    base: torch.Tensor,
 ) -> torch.Tensor:
-    """``sum_j p_ij (dO_i · v_j + dW_ij)`` (N, L), tile by tile: the row term of the
-    logits' gradient as plain softmax math forms it. ``rowsum(dO * O) + rowsum(dW * W)``
-    equals it in exact arithmetic but rounds at the size of ``|dO| |v|``, so a row held
-    by one key (p = 1) gets a logit gradient of that rounding instead of 0, which the
-    Gaussian's far keys (a derivative of the logits of ``|q - k|/σ²``) magnify."""
+    """``sum_j p_ij (dO_i · v_j + dW_ij - base_i)`` (N, L), tile by tile, for ``base``
+    (N, L) an estimate of the row term ``sum_j p_ij (dO_i · v_j + dW_ij)`` (what
+    ``rowsum(dO * O) + rowsum(dW * W)`` gives): the row term is then ``base`` plus this
+    remainder, held as the two parts (see :func:`backward_tiles`).
+
+    ``rowsum(dO * O) + rowsum(dW * W)`` equals the row term in exact arithmetic but rounds
+    at the size of ``|dO| |v|``, so a row held by one key (p = 1) gets a logit gradient of
+    that rounding instead of 0, which the Gaussian's far keys (a derivative of the logits
+    of ``|q - k|/σ²``) magnify. Summed as ``p * dp`` the row term still rounds at that size
+    (one rounding of the sum, and one of each ``p`` near 1): the logits' gradients of a row
+    held by a few keys, ``p_j (dp_j - row term)``, then do not sum to 0 to within their own
+    size, and a gradient that every key of the row shares (a query projection, the
+    additive score's ``w``) sums that rounding over the keys where the true sum cancels.
+    The remainder sums ``p * (dp - base)``, whose terms vanish on the keys that hold the
+    row, so it keeps the precision of the logits' gradients themselves."""
     out = torch.zeros_like(lse_safe)  # (N, L)
     for rows, b, q_start, q_end, k_start, k_end in plan.groups():
         for i0, i1 in _blocks(q_start, q_end, plan.block_q):
             lo, hi = plan.key_range(b, i0, i1, k_start, k_end)
             low_t = low[rows, i0:i1] if low is not None else None  # (R, bi)
+            base_t = base[rows, i0:i1].unsqueeze(-1)  # (R, bi, 1)
             for j0, j1 in _blocks(lo, hi, plan.block_k):
                 p = _tile_logits(ops, plan, rows, b, i0, i1, j0, j1)  # (R, bi, bj)
                 blocked = torch.isneginf(p) if guarded else None
@@ -459,7 +471,7 @@ def _weighted_dp(
                 dp = torch.bmm(d_out[rows, i0:i1], ops.v[rows, j0:j1].transpose(1, 2))
                 if d_weights is not None:
                     dp += d_weights[rows, i0:i1, j0:j1]
-                out[rows, i0:i1] += (p * dp).sum(dim=-1)  # (R, bi)
+                out[rows, i0:i1] += (p * dp.sub_(base_t)).sum(dim=-1)  # (R, bi)
     return out
 
 
@@ -506,12 +518,19 @@ def backward_tiles(
     # scale; the weights already cost a pass over (L, S)), when this call's keys are the
     # whole row (its own forward's lse); a backward from a given lse may see a block of
     # the keys only.
+    # The row term is then held as two parts, ds = p * ((dp - row_term) - row_low): the
+    # estimate from (out, weights), and the remainder (with the lse's gradient), small
+    # where the row is held by a few keys.
     exact_rows = ops.kind == "distance" or ops.kb is not None or weights is not None
+    row_low: torch.Tensor | None = None
     if low is not None and (exact_rows or d_weights is not None):
-        exact = _weighted_dp(ops, plan, lse_safe, low, d_out, d_weights, guard is not None)
-        row_term = exact if d_lse is None else exact - d_lse
+        base = row_term if d_lse is None else row_term + d_lse  # (N, L): the estimate
         if guard is not None:
-            row_term = row_term.masked_fill(guard[0], 0.0)
+            base = base.masked_fill(guard[0], 0.0)
+        rest = _weighted_dp(ops, plan, lse_safe, low, d_out, d_weights, guard is not None, base)
+        row_term, row_low = base, rest if d_lse is None else rest - d_lse  # (N, L), (N, L)
+        if guard is not None:
+            row_low = row_low.masked_fill(guard[0], 0.0)
     for rows, b, q_start, q_end, k_start, k_end in plan.groups():
         for i0, i1 in _blocks(q_start, q_end, plan.block_q):
             lo, hi = plan.key_range(b, i0, i1, k_start, k_end)
@@ -521,6 +540,7 @@ def backward_tiles(
             shift = lse_safe[rows, i0:i1]  # (R, bi)
             low_t = low[rows, i0:i1] if low is not None else None  # (R, bi)
             rt = row_term[rows, i0:i1].unsqueeze(-1)  # (R, bi, 1)
+            rt_low = row_low[rows, i0:i1].unsqueeze(-1) if row_low is not None else None
             qt = qa[rows, i0:i1]  # (R, bi, Eq)
             for j0, j1 in _blocks(lo, hi, plan.block_k):
                 tanh: list[torch.Tensor] = []
@@ -534,7 +554,10 @@ def backward_tiles(
                 dp = torch.bmm(do_t, vt.transpose(1, 2))  # (R, bi, bj)
                 if d_weights is not None:
                     dp += d_weights[rows, i0:i1, j0:j1]
-                ds = dp.sub_(rt).mul_(p)  # (R, bi, bj): gradient of the logits s
+                ds = dp.sub_(rt)  # (R, bi, bj)
+                if rt_low is not None:
+                    ds.sub_(rt_low)
+                ds.mul_(p)  # (R, bi, bj): gradient of the logits s
                 for t in tanh:  # through each softcap
                     ds.mul_(1 - t * t)
                 if blocked is not None:

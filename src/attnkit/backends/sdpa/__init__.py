@@ -33,6 +33,13 @@ read): a NaN in a used position propagates to the rows that use it; a masked-out
 position never contributes, whatever it holds (:mod:`.poison`). Calls that need a
 gradient can be differentiated twice (:mod:`.grad`).
 
+Gradients of a Gaussian whose dot form's terms pass
+:data:`attnkit.backends.operands.DOT_FORM_GRAD_TERMS` (inputs hundreds of bandwidths
+apart): the fused backward's row term ``rowsum(dO * O)`` rounds at ``eps |dO| |v|``,
+which the dot form carries to q, k and σ multiplied by its terms; such a call keeps
+the fused kernel's output and takes its gradients from the chunked tiles'
+recomputation (``backend.py``).
+
 Weights and lse: the log-sum-exp comes from torch's flash kernels (private ops,
 feature-detected: the CPU flash op; on CUDA the flash or efficient op), and
 weights are then recomputed exactly in a second pass as

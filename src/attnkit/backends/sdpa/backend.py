@@ -11,11 +11,13 @@ from ..._host import readable
 from ..._inputs import AttentionInputs
 from ...blockplan import RaggedSeq
 from ...mods import ALiBi
+from ...scores import Gaussian, is_shared_score
 from .. import varlen
 from .._common import all_finite, dense_mask, graph_link
 from ..autograd import differentiable_lse_forward
 from ..base import Backend, PlainRunner
-from ..operands import alibi_folds, lower_score
+from ..chunked import ChunkedBackend
+from ..operands import DOT_FORM_GRAD_TERMS, alibi_folds, gaussian_dot_terms, lower_score
 from ..records import AttentionResult, BackwardCall, InputGrads
 from . import plan
 from .backward import BACKWARD_OP, sdpa_backward
@@ -88,6 +90,8 @@ class SDPABackend(Backend):
         )
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
+        if _tile_gradients(inputs):
+            return self._forward_tile_gradients(inputs)
         if inputs.return_lse and inputs.needs_grad and not _lse_through_weights(inputs):
             # the kernels' lse has no autograd
             return differentiable_lse_forward(self, inputs, self.forward_unrounded)
@@ -95,6 +99,19 @@ class SDPABackend(Backend):
         if res.output.dtype == inputs.dtype:
             return res
         return AttentionResult(res.output.to(inputs.dtype), res.weights, res.lse)
+
+    def _forward_tile_gradients(self, inputs: AttentionInputs) -> AttentionResult:
+        """The fused kernel's output (and lse), their gradients those of the chunked
+        tiles' recomputation of the call (see :func:`_tile_gradients`): the same numbers
+        as the call without gradients, differentiable (twice, through the tiles)."""
+        with torch.no_grad():
+            res = self.forward(inputs)
+        tiles = _TILES.forward(inputs)
+        out = _KernelValue.apply(res.output, tiles.output.to(res.output.dtype))
+        lse = None
+        if res.lse is not None and tiles.lse is not None:
+            lse = _KernelValue.apply(res.lse, tiles.lse.to(res.lse.dtype))  # (*batch, L)
+        return AttentionResult(output=out, lse=lse)
 
     def forward_unrounded(self, inputs: AttentionInputs) -> AttentionResult:
         """:meth:`forward` with the output in the dtype the kernel computed it in: the
@@ -424,6 +441,38 @@ class _KernelValue(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
         return None, grad
+
+
+_TILES = ChunkedBackend()
+"""The tiles that give the gradients of a Gaussian call beyond :data:`DOT_FORM_GRAD_TERMS`."""
+
+
+def _logits_need_grad(inputs: AttentionInputs) -> bool:
+    """True when a gradient reaches the logits' operands: the query, the key, the score's
+    parameters, a per-head scale or a modifier's tensors (not only the values)."""
+    if not torch.is_grad_enabled():
+        return False
+    tensors = [inputs.query, inputs.key, *(t for m in inputs.mods for t in m.tensors())]
+    if inputs.head_scale is not None:
+        tensors.append(inputs.head_scale)
+    if not is_shared_score(inputs.score):
+        tensors += list(inputs.score.parameters())
+    return any(t.requires_grad for t in tensors)
+
+
+def _tile_gradients(inputs: AttentionInputs) -> bool:
+    """True when the call's gradients come from the chunked tiles, not the fused
+    backward: a Gaussian whose dot form has terms beyond :data:`DOT_FORM_GRAD_TERMS`
+    (the fused backward's row term, rounded at ``eps * |dO| |v|``, would reach q, k and σ
+    multiplied by them), with a gradient of the logits' operands, no dropout and no
+    weights (whose own path already differentiates the softmax of the recomputed logits,
+    see :func:`_with_weights`), on a call the tiles run. Measured on the host with the
+    Gaussian's form (:func:`attnkit.backends.operands.gaussian_form`): elsewhere 0."""
+    if inputs.return_weights or inputs.dropout_p > 0 or not isinstance(inputs.score, Gaussian):
+        return False
+    if gaussian_dot_terms(inputs) <= DOT_FORM_GRAD_TERMS or not _logits_need_grad(inputs):
+        return False
+    return not _TILES.not_supported_reasons(inputs)
 
 
 def _lse_through_weights(inputs: AttentionInputs) -> bool:
