@@ -287,6 +287,27 @@ def test_one_pass_weights_equal_the_call_s(case: str, monkeypatch: pytest.Monkey
     assert_close_to_scale(got, want[0], rel=FLOAT32_ULPS_REL)
 
 
+def test_entropies_read_off_the_logits_equal_the_weights_own() -> None:
+    """A one-pass block's row entropies (log Z - sum(p x) / Z) give the statistics that
+    -sum w log w of its weights gives; a row that keeps no key counts 0."""
+    from attnkit._inputs import validate_inputs
+    from attnkit.viz import stream
+    from attnkit.viz.stats import StatsAccumulator
+
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 3, 40, 8, generator=g) * 3 for _ in range(3))
+    inputs = validate_inputs(q, k, v, mask=masks.valid_lens([30], queries=True) & masks.causal())
+    plain, given = StatsAccumulator(1, 3, True), StatsAccumulator(1, 3, True)
+    for a, w, ent in stream._blocks(inputs, q, k, entropy=True):
+        assert ent is not None and ent.shape == w.shape[:2]
+        rows = torch.arange(a, a + w.shape[1])
+        plain.add(0, w, rows)
+        given.add(0, w, rows, entropy=ent)
+    for name, want in plain.sums.items():
+        assert_close_to_scale(torch.from_numpy(given.sums[name]), torch.from_numpy(want),
+                              rel=FLOAT32_ULPS_REL)  # fmt: skip
+
+
 def test_one_pass_weights_leave_non_finite_inputs_to_the_call() -> None:
     from attnkit._inputs import validate_inputs
     from attnkit.viz import stream

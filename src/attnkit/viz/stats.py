@@ -74,6 +74,8 @@ class StatsAccumulator:
         w: torch.Tensor,
         rows: torch.Tensor,
         heads: np.ndarray | slice | None = None,
+        *,
+        entropy: torch.Tensor | None = None,
     ) -> None:
         """Add a block of rows.
 
@@ -83,17 +85,23 @@ class StatsAccumulator:
             rows: (r,) the rows' query positions (int64), increasing by one.
             heads: which of the accumulator's heads ``w`` holds (indices or a slice);
                 None = all.
+            entropy: (h, r) each row's entropy in nats when known (0 for a row with no
+                weight); None = computed here from ``w``.
         """
         at = (layer, slice(None) if heads is None else heads)
         h, r, S = w.shape
         found: dict[str, torch.Tensor] = {}
         used = w.sum(-1) > 0  # (h, r): fully masked rows are left out
         found["rows"] = used.sum(-1)
-        buf = torch.clamp_min(w, _TINY)  # (h, r, S): one work buffer for the passes below
-        # numpy's vectorised log: several times faster than torch.log on the CPU
-        np.log(buf.numpy(), out=buf.numpy())
-        buf.mul_(w)
-        ent = -buf.sum(-1)  # (h, r) in nats
+        if entropy is None:
+            buf = torch.clamp_min(w, _TINY)  # (h, r, S): one work buffer for the passes below
+            # numpy's vectorised log: several times faster than torch.log on the CPU
+            np.log(buf.numpy(), out=buf.numpy())
+            buf.mul_(w)
+            ent = -buf.sum(-1)  # (h, r) in nats
+        else:
+            ent = entropy.to(w.dtype)  # (h, r)
+            buf = torch.empty_like(w)  # (h, r, S): the work buffer of the passes below
         found["entropy"] = (ent * used).sum(-1)
         n_keys = torch.sign(w, out=buf).sum(-1)  # (h, r): keys with a weight > 0
         spread = n_keys > 1

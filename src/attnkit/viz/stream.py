@@ -207,7 +207,7 @@ class StreamRecorder:
             return reducer.cut(row0 + t0, row0 + t1) - row0
 
         try:
-            blocks = row_blocks(inputs, q, k, cut)
+            blocks = _blocks(inputs, q, k, cut, entropy=True)
             while True:
                 threads = choice.pick()
                 with torch_threads(threads):
@@ -215,10 +215,10 @@ class StreamRecorder:
                     block = next(blocks, None)  # the block's weights are computed here
                     if block is None:
                         break
-                    a, w = block
-                    reducer.add(layer, row0 + a, w, 0)
+                    a, w, ent = block
+                    reducer.add(layer, row0 + a, w, 0, entropy=ent)
                 choice.measured(threads, time.perf_counter() - start, w.numel())
-                del w, block
+                del w, ent, block
             with torch_threads(choice.best() or 1):
                 q0 = q[0] if q.ndim == 4 else q  # (H, L, E)
                 k0 = k[0] if k.ndim == 4 else k  # (Hk, S, E)
@@ -308,6 +308,21 @@ def row_blocks(
     stop at the last key any of its rows may attend to (S' <= S; later keys are 0).
     A call whose mask or modifiers cannot be cut into rows is given whole.
     """
+    for a, w, _ in _blocks(inputs, q, k, cut):
+        yield a, w
+
+
+def _blocks(
+    inputs: AttentionInputs,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cut: Callable[[int, int], int] | None = None,
+    *,
+    entropy: bool = False,
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
+    """:func:`row_blocks` with each block's row entropies: (first row, (H, r, S') weights,
+    (H, r) entropies in nats or None). With ``entropy``, a block from one product of q
+    and k (:func:`_softmax_block`) comes with them, read off its logits; others: None."""
     H, L, S = q.shape[-3], q.shape[-2], k.shape[-2]
     v = k.new_empty(*k.shape[:-1], 0)  # no values: only the weights are wanted
     scale = inputs.head_scale if inputs.head_scale is not None else inputs.scale  # (H,) or one
@@ -323,7 +338,7 @@ def row_blocks(
             end = cut(a, end)
         hi = keys(a, end)
         if direct is not None:
-            yield a, _softmax_block(direct, plan, a, end, hi)  # (H, r, S')
+            yield a, *_softmax_block(direct, plan, a, end, hi, entropy)  # (H, r, S'), (H, r)
             a = end
             continue
         mask = inputs.mask
@@ -336,7 +351,7 @@ def row_blocks(
                 q[..., a:end, :], k[..., :hi, :], v[..., :hi, :], score=inputs.score, mask=mask,
                 scale=scale, mods=shifted or None, return_weights=True,
             )  # fmt: skip
-        yield a, (w[0] if w.ndim == 4 else w)  # (H, r, S')
+        yield a, (w[0] if w.ndim == 4 else w), None  # (H, r, S')
         a = end
 
 
@@ -390,11 +405,18 @@ def _first_rows(t: torch.Tensor, H: int) -> torch.Tensor:
     return t[:H] if t.ndim == 3 and t.shape[0] > H else t
 
 
-def _softmax_block(d: _Direct, plan: BlockPlan | None, i0: int, i1: int, hi: int) -> torch.Tensor:
+def _softmax_block(
+    d: _Direct, plan: BlockPlan | None, i0: int, i1: int, hi: int, entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The exact weights (H, i1 - i0, hi) of rows i0 .. i1 - 1 over keys 0 .. hi - 1 (every
     key those rows may attend to), from one product of q and k: the masked logits, their
     row max, exp and row sums in one pass (:func:`exp_rows_`), then each row divided by
-    its sum. A row that keeps no key is 0."""
+    its sum. A row that keeps no key is 0.
+
+    With ``entropy``, also each row's entropy (H, r) in nats, from the shifted logits
+    x = s - max: ``-sum w log w = log Z - sum(p x) / Z`` with p = exp(x) and Z = sum p
+    (no log of every weight); 0 for a row that keeps no key. Else None.
+    """
     q, k = d.q[:, i0:i1], d.k[:, :hi]  # (H, r, E), (H, hi, E)
     H, r = q.shape[0], i1 - i0
     keep, bias = (None, None) if plan is None else plan.tile_mask(
@@ -408,9 +430,19 @@ def _softmax_block(d: _Direct, plan: BlockPlan | None, i0: int, i1: int, hi: int
     if keep is not None:
         s.masked_fill_(~_first_rows(keep, H), float("-inf"))
     m = _lse.safe_max(s.amax(dim=-1))  # (H, r)
-    sums = exp_rows_(s, m, want_sum=True)  # s becomes exp(s - m); (H, r)
+    if not entropy:
+        sums = exp_rows_(s, m, want_sum=True)  # s becomes exp(s - m); (H, r)
+        assert sums is not None
+        return s.div_(sums.clamp_min_(_TINY).unsqueeze(-1)), None  # (H, r, hi)
+    x = s.sub_(m.unsqueeze(-1))  # (H, r, hi): the shifted logits, -inf where blocked
+    p = x.clone()
+    sums = exp_rows_(p, torch.zeros((), dtype=p.dtype), want_sum=True)  # p = exp(x); (H, r)
     assert sums is not None
-    return s.div_(sums.clamp_min_(_TINY).unsqueeze(-1))  # (H, r, hi)
+    px = torch.nansum(x.mul_(p), dim=-1)  # (H, r): a blocked key's -inf * 0 counts 0
+    kept = sums > 0
+    z = sums.clamp_min_(_TINY)
+    ent = torch.where(kept, z.log() - px / z, torch.zeros((), dtype=z.dtype))  # (H, r)
+    return p.div_(z.unsqueeze(-1)), ent  # (H, r, hi), (H, r)
 
 
 @contextmanager
