@@ -405,6 +405,18 @@ def _first_rows(t: torch.Tensor, H: int) -> torch.Tensor:
     return t[:H] if t.ndim == 3 and t.shape[0] > H else t
 
 
+def _add_bias(s: torch.Tensor, bias: torch.Tensor) -> None:
+    """s (H, r, hi) += a mask's bias tile (r, hi) or (1 or H, r, hi), over the keys where
+    it is not 0 only (a causal band's -inf lies in a block's last r keys): a product's
+    accumulator would read the whole tile for every head."""
+    used = bias.ne(0).reshape(-1, bias.shape[-1]).any(0)  # (hi,): keys with a bias
+    where = used.nonzero()
+    if where.numel() == 0:
+        return
+    j0, j1 = int(where[0]), int(where[-1]) + 1
+    s[..., j0:j1].add_(bias[..., j0:j1])
+
+
 def _softmax_block(
     d: _Direct, plan: BlockPlan | None, i0: int, i1: int, hi: int, entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -422,11 +434,9 @@ def _softmax_block(
     keep, bias = (None, None) if plan is None else plan.tile_mask(
         0 if plan.per_batch else None, i0, i1, 0, hi, q.device
     )  # fmt: skip
-    if bias is not None:  # rides in the product's accumulator
-        bias = _first_rows(bias, H).to(torch.float32).expand(H, r, hi)  # (H, r, hi)
-        s = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=d.scale)
-    else:
-        s = torch.baddbmm(q.new_empty(H, r, hi), q, k.transpose(1, 2), beta=0.0, alpha=d.scale)
+    s = torch.baddbmm(q.new_empty(H, r, hi), q, k.transpose(1, 2), beta=0.0, alpha=d.scale)
+    if bias is not None:
+        _add_bias(s, _first_rows(bias, H).to(torch.float32))
     if keep is not None:
         s.masked_fill_(~_first_rows(keep, H), float("-inf"))
     m = _lse.safe_max(s.amax(dim=-1))  # (H, r)
