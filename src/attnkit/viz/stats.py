@@ -91,19 +91,19 @@ class StatsAccumulator:
         at = (layer, slice(None) if heads is None else heads)
         h, r, S = w.shape
         found: dict[str, torch.Tensor] = {}
-        used = w.sum(-1) > 0  # (h, r): fully masked rows are left out
+        buf = torch.empty_like(w)  # (h, r, S): one work buffer for the passes below
+        n_keys = torch.sign(w, out=buf).sum(-1)  # (h, r): keys with a weight > 0
+        used = n_keys > 0  # (h, r): fully masked rows are left out
         found["rows"] = used.sum(-1)
         if entropy is None:
-            buf = torch.clamp_min(w, _TINY)  # (h, r, S): one work buffer for the passes below
+            torch.clamp_min(w, _TINY, out=buf)
             # numpy's vectorised log: several times faster than torch.log on the CPU
             np.log(buf.numpy(), out=buf.numpy())
             buf.mul_(w)
             ent = -buf.sum(-1)  # (h, r) in nats
         else:
             ent = entropy.to(w.dtype)  # (h, r)
-            buf = torch.empty_like(w)  # (h, r, S): the work buffer of the passes below
         found["entropy"] = (ent * used).sum(-1)
-        n_keys = torch.sign(w, out=buf).sum(-1)  # (h, r): keys with a weight > 0
         spread = n_keys > 1
         norm = ent / torch.log(n_keys.clamp_min(2))  # (h, r)
         found["norm_entropy"] = (norm * spread).sum(-1)
