@@ -9,8 +9,9 @@ query rows at a time (every head; at most
 keys its rows may attend to (a causal mask: the keys up to its last row), so a
 decoder's weights cost half. A plain dot-product call (no modifiers, finite q and k)
 forms a block's weights from one product of q and k, since the block holds whole
-rows: masked logits, row max, exp and row sums, then each row divided by its sum;
-other calls go through ``attention(return_weights=True)``. Any model whose attention runs through
+rows: masked logits, row max, exp and row sums, then each row divided by its sum
+(its rows' entropies come from the same logits); other calls go through
+``attention(return_weights=True)``. Any model whose attention runs through
 ``attention()`` streams this way: attnkit's own layers and models, and a
 transformers model whose attention implementation calls ``attention()``.
 
@@ -446,12 +447,13 @@ def _softmax_block(
         return s.div_(sums.clamp_min_(_TINY).unsqueeze(-1)), None  # (H, r, hi)
     x = s.sub_(m.unsqueeze(-1))  # (H, r, hi): the shifted logits, -inf where blocked
     p = x.clone()
-    sums = exp_rows_(p, torch.zeros((), dtype=p.dtype), want_sum=True)  # p = exp(x); (H, r)
+    zero = torch.zeros((), dtype=p.dtype, device=p.device)
+    sums = exp_rows_(p, zero, want_sum=True)  # p = exp(x); (H, r)
     assert sums is not None
     px = torch.nansum(x.mul_(p), dim=-1)  # (H, r): a blocked key's -inf * 0 counts 0
     kept = sums > 0
     z = sums.clamp_min_(_TINY)
-    ent = torch.where(kept, z.log() - px / z, torch.zeros((), dtype=z.dtype))  # (H, r)
+    ent = torch.where(kept, z.log() - px / z, zero)  # (H, r)
     return p.div_(z.unsqueeze(-1)), ent  # (H, r, hi), (H, r)
 
 
