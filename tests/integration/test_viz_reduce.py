@@ -255,6 +255,71 @@ def test_row_blocks_are_the_call_cut_in_rows(case: str, monkeypatch: pytest.Monk
     assert_close_to_scale(got, want[0], rel=FLOAT32_ULPS_REL)
 
 
+_DIRECT = {
+    "causal, grouped heads": (2, 1, 10, 10, lambda: masks.causal(), None),
+    "bias per batch": (4, 2, 9, 11, lambda: masks.bias(torch.randn(2, 1, 9, 11)), 0.3),
+    "keep per head": (4, 2, 9, 9, lambda: masks.keep(torch.rand(2, 4, 9, 9) > 0.4), None),
+    "padding and causal": (4, 2, 10, 10, lambda: masks.valid_lens([7, 10]) & masks.causal(), None),
+}
+
+
+@pytest.mark.parametrize("case", list(_DIRECT))
+def test_one_pass_weights_equal_the_call_s(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain dot-product call's blocks come from one product of q and k (row max, exp,
+    row sums): batch element 0's weights, as attention() gives them."""
+    from attnkit._inputs import validate_inputs
+    from attnkit.viz import stream
+
+    H, B, L, S, mask, scale = _DIRECT[case]
+    Hk, E = 2, 8
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(B, H, L, E, generator=g) * 2
+    k, v = (torch.randn(B, Hk, S, E, generator=g) * 2 for _ in range(2))
+    inputs = validate_inputs(q, k, v, mask=mask(), scale=scale)
+    _, want = attnkit.attention(q, k, v, mask=inputs.mask, scale=scale, return_weights=True)
+    plan = stream._call_plan(inputs, q, L, S)
+    assert stream._direct_operands(inputs, q, k, plan) is not None
+    monkeypatch.setattr(stream, "BLOCK_CELLS", H * S * 3)  # about 3 rows a block
+    got = torch.zeros(H, L, S)
+    starts = []
+    for a, w in stream.row_blocks(inputs, q, k):
+        starts.append(a)
+        got[:, a : a + w.shape[1], : w.shape[2]] = w  # keys past the block's last: 0
+    assert len(starts) >= 2
+    assert_close_to_scale(got, want[0], rel=FLOAT32_ULPS_REL)
+
+
+def test_entropies_read_off_the_logits_equal_the_weights_own() -> None:
+    """A one-pass block's row entropies (log Z - sum(p x) / Z) give the statistics that
+    -sum w log w of its weights gives; a row that keeps no key counts 0."""
+    from attnkit._inputs import validate_inputs
+    from attnkit.viz import stream
+    from attnkit.viz.stats import StatsAccumulator
+
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 3, 40, 8, generator=g) * 3 for _ in range(3))
+    inputs = validate_inputs(q, k, v, mask=masks.valid_lens([30], queries=True) & masks.causal())
+    plain, given = StatsAccumulator(1, 3, True), StatsAccumulator(1, 3, True)
+    for a, w, ent in stream._blocks(inputs, q, k, entropy=True):
+        assert ent is not None and ent.shape == w.shape[:2]
+        rows = torch.arange(a, a + w.shape[1])
+        plain.add(0, w, rows)
+        given.add(0, w, rows, entropy=ent)
+    for name, want in plain.sums.items():
+        assert_close_to_scale(torch.from_numpy(given.sums[name]), torch.from_numpy(want),
+                              rel=FLOAT32_ULPS_REL)  # fmt: skip
+
+
+def test_one_pass_weights_leave_non_finite_inputs_to_the_call() -> None:
+    from attnkit._inputs import validate_inputs
+    from attnkit.viz import stream
+
+    q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))
+    q[0, 1, 2, 0] = float("nan")
+    inputs = validate_inputs(q, k, v, mask=masks.causal())
+    assert stream._direct_operands(inputs, q, k, stream._call_plan(inputs, q, 6, 6)) is None
+
+
 def test_the_recorder_keeps_the_faster_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
     from attnkit.viz.stream import ThreadChoice
 

@@ -185,8 +185,16 @@ class ImageSetReducer(SetReducer):
         self._heads = list(heads) if heads is not None else list(range(n_heads))
         self.prefix_rows = torch.zeros((len(self._layer_at), len(self._heads), prefix, K))
 
-    def add(self, layer: int, row0: int, w: torch.Tensor, head0: int = 0) -> None:
-        super().add(layer, row0, w, head0)
+    def add(
+        self,
+        layer: int,
+        row0: int,
+        w: torch.Tensor,
+        head0: int = 0,
+        *,
+        entropy: torch.Tensor | None = None,
+    ) -> None:
+        super().add(layer, row0, w, head0, entropy=entropy)
         li = self._layer_at.get(layer)
         n = min(self.prefix - row0, w.shape[1])
         if li is None or n <= 0:

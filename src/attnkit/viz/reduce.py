@@ -276,13 +276,24 @@ class SetReducer:
 
     # ------------------------------------------------------------------- weights
 
-    def add(self, layer: int, row0: int, w: torch.Tensor, head0: int = 0) -> None:
+    def add(
+        self,
+        layer: int,
+        row0: int,
+        w: torch.Tensor,
+        head0: int = 0,
+        *,
+        entropy: torch.Tensor | None = None,
+    ) -> None:
         """Reduce weights (h, r, S) of model ``layer``, heads head0 .. head0 + h - 1, for
         token rows row0 .. row0 + r - 1 and keys 0 .. S - 1.
 
         ``S`` may be less than K (keys not produced yet are 0). Every (layer, head,
         row) is to be given once; under a word view a block holds whole words (see
         :meth:`cut`). Large blocks are reduced in parts so temporaries stay small.
+        ``entropy``: (h, r) each row's entropy in nats when the caller has it (read off
+        the logits), so the statistics take no log of every weight; used only when the
+        page positions are the tokens (no position map), else recomputed.
         """
         if w.ndim != 3 or head0 < 0 or head0 + w.shape[0] > self.n_heads:
             raise ValueError(
@@ -298,6 +309,10 @@ class SetReducer:
                 f"{self.Q} × {self.K} page"
             )
         w = w.detach().to("cpu", torch.float32)
+        if self.rows_map is not None or self.cols_map is not None:
+            entropy = None  # page rows are not the token rows: recomputed from the weights
+        elif entropy is not None:
+            entropy = entropy.detach().to("cpu", torch.float32)  # (h, r)
         part = max(1, BLOCK_CELLS // max(1, h * S))
         a = 0
         while a < r:
@@ -307,11 +322,15 @@ class SetReducer:
                 block = block.contiguous()
             page, prow = apply_map(block, row0 + a, self.rows_map, self.cols_map)
             if page.shape[1]:
-                self._add_rows(layer, prow, page, head0)
+                ent = entropy[:, a:end] if entropy is not None else None  # (h, r')
+                self._add_rows(layer, prow, page, head0, ent)
             a = end
 
-    def _add_rows(self, layer: int, row0: int, w: torch.Tensor, head0: int) -> None:
-        """Page weights (h, r, S) of page rows row0 .. row0 + r - 1: every reduction."""
+    def _add_rows(
+        self, layer: int, row0: int, w: torch.Tensor, head0: int, entropy: torch.Tensor | None
+    ) -> None:
+        """Page weights (h, r, S) of page rows row0 .. row0 + r - 1: every reduction
+        (``entropy``: (h, r) the rows' entropies, or None)."""
         h, r, S = w.shape
         if self.means is not None:
             self.means[layer, row0 : row0 + r, :S] += w.sum(0).div_(self.n_heads)  # (r, S)
@@ -321,8 +340,11 @@ class SetReducer:
             return
         dst, src = sel
         kept = w[src] if isinstance(src, slice) else w.index_select(0, src)  # (h', r, S)
+        if entropy is not None:
+            entropy = entropy[src] if isinstance(src, slice) else entropy.index_select(0, src)
         rows = torch.arange(row0, row0 + r)
-        self.stats.add(li, kept, rows, dst if isinstance(dst, slice) else dst.numpy())
+        heads = dst if isinstance(dst, slice) else dst.numpy()
+        self.stats.add(li, kept, rows, heads, entropy=entropy)
         if self.dense is not None:
             self.dense[li, dst, row0 : row0 + r, :S] = kept
         else:

@@ -74,6 +74,8 @@ class StatsAccumulator:
         w: torch.Tensor,
         rows: torch.Tensor,
         heads: np.ndarray | slice | None = None,
+        *,
+        entropy: torch.Tensor | None = None,
     ) -> None:
         """Add a block of rows.
 
@@ -83,19 +85,25 @@ class StatsAccumulator:
             rows: (r,) the rows' query positions (int64), increasing by one.
             heads: which of the accumulator's heads ``w`` holds (indices or a slice);
                 None = all.
+            entropy: (h, r) each row's entropy in nats when known (0 for a row with no
+                weight); None = computed here from ``w``.
         """
         at = (layer, slice(None) if heads is None else heads)
         h, r, S = w.shape
         found: dict[str, torch.Tensor] = {}
-        used = w.sum(-1) > 0  # (h, r): fully masked rows are left out
-        found["rows"] = used.sum(-1)
-        buf = torch.clamp_min(w, _TINY)  # (h, r, S): one work buffer for the passes below
-        # numpy's vectorised log: several times faster than torch.log on the CPU
-        np.log(buf.numpy(), out=buf.numpy())
-        buf.mul_(w)
-        ent = -buf.sum(-1)  # (h, r) in nats
-        found["entropy"] = (ent * used).sum(-1)
+        buf = torch.empty_like(w)  # (h, r, S): one work buffer for the passes below
         n_keys = torch.sign(w, out=buf).sum(-1)  # (h, r): keys with a weight > 0
+        used = n_keys > 0  # (h, r): fully masked rows are left out
+        found["rows"] = used.sum(-1)
+        if entropy is None:
+            torch.clamp_min(w, _TINY, out=buf)
+            # numpy's vectorised log: several times faster than torch.log on the CPU
+            np.log(buf.numpy(), out=buf.numpy())
+            buf.mul_(w)
+            ent = -buf.sum(-1)  # (h, r) in nats
+        else:
+            ent = entropy.to(w.dtype)  # (h, r)
+        found["entropy"] = (ent * used).sum(-1)
         spread = n_keys > 1
         norm = ent / torch.log(n_keys.clamp_min(2))  # (h, r)
         found["norm_entropy"] = (norm * spread).sum(-1)

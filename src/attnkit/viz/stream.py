@@ -7,7 +7,11 @@ query rows at a time (every head; at most
 :data:`~attnkit.viz.reduce.BLOCK_CELLS` weights), hands each block to a
 :class:`~attnkit.viz.reduce.SetReducer` and drops it. A block asks only for the
 keys its rows may attend to (a causal mask: the keys up to its last row), so a
-decoder's weights cost half. Any model whose attention runs through
+decoder's weights cost half. A plain dot-product call (no modifiers, finite q and k)
+forms a block's weights from one product of q and k, since the block holds whole
+rows: masked logits, row max, exp and row sums, then each row divided by its sum
+(its rows' entropies come from the same logits); other calls go through
+``attention(return_weights=True)``. Any model whose attention runs through
 ``attention()`` streams this way: attnkit's own layers and models, and a
 transformers model whose attention implementation calls ``attention()``.
 
@@ -26,9 +30,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .. import _recording, mods, scores
+from .. import _lse, _recording, mods, scores
 from ..blockplan import build_plan
+from ..blockplan.plan import BlockPlan
 from ..functional import attention
+from ..kernels.softmax import exp_rows_
 from .progress import Progress
 from .reduce import BLOCK_CELLS, SetReducer, torch_threads
 
@@ -202,7 +208,7 @@ class StreamRecorder:
             return reducer.cut(row0 + t0, row0 + t1) - row0
 
         try:
-            blocks = row_blocks(inputs, q, k, cut)
+            blocks = _blocks(inputs, q, k, cut, entropy=True)
             while True:
                 threads = choice.pick()
                 with torch_threads(threads):
@@ -210,10 +216,10 @@ class StreamRecorder:
                     block = next(blocks, None)  # the block's weights are computed here
                     if block is None:
                         break
-                    a, w = block
-                    reducer.add(layer, row0 + a, w, 0)
+                    a, w, ent = block
+                    reducer.add(layer, row0 + a, w, 0, entropy=ent)
                 choice.measured(threads, time.perf_counter() - start, w.numel())
-                del w, block
+                del w, ent, block
             with torch_threads(choice.best() or 1):
                 q0 = q[0] if q.ndim == 4 else q  # (H, L, E)
                 k0 = k[0] if k.ndim == 4 else k  # (Hk, S, E)
@@ -249,16 +255,21 @@ def _shardable(inputs: AttentionInputs, L: int, S: int) -> bool:
     return True
 
 
-def _key_limit(
-    inputs: AttentionInputs, q: torch.Tensor, L: int, S: int
-) -> Callable[[int, int], int]:
-    """keys(i0, i1): how many first keys rows i0 .. i1 - 1 of the call may attend to."""
+def _call_plan(inputs: AttentionInputs, q: torch.Tensor, L: int, S: int) -> BlockPlan | None:
+    """The block plan of the call's mask (None: no mask)."""
     if inputs.mask is None:
-        return lambda i0, i1: S
+        return None
     plan = build_plan(inputs.mask, L, S, tuple(q.shape[:-2]), q.device)
-    b = 0 if plan.per_batch else None  # the page shows batch element 0
     if plan.per_batch:
         plan.groups()  # reads the per-batch ranges key_range uses
+    return plan
+
+
+def _key_limit(plan: BlockPlan | None, S: int) -> Callable[[int, int], int]:
+    """keys(i0, i1): how many first keys rows i0 .. i1 - 1 of the call may attend to."""
+    if plan is None:
+        return lambda i0, i1: S
+    b = 0 if plan.per_batch else None  # the page shows batch element 0
 
     def keys(i0: int, i1: int) -> int:
         return max(1, plan.key_range(b, i0, i1, 0, S)[1])
@@ -298,18 +309,39 @@ def row_blocks(
     stop at the last key any of its rows may attend to (S' <= S; later keys are 0).
     A call whose mask or modifiers cannot be cut into rows is given whole.
     """
+    for a, w, _ in _blocks(inputs, q, k, cut):
+        yield a, w
+
+
+def _blocks(
+    inputs: AttentionInputs,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cut: Callable[[int, int], int] | None = None,
+    *,
+    entropy: bool = False,
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
+    """:func:`row_blocks` with each block's row entropies: (first row, (H, r, S') weights,
+    (H, r) entropies in nats or None). With ``entropy``, a block from one product of q
+    and k (:func:`_softmax_block`) comes with them, read off its logits; others: None."""
     H, L, S = q.shape[-3], q.shape[-2], k.shape[-2]
     v = k.new_empty(*k.shape[:-1], 0)  # no values: only the weights are wanted
     scale = inputs.head_scale if inputs.head_scale is not None else inputs.scale  # (H,) or one
     mod_list = list(inputs.mods)
     whole = any(_shifted(m, 0, L, S) is None for m in mod_list) or not _shardable(inputs, L, S)
-    keys = (lambda i0, i1: S) if whole else _key_limit(inputs, q, L, S)
+    plan = None if whole else _call_plan(inputs, q, L, S)
+    keys = (lambda i0, i1: S) if whole else _key_limit(plan, S)
+    direct = None if whole else _direct_operands(inputs, q, k, plan)
     a = 0
     while a < L:
         end = L if whole else a + _rows_that_fit(a, L, H, keys)
         if cut is not None and end < L:
             end = cut(a, end)
         hi = keys(a, end)
+        if direct is not None:
+            yield a, *_softmax_block(direct, plan, a, end, hi, entropy)  # (H, r, S'), (H, r)
+            a = end
+            continue
         mask = inputs.mask
         shifted = mod_list
         if (a, end, hi) != (0, L, S):
@@ -320,8 +352,109 @@ def row_blocks(
                 q[..., a:end, :], k[..., :hi, :], v[..., :hi, :], score=inputs.score, mask=mask,
                 scale=scale, mods=shifted or None, return_weights=True,
             )  # fmt: skip
-        yield a, (w[0] if w.ndim == 4 else w)  # (H, r, S')
+        yield a, (w[0] if w.ndim == 4 else w), None  # (H, r, S')
         a = end
+
+
+class _Direct:
+    """A dot-product call's operands for :func:`_softmax_block`: q (H, L, E) and k (H, S, E)
+    of batch element 0 in float32 (k repeated to the query heads), and the scale."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
+        self.q, self.k, self.scale = q, k, scale
+
+
+def _direct_operands(
+    inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor, plan: BlockPlan | None
+) -> _Direct | None:
+    """The operands when a block's weights can be formed in one pass (a plain dot-product
+    score with one scale, no modifiers, finite q and k); None otherwise.
+
+    Args:
+        q: (B, H, L, E) or (H, L, E) queries; k: (..., Hk, S, E) keys, H a multiple of Hk.
+        plan: the call's mask plan (None: no mask).
+    """
+    if type(inputs.score) not in (scores.Dot, scores.ScaledDot) or inputs.mods:
+        return None
+    if inputs.head_scale is not None or not isinstance(inputs.scale, (int, float)):
+        return None
+    if not (q.is_floating_point() and k.is_floating_point()) or q.shape[-1] != k.shape[-1]:
+        return None
+    q0 = q[0] if q.ndim == 4 else q  # (H, L, E)
+    k0 = k[0] if k.ndim == 4 else k  # (Hk, S, E)
+    if q0.shape[0] % k0.shape[0]:
+        return None
+    if q.ndim == 3 and plan is not None and plan.per_batch:
+        return None  # a per-batch mask over (H, L, E): its batch dim is the heads
+    q0 = q0.detach().to(torch.float32).contiguous()  # (H, L, E)
+    k0 = k0.detach().to(torch.float32)
+    g = q0.shape[0] // k0.shape[0]
+    if g > 1:
+        k0 = k0.repeat_interleave(g, 0)  # (H, S, E): key head j serves query heads j*g ..
+    k0 = k0.contiguous()  # (H, S, E)
+    if not (bool(torch.isfinite(q0).all()) and bool(torch.isfinite(k0).all())):
+        return None  # the non-finite policy: attention() holds it
+    return _Direct(q0, k0, float(inputs.scale))
+
+
+_TINY = torch.finfo(torch.float32).tiny
+
+
+def _first_rows(t: torch.Tensor, H: int) -> torch.Tensor:
+    """A mask tile (rows, r, hi) or (r, hi) cut to batch element 0's H rows (rows are
+    batch-major); one row or none broadcasts as it is."""
+    return t[:H] if t.ndim == 3 and t.shape[0] > H else t
+
+
+def _add_bias(s: torch.Tensor, bias: torch.Tensor) -> None:
+    """s (H, r, hi) += a mask's bias tile (r, hi) or (1 or H, r, hi), over the keys where
+    it is not 0 only (a causal band's -inf lies in a block's last r keys): a product's
+    accumulator would read the whole tile for every head."""
+    used = bias.ne(0).reshape(-1, bias.shape[-1]).any(0)  # (hi,): keys with a bias
+    where = used.nonzero()
+    if where.numel() == 0:
+        return
+    j0, j1 = int(where[0]), int(where[-1]) + 1
+    s[..., j0:j1].add_(bias[..., j0:j1])
+
+
+def _softmax_block(
+    d: _Direct, plan: BlockPlan | None, i0: int, i1: int, hi: int, entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The exact weights (H, i1 - i0, hi) of rows i0 .. i1 - 1 over keys 0 .. hi - 1 (every
+    key those rows may attend to), from one product of q and k: the masked logits, their
+    row max, exp and row sums in one pass (:func:`exp_rows_`), then each row divided by
+    its sum. A row that keeps no key is 0.
+
+    With ``entropy``, also each row's entropy (H, r) in nats, from the shifted logits
+    x = s - max: ``-sum w log w = log Z - sum(p x) / Z`` with p = exp(x) and Z = sum p
+    (no log of every weight); 0 for a row that keeps no key. Else None.
+    """
+    q, k = d.q[:, i0:i1], d.k[:, :hi]  # (H, r, E), (H, hi, E)
+    H, r = q.shape[0], i1 - i0
+    keep, bias = (None, None) if plan is None else plan.tile_mask(
+        0 if plan.per_batch else None, i0, i1, 0, hi, q.device
+    )  # fmt: skip
+    s = torch.baddbmm(q.new_empty(H, r, hi), q, k.transpose(1, 2), beta=0.0, alpha=d.scale)
+    if bias is not None:
+        _add_bias(s, _first_rows(bias, H).to(torch.float32))
+    if keep is not None:
+        s.masked_fill_(~_first_rows(keep, H), float("-inf"))
+    m = _lse.safe_max(s.amax(dim=-1))  # (H, r)
+    if not entropy:
+        sums = exp_rows_(s, m, want_sum=True)  # s becomes exp(s - m); (H, r)
+        assert sums is not None
+        return s.div_(sums.clamp_min_(_TINY).unsqueeze(-1)), None  # (H, r, hi)
+    x = s.sub_(m.unsqueeze(-1))  # (H, r, hi): the shifted logits, -inf where blocked
+    p = x.clone()
+    zero = torch.zeros((), dtype=p.dtype, device=p.device)
+    sums = exp_rows_(p, zero, want_sum=True)  # p = exp(x); (H, r)
+    assert sums is not None
+    px = torch.nansum(x.mul_(p), dim=-1)  # (H, r): a blocked key's -inf * 0 counts 0
+    kept = sums > 0
+    z = sums.clamp_min_(_TINY)
+    ent = torch.where(kept, z.log() - px / z, zero)  # (H, r)
+    return p.div_(z.unsqueeze(-1)), ent  # (H, r, hi), (H, r)
 
 
 @contextmanager
