@@ -289,3 +289,24 @@ def test_a_traced_call_that_needs_no_gradient_follows_the_policy(mask_name: str)
             assert torch.equal(torch.isinf(got), torch.isinf(want))
             fin = torch.isfinite(want)
             assert_close_to_scale(got[fin], want[fin])
+
+
+@pytest.mark.parametrize("backend", matrix_backends("cpu"))
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+def test_a_poisoned_query_with_no_values_gives_the_weights_of_a_call_with_values(
+    backend: str, align: str
+) -> None:
+    """A call that only wants its weights passes a zero-width value (the viewer does): a
+    NaN query under a causal mask once raised IndexError from the policy's row check on
+    sdpa (a max over zero values). Its weights are those of the same call with values."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 2, 5, 4, generator=g)
+    q[0, 0, 1, 2] = math.nan
+    k = torch.randn(1, 2, 6, 4, generator=g)
+    mask = masks.causal(align)  # type: ignore[arg-type]
+    out, w = attnkit.attention(q, k, k.new_zeros(1, 2, 6, 0), mask=mask, return_weights=True,
+                               backend=backend)  # fmt: skip
+    _, want = attnkit.attention(q, k, torch.randn(1, 2, 6, 3, generator=g), mask=mask,
+                                return_weights=True, backend=backend)  # fmt: skip
+    assert out.shape == (1, 2, 5, 0)
+    torch.testing.assert_close(w, want, rtol=0, atol=0, equal_nan=True)

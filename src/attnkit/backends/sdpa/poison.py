@@ -69,7 +69,10 @@ def _row_addend(t: torch.Tensor) -> torch.Tensor:
     """(..., N, D) -> (..., N): NaN where the row holds a NaN or an inf, else 0.
 
     A float max reduction (it propagates NaN, and cannot overflow), which vectorizes
-    where a boolean ``isfinite(t).all()`` does not."""
+    where a boolean ``isfinite(t).all()`` does not. A row of no entries (a zero-width
+    value, as a call that only wants its weights passes) holds nothing non-finite."""
+    if t.shape[-1] == 0:
+        return t.new_zeros(t.shape[:-1])  # (..., N)
     return torch.where(torch.isfinite(t.abs().amax(dim=-1)), 0.0, float("nan"))
 
 
