@@ -19,7 +19,15 @@ from .positions import map_labels, map_position, position_map
 from .reduce import Budget, ReducedSet, SetReducer
 from .tokens import TokenText
 
-__all__ = ["NeuronWindow", "PageView", "RunOptions", "ViewOptions", "WindowError"]
+__all__ = [
+    "ExplainOptions",
+    "ImageRunOptions",
+    "NeuronWindow",
+    "PageView",
+    "RunOptions",
+    "ViewOptions",
+    "WindowError",
+]
 
 _RANGE = re.compile(r"^\s*(-?\d+)?\s*:\s*(-?\d+)?\s*$")
 
@@ -156,6 +164,52 @@ class RunOptions:
     def budget(self) -> Budget:
         """What a long page keeps (:class:`~attnkit.viz.reduce.Budget` with ``top_k``)."""
         return Budget(top_k=self.top_k)
+
+
+@dataclass(frozen=True)
+class ImageRunOptions:
+    """One picture run of the viewer: the same record for ``attnkit show --image`` and
+    :func:`attnkit.viz.show_image` (:func:`attnkit.viz.image_show.attend_image` runs it).
+
+    Attributes:
+        layers: the layer numbers to capture, increasing (None: all).
+        heads: the head numbers to keep (None: all).
+        top_k: keys kept per query row on a long page.
+        progress: progress on stderr (:mod:`attnkit.viz.progress`).
+    """
+
+    layers: Sequence[int] | None = None
+    heads: Sequence[int] | None = None
+    top_k: int = 16
+    progress: bool = True
+
+    def budget(self) -> Budget:
+        """What a long page keeps (:class:`~attnkit.viz.reduce.Budget` with ``top_k``)."""
+        return Budget(top_k=self.top_k)
+
+
+@dataclass(frozen=True)
+class ExplainOptions:
+    """One attribution of a text: the same record for ``attnkit show --explain`` and
+    :func:`attnkit.viz.explain` (:func:`attnkit.viz.attribution.explain_with` runs it).
+
+    Attributes:
+        text: the input.
+        target: what to explain (None: the model's default; see :func:`attnkit.viz.explain`).
+        method: one of :data:`attnkit.viz.attribution.METHODS`.
+        steps: integrated gradients' number of points on the path.
+        compare: an encoder's second text (the target is the cosine similarity), or None.
+        integration: where integrated gradients samples the path (captum's ``method=``).
+        max_length: truncate the input to this many tokens (None: the model's positions).
+    """
+
+    text: str
+    target: Any = None
+    method: str = "attention_x_gradient"
+    steps: int = 32
+    compare: str | None = None
+    integration: str = "gausslegendre"
+    max_length: int | None = None
 
 
 class PageView:
