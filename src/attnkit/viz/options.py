@@ -10,19 +10,25 @@ tokens and notes once the run is reduced. The CLI and the Python path share it.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from .neuron import DEFAULT_WINDOW, WindowError, window_capacity
 from .positions import map_labels, map_position, position_map
 from .reduce import Budget, ReducedSet, SetReducer
 from .tokens import TokenText
 
+if TYPE_CHECKING:
+    from .attribution import Attribution
+    from .attribution_steps import GenerationAttribution
+    from .image import ImageLayout
+
 __all__ = [
     "ExplainOptions",
     "ImageRunOptions",
     "NeuronWindow",
+    "PageOptions",
     "PageView",
     "RunOptions",
     "ViewOptions",
@@ -210,6 +216,66 @@ class ExplainOptions:
     compare: str | None = None
     integration: str = "gausslegendre"
     max_length: int | None = None
+
+
+@dataclass(frozen=True)
+class PageOptions:
+    """How a page is drawn: the page keywords of :func:`attnkit.viz.render_html`,
+    :func:`attnkit.viz.to_html` and :func:`attnkit.viz.show`, declared once.
+
+    Attributes:
+        key_tokens: the K key tokens; None when the keys are the Q queries.
+        layer_labels: the layers' names (default ``"layer i"``).
+        head_labels: the heads' names (default ``"head i"``).
+        title: the page's title (default ``"Attention"``).
+        subtitle: a line under the title (default none); elided on the page when long.
+        meta: a few ``name: value`` facts shown on the page (default none).
+        notes: sentences in a box under the title (default none).
+        pair_start: the index of the second sentence's first token, in 1..Q-1 (a
+            divider and an A->A / A->B / B->A / B->B filter), or None (default).
+        scale: the colour scale, ``"linear"`` (default), ``"power"`` or ``"log"``.
+        layer: the layer the page opens on (negative counts from the end), or None.
+        heads: the head numbers the page opens on (an int or a list), or None (all).
+        top_k: keys kept per query row on a long page (default 16); ignored when
+            ``budget`` is given.
+        budget: what the page keeps (:class:`~attnkit.viz.reduce.Budget`); None
+            (default): the default budget with ``top_k``.
+        image: an :class:`~attnkit.viz.ImageLayout` when the tokens are a vision
+            transformer's patches, or None (default).
+        explain: an :class:`~attnkit.viz.Attribution` from :func:`attnkit.viz.explain`
+            on the same model and text: an Explain view (the tokens coloured by
+            relevance, the head-importance grid, the relevance matrix), or None
+            (default). Its layers and heads are matched to the page's by their labels
+            (``"layer i"``, ``"head h"``, as a model run names them). A
+            :class:`~attnkit.viz.GenerationAttribution` (each generated token the
+            target) gives a steps × sources matrix that follows the generation slider.
+    """
+
+    key_tokens: Sequence[str] | None = None
+    layer_labels: Sequence[str] | None = None
+    head_labels: Sequence[str] | None = None
+    title: str = "Attention"
+    subtitle: str = ""
+    meta: Mapping[str, str] | None = None
+    notes: Sequence[str] = ()
+    pair_start: int | None = None
+    scale: str = "linear"
+    layer: int | None = None
+    heads: Sequence[int] | int | None = None
+    top_k: int = 16
+    budget: Budget | None = None
+    image: ImageLayout | None = None
+    explain: Attribution | GenerationAttribution | None = None
+
+    @classmethod
+    def of(cls, where: str, base: PageOptions | None = None, **page: Any) -> PageOptions:
+        """``base`` (default: every default) with the keywords ``page`` (field names);
+        TypeError naming the function ``where`` for any other name, as Python does."""
+        names = {f.name for f in fields(cls)}
+        for name in page:
+            if name not in names:
+                raise TypeError(f"{where}() got an unexpected keyword argument {name!r}")
+        return cls(**{**(vars(base) if base is not None else {}), **page})
 
 
 class PageView:
