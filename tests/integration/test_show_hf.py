@@ -11,6 +11,7 @@ import json
 import re
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -140,6 +141,38 @@ def test_gpt2_decoder_is_causal(
     rows = w.sum(-1)
     assert_close_to_scale(rows, np.ones_like(rows), rel=byte_sum_rel(w.shape[-1]))
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_folder_and_a_model_you_hold_run_through_one_function(
+    checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hf_run.run_text chooses generation or one forward for a checkpoint folder and for a
+    model you hold alike."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+    from attnkit import viz
+    from attnkit.models import hf_run
+
+    seen: list[tuple[str, int]] = []
+    run_text = hf_run.run_text
+
+    def recording(model: Any, tokenizer: Any, kind: str, text: str, *args: Any,
+                  **options: Any) -> Any:  # fmt: skip
+        seen.append((kind, options.get("generate_tokens", 0)))
+        return run_text(model, tokenizer, kind, text, *args, **options)
+
+    monkeypatch.setattr(hf_run, "run_text", recording)
+    folder = str(checkpoints["gpt2"])
+    held = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    viz.show(folder, None, SAMPLE, generate=2, progress=False)
+    viz.show(held, tokenizer, SAMPLE, generate=2, progress=False)
+    assert seen == [("decoder", 2), ("decoder", 2)]
+    encoder = str(checkpoints["distilbert"])
+    held_encoder = AutoModel.from_pretrained(encoder, attn_implementation="eager")
+    with pytest.raises(ValueError, match=r"^generate: needs a decoder \(a causal language"):
+        viz.show(held_encoder, AutoTokenizer.from_pretrained(encoder), SAMPLE, generate=2,
+                 progress=False)  # fmt: skip
 
 
 def test_distilbert_encoder_with_a_pair(

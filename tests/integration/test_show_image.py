@@ -345,6 +345,30 @@ def test_show_image_from_python(checkpoints, picture_file) -> None:  # type: ign
         viz.show_image(checkpoints["vit"], [[1, 2, 3]])
 
 
+def test_the_command_and_show_image_hand_one_record(  # type: ignore[no-untyped-def]
+    checkpoints, picture_file, tmp_path, monkeypatch
+) -> None:
+    """``attnkit show --image`` and ``viz.show_image`` run one ImageRunOptions through one
+    function (image_show.attend_image)."""
+    from attnkit.viz import image_show
+    from attnkit.viz.options import ImageRunOptions
+
+    seen: list[ImageRunOptions] = []
+    attend_image = image_show.attend_image
+
+    def recording(source: object, picture: object, options: ImageRunOptions) -> object:
+        seen.append(options)
+        return attend_image(source, picture, options)
+
+    monkeypatch.setattr(image_show, "attend_image", recording)
+    out = tmp_path / "a.html"
+    assert main(["show", "--image", str(picture_file), "--model", str(checkpoints["vit"]),
+                 "--out", str(out), "--no-png", "--layers", "1", "--top-k", "8"]) == 0  # fmt: skip
+    viz.show_image(checkpoints["vit"], picture_file, layers=[1], heads=[0, 1], top_k=8)
+    cli, python = seen
+    assert cli == python == ImageRunOptions([1], [0, 1], top_k=8)
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [

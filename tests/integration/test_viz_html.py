@@ -106,6 +106,37 @@ def test_several_attention_sets_and_notes() -> None:
     assert data["notes"] == ["The input was truncated to 5 tokens."]
 
 
+def test_the_page_keywords_are_one_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    """render_html's keywords and its PageOptions record make the same page, and show hands
+    render_html one record."""
+    from attnkit.viz import html
+    from attnkit.viz.options import PageOptions
+
+    w = _weights()
+    keywords: dict[str, Any] = {"title": "T", "subtitle": "s", "notes": ["n"], "scale": "log",
+                                "layer": 1, "heads": [0, 2], "pair_start": 3}  # fmt: skip
+    page = viz.render_html(w, TOKENS, **keywords)
+    assert viz.render_html(w, TOKENS, options=PageOptions(**keywords)) == page
+    assert viz.render_html(w, TOKENS, options=PageOptions(title="T"), **{**keywords}) == page
+    with pytest.raises(
+        TypeError, match=r"^render_html\(\) got an unexpected keyword argument 'tilte'"
+    ):
+        viz.render_html(w, TOKENS, tilte="T")
+    seen: list[PageOptions] = []
+    render = html.render_html
+
+    def recording(attentions: Any, tokens: Any = None, *, options: PageOptions) -> str:
+        seen.append(options)
+        return render(attentions, tokens, options=options)
+
+    monkeypatch.setattr(html, "render_html", recording)
+    assert viz.show(w, TOKENS, sentence_b_start=3, **{k: v for k, v in keywords.items()
+                                                      if k != "pair_start"}).html == page  # fmt: skip
+    assert seen == [PageOptions(**keywords)]
+    with pytest.raises(TypeError, match=r"show: unexpected argument\(s\) budget"):
+        viz.show(w, TOKENS, budget=None)
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="query tokens"):
         viz.render_html(_weights(), TOKENS[:3])

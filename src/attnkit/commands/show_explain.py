@@ -1,5 +1,7 @@
 """``attnkit show --explain [METHOD]``: an Explain view of which tokens and heads the output
-depends on (:func:`attnkit.viz.explain` on the same checkpoint and text).
+depends on (:func:`attnkit.viz.explain` on the same checkpoint and text: the flags make one
+:class:`attnkit.viz.options.ExplainOptions`, which
+:func:`attnkit.viz.attribution.explain_with` runs, as :func:`attnkit.viz.explain` does).
 
 The target is :func:`attnkit.viz.explain`'s default: a causal LM's top next token at the
 last position, a classifier's top class, and for an encoder without a head the cosine
@@ -131,16 +133,18 @@ def run(args: argparse.Namespace, model: Any, tokenizer: Any, text: str, max_len
     method = getattr(args, "explain", None)
     if method is None:
         return None
-    from ..viz import explain
+    from ..viz import attribution
     from ..viz.attribution_steps import explain_generation
+    from ..viz.options import ExplainOptions
 
     text2 = getattr(args, "compare", None)
     try:
         if getattr(args, "generate", 0) and page_run is not None:
             return explain_generation(model, tokenizer, page_run.ids, page_run.used_tokens,
                                       tokens=page_run.tokens, method=method)  # fmt: skip
-        return explain(model, tokenizer, text, method=method, max_length=max_length,
-                       compare=None if text2 is None else text2.strip())  # fmt: skip
+        options = ExplainOptions(text, method=method, max_length=max_length,
+                                 compare=None if text2 is None else text2.strip())  # fmt: skip
+        return attribution.explain_with(model, tokenizer, options)
     except (ValueError, TypeError) as exc:
         raise UsageError(f"--explain: {exc}") from None
 

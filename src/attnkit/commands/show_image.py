@@ -98,8 +98,8 @@ def _run(args: argparse.Namespace) -> int:
     picture = _open_picture(args.image)
 
     from ..models import hf
-    from ..viz.progress import quiet
-    from ..viz.reduce import Budget
+    from ..viz import image_show
+    from ..viz.options import ImageRunOptions
     from ..viz.sources import open_image_source
 
     try:
@@ -110,12 +110,10 @@ def _run(args: argparse.Namespace) -> int:
     layers = sorted(resolve(layer_sel, source.num_layers, "--layers", "layer"))
     heads = resolve(head_sel, source.num_heads, "--heads", "head")
     show_explain.check_image(args, ck)
+    options = ImageRunOptions(layers, heads, top_k=args.top_k, progress=not args.quiet)
     try:
         source.load(head=args.explain is not None)  # one model for the page and --explain
-        with quiet(args.quiet):
-            run = source.attend(
-                picture, layers=layers, heads=heads, budget=Budget(top_k=args.top_k)
-            )
+        run = image_show.attend_image(source, picture, options)
     except hf.CheckpointError as exc:
         raise UsageError(f"--model: {exc}") from None
     except ValueError as exc:

