@@ -56,7 +56,7 @@ class ShowCase:
     name: str
     tokens: int
     repeats: int
-    goal: float = 3.0
+    goal: float = 2.0
     page_mib: float | None = None
     peak_gib: float | None = None
     suite: str = "show"
