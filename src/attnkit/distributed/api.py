@@ -22,7 +22,14 @@ from ..scores import Score
 from .all_to_all import all_to_all_attention
 from .comm import all_reduce
 from .layout import Layout, check_layout, segments
-from .plan import STRATEGIES, call_batch_shape, choose_strategy, plan_blocks, prepare
+from .plan import (
+    STRATEGIES,
+    call_batch_shape,
+    check_full_mask,
+    choose_strategy,
+    plan_blocks,
+    prepare,
+)
 from .ring import ring_attention
 
 __all__ = [
@@ -204,14 +211,8 @@ def explain_context_parallel(
     chosen, why, reasons = choose_strategy(strategy, query.shape, key.shape, world_size)
     q_segs, kv_segs = segments(n_q, world_size, lay), segments(n_kv, world_size, lay)
     batch_shape = call_batch_shape(query.shape, key.shape)
-    if mask is not None:
-        try:
-            mask.validate(batch_shape, n_q, n_kv)
-        except ValueError as exc:
-            raise ValueError(
-                f"mask: must describe the full sequence of {n_q} queries and {n_kv} keys "
-                f"(seq_len, kv_seq_len, or the shard lengths times world_size): {exc}"
-            ) from exc
+    check_full_mask(mask, batch_shape, n_q, n_kv,
+                    "seq_len, kv_seq_len, or the shard lengths times world_size")  # fmt: skip
     blocks, last_hop = plan_blocks(mask, q_segs, kv_segs, n_q, n_kv, batch_shape)
     return ContextParallelExplanation(
         chosen=chosen,

@@ -34,6 +34,7 @@ __all__ = [
     "Strategy",
     "all_to_all_reasons",
     "call_batch_shape",
+    "check_full_mask",
     "plan_blocks",
     "prepare",
 ]
@@ -167,6 +168,23 @@ def choose_strategy(
     return "ring", why, reasons
 
 
+def check_full_mask(
+    mask: _masks.Mask | None, batch_shape: Sequence[int], total_L: int, total_S: int, hint: str
+) -> None:
+    """Raise :class:`ContextParallelError` (a ``ValueError``) naming ``mask`` when it does
+    not describe the full problem: ``batch_shape + (total_L, total_S)``; ``hint`` says
+    where the lengths come from."""
+    if mask is None:
+        return
+    try:
+        mask.validate(batch_shape, total_L, total_S)
+    except ValueError as exc:
+        raise ContextParallelError(
+            f"mask: must describe the full sequence of {total_L} queries and {total_S} keys "
+            f"({hint}): {exc}"
+        ) from exc
+
+
 def call_batch_shape(q_shape: Sequence[int], k_shape: Sequence[int]) -> tuple[int, ...]:
     """Leading dims of the call (query's heads win over key's under grouped-query)."""
     qb, kb = list(q_shape[:-2]), list(k_shape[:-2])
@@ -234,14 +252,7 @@ def prepare(
                 f"attnkit.distributed.shard(x, group=..., layout={layout!r})"
             )
     batch_shape = call_batch_shape(q.shape, k.shape)
-    if m is not None:
-        try:
-            m.validate(batch_shape, total_L, total_S)
-        except ValueError as exc:
-            raise ContextParallelError(
-                f"mask: must describe the full sequence of {total_L} queries and {total_S} "
-                f"keys (every rank passes the same mask): {exc}"
-            ) from exc
+    check_full_mask(m, batch_shape, total_L, total_S, "every rank passes the same mask")
     chosen, why, _ = choose_strategy(strategy, q.shape, k.shape, P)  # type: ignore[arg-type]
     blocks, last_hop = plan_blocks(m, q_segs, kv_segs, total_L, total_S, batch_shape)
     return CallPlan(
