@@ -121,8 +121,7 @@ def test_pair_selection_and_long_text_truncated_with_a_warning(
         "word " * 600,
         "--out",
         str(tmp_path / "a.html"),
-        "--png",
-        str(tmp_path / "a.png"),
+        "--no-png",  # the picture of the selection: on the short pair below
         "--layers",
         "-1",
         "--heads",
@@ -135,15 +134,15 @@ def test_pair_selection_and_long_text_truncated_with_a_warning(
         "positions; truncated to 512"
     )
     assert "512 tokens" in out and "  layer 5: head " in out
-    assert "(1 layer × 2 heads," in out
+    assert "wrote" in out and ".png" not in out
     code, out, err = _show(
-        capsys, SAMPLE, "--pair", "It slept.", "--max-length", "8", "--no-png",
-        "--out", str(tmp_path / "b.html"),
+        capsys, SAMPLE, "--pair", "It slept.", "--max-length", "8", "--layers", "-1",
+        "--heads", "0,3", "--png", str(tmp_path / "b.png"), "--out", str(tmp_path / "b.html"),
     )  # fmt: skip
     assert code == 0
     assert err.strip().endswith("more than --max-length; truncated to 8")
     assert "tokens: [CLS] The ·cat ·sat [SEP] It ·slept [SEP]" in out  # longest first
-    assert "wrote" in out and ".png" not in out
+    assert "(1 layer × 2 heads," in out
 
 
 @pytest.mark.parametrize(
