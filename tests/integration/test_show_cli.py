@@ -85,7 +85,11 @@ def test_end_to_end_on_the_default_checkpoint(tmp_path: Path) -> None:
     assert _png_size(picture)[0] > 1000
 
 
+@pytest.mark.slow
 def test_bad_input_in_a_real_process_exits_2_without_traceback(tmp_path: Path) -> None:
+    """Slow: a fresh interpreter's import, seconds. By default test_empty_text holds the
+    same refusal in process (code 2, one line, nothing on stdout) and the end-to-end run
+    above the process that returns ``main``'s code."""
     done = subprocess.run(
         [sys.executable, "-m", "attnkit", "show", "   "],
         cwd=tmp_path,
