@@ -233,10 +233,12 @@ def test_documents_in_any_order_and_of_any_size(ids: list[list[int]], causal: bo
 @pytest.mark.parametrize(
     "score_name, dtype",
     [
-        ("scaled_dot", torch.float16),
-        ("gaussian", torch.bfloat16),
-        pytest.param("scaled_dot", torch.bfloat16, marks=pytest.mark.slow),
-        pytest.param("gaussian", torch.float16, marks=pytest.mark.slow),
+        pytest.param("scaled_dot", torch.float16, id="scaled_dot-float16"),
+        pytest.param("gaussian", torch.bfloat16, id="gaussian-bfloat16"),
+        pytest.param(
+            "scaled_dot", torch.bfloat16, id="scaled_dot-bfloat16", marks=pytest.mark.slow
+        ),
+        pytest.param("gaussian", torch.float16, id="gaussian-float16", marks=pytest.mark.slow),
     ],
 )
 def test_half_precision_within_twice_plain_math(score_name: str, dtype: torch.dtype) -> None:
