@@ -4,8 +4,8 @@ The interpreter's 16 x 16 tiles leave most edge cases of a GPU's 64- and 128-row
 unvisited, and an out-of-range access goes unnoticed on the host. Here the kernels run
 interpreted with the tile sizes of a GPU architecture (tests/triton_bounds.py), every
 access checked against the launch's tensor arguments: the forward, the weights and,
-with gradients, the dq and dk/dv kernels, over the mask kinds and the grouped-query
-shapes of the half-precision conformance test. Two masks by default; under ``slow``,
+with gradients, the dq and dk/dv kernels, over the mask kinds and a grouped-query
+shape. Two masks by default, on two batches of two query heads; under ``slow``,
 every mask on a shape with partial tiles at sm_90's sizes, and a sample of masks at
 sm_80's (the 257 x 300 shapes of the GPU conformance run were swept once this way:
 forward and weights, float16, every mask, sm_90, all in bounds). Each checked call
@@ -29,7 +29,7 @@ import attnkit
 from cases import MASKS, check_case, make_case
 from triton_bounds import bounds_checked, target_tiles
 
-HALF_SHAPE = (2, 4, 2, 17, 19, 16, 8)  # (B, H, Hk, L, S, E, Ev): grouped heads, L != S
+HALF_SHAPE = (2, 2, 1, 17, 19, 16, 8)  # (B, H, Hk, L, S, E, Ev): grouped heads, L != S
 # two 128-row tiles and two 64-key tiles, each with a partial last one (sm_90's sizes)
 EDGE_SHAPE = (1, 2, 1, 130, 70, 16, 8)
 SAMPLE_MASKS = ("none", "causal_bottom_right", "valid_lens_queries", "document", "prefix_lm")

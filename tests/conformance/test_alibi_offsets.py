@@ -26,7 +26,7 @@ from reference import oracle
 H, E = 8, 16  # eight heads: the steepest slope is 0.5
 OFFSETS = (0, 100_000, 1_000_000)
 # (L, S, align): a prefill, a decoding step, a chunk of queries over a long cache
-SHAPES = ((512, 512, "top_left"), (1, 1024, "bottom_right"), (64, 700, "bottom_right"))
+SHAPES = ((256, 256, "top_left"), (1, 1024, "bottom_right"), (64, 700, "bottom_right"))
 EPS = torch.finfo(torch.float32).eps
 
 

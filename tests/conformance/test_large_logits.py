@@ -363,6 +363,7 @@ def test_float32_gradients_through_the_weights(
         pytest.skip(f"{backend} does not return weights for {score_name}")
 
 
+@pytest.mark.pairwise
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("magnitude", [1e4, 1e6], ids=repr)
 def test_half_gradients_through_the_weights_bilinear_at_scale_1e4(
@@ -370,7 +371,8 @@ def test_half_gradients_through_the_weights_bilinear_at_scale_1e4(
 ) -> None:
     """Bilinear at scale 1e4 in half precision: |logit| 1e4 (offset 1) and 1e6 (offset
     100, where the keys' float64 gradients pass the float16 range and only the others
-    are held)."""
+    are held). By default an all-pairs set of backend, magnitude and dtype
+    (tests/pairwise.py); the rest under ``slow``."""
     for n, mask_name in enumerate(("none", "causal", "keep", "key_padding")):
         case = large_case("bilinear", mask_name, magnitude, dtype, seed=110 + n, scale=1e4)
         what = f"{backend} bilinear {mask_name} {dtype} |logit| {magnitude:g}"

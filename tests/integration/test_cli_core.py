@@ -44,7 +44,11 @@ def test_usage_lists_commands(capsys: pytest.CaptureFixture[str]) -> None:
         assert f"  {name}" in out
 
 
+@pytest.mark.slow
 def test_python_dash_m_runs_the_command() -> None:
+    """Slow: a fresh interpreter's import, seconds. The default run holds ``main(["demo"])``
+    in process (test_demo_prints_the_nadaraya_watson_result) and ``python -m attnkit`` in a real process
+    (test_show_cli.py's end-to-end run)."""
     res = subprocess.run(
         [sys.executable, "-m", "attnkit", "demo"], capture_output=True, text=True, timeout=120
     )

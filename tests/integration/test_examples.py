@@ -126,7 +126,10 @@ def test_examples_are_named_for_what_they_show() -> None:
         assert sum(f"Reproduces seed {seed:03d}" in n for n in notes) == 1, seed
 
 
+@pytest.mark.slow
 def test_scripts_run_from_the_command_line() -> None:
+    """Slow: a fresh interpreter's import, seconds. By default the script's ``main`` runs
+    in process (test_d2l_masked_softmax_and_nadaraya_watson)."""
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / "d2l_masked_softmax_and_nadaraya_watson.py")],
         capture_output=True,

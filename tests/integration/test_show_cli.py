@@ -85,7 +85,11 @@ def test_end_to_end_on_the_default_checkpoint(tmp_path: Path) -> None:
     assert _png_size(picture)[0] > 1000
 
 
+@pytest.mark.slow
 def test_bad_input_in_a_real_process_exits_2_without_traceback(tmp_path: Path) -> None:
+    """Slow: a fresh interpreter's import, seconds. By default test_empty_text holds the
+    same refusal in process (code 2, one line, nothing on stdout) and the end-to-end run
+    above the process that returns ``main``'s code."""
     done = subprocess.run(
         [sys.executable, "-m", "attnkit", "show", "   "],
         cwd=tmp_path,
@@ -121,8 +125,7 @@ def test_pair_selection_and_long_text_truncated_with_a_warning(
         "word " * 600,
         "--out",
         str(tmp_path / "a.html"),
-        "--png",
-        str(tmp_path / "a.png"),
+        "--no-png",  # the picture of the selection: on the short pair below
         "--layers",
         "-1",
         "--heads",
@@ -135,15 +138,15 @@ def test_pair_selection_and_long_text_truncated_with_a_warning(
         "positions; truncated to 512"
     )
     assert "512 tokens" in out and "  layer 5: head " in out
-    assert "(1 layer × 2 heads," in out
+    assert "wrote" in out and ".png" not in out
     code, out, err = _show(
-        capsys, SAMPLE, "--pair", "It slept.", "--max-length", "8", "--no-png",
-        "--out", str(tmp_path / "b.html"),
+        capsys, SAMPLE, "--pair", "It slept.", "--max-length", "8", "--layers", "-1",
+        "--heads", "0,3", "--png", str(tmp_path / "b.png"), "--out", str(tmp_path / "b.html"),
     )  # fmt: skip
     assert code == 0
     assert err.strip().endswith("more than --max-length; truncated to 8")
     assert "tokens: [CLS] The ·cat ·sat [SEP] It ·slept [SEP]" in out  # longest first
-    assert "wrote" in out and ".png" not in out
+    assert "(1 layer × 2 heads," in out
 
 
 @pytest.mark.parametrize(
