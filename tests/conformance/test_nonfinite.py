@@ -29,7 +29,6 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from torch._dynamo.backends.registry import lookup_backend
 
 import attnkit
 from attnkit import masks
@@ -311,48 +310,3 @@ def test_a_poisoned_query_with_no_values_gives_the_weights_of_a_call_with_values
                                 return_weights=True, backend=backend)  # fmt: skip
     assert out.shape == (1, 2, 5, 0)
     torch.testing.assert_close(w, want, rtol=0, atol=0, equal_nan=True)
-
-
-@pytest.mark.torch_feature("compile")
-@pytest.mark.parametrize("lse", [False, True], ids=["out", "lse"])
-@pytest.mark.parametrize("mask_name", ["causal", "causal_br", "keep"])
-def test_a_traced_masked_call_branches_on_finite_inputs(mask_name: str, lse: bool) -> None:
-    """Traced with no gradient, a masked sdpa call runs the kernel alone under one
-    ``torch.cond`` on the inputs' finiteness (no zeroed copies of q, k and v in the common
-    case), and its other branch gives the policy's answers (the reference backend's): NaN
-    for NaN, the same values elsewhere, also for a NaN key behind the mask (L=6 < S=8 for
-    the bottom-right causal mask) and an inf key whose logits are -inf."""
-    gen = torch.Generator().manual_seed(70)
-    q = torch.randn(1, 2, 6, 16, generator=gen)  # (B, H, L, E)
-    k, v = (torch.randn(1, 2, 8, 16, generator=gen) for _ in range(2))  # (B, H, S, E)
-    keep = torch.rand(6, 8, generator=gen) > 0.3
-    keep[:, 0] = True  # (L, S): every row keeps a key
-    mask = {
-        "causal": masks.causal(),
-        "causal_br": masks.causal("bottom_right"),
-        "keep": masks.keep(keep),
-    }[mask_name]
-    graphs: list[torch.fx.GraphModule] = []
-
-    def backend(gm: torch.fx.GraphModule, example: list[torch.Tensor]) -> object:
-        graphs.append(gm)  # dynamo's graph; AOTAutograd traces it again, as inductor does
-        return lookup_backend("aot_eager")(gm, example)
-
-    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> object:
-        return attnkit.attention(q, k, v, mask=mask, backend="sdpa", return_lse=lse)
-
-    traced = torch.compile(run, backend=backend, fullgraph=True)
-    behind = k.clone()
-    behind[0, 1, -1] = math.nan  # a key the first rows mask out
-    with torch.no_grad():
-        for inputs in [*_poisoned(q, k, v), (q, behind, v)]:
-            got = traced(*inputs)
-            want = attnkit.attention(*inputs, mask=mask, backend="reference", return_lse=lse)
-            for g, w in zip(got if lse else [got], want if lse else [want], strict=True):
-                assert torch.equal(torch.isnan(g), torch.isnan(w))
-                assert torch.equal(torch.isinf(g), torch.isinf(w))
-                fin = torch.isfinite(w)
-                assert_close_to_scale(g[fin], w[fin])
-    assert len(graphs) == 1
-    conds = [n for n in graphs[0].graph.nodes if n.target is torch.ops.higher_order.cond]
-    assert len(conds) == 1

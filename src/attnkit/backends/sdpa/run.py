@@ -96,6 +96,9 @@ def call(
     Non-finite inputs follow the policy of :mod:`.poison`, unless ``assume_finite``
     (the caller guarantees finite inputs: ``check_finite=False``).
     """
+    heads = q.shape[-3] if q.ndim >= 3 else 1
+    L, S = q.shape[-2], k.shape[-2]
+    offset = S - L if lower_right else 0
     masked = attn_mask is not None or is_causal or excluded is not None or lower_right
     if excluded is None and (
         assume_finite
@@ -112,92 +115,6 @@ def call(
             return _lower_right(q, k, v, dropout_p=dropout_p, scale=scale, gqa=gqa), None
         return _kernel(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                        dropout_p=dropout_p, scale=scale, gqa=gqa, want_lse=want_lse)  # fmt: skip
-    if (
-        masked
-        and excluded is None
-        and dropout_p == 0
-        and q.shape[-1] == v.shape[-1]  # (a padded kernel's output is a slice, laid out apart)
-        and torch.compiler.is_compiling()
-        and not _needs_grad(q, k, v, attn_mask)
-    ):
-        # Traced: the same choice as above, made on the device by torch.cond (no graph
-        # break, no host read): finite inputs take the kernel alone, anything else the
-        # policy's path. The common case then costs one sum over q, k and v instead of
-        # the policy's zeroed copies of them. Not when a gradient is needed: torch.cond's
-        # backward needs both branches' gradients laid out alike, and the fused CPU
-        # backward's are not laid out as the policy's selects give theirs.
-        return _finite_or_policy(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                 scale=scale, gqa=gqa, want_lse=want_lse,
-                                 lower_right=lower_right)  # fmt: skip
-    return _policy(q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p,
-                   scale=scale, gqa=gqa, want_lse=want_lse, excluded=excluded,
-                   lower_right=lower_right)  # fmt: skip
-
-
-def _finite_or_policy(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    attn_mask: torch.Tensor | None,
-    is_causal: bool,
-    scale: float,
-    gqa: bool,
-    want_lse: bool,
-    lower_right: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`call` of a masked call without dropout or excluded keys, as one
-    ``torch.cond`` for traced code: the kernel alone when q, k and v are all finite,
-    else :func:`_policy`. Returns out (..., L, Ev) and, with ``want_lse`` (and not
-    ``lower_right``), lse (..., L)."""
-    with_lse = want_lse and not lower_right
-    options: dict[str, Any] = {"is_causal": is_causal, "dropout_p": 0.0, "scale": scale,
-                               "gqa": gqa, "want_lse": with_lse}  # fmt: skip
-
-    def unpack(
-        ops: tuple[torch.Tensor, ...],
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The branches' operands (q, k, v and the mask when there is one) as four."""
-        return ops[0], ops[1], ops[2], (ops[3] if len(ops) > 3 else None)
-
-    def kernel(*ops: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        q, k, v, m = unpack(ops)
-        if lower_right:
-            return (_lower_right(q, k, v, dropout_p=0.0, scale=scale, gqa=gqa),)
-        out, lse = _kernel(q, k, v, attn_mask=m, **options)
-        return (out,) if lse is None else (out, lse)
-
-    def policy(*ops: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        q, k, v, m = unpack(ops)
-        out, lse = _policy(q, k, v, attn_mask=m, dropout_p=0.0, excluded=None,
-                           lower_right=lower_right, **options)  # fmt: skip
-        return (out,) if lse is None else (out, lse)
-
-    finite = _finite_on_device(q, k, v)  # 0-d bool
-    operands = (q, k, v) if attn_mask is None else (q, k, v, attn_mask)
-    result = torch.cond(finite, kernel, policy, operands)
-    return result[0], (result[1] if with_lse else None)
-
-
-def _policy(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    attn_mask: torch.Tensor | None,
-    is_causal: bool,
-    dropout_p: float,
-    scale: float,
-    gqa: bool,
-    want_lse: bool,
-    excluded: torch.Tensor | None,
-    lower_right: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`call`'s non-finite policy with tensor operations (see :mod:`.poison`)."""
-    heads = q.shape[-3] if q.ndim >= 3 else 1
-    L, S = q.shape[-2], k.shape[-2]
-    offset = S - L if lower_right else 0
-    masked = attn_mask is not None or is_causal or excluded is not None or lower_right
     if masked:
         q, k, v, q_bad, k_bad, v_bad = poison.sanitize(q, k, v, excluded)
     causal = is_causal or lower_right
@@ -229,23 +146,6 @@ def _policy(
         q, k_bad, v_bad, q_bad, policy_mask, causal, heads, offset, split=lse is not None
     )
     return poison.apply(out, lse, flags)
-
-
-def _finite_on_device(*tensors: torch.Tensor) -> torch.Tensor:
-    """0-d bool tensor: True when every value of the tensors is finite, without a host
-    read (one sum per tensor, as :func:`attnkit.backends._common.all_finite` reads them:
-    a sum that overflows on finite values only answers False, and the caller then takes
-    the exact path). Half-precision tensors are summed in float32."""
-    total = [
-        t.sum(dtype=torch.float32) if t.element_size() < 4 else t.sum()  # 0-d
-        for t in tensors
-    ]
-    return torch.isfinite(sum(total[1:], total[0]))
-
-
-def _needs_grad(*tensors: torch.Tensor | None) -> bool:
-    """True when grad mode is on and one of the tensors (None: skipped) requires grad."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def _structure_mask(
