@@ -609,6 +609,45 @@ def test_additive_tanh_relative_error_near_zero_and_below_it() -> None:
         assert rel <= 4 * EPS, f"hidden {hidden}: tanh's relative error {rel:.3g}"
 
 
+def test_additive_tanh_near_one_and_beyond_saturation() -> None:
+    """The compiled additive loop's tanh near ±1: within one ulp of tanh (eps / 2 below 1)
+    from |x| = 1.5, and exactly ±1 where float32 tanh is (|x| above 9.02: ``1 - 2/(u + 2)``
+    clamped at 9 would stay one ulp below 1). Formed as ``u / (u + 2)`` it rounded at 1.5
+    ulps near 1; a logit of such terms at scale 5.7e4 moved the weights of near-tied keys
+    by 19 times plain float32's error (the conformance fuzz's large logits, case 579 of
+    seed 29)."""
+    from attnkit.kernels import additive
+
+    x = torch.cat([torch.linspace(1.5, 12, 4001), -torch.linspace(1.5, 12, 4001)])  # (N,)
+    for hidden in (1, 8, 16):  # the scalar tail and the vector lanes
+        qh = x.view(1, -1, 1).repeat(1, 1, hidden).contiguous()  # (1, N, hidden)
+        w = torch.zeros(hidden)
+        w[-1] = 1.0
+        got = additive.logits(qh, torch.zeros(1, 1, hidden), w).flatten()  # (N,)
+        saturated = torch.tanh(x.double()).float().abs() == 1
+        assert (got[saturated].abs() == 1).all(), f"hidden {hidden}: tanh short of ±1"
+        err = float((got.double() - torch.tanh(x.double())).abs().max())
+        assert err <= EPS / 2, f"hidden {hidden}: tanh's error {err:.3g} near ±1"
+
+
+def test_additive_near_tied_keys_with_sinks_at_large_scale() -> None:
+    """The conformance fuzz's large logits, case 579 of seed 29: an Additive score whose
+    hidden units saturate, with sinks, at scale 5.7e4 (logits of 3.4e4), keys of a row
+    tied to 3e-5 before the scale. The chunked backend's output and weights within twice
+    plain float32's error of the float64 oracle (they were 19 times it)."""
+    from fuzz_draws import draw
+
+    d = draw(29, 579, focus="large_logits")
+    got, want, plain = (
+        attnkit.attention(b.q, b.k, b.v, **b.kwargs, return_weights=True, backend=backend)
+        for b, backend in ((d.build(), "chunked"), (d.build(torch.float64), "reference"),
+                           (d.build(), "reference"))
+    )  # fmt: skip
+    for name, g, w, p in zip(("output", "weights"), got, want, plain, strict=True):
+        g, w, p = (t.detach().double() for t in (g, w, p))
+        assert_close_to_scale(g, w, rel=plain_math_rel(p, w), what=f"chunked {name}")
+
+
 @pytest.mark.parametrize("backend", ["reference", "chunked"])
 def test_additive_small_hidden_at_large_scale(backend: str) -> None:
     """Additive logits of one or two hidden terms at scale 1e5, their tanh arguments near

@@ -32,11 +32,14 @@ tests of the fallbacks).
 Math: ``exp(x) = 2^n · e^r`` with ``|r| <= ln2/2`` and e^r by its degree-7 Taylor
 polynomial (relative error about 1e-7, float32 rounding); ``exp`` of -inf (or
 anything below -87) is exactly 0, of +inf (or anything above ln(FLT_MAX)) +inf, and of
-NaN NaN, as in torch. ``tanh(x) = sign(x) · u / (u + 2)`` with ``u = expm1(2|x|)``
-(``2^n (e^r - 1) + (2^n - 1)``, e^r - 1 from the same polynomial without its constant
-term) and |x| clamped to 9, where tanh is ±1 to float32 precision: a relative error of
-a few roundings at any x (``1 - 2/(exp(2x) + 1)`` had an absolute one, 6e-5 relative at
-x = 1e-3, which additive logits at a large scale carried).
+NaN NaN, as in torch. ``tanh(x) = sign(x) · t`` with ``u = expm1(2|x|)``
+(``2^n (e^r - 1) + (2^n - 1)``, e^r - 1 = r q(r) with q a near-minimax fit of degree 5,
+relative error 2.3e-8), |x| clamped to 10, where float32 tanh is exactly ±1, and
+``t = u / (u + 2)`` up to |x| = atanh(1/2), ``1 - 2 / (u + 2)`` above: a relative error
+of a few roundings near 0 (``1 - 2/(exp(2x) + 1)`` had an absolute one, 6e-5 relative at
+x = 1e-3) and within 0.65 ulps from |x| = 1.5 (``u / (u + 2)`` rounded there at 1.5
+ulps): additive logits carry these at a large scale, where one ulp of a term moves the
+softmax of near-tied keys.
 """
 
 from __future__ import annotations

@@ -17,16 +17,41 @@
 #endif
 #endif
 
-/* tanh(x) = sign(x) * u / (u + 2), u = expm1(2|x|), |x| clamped to 9: relative error of a
-   few float32 roundings at any x. (1 - 2/(exp(2x) + 1) has an absolute error of eps, a
-   relative one of eps / |x| near 0 (6e-5 at x = 1e-3), and for x < 0 the rounding of a
-   quotient near 2; a sum of such terms times a large scale put the additive logits many
-   times plain math's rounding off.) Scalar form, same formula as the vector ones. */
+/* tanh(x) = sign(x) * t with u = expm1(2|x|), |x| clamped to AK_TANH_SAT, and t = u / (u + 2)
+   up to |x| = atanh(1/2), 1 - 2 / (u + 2) above: a relative error of a few float32 roundings
+   near 0, and within 0.65 ulps from |x| = 1.5 (half an ulp plus the rounding of the small
+   term 2 / (u + 2)). (1 - 2/(exp(2x) + 1) everywhere has an absolute error of eps, a relative
+   one of eps / |x| near 0 (6e-5 at x = 1e-3); u / (u + 2) everywhere rounds u + 2 and the
+   quotient on tanh itself, 1.5 ulps near 1. Additive logits are sums of such terms times
+   the scale: at logits of 3e4, one ulp of a term is a tenth of a unit of the softmax's
+   argument, and it moved the weights of near-tied keys by 19 times plain float32's error.)
+   Scalar form, same formula as the vector ones. */
+#define AK_TANH_HALF 0.5493061443f
+/* Beyond this |x| float32 tanh is exactly ±1: 1 - tanh(10) = 4e-9 is under half an ulp (at 9,
+   1 - 2 / (u + 2) would round to one ulp below 1). */
+#define AK_TANH_SAT 10.0f
+
 static inline float ak_tanh1(float x) {
-    float a = fabsf(x) > 9.0f ? 9.0f : fabsf(x);
+    float a = fabsf(x) > AK_TANH_SAT ? AK_TANH_SAT : fabsf(x);
     float u = expm1f(2.0f * a);
-    return copysignf(u / (u + 2.0f), x);
+    float q = 1.0f / (u + 2.0f);
+    float t = a > AK_TANH_HALF ? 1.0f - 2.0f * q : u * q;
+    return copysignf(t, x);
 }
+
+/* e^r - 1 = r (1 + C1 r + ... + C5 r^5) for |r| <= ln2/2, the additive loops' expm1: a
+   near-minimax fit of (e^r - 1) / r, relative error 2.3e-8 (a fifth of eps), one term
+   shorter than the Taylor polynomial of ak_exp8_poly; with the one-step reduction below it
+   pays for tanh's select. */
+/* ln 2 rounded to float32 (1.9e-9 above it), for the additive loops' one-step reduction
+   r = y - n ln2: with y <= 2 AK_TANH_SAT, n <= 29, so r is off by at most 5.5e-8, and u by
+   that relative share where n is large, where it reaches tanh damped by 1 - tanh. */
+#define AK_LN2F 0.693147182464599609375f
+#define AK_EM1_C1 4.999999702e-01f
+#define AK_EM1_C2 1.666650474e-01f
+#define AK_EM1_C3 4.166712239e-02f
+#define AK_EM1_C4 8.369279094e-03f
+#define AK_EM1_C5 1.389020821e-03f
 
 #ifdef AK_AVX2
 /* e^r for y = n*ln2 + r, |r| <= ln2/2, by its degree-7 Taylor polynomial; n in *n_out. */
@@ -68,19 +93,17 @@ static inline __m256 ak_exp8(__m256 x) {
     return _mm256_andnot_ps(dead, ak_exp8_inner(y));
 }
 
-/* expm1(y) for 0 <= y <= 87: 2^n (e^r - 1) + (2^n - 1), e^r - 1 = r q(r) from the Taylor
-   polynomial of ak_exp8_poly without its constant term (accurate in relative terms near 0). */
+/* expm1(y) for 0 <= y <= 2 AK_TANH_SAT: 2^n (e^r - 1) + (2^n - 1), e^r - 1 = r q(r) with q
+   the fit above (accurate in relative terms near 0). */
 static inline __m256 ak_expm1_8(__m256 y) {
     __m256 n = _mm256_round_ps(_mm256_mul_ps(y, _mm256_set1_ps(1.44269504088896341f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), y);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(AK_LN2F), y);
+    __m256 p = _mm256_set1_ps(AK_EM1_C5);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(AK_EM1_C4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(AK_EM1_C3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(AK_EM1_C2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(AK_EM1_C1));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     __m256 em1r = _mm256_mul_ps(p, r);  /* e^r - 1 */
     __m256 two_n = _mm256_castsi256_ps(
@@ -88,12 +111,17 @@ static inline __m256 ak_expm1_8(__m256 y) {
     return _mm256_fmadd_ps(two_n, em1r, _mm256_sub_ps(two_n, _mm256_set1_ps(1.0f)));
 }
 
-/* tanh as ak_tanh1: sign(x) * u / (u + 2), u = expm1(2 min(|x|, 9)); NaN stays NaN. */
+/* tanh as ak_tanh1: u = expm1(2 min(|x|, AK_TANH_SAT)), q = 1 / (u + 2), t = u q or
+   1 - 2 q; NaN stays NaN (min returns it, the comparison is false). */
 static inline __m256 ak_tanh8(__m256 x) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 a = _mm256_min_ps(_mm256_set1_ps(9.0f), _mm256_andnot_ps(sign, x));
+    __m256 a = _mm256_min_ps(_mm256_set1_ps(AK_TANH_SAT), _mm256_andnot_ps(sign, x));
     __m256 u = ak_expm1_8(_mm256_add_ps(a, a));
-    __m256 t = _mm256_div_ps(u, _mm256_add_ps(u, _mm256_set1_ps(2.0f)));
+    const __m256 two = _mm256_set1_ps(2.0f);
+    __m256 big = _mm256_cmp_ps(a, _mm256_set1_ps(AK_TANH_HALF), _CMP_GT_OQ);
+    __m256 q = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(u, two));
+    __m256 t = _mm256_blendv_ps(_mm256_mul_ps(u, q),
+                                _mm256_fnmadd_ps(two, q, _mm256_set1_ps(1.0f)), big);
     return _mm256_or_ps(t, _mm256_and_ps(sign, x));
 }
 
@@ -111,24 +139,26 @@ static inline float ak_hsum8(__m256 v) {
 static inline __m512 ak_tanh16(__m512 x) {
     const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x),
                                           _mm512_set1_epi32((int)0x80000000u));
-    __m512 a = _mm512_min_ps(_mm512_set1_ps(9.0f), _mm512_abs_ps(x));
+    __m512 a = _mm512_min_ps(_mm512_set1_ps(AK_TANH_SAT), _mm512_abs_ps(x));
     __m512 y = _mm512_add_ps(a, a);
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), y);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(AK_LN2F), y);
+    __m512 p = _mm512_set1_ps(AK_EM1_C5);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(AK_EM1_C4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(AK_EM1_C3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(AK_EM1_C2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(AK_EM1_C1));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     __m512 em1r = _mm512_mul_ps(p, r);  /* e^r - 1 */
     __m512 two_n = _mm512_castsi512_ps(
         _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
     __m512 u = _mm512_fmadd_ps(two_n, em1r, _mm512_sub_ps(two_n, _mm512_set1_ps(1.0f)));
-    __m512 t = _mm512_div_ps(u, _mm512_add_ps(u, _mm512_set1_ps(2.0f)));
+    const __m512 two = _mm512_set1_ps(2.0f);
+    __mmask16 big = _mm512_cmp_ps_mask(a, _mm512_set1_ps(AK_TANH_HALF), _CMP_GT_OQ);
+    __m512 q = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(u, two));
+    __m512 t = _mm512_mask_blend_ps(big, _mm512_mul_ps(u, q),
+                                    _mm512_fnmadd_ps(two, q, _mm512_set1_ps(1.0f)));
     return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), sign));
 }
 #endif
