@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import attnkit
 from attnkit import _host, masks, scores
 from attnkit._inputs import validate_inputs
+from attnkit.backends.dispatch import get_backend
 from attnkit.backends.sdpa import SDPABackend, plan
 from attnkit.backends.sdpa.backend import _tile_gradients
 from attnkit.backends.sdpa.lse import cuda_lse_op
@@ -72,7 +73,7 @@ def test_gaussian_beyond_the_fused_backwards_terms() -> None:
     v = torch.randn(11, 4, generator=gen, dtype=torch.float64)
     q, k, v = (t[:5].requires_grad_(True) for t in (q, k, v))  # (5, 5), (5, 5), (5, 4)
     kw: dict[str, Any] = {"score": scores.Gaussian(1.0), "mask": masks.causal()}
-    assert _tile_gradients(validate_inputs(q, k, v, **kw))
+    assert _tile_gradients(validate_inputs(q, k, v, **kw), get_backend("chunked"))
 
     def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return attnkit.attention(q, k, v, **kw, backend="sdpa")

@@ -403,7 +403,8 @@ def use_backend(*names: str | Sequence[str]) -> Iterator[None]:
         stack.pop()
 
 
-register_backend(SDPABackend())
-register_backend(ChunkedBackend())
+_CHUNKED = ChunkedBackend()
+register_backend(SDPABackend(tiles=_CHUNKED))  # chunked's tiles: see SDPABackend's tiles
+register_backend(_CHUNKED)
 register_backend(ReferenceBackend())
 register_backend(TritonBackend())  # CUDA (and the CPU under TRITON_INTERPRET=1, for tests)

@@ -16,7 +16,6 @@ from .. import varlen
 from .._common import all_finite, dense_mask, graph_link
 from ..autograd import differentiable_lse_forward
 from ..base import Backend, PlainRunner
-from ..chunked import ChunkedBackend
 from ..operands import DOT_FORM_GRAD_TERMS, alibi_folds, gaussian_dot_terms, lower_score
 from ..records import AttentionResult, BackwardCall, InputGrads
 from . import plan
@@ -28,7 +27,13 @@ __all__ = ["SDPABackend"]
 
 
 class SDPABackend(Backend):
-    """torch's fused scaled-dot-product attention for dot-reducible scores."""
+    """torch's fused scaled-dot-product attention for dot-reducible scores.
+
+    Args:
+        tiles: the backend whose recomputation gives the gradients of a Gaussian call
+            beyond :data:`DOT_FORM_GRAD_TERMS` (the package registers chunked's; no
+            backend module imports another). None: those calls keep the fused backward.
+    """
 
     name: ClassVar[str] = "sdpa"
     device_types: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda"})
@@ -36,6 +41,9 @@ class SDPABackend(Backend):
     any_score: ClassVar[bool] = False
     mod_kinds: ClassVar[frozenset[str]] = frozenset({"alibi"})
     supports_head_scale: ClassVar[bool] = True
+
+    def __init__(self, tiles: Backend | None = None) -> None:
+        self.tiles = tiles
 
     def not_supported_reasons(self, inputs: AttentionInputs) -> list[str]:
         reasons = super().not_supported_reasons(inputs)
@@ -90,8 +98,8 @@ class SDPABackend(Backend):
         )
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
-        if _tile_gradients(inputs):
-            return self._forward_tile_gradients(inputs)
+        if self.tiles is not None and _tile_gradients(inputs, self.tiles):
+            return self._forward_tile_gradients(inputs, self.tiles)
         if inputs.return_lse and inputs.needs_grad and not _lse_through_weights(inputs):
             # the kernels' lse has no autograd
             return differentiable_lse_forward(self, inputs, self.forward_unrounded)
@@ -100,17 +108,17 @@ class SDPABackend(Backend):
             return res
         return AttentionResult(res.output.to(inputs.dtype), res.weights, res.lse)
 
-    def _forward_tile_gradients(self, inputs: AttentionInputs) -> AttentionResult:
+    def _forward_tile_gradients(self, inputs: AttentionInputs, tiles: Backend) -> AttentionResult:
         """The fused kernel's output (and lse), their gradients those of the chunked
         tiles' recomputation of the call (see :func:`_tile_gradients`): the same numbers
         as the call without gradients, differentiable (twice, through the tiles)."""
         with torch.no_grad():
             res = self.forward(inputs)
-        tiles = _TILES.forward(inputs)
-        out = _KernelValue.apply(res.output, tiles.output.to(res.output.dtype))
+        recomputed = tiles.forward(inputs)
+        out = _KernelValue.apply(res.output, recomputed.output.to(res.output.dtype))
         lse = None
-        if res.lse is not None and tiles.lse is not None:
-            lse = _KernelValue.apply(res.lse, tiles.lse.to(res.lse.dtype))  # (*batch, L)
+        if res.lse is not None and recomputed.lse is not None:
+            lse = _KernelValue.apply(res.lse, recomputed.lse.to(res.lse.dtype))  # (*batch, L)
         return AttentionResult(output=out, lse=lse)
 
     def forward_unrounded(self, inputs: AttentionInputs) -> AttentionResult:
@@ -443,10 +451,6 @@ class _KernelValue(torch.autograd.Function):
         return None, grad
 
 
-_TILES = ChunkedBackend()
-"""The tiles that give the gradients of a Gaussian call beyond :data:`DOT_FORM_GRAD_TERMS`."""
-
-
 def _logits_need_grad(inputs: AttentionInputs) -> bool:
     """True when a gradient reaches the logits' operands: the query, the key, the score's
     parameters, a per-head scale or a modifier's tensors (not only the values)."""
@@ -460,7 +464,7 @@ def _logits_need_grad(inputs: AttentionInputs) -> bool:
     return any(t.requires_grad for t in tensors)
 
 
-def _tile_gradients(inputs: AttentionInputs) -> bool:
+def _tile_gradients(inputs: AttentionInputs, tiles: Backend) -> bool:
     """True when the call's gradients come from the chunked tiles, not the fused
     backward: a Gaussian whose dot form has terms beyond :data:`DOT_FORM_GRAD_TERMS`
     (the fused backward's row term, rounded at ``eps * |dO| |v|``, would reach q, k and σ
@@ -472,7 +476,7 @@ def _tile_gradients(inputs: AttentionInputs) -> bool:
         return False
     if gaussian_dot_terms(inputs) <= DOT_FORM_GRAD_TERMS or not _logits_need_grad(inputs):
         return False
-    return not _TILES.not_supported_reasons(inputs)
+    return not tiles.not_supported_reasons(inputs)
 
 
 def _lse_through_weights(inputs: AttentionInputs) -> bool:
