@@ -12,6 +12,10 @@ index (``run_case(draw(seed, i))``). Three kinds of case:
   the poison's reach equals the zeroed call's (see :func:`reach`), and an entry that is
   NaN where the float64 reference backend gives a finite value is a *NaN-gradient
   finding beyond the reference*.
+- ``planned``: a ``poison`` case on a plain call's repeated path: a dot score by name,
+  no mask or a mask without tensors, output only, values as wide as the keys (what
+  torch's fused kernel takes as it is), made once with finite inputs of the
+  same shapes before the poisoned call.
 - ``all_masked``: every key masked (``valid_lens`` 0, ``key_padding`` all True, keep
   all False, a -inf bias, ...) with NaN or inf anywhere, grad mode on: output 0, lse
   -inf, weights 0 and every gradient 0, never NaN.
@@ -47,6 +51,8 @@ from cases import MASKS, SCORES, make_mask, make_score, matrix_backends
 from nonfinite_cases import random_poison_case
 
 BACKENDS: tuple[str, ...] = matrix_backends("cpu")
+PLAIN_SCORES = ("dot", "scaled_dot")
+PLAIN_MASKS = ("none", "causal", "causal_bottom_right", "window", "window_bottom_right")
 ALL_MASKED = ("valid_lens", "key_padding", "keep", "bias", "queries", "causal_padding", "tf")
 E, EV = 4, 3
 
@@ -81,7 +87,7 @@ class Case:
 def draw(seed: int, index: int) -> Case:
     """Case ``index`` of the campaign with ``seed``."""
     rng = random.Random(seed * 1_000_003 + index)
-    kind = rng.choices(["poison", "all_masked", "threads"], weights=[80, 19, 1])[0]
+    kind = rng.choices(["poison", "planned", "all_masked", "threads"], weights=[70, 10, 19, 1])[0]
     return Case(kind, index, rng, rng.randrange(2**31))
 
 
@@ -181,18 +187,26 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def run_poison(case: Case, report: Report) -> None:
+    """A ``poison`` case, or a ``planned`` one: a plain call (a dot score by name, no mask
+    or a mask without tensors, output only) made once with finite inputs of the same
+    shapes first, so the poisoned call is the repeat of a plan (:mod:`attnkit._plans`)."""
     rng = case.rng
+    planned = case.kind == "planned"
     score_name, mask_name = rng.choice(SCORES), rng.choice(MASKS)
+    if planned:
+        score_name, mask_name = rng.choice(PLAIN_SCORES), rng.choice(PLAIN_MASKS)
     backend, where = rng.choice(BACKENDS), rng.choice(["query", "key", "value"])
     poison = rng.choice([math.nan, math.inf, -math.inf])
     Bn, Hk, Ln, Sn = rng.randint(1, 3), rng.randint(1, 2), rng.randint(1, 10), rng.randint(1, 10)
     Hq = Hk * rng.choice([1, 2])
     strict, grad = rng.random() < 0.3, rng.random() < 0.5
     want_w, want_lse = rng.random() < 0.3, rng.random() < 0.4
+    if planned:
+        want_w = want_lse = False  # a plan is for calls that return the output only
     loss_kind = rng.choice(["linear", "square", "drop"])
     gen = torch.Generator().manual_seed(case.seed)
     q, k, v, score, mask, keep, positions = random_poison_case(
-        score_name, mask_name, where, (Bn, Hq, Hk, Ln, Sn), gen
+        score_name, mask_name, where, (Bn, Hq, Hk, Ln, Sn), gen, E if planned else EV
     )
     keep = np.broadcast_to(keep, (Bn, Hq, Ln, Sn))
     kw = {"score": score, "mask": mask, "return_weights": want_w, "return_lse": want_lse}
@@ -216,11 +230,14 @@ def run_poison(case: Case, report: Report) -> None:
         f"case {case.index}: {backend}{' (device semantics)' if strict else ''} {score_name} "
         f"{mask_name} {where}={poison} B{Bn} Hq{Hq} Hk{Hk} L{Ln} S{Sn} w{want_w:d} lse{want_lse:d}"
     )
-    call = dict(score=score, mask=mask, backend=backend, want_w=want_w, want_lse=want_lse,
-                strict=strict)  # fmt: skip
+    call = dict(score=score_name if planned else score, mask=mask, backend=backend,
+                want_w=want_w, want_lse=want_lse, strict=strict)  # fmt: skip
     params = [p for p in score.parameters()] if grad else []
     for p in params:
         p.requires_grad_(True)
+    if planned:
+        _call(*[t.clone().requires_grad_(grad) for t in zeroed], **call)  # type: ignore[arg-type]
+        what += " planned"
     results = []
     for tensors in (poisoned, zeroed):
         leaves = [t.clone().requires_grad_(grad) for t in tensors]
@@ -470,6 +487,7 @@ def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
 
 RUNNERS: dict[str, Callable[[Case, Report], None]] = {
     "poison": run_poison,
+    "planned": run_poison,
     "all_masked": run_all_masked,
     "threads": run_threads_case,
 }

@@ -195,10 +195,12 @@ def random_poison_case(
     where: str,
     shape: tuple[int, int, int, int, int],
     gen: torch.Generator,
+    value_width: int = EV,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, object, object, np.ndarray, np.ndarray]:
     """One random call to poison: (q, k, v, score, mask, keep, positions).
 
-    ``shape`` is (B, Hq, Hk, L, S) (head size E, value size EV); ``keep`` (L, S) or
+    ``shape`` is (B, Hq, Hk, L, S) (head size E, value size ``value_width``: EV, or E for
+    a call torch's fused kernel takes as it is); ``keep`` (L, S) or
     broadcastable to (B, Hq, L, S) is the pairs the mask keeps (a -inf bias removes a
     pair like a keep mask), ``positions`` a random 30 % of the rows of ``where``
     ("query": (B, Hq, L), else (B, Hk, S)) to poison.
@@ -207,7 +209,7 @@ def random_poison_case(
     Ek = E + 2 if score_name in ("bilinear", "additive") else E
     q = torch.randn(Bn, Hq, Ln, E, generator=gen)
     k = torch.randn(Bn, Hk, Sn, Ek, generator=gen)
-    v = torch.randn(Bn, Hk, Sn, EV, generator=gen)
+    v = torch.randn(Bn, Hk, Sn, value_width, generator=gen)
     score, _ = make_score(score_name, E, Ek, gen, torch.float32)
     mask, spec = make_mask(mask_name, Bn, Hq, Ln, Sn, gen, torch.float32)
     keep, bias = oracle_mask(spec, Ln, Sn, 2)

@@ -22,6 +22,7 @@ it; a position masked out never contributes, whatever it holds.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -32,6 +33,7 @@ from hypothesis import strategies as st
 
 import attnkit
 from attnkit import masks
+from attnkit._host import device_semantics
 
 from cases import MASKS, SCORES, make_score, mask_to, matrix_backends, refused
 from nonfinite_cases import (
@@ -47,7 +49,7 @@ from nonfinite_cases import (
     random_poison_case,
     usable,
 )
-from tolerance import FLOAT32_ULPS_REL, assert_close_to_scale
+from tolerance import FLOAT32_ULPS_REL, assert_close_to_scale, half_rel
 
 CPU_BACKENDS = matrix_backends("cpu")
 
@@ -267,11 +269,16 @@ def _poisoned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> list[tuple[t
 
 
 @pytest.mark.torch_feature("compile")
+@pytest.mark.parametrize("reads", ["host", "device"])
 @pytest.mark.parametrize("mask_name", ["none", "causal", "keep"])
-def test_a_traced_call_that_needs_no_gradient_follows_the_policy(mask_name: str) -> None:
-    """Traced with no gradient (where the policy runs as tensor operations, no host read),
-    the sdpa route gives the eager call's answers, NaN for NaN, with every non-finite
-    kind of input (aot_eager: the trace without inductor's compile time)."""
+def test_a_traced_call_that_needs_no_gradient_follows_the_policy(
+    mask_name: str, reads: str
+) -> None:
+    """Traced with no gradient, the sdpa route gives the eager call's answers, NaN for
+    NaN, with every non-finite kind of input (aot_eager: the trace without inductor's
+    compile time). ``host``: a CPU call without a mask tensor runs as one op that reads
+    its output on the host; ``device``: as on an accelerator (``device_semantics``), the
+    policy runs as tensor operations, with no host read."""
     gen = torch.Generator().manual_seed(69)
     q, k, v = (torch.randn(1, 2, 8, 16, generator=gen) for _ in range(3))  # (B, H, N, E)
     keep = torch.rand(8, 8, generator=gen) > 0.3
@@ -282,13 +289,64 @@ def test_a_traced_call_that_needs_no_gradient_follows_the_policy(mask_name: str)
         backend="aot_eager",
         fullgraph=True,
     )
+    torch._dynamo.reset()  # the same lambda's trace is cached; the reads differ by context
     with torch.no_grad():
         for inputs in _poisoned(q, k, v):
-            got, want = traced(*inputs), attnkit.attention(*inputs, mask=mask, backend="sdpa")
+            with device_semantics() if reads == "device" else contextlib.nullcontext():
+                got = traced(*inputs)
+            want = attnkit.attention(*inputs, mask=mask, backend="sdpa")
             assert torch.equal(torch.isnan(got), torch.isnan(want))
             assert torch.equal(torch.isinf(got), torch.isinf(want))
             fin = torch.isfinite(want)
             assert_close_to_scale(got[fin], want[fin])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mask_name", ["none", "causal"])
+@pytest.mark.parametrize("poison", ["query_row", "every_key", "first_key"])
+def test_a_repeated_call_gives_nan_where_the_kernel_returns_zeros(
+    poison: str, mask_name: str, dtype: torch.dtype
+) -> None:
+    """torch's CPU kernel returns zeros, not NaN, for a query row holding a NaN and for a
+    row whose every key it sees is NaN. A plain plan's repeated call reads the kernel's
+    output instead of the inputs, so a zero row once passed as finite: the second call of
+    the same shapes gave 0 where the first gave NaN. Every call, first or repeated, gives
+    the float64 reference's rows."""
+    gen = torch.Generator().manual_seed(71)
+    q, k, v = (torch.randn(1, 2, 6, 8, generator=gen).to(dtype) for _ in range(3))  # (B, H, N, E)
+    mask = masks.causal() if mask_name == "causal" else None
+    attnkit.attention(q, k, v, mask=mask)  # the plan's first call, finite
+    qp, kp = q.clone(), k.clone()
+    if poison == "query_row":
+        qp[0, 1, 3] = math.nan
+    elif poison == "every_key":
+        kp[0, 0] = math.nan
+    else:
+        kp[0, 1, 0, 2] = math.nan  # under the causal mask, row 0 sees only this key
+    want = attnkit.attention(qp.double(), kp.double(), v.double(), mask=mask, backend="reference")
+    for _ in range(2):
+        got = attnkit.attention(qp, kp, v, mask=mask)
+        assert torch.equal(torch.isnan(got), torch.isnan(want))
+        fin = torch.isfinite(want)
+        assert_close_to_scale(got[fin].double(), want[fin].double(), rel=half_rel(dtype))
+
+
+@pytest.mark.torch_feature("compile")
+def test_a_traced_causal_call_without_gradient_is_one_host_checked_op() -> None:
+    """A compiled causal CPU call that needs no gradient is the one op that reads its
+    output on the host: no zeroed copies of q, k and v in the graph (they cost about
+    40 % of the kernel at (1, 8, 128, 64)). With a gradient, the tensor operations stay."""
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))  # (B, H, N, E)
+
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attnkit.attention(q, k, v, mask=masks.causal(), backend="sdpa")
+
+    def graph_code(*inputs: torch.Tensor) -> str:
+        torch._dynamo.reset()
+        return "".join(g.code for g in torch._dynamo.explain(call)(*inputs).graphs)
+
+    assert "attnkit.sdpa_checked" in graph_code(q, k, v)
+    assert "sdpa_checked" not in graph_code(q.requires_grad_(), k, v)
 
 
 @pytest.mark.parametrize("backend", matrix_backends("cpu"))

@@ -21,7 +21,7 @@ from ..records import AttentionResult, BackwardCall, InputGrads
 from . import plan
 from .backward import BACKWARD_OP, sdpa_backward
 from .lse import has_lse_kernel, logits_of_call, lse_of_logits, weights_from_lse
-from .run import HAS_GQA, call, direct, direct_runner
+from .run import HAS_GQA, call, direct, direct_runner, reads_whole_keys
 
 __all__ = ["SDPABackend"]
 
@@ -94,7 +94,7 @@ class SDPABackend(Backend):
             **_direct_options(inputs),
             head_dim=inputs.E,
             readable_no_grad=readable_no_grad,
-            half=inputs.query.dtype in (torch.float16, torch.bfloat16),
+            whole_keys=reads_whole_keys(inputs.query, inputs.key),
         )
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ... import _torch_features as _features
-from ..._host import readable
+from ..._host import readable, strict
 from .._common import all_finite, expand_kv
 from . import poison
 from .flash import FlashCall, can_flash, flash_attention
@@ -209,6 +209,8 @@ def direct(
         assume_finite or (readable(q) and _finite_for_kernel(q, k, v, is_causal))
     ):
         return _sdpa(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale, gqa=gqa)
+    if _traced_host_check(q, needs_grad, dropout_p, lower_right):
+        return _checked_op(q, k, v, is_causal, scale, gqa)
     out, _ = call(q, k, v, attn_mask=None, is_causal=is_causal, dropout_p=dropout_p,
                   scale=scale, gqa=gqa, want_lse=False, lower_right=lower_right,
                   assume_finite=assume_finite)  # fmt: skip
@@ -224,14 +226,15 @@ def direct_runner(
     gqa: bool,
     head_dim: int,
     readable_no_grad: bool,
+    whole_keys: bool,
     assume_finite: bool = False,
-    half: bool = False,
 ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """:func:`direct` for repeated calls of one plan with query head size ``head_dim``,
     (q, k, v) -> out. With ``readable_no_grad`` (the plan's tensors are host-readable
     and need no gradient, as every call of the plan) those checks are not repeated per
-    call. ``half``: the plan's dtype is float16 or bfloat16 (its output is summed in
-    float32, so a finite output never overflows the check)."""
+    call: the kernel runs first, and :func:`kernel_followed_policy` decides whether
+    its output is the answer, reading every key when ``whole_keys`` (the plan's
+    :func:`reads_whole_keys`) and else the first."""
     slow = functools.partial(direct, is_causal=is_causal, lower_right=lower_right,
                              dropout_p=dropout_p, scale=scale, gqa=gqa,
                              assume_finite=assume_finite)  # fmt: skip
@@ -250,7 +253,6 @@ def direct_runner(
 
     if assume_finite:  # the caller guarantees finite inputs: the op and nothing else
         return functools.partial(sdpa, **options) if options else sdpa
-    isfinite = math.isfinite
     if dropout_p > 0:
         # A second draw of the dropout pattern would differ from the first: the inputs
         # are checked before the kernel runs (the checks of _finite_for_kernel).
@@ -261,25 +263,118 @@ def direct_runner(
 
         return run_checked_first
 
-    # One read of the output instead of two or three of the inputs. A finite output
-    # is the policy's answer: a NaN or inf that reaches no row (a masked-out key the
-    # kernel skipped, a key of weight exactly 0) changes nothing the policy returns,
-    # and one that reaches a row makes that row non-finite. A non-finite output (a
-    # non-finite input, or finite inputs beyond the kernel's range) is computed again
-    # by the policy's own path, which gives the same rows where the kernel was right.
-    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out = sdpa(q, k, v, **options)  # (B, H, L, Ev)
-        if isfinite(out.sum().item()):
-            return out
-        return slow(q, k, v)
+    # kernel_followed_policy written out, its choices made once for the plan's shapes
+    isfinite, f32 = math.isfinite, torch.float32
+    if whole_keys:
 
-    def run_half(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out = sdpa(q, k, v, **options)  # (B, H, L, Ev)
-        if isfinite(out.sum(dtype=torch.float32).item()):  # a half sum overflows at 65504
-            return out
-        return slow(q, k, v)
+        def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            out = sdpa(q, k, v, **options)  # (B, H, L, Ev)
+            read = out.sum(dtype=f32).item() + q.sum(dtype=f32).item()
+            return out if isfinite(read + k.sum(dtype=f32).item()) else slow(q, k, v)
 
-    return run_half if half else run
+        return run
+
+    def run_first_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = sdpa(q, k, v, **options)  # (B, H, L, Ev)
+        read = out.sum(dtype=f32).item() + q.sum(dtype=f32).item()
+        first = k.narrow(-2, 0, 1)  # (B, Hk, 1, E)
+        return out if isfinite(read + first.sum(dtype=f32).item()) else slow(q, k, v)
+
+    return run_first_key
+
+
+def _traced_host_check(
+    q: torch.Tensor, needs_grad: bool, dropout_p: float, lower_right: bool
+) -> bool:
+    """True when a traced (``torch.compile``) direct call takes :func:`_checked_op`: a CPU
+    call without gradient, dropout or torch's lower-right bias, outside
+    :func:`attnkit._host.device_semantics`."""
+    return (
+        _HAS_CHECKED_OP
+        and not (needs_grad or lower_right or dropout_p > 0)
+        and q.device.type == "cpu"
+        and torch.compiler.is_compiling()
+        and not strict()
+    )
+
+
+def _checked_call(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float, gqa: bool
+) -> torch.Tensor:
+    """A direct CPU call without gradient, as an opaque op of a compiled graph.
+
+    Inside ``torch.compile`` nothing can be read on the host, so the non-finite policy
+    would run as tensor operations: zeroed copies of q, k and v and their flags (about
+    40 % of the kernel's time at (1, 8, 128, 64)). Run as one op, the call reads on the
+    host again, as an eager call of a plain plan does: the kernel, then
+    :func:`kernel_followed_policy`; where it did not, the call is computed again by the
+    policy's path (:func:`call`). q (B, H, L, E), k and v (B, Hk, S, E or Ev);
+    returns out (B, H, L, Ev), a new tensor.
+    """
+    out = _sdpa(q, k, v, dropout_p=0.0, is_causal=is_causal, scale=scale, gqa=gqa)
+    if kernel_followed_policy(out, q, k):
+        return out
+    out, _ = call(q, k, v, attn_mask=None, is_causal=is_causal, dropout_p=0.0, scale=scale,
+                  gqa=gqa, want_lse=False)  # fmt: skip
+    return out
+
+
+def _register_checked_op() -> Any:
+    """``torch.ops.attnkit.sdpa_checked``, with :func:`_checked_call` as its CPU kernel and
+    a fake kernel for shapes, or None where torch cannot declare it. A plain library op,
+    not a ``custom_op``: the CPU kernel is reached from the dispatcher directly, about
+    15 µs less per call than ``custom_op``'s Python wrapper."""
+    if not hasattr(torch.library, "register_fake"):  # pragma: no cover - torch < 2.4
+        return None
+    _LIBRARY.define(
+        "sdpa_checked(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, bool gqa)"
+        " -> Tensor"
+    )
+    _LIBRARY.impl("sdpa_checked", _checked_call, "CPU")
+    torch.library.register_fake("attnkit::sdpa_checked", lib=_LIBRARY)(_checked_fake)
+    return torch.ops.attnkit.sdpa_checked.default
+
+
+def _checked_fake(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float, gqa: bool
+) -> torch.Tensor:
+    """The shape of :func:`_checked_call`'s output: (B, H, L, Ev), q's dtype."""
+    return q.new_empty(*q.shape[:-1], v.shape[-1])  # (B, H, L, Ev)
+
+
+_LIBRARY = torch.library.Library("attnkit", "FRAGMENT")
+_checked_op = _register_checked_op()
+_HAS_CHECKED_OP = _checked_op is not None
+
+
+def kernel_followed_policy(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> bool:
+    """True when torch's kernel output ``out`` (..., L, Ev) is the non-finite policy's
+    answer for q (..., L, E) and k (..., S, E), read after the kernel ran.
+
+    A NaN or inf that reaches a row through the products makes that row non-finite; one
+    that reaches no row (a masked-out key the kernel skipped, a key of weight exactly 0)
+    changes nothing the policy returns. The kernel drops NaN in two places only, as
+    zeros: a query row holding a NaN, and a row whose every key it sees is NaN (every
+    row sees the first key, so that key is NaN then). So the output, the queries and
+    the first key are read (three sums, in float32: a half sum overflows at 65504; see
+    :func:`reads_whole_keys`). When
+    they are not all finite (a non-finite input, or finite inputs beyond the kernel's
+    range), the caller computes the call again on the policy's own path, which gives
+    the same rows where the kernel was right.
+    """
+    f32 = torch.float32
+    probe = k if reads_whole_keys(q, k) else k.narrow(-2, 0, 1)  # (..., S or 1, E)
+    return math.isfinite(
+        out.sum(dtype=f32).item() + q.sum(dtype=f32).item() + probe.sum(dtype=f32).item()
+    )
+
+
+def reads_whole_keys(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether :func:`kernel_followed_policy` reads every key, not only the first: when
+    there are no more of them than queries (one sum instead of a slice and a sum; a
+    non-finite key the kernel did not use then sends the call to the policy's path,
+    which answers the same), and never the long KV cache of a decoding step."""
+    return k.shape[-2] <= q.shape[-2]
 
 
 def _finite_for_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> bool:
