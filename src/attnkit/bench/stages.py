@@ -11,7 +11,8 @@ samples of many calls in a row, on the case's own inputs:
   packed for the caller);
 - every later call of that shape runs its plan: ``plan_key`` (the call's key built
   and looked up), then the plan's runner: ``kernel`` (torch's op alone) and
-  ``finite_check`` (the one read of the output that the policy needs).
+  ``finite_check`` (the reads of the output, the queries and the keys that the policy
+  needs after the kernel, :func:`attnkit.backends.sdpa.run.kernel_followed_policy`).
 
 The stages of a path need not add up to the whole call exactly: the call's own
 argument handling is in no stage, and each stage timed alone runs with warm caches.
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from .. import _plans, attention
 from .. import functional as _functional
 from ..backends.dispatch import normalize_backend_arg, select_backend
+from ..backends.sdpa.run import kernel_followed_policy
 from ..masks import Mask
 
 __all__ = ["causal_call_stages"]
@@ -81,7 +83,7 @@ def causal_call_stages(
             "wrap_up": lambda: _functional._pack(inputs, result),
             "plan_key": key,
             "kernel": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-            "finite_check": lambda: out.sum().item(),
+            "finite_check": lambda: kernel_followed_policy(out, q, k),
         }
         figures = {
             f"stage_{name}_us": _per_call_us(fn, calls, samples) for name, fn in timed.items()
