@@ -96,6 +96,48 @@ def test_exp_rows_kernel_equals_its_torch_fallback(shape: tuple[int, ...]) -> No
     assert torch.equal(fast.isnan(), slow.isnan()) and torch.equal(fast.isinf(), slow.isinf())
 
 
+def _masked_logits(shape: tuple[int, ...], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Finite logits (..., C) with blocked (-inf) keys, a row blocked whole, keys far below
+    the row max (exp of 0 in float32), and each row's max (0 for the blocked row)."""
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(*shape, generator=g) * 8
+    rows = s.view(-1, shape[-1])  # (R, C)
+    rows[:, 1::3] = float("-inf")  # blocked keys, in the vector lanes and the tail
+    rows[0, :] = float("-inf")  # a row that keeps no key
+    if shape[-1] > 2:
+        rows[-1, 2] = rows[-1, 0] - 200.0  # weight exactly 0 after the exp
+    shift = torch.where(s.isfinite(), s, torch.full((), float("-inf"))).amax(-1)  # (...)
+    return s, torch.where(shift.isfinite(), shift, torch.zeros(()))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 17), (2, 5, 33), (4, 1), (2, 40)])
+def test_exp_rows_entropy_matches_float64_math(shape: tuple[int, ...]) -> None:
+    """One pass gives exp(s - shift), the row sums, sum e * (s - shift) and the count of
+    e > 0, as float64 math gives them from the same float32 arguments."""
+    s, shift = _masked_logits(shape, seed=2)
+    x = (s - shift.unsqueeze(-1)).double()  # (..., C)
+    e = torch.exp(x)
+    got = s.clone()
+    sums, px, positive = softmax.exp_rows_entropy_(got, shift)
+    assert_close_elementwise(got, e.float(), rel=FLOAT32_ULPS_REL)
+    assert_close_elementwise(sums, e.sum(-1).float(), rel=FLOAT32_ULPS_REL)
+    assert_close_to_scale(px.double(), torch.nansum(x * e, dim=-1), rel=FLOAT32_ULPS_REL)
+    assert torch.equal(positive, (got > 0).sum(-1).to(positive.dtype))
+    assert not px.isnan().any()  # a blocked key's -inf * 0 adds 0
+
+
+@pytest.mark.parametrize("shape", [(3, 17), (2, 5, 33), (7, 8)])
+def test_exp_rows_entropy_kernel_equals_its_torch_fallback(shape: tuple[int, ...]) -> None:
+    _kernel_or_skip()
+    s, shift = _masked_logits(shape, seed=3)
+    fast, slow = s.clone(), s.clone()
+    fast_figures = softmax.exp_rows_entropy_op(fast, shift)
+    slow_figures = _torch_only(lambda: softmax.exp_rows_entropy_op(slow, shift))
+    assert_close_elementwise(fast, slow, rel=FLOAT32_ULPS_REL)
+    for a, b in zip(fast_figures, slow_figures, strict=True):
+        assert_close_to_scale(a, b, rel=FLOAT32_ULPS_REL)
+
+
 # ------------------------------------------------------------------ additive
 
 

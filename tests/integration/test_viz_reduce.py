@@ -290,8 +290,9 @@ def test_one_pass_weights_equal_the_call_s(case: str, monkeypatch: pytest.Monkey
 
 
 def test_entropies_read_off_the_logits_equal_the_weights_own() -> None:
-    """A one-pass block's row entropies (log Z - sum(p x) / Z) give the statistics that
-    -sum w log w of its weights gives; a row that keeps no key counts 0."""
+    """A one-pass block's row entropies (log Z - sum(p x) / Z) and counts of weights above
+    0, read off its logits in the exp's pass, give the statistics that -sum w log w and
+    the count of its weights give; a row that keeps no key counts 0."""
     from attnkit._inputs import validate_inputs
     from attnkit.viz import stream
     from attnkit.viz.stats import StatsAccumulator
@@ -300,11 +301,14 @@ def test_entropies_read_off_the_logits_equal_the_weights_own() -> None:
     q, k, v = (torch.randn(1, 3, 40, 8, generator=g) * 3 for _ in range(3))
     inputs = validate_inputs(q, k, v, mask=masks.valid_lens([30], queries=True) & masks.causal())
     plain, given = StatsAccumulator(1, 3, True), StatsAccumulator(1, 3, True)
-    for a, w, ent in stream._blocks(inputs, q, k, entropy=True):
-        assert ent is not None and ent.shape == w.shape[:2]
+    for a, w, figures in stream._blocks(inputs, q, k, entropy=True):
+        assert figures is not None
+        ent, n_keys = figures
+        assert ent.shape == n_keys.shape == w.shape[:2]
+        assert torch.equal(n_keys, (w > 0).sum(-1).to(n_keys.dtype))
         rows = torch.arange(a, a + w.shape[1])
         plain.add(0, w, rows)
-        given.add(0, w, rows, entropy=ent)
+        given.add(0, w, rows, entropy=ent, keys=n_keys)
     for name, want in plain.sums.items():
         assert_close_to_scale(torch.from_numpy(given.sums[name]), torch.from_numpy(want),
                               rel=FLOAT32_ULPS_REL)  # fmt: skip
@@ -351,3 +355,25 @@ def test_neuron_bytes_round_trip_within_half_a_step() -> None:
     assert np.all(np.abs(codes) <= 127) and np.all(back[..., 3] == 0)  # a zero dimension
     peak = np.abs(x.numpy()).max(axis=2, keepdims=True)
     assert_close_elementwise(np.abs(back).max(axis=2, keepdims=True), peak, rel=FLOAT32_ULPS_REL)
+
+
+@pytest.mark.parametrize(
+    ("r", "S", "row0"),
+    [(5, 9, 4), (7, 7, 0), (6, 30, 10), (5, 12, 7), (3, 2, 0), (4, 3, 6), (40, 2000, 1900)],
+)
+def test_head_distance_equals_float64_math(r: int, S: int, row0: int) -> None:
+    """The mean distance's row sums, from each row's moments plus the keys after it
+    (causal blocks, keys past the block, fewer keys than rows, far rows), equal float64
+    ``sum w |i - j|``: keys are counted from the block's first row, so long rows do not
+    cancel."""
+    from attnkit.viz.stats import StatsAccumulator
+
+    g = torch.Generator().manual_seed(r * 1000 + S)
+    w = torch.rand(3, r, S, generator=g) ** 8  # peaked rows
+    w /= w.sum(-1, keepdim=True)
+    rows = torch.arange(row0, row0 + r)
+    acc = StatsAccumulator(1, 3, positional=True)
+    acc.add(0, w, rows)
+    dist = (rows.unsqueeze(1) - torch.arange(S)).abs().double()  # (r, S)
+    want = (w.double() * dist).sum(-1).sum(-1)  # (3,)
+    assert_close_to_scale(torch.from_numpy(acc.sums["distance"][0]), want, rel=FLOAT32_ULPS_REL)

@@ -71,7 +71,7 @@ __all__ = [
     "status",
 ]
 
-ABI_TAG = 20261124
+ABI_TAG = 20261128
 """What ``ak_abi_tag()`` of attnkit's library returns."""
 
 _lock = threading.Lock()
@@ -336,6 +336,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ak_additive_grads.restype = None
     lib.ak_exp_rows.argtypes = [p, p, p, i64, i64, c_int]
     lib.ak_exp_rows.restype = None
+    lib.ak_exp_rows_entropy.argtypes = [p, p, p, p, p, i64, i64, c_int]
+    lib.ak_exp_rows_entropy.restype = None
     lib.ak_simd_level.argtypes = []
     lib.ak_simd_level.restype = c_int
 

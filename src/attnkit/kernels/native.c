@@ -193,9 +193,54 @@ void ak_exp_rows(float* s, const float* shift, float* rowsum, int64_t R, int64_t
     }
 }
 
+/* ak_exp_rows with what a row's entropy needs, in the same pass: s[r, :] becomes
+   e = exp(s[r, :] - shift[r]), rowsum[r] = sum e, rowpx[r] = sum e * (s - shift) (a key of
+   e = 0, a blocked -inf among them, adds 0) and rowpos[r] = the count of e > 0. */
+void ak_exp_rows_entropy(float* s, const float* shift, float* rowsum, float* rowpx,
+                         float* rowpos, int64_t R, int64_t C, int nthreads) {
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+        float* row = s + r * C;
+        const float sh = shift[r];
+        float acc = 0.0f, px = 0.0f, pos = 0.0f;
+        int64_t c = 0;
+#ifdef AK_AVX2
+        __m256 acc8 = _mm256_setzero_ps(), px8 = _mm256_setzero_ps();
+        __m256 pos8 = _mm256_setzero_ps();
+        const __m256 sh8 = _mm256_set1_ps(sh), floor8 = _mm256_set1_ps(-88.0f);
+        const __m256 zero8 = _mm256_setzero_ps(), one8 = _mm256_set1_ps(1.0f);
+        for (; c + 8 <= C; c += 8) {
+            __m256 x = _mm256_sub_ps(_mm256_loadu_ps(row + c), sh8);
+            __m256 e = ak_exp8(x);
+            _mm256_storeu_ps(row + c, e);
+            acc8 = _mm256_add_ps(acc8, e);
+            /* e is 0 below -87: the floor keeps 0 * -inf out of the product */
+            px8 = _mm256_fmadd_ps(e, _mm256_max_ps(x, floor8), px8);
+            pos8 = _mm256_add_ps(pos8, _mm256_and_ps(_mm256_cmp_ps(e, zero8, _CMP_GT_OQ), one8));
+        }
+        acc = ak_hsum8(acc8);
+        px = ak_hsum8(px8);
+        pos = ak_hsum8(pos8);
+#endif
+        for (; c < C; ++c) {
+            float x = row[c] - sh;
+            float e = x < -87.0f ? 0.0f : expf(x);
+            row[c] = e;
+            acc += e;
+            if (e > 0.0f) {
+                px += e * x;
+                pos += 1.0f;
+            }
+        }
+        rowsum[r] = acc;
+        rowpx[r] = px;
+        rowpos[r] = pos;
+    }
+}
+
 /* Identifies this library to its loader: a file at the cache path that does not answer
    with the expected tag is not loaded as attnkit's. */
-int ak_abi_tag(void) { return 20261124; }
+int ak_abi_tag(void) { return 20261128; }
 
 /* Which hand-vectorized loops were compiled: 0 none (portable scalar loops), 1 AVX2+FMA,
    2 AVX2+FMA and AVX-512 for the additive score's loops. */

@@ -1,5 +1,5 @@
 """``exp(s - shift)`` over rows of logits, in place, with the row sums: the heart of a
-softmax tile. Compiled and vectorized where :mod:`attnkit.kernels._native` builds
+softmax tile (with what a row's entropy needs as well, for the viewer). Compiled and vectorized where :mod:`attnkit.kernels._native` builds
 (float32 on CPU), torch ops otherwise; ``exp(-inf)`` is exactly 0 either way."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from . import _native
 from ._ops import custom_op, register_fake
 
-__all__ = ["exp_rows_", "exp_rows_op"]
+__all__ = ["exp_rows_", "exp_rows_entropy_", "exp_rows_entropy_op", "exp_rows_op"]
 
 
 def exp_rows_(s: torch.Tensor, shift: torch.Tensor, *, want_sum: bool) -> torch.Tensor | None:
@@ -44,3 +44,51 @@ def exp_rows_op(s: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
 @register_fake(exp_rows_op)
 def _exp_rows_fake(s: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return s.new_empty(s.shape[:-1])  # (...)
+
+
+def exp_rows_entropy_(
+    s: torch.Tensor, shift: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Replace s (..., C) by ``e = exp(s - shift[..., None])``, in one pass with its rows'
+    ``sum e``, ``sum e * (s - shift)`` (a key of e = 0 adds 0) and count of ``e > 0``.
+
+    A row's softmax is ``e / sum e``, its entropy in nats ``log sum e - sum e x / sum e``
+    with x = s - shift, and the count is how many of its weights are above 0.
+
+    Args:
+        s: logits (..., C), modified in place; -inf where blocked.
+        shift: (...), finite (the row max).
+
+    Returns:
+        sums, px and positive, each (...) in s's dtype.
+    """
+    sums, px, positive = exp_rows_entropy_op(s, shift.to(s.dtype).expand(s.shape[:-1]))
+    return sums, px, positive
+
+
+@custom_op("attnkit::exp_rows_entropy_", mutates_args=("s",))
+def exp_rows_entropy_op(
+    s: torch.Tensor, shift: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The op of :func:`exp_rows_entropy_`: s (..., C) becomes ``exp(s - shift[..., None])``."""
+    lib = _native.library() if _native.available(s.dtype, s.device) else None
+    if lib is None or not s.is_contiguous() or s.numel() == 0:
+        x = s - shift.unsqueeze(-1)  # (..., C)
+        s.copy_(x).exp_()
+        px = torch.nansum(x.mul_(s), dim=-1)  # a blocked key's -inf * 0 counts 0
+        return s.sum(dim=-1), px, (s > 0).sum(dim=-1).to(s.dtype)
+    sh = shift.to(s.dtype).expand(s.shape[:-1]).contiguous()  # (...): one shift per row
+    sums, px, positive = (torch.empty(sh.shape, dtype=s.dtype) for _ in range(3))
+    rows = s.numel() // s.shape[-1]
+    lib.ak_exp_rows_entropy(
+        s.data_ptr(), sh.data_ptr(), sums.data_ptr(), px.data_ptr(), positive.data_ptr(),
+        rows, s.shape[-1], torch.get_num_threads(),
+    )  # fmt: skip
+    return sums, px, positive
+
+
+@register_fake(exp_rows_entropy_op)
+def _exp_rows_entropy_fake(
+    s: torch.Tensor, shift: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return s.new_empty(s.shape[:-1]), s.new_empty(s.shape[:-1]), s.new_empty(s.shape[:-1])

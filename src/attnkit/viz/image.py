@@ -193,8 +193,9 @@ class ImageSetReducer(SetReducer):
         head0: int = 0,
         *,
         entropy: torch.Tensor | None = None,
+        keys: torch.Tensor | None = None,
     ) -> None:
-        super().add(layer, row0, w, head0, entropy=entropy)
+        super().add(layer, row0, w, head0, entropy=entropy, keys=keys)
         li = self._layer_at.get(layer)
         n = min(self.prefix - row0, w.shape[1])
         if li is None or n <= 0:

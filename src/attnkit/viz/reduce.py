@@ -284,6 +284,7 @@ class SetReducer:
         head0: int = 0,
         *,
         entropy: torch.Tensor | None = None,
+        keys: torch.Tensor | None = None,
     ) -> None:
         """Reduce weights (h, r, S) of model ``layer``, heads head0 .. head0 + h - 1, for
         token rows row0 .. row0 + r - 1 and keys 0 .. S - 1.
@@ -293,7 +294,8 @@ class SetReducer:
         :meth:`cut`). Large blocks are reduced in parts so temporaries stay small.
         ``entropy``: (h, r) each row's entropy in nats when the caller has it (read off
         the logits), so the statistics take no log of every weight; used only when the
-        page positions are the tokens (no position map), else recomputed.
+        page positions are the tokens (no position map), else recomputed. ``keys``: (h, r)
+        each row's count of weights above 0, when the caller has it (with ``entropy``).
         """
         if w.ndim != 3 or head0 < 0 or head0 + w.shape[0] > self.n_heads:
             raise ValueError(
@@ -310,9 +312,10 @@ class SetReducer:
             )
         w = w.detach().to("cpu", torch.float32)
         if self.rows_map is not None or self.cols_map is not None:
-            entropy = None  # page rows are not the token rows: recomputed from the weights
+            entropy = keys = None  # page rows are not the token rows: recomputed
         elif entropy is not None:
             entropy = entropy.detach().to("cpu", torch.float32)  # (h, r)
+            keys = keys.detach().to("cpu", torch.float32) if keys is not None else None
         part = max(1, BLOCK_CELLS // max(1, h * S))
         a = 0
         while a < r:
@@ -323,14 +326,22 @@ class SetReducer:
             page, prow = apply_map(block, row0 + a, self.rows_map, self.cols_map)
             if page.shape[1]:
                 ent = entropy[:, a:end] if entropy is not None else None  # (h, r')
-                self._add_rows(layer, prow, page, head0, ent)
+                n_keys = keys[:, a:end] if keys is not None else None  # (h, r')
+                self._add_rows(layer, prow, page, head0, ent, n_keys)
             a = end
 
     def _add_rows(
-        self, layer: int, row0: int, w: torch.Tensor, head0: int, entropy: torch.Tensor | None
+        self,
+        layer: int,
+        row0: int,
+        w: torch.Tensor,
+        head0: int,
+        entropy: torch.Tensor | None,
+        keys: torch.Tensor | None = None,
     ) -> None:
         """Page weights (h, r, S) of page rows row0 .. row0 + r - 1: every reduction
-        (``entropy``: (h, r) the rows' entropies, or None)."""
+        (``entropy``, ``keys``: (h, r) the rows' entropies and counts of weights above 0,
+        or None)."""
         h, r, S = w.shape
         if self.means is not None:
             self.means[layer, row0 : row0 + r, :S] += w.sum(0).div_(self.n_heads)  # (r, S)
@@ -342,9 +353,11 @@ class SetReducer:
         kept = w[src] if isinstance(src, slice) else w.index_select(0, src)  # (h', r, S)
         if entropy is not None:
             entropy = entropy[src] if isinstance(src, slice) else entropy.index_select(0, src)
+        if keys is not None:
+            keys = keys[src] if isinstance(src, slice) else keys.index_select(0, src)
         rows = torch.arange(row0, row0 + r)
         heads = dst if isinstance(dst, slice) else dst.numpy()
-        self.stats.add(li, kept, rows, heads, entropy=entropy)
+        self.stats.add(li, kept, rows, heads, entropy=entropy, keys=keys)
         if self.dense is not None:
             self.dense[li, dst, row0 : row0 + r, :S] = kept
         else:

@@ -54,6 +54,39 @@ def _diagonal(w: torch.Tensor, d: int) -> torch.Tensor:
     return out
 
 
+def _moments(w: torch.Tensor, row0: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, r, S) -> each row's sum of weights and sum of weights times (key - row0), (h, r)
+    each: one pass each (a matrix-vector product reads the weights once and writes
+    nothing). Keys are counted from row0 so the products stay small near the rows (a
+    sum of j itself would cancel against the row's position, thousands for long rows)."""
+    h, r, S = w.shape
+    offsets = torch.arange(S, dtype=w.dtype) - row0  # (S,)
+    moment = torch.mv(w.reshape(h * r, S), offsets).view(h, r)  # (h, r)
+    return w.sum(-1), moment
+
+
+def _distance(w: torch.Tensor, row0: int) -> torch.Tensor:
+    """(h, r, S) weights of rows row0 .. row0 + r - 1 -> (h,) the sum over rows of
+    ``sum_j w[t, j] |row0 + t - j|``.
+
+    ``|i - j| = (i - j) + 2 max(j - i, 0)``: the first term is linear in j, so it comes
+    from each row's sum and first moment (:func:`_moments`); the second lives on keys
+    after the row: the r × r square beside the rows, then the keys past the block (after
+    every row: linear again). A causal block has no keys past it."""
+    r, S = w.shape[1:]
+    t = torch.arange(r, dtype=w.dtype)  # (r,): each row's position less row0
+    mass, moment = _moments(w, row0)
+    signed = t * mass - moment  # (h, r): sum_j w (i - j)
+    j0, j1 = min(row0 + 1, S), min(row0 + r, S)  # the square: keys after some row
+    if j0 < j1:
+        ahead = (torch.arange(j0, j1) - row0 - t.long().unsqueeze(1)).clamp_min_(0)  # (r, n)
+        signed += 2 * (w[..., j0:j1] * ahead.to(w.dtype)).sum(-1)
+    if j1 < S:  # keys after every row: sum w (j - i)
+        far_mass, far_moment = _moments(w[..., j1:], row0 - j1)
+        signed += 2 * (far_moment - t * far_mass)
+    return signed.sum(-1)
+
+
 class StatsAccumulator:
     """Row sums per (layer, head), filled a row block at a time, vectorised over heads and
     rows (a few passes over each block, no Python per row or head).
@@ -76,6 +109,7 @@ class StatsAccumulator:
         heads: np.ndarray | slice | None = None,
         *,
         entropy: torch.Tensor | None = None,
+        keys: torch.Tensor | None = None,
     ) -> None:
         """Add a block of rows.
 
@@ -87,15 +121,23 @@ class StatsAccumulator:
                 None = all.
             entropy: (h, r) each row's entropy in nats when known (0 for a row with no
                 weight); None = computed here from ``w``.
+            keys: (h, r) each row's count of weights above 0 when known; None = counted
+                here from ``w`` (a pass over it).
         """
         at = (layer, slice(None) if heads is None else heads)
-        h, r, S = w.shape
+        h, r = w.shape[:2]
         found: dict[str, torch.Tensor] = {}
-        buf = torch.empty_like(w)  # (h, r, S): one work buffer for the passes below
-        n_keys = torch.sign(w, out=buf).sum(-1)  # (h, r): keys with a weight > 0
+        # one work buffer for the passes below, when they are made here
+        buf = torch.empty_like(w) if keys is None or entropy is None else None  # (h, r, S)
+        if keys is None:
+            assert buf is not None
+            n_keys = torch.sign(w, out=buf).sum(-1)  # (h, r): keys with a weight > 0
+        else:
+            n_keys = keys.to(w.dtype)  # (h, r)
         used = n_keys > 0  # (h, r): fully masked rows are left out
         found["rows"] = used.sum(-1)
         if entropy is None:
+            assert buf is not None
             torch.clamp_min(w, _TINY, out=buf)
             # numpy's vectorised log: several times faster than torch.log on the CPU
             np.log(buf.numpy(), out=buf.numpy())
@@ -112,9 +154,8 @@ class StatsAccumulator:
         found["pattern_rows"] = pattern.sum(-1)
         found["first"] = (w[..., 0] * pattern).sum(-1)
         if self.positional:
-            dist = (rows.unsqueeze(1) - torch.arange(S)).abs_().float()  # (r, S)
-            found["distance"] = torch.mul(w, dist, out=buf).sum(-1).sum(-1)
             row0 = int(rows[0])
+            found["distance"] = _distance(w, row0)
             band = {off: _diagonal(w, row0 + off) for off in range(-LOCAL, LOCAL + 1)}
             local = sum(band.values(), w.new_zeros(h, r))  # (h, r): |i - j| <= LOCAL
             found["local"] = (local * used).sum(-1)

@@ -34,7 +34,7 @@ from .. import _lse, _recording, mods, scores
 from ..blockplan import build_plan
 from ..blockplan.plan import BlockPlan
 from ..functional import attention
-from ..kernels.softmax import exp_rows_
+from ..kernels.softmax import exp_rows_, exp_rows_entropy_
 from .progress import Progress
 from .reduce import BLOCK_CELLS, SetReducer, torch_threads
 
@@ -216,10 +216,11 @@ class StreamRecorder:
                     block = next(blocks, None)  # the block's weights are computed here
                     if block is None:
                         break
-                    a, w, ent = block
-                    reducer.add(layer, row0 + a, w, 0, entropy=ent)
+                    a, w, figures = block
+                    ent, n_keys = figures if figures is not None else (None, None)
+                    reducer.add(layer, row0 + a, w, 0, entropy=ent, keys=n_keys)
                 choice.measured(threads, time.perf_counter() - start, w.numel())
-                del w, ent, block
+                del w, figures, ent, n_keys, block
             with torch_threads(choice.best() or 1):
                 q0 = q[0] if q.ndim == 4 else q  # (H, L, E)
                 k0 = k[0] if k.ndim == 4 else k  # (Hk, S, E)
@@ -320,10 +321,10 @@ def _blocks(
     cut: Callable[[int, int], int] | None = None,
     *,
     entropy: bool = False,
-) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
-    """:func:`row_blocks` with each block's row entropies: (first row, (H, r, S') weights,
-    (H, r) entropies in nats or None). With ``entropy``, a block from one product of q
-    and k (:func:`_softmax_block`) comes with them, read off its logits; others: None."""
+) -> Iterator[tuple[int, torch.Tensor, RowFigures | None]]:
+    """:func:`row_blocks` with each block's row figures: (first row, (H, r, S') weights,
+    :data:`RowFigures` or None). With ``entropy``, a block from one product of q and k
+    (:func:`_softmax_block`) comes with them, read off its logits; others: None."""
     H, L, S = q.shape[-3], q.shape[-2], k.shape[-2]
     v = k.new_empty(*k.shape[:-1], 0)  # no values: only the weights are wanted
     scale = inputs.head_scale if inputs.head_scale is not None else inputs.scale  # (H,) or one
@@ -339,7 +340,7 @@ def _blocks(
             end = cut(a, end)
         hi = keys(a, end)
         if direct is not None:
-            yield a, *_softmax_block(direct, plan, a, end, hi, entropy)  # (H, r, S'), (H, r)
+            yield a, *_softmax_block(direct, plan, a, end, hi, entropy)  # (H, r, S'), figures
             a = end
             continue
         mask = inputs.mask
@@ -418,9 +419,14 @@ def _add_bias(s: torch.Tensor, bias: torch.Tensor) -> None:
     s[..., j0:j1].add_(bias[..., j0:j1])
 
 
+RowFigures = tuple[torch.Tensor, torch.Tensor]
+"""A block's (H, r) row entropies in nats and (H, r) counts of weights above 0, read off
+its logits by :func:`_softmax_block`."""
+
+
 def _softmax_block(
     d: _Direct, plan: BlockPlan | None, i0: int, i1: int, hi: int, entropy: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, RowFigures | None]:
     """The exact weights (H, i1 - i0, hi) of rows i0 .. i1 - 1 over keys 0 .. hi - 1 (every
     key those rows may attend to), from one product of q and k: the masked logits, their
     row max, exp and row sums in one pass (:func:`exp_rows_`), then each row divided by
@@ -428,7 +434,8 @@ def _softmax_block(
 
     With ``entropy``, also each row's entropy (H, r) in nats, from the shifted logits
     x = s - max: ``-sum w log w = log Z - sum(p x) / Z`` with p = exp(x) and Z = sum p
-    (no log of every weight); 0 for a row that keeps no key. Else None.
+    (no log of every weight; 0 for a row that keeps no key), and its count of weights
+    above 0, both from the same pass as the exp (:func:`exp_rows_entropy_`). Else None.
     """
     q, k = d.q[:, i0:i1], d.k[:, :hi]  # (H, r, E), (H, hi, E)
     H, r = q.shape[0], i1 - i0
@@ -445,16 +452,12 @@ def _softmax_block(
         sums = exp_rows_(s, m, want_sum=True)  # s becomes exp(s - m); (H, r)
         assert sums is not None
         return s.div_(sums.clamp_min_(_TINY).unsqueeze(-1)), None  # (H, r, hi)
-    x = s.sub_(m.unsqueeze(-1))  # (H, r, hi): the shifted logits, -inf where blocked
-    p = x.clone()
-    zero = torch.zeros((), dtype=p.dtype, device=p.device)
-    sums = exp_rows_(p, zero, want_sum=True)  # p = exp(x); (H, r)
-    assert sums is not None
-    px = torch.nansum(x.mul_(p), dim=-1)  # (H, r): a blocked key's -inf * 0 counts 0
+    sums, px, positive = exp_rows_entropy_(s, m)  # s becomes p = exp(s - m); each (H, r)
     kept = sums > 0
     z = sums.clamp_min_(_TINY)
+    zero = torch.zeros((), dtype=s.dtype, device=s.device)
     ent = torch.where(kept, z.log() - px / z, zero)  # (H, r)
-    return p.div_(z.unsqueeze(-1)), ent  # (H, r, hi), (H, r)
+    return s.div_(z.unsqueeze(-1)), (ent, positive)  # (H, r, hi), ((H, r), (H, r))
 
 
 @contextmanager
