@@ -9,8 +9,11 @@ from typing import TypeVar
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attnkit.kernels import _native, additive, softmax
+from attnkit.kernels.rows import row_top_k
+from attnkit.viz.blocks import LongStore, overview_block
 
 from tolerance import (
     FLOAT32_CALL_REL,
@@ -136,6 +139,55 @@ def test_exp_rows_entropy_kernel_equals_its_torch_fallback(shape: tuple[int, ...
     assert_close_elementwise(fast, slow, rel=FLOAT32_ULPS_REL)
     for a, b in zip(fast_figures, slow_figures, strict=True):
         assert_close_to_scale(a, b, rel=FLOAT32_ULPS_REL)
+
+
+# ------------------------------------------------------------------ row_top_k
+
+
+@pytest.mark.parametrize("keys", [3, 16, 129, 1001, 8003])
+@pytest.mark.parametrize("k", [1, 5, 16])
+def test_row_top_k_is_exact(keys: int, k: int) -> None:
+    """The one-pass top-k: torch.topk's weights, largest first, at the keys it names
+    (distinct; equal weights, zeros among them, take the lower key first), and the max
+    of every block of 64 keys (the last one short)."""
+    _kernel_or_skip()
+    g = torch.Generator().manual_seed(keys * 31 + k)
+    w = torch.softmax(torch.randn(2, 9, keys, generator=g) * 4, -1)  # (h, r, S)
+    w[:, :, keys // 2] = 0.0  # exact zeros and a zero row: ties
+    w[1, 3] = 0.0
+    w[0, 2, :] = w[0, 2, 0]  # a row of equal weights
+    got = row_top_k(w, k, 64)
+    assert got is not None
+    vals, idx, bmax = got
+    padded = F.pad(w, (0, max(0, k - keys)))  # keys past S: weight 0
+    assert torch.equal(vals, torch.topk(padded, k, dim=-1).values)
+    assert torch.equal(torch.gather(padded, 2, idx), vals)
+    assert bool((idx.sort(-1).values.diff(dim=-1) > 0).all())
+    assert torch.equal(idx[0, 2], torch.arange(k))  # equal weights: the lowest keys, in order
+    nb = -(-keys // 64)
+    full = torch.full((2, 9, nb * 64), -1.0)
+    full[..., :keys] = w
+    assert torch.equal(bmax, full.view(2, 9, nb, 64).amax(-1))
+
+
+def test_long_store_gives_the_same_page_with_and_without_the_kernel() -> None:
+    """LongStore's one-pass path and its torch path (sub-block maxima, pruned top-k) keep
+    the same overviews and top-k weights, on row blocks not aligned to its blocks."""
+    _kernel_or_skip()
+    g = torch.Generator().manual_seed(12)
+    Q = K = 301
+    w = torch.softmax(torch.randn(3, Q, K, generator=g) * 5, -1)  # (h, Q, K)
+    b = overview_block(Q, K, 16)
+
+    def fill() -> dict[str, torch.Tensor]:
+        store = LongStore(1, 3, Q, K, b, 8)
+        for a, e in ((0, 50), (50, 51), (51, Q)):
+            store.add(0, slice(0, 3), a, w[:, a:e, : max(e, 9)].contiguous())
+        return store.finish()
+
+    fast, slow = fill(), _torch_only(fill)
+    for name in ("pooled_max", "pooled_mean", "topk_weight"):
+        assert torch.equal(fast[name], slow[name]), name
 
 
 # ------------------------------------------------------------------ additive

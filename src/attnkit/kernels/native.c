@@ -238,6 +238,100 @@ void ak_exp_rows_entropy(float* s, const float* shift, float* rowsum, float* row
     }
 }
 
+/* The k largest of each row of w (R, S), exact, in one pass: vals[r, :k] largest first
+   (equal values: the lower key first) and their keys idx[r, :k]. A row of fewer than k
+   keys is padded with weight 0 at keys S .. k - 1. NaN is never chosen. With bmax, also
+   each row's max over every b keys, bmax[r, :nb] (nb = ceil(S / b); the last block may
+   be short), read while the row is still in cache. */
+void ak_row_topk(const float* w, int64_t R, int64_t S, int64_t k, int64_t b, float* vals,
+                 int64_t* idx, float* bmax, int nthreads) {
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+        const float* row = w + r * S;
+        float* v = vals + r * k;
+        int64_t* ix = idx + r * k;
+        int64_t n = S < k ? S : k;
+        for (int64_t j = 0; j < n; ++j) {
+            v[j] = row[j] == row[j] ? row[j] : -1.0f; /* a NaN is never chosen */
+            ix[j] = j;
+        }
+        for (int64_t j = n; j < k; ++j) {
+            v[j] = 0.0f;
+            ix[j] = j;
+        }
+        /* the slot of the smallest kept value (the latest key among equals), its value */
+        int64_t lo = 0;
+        for (int64_t j = 1; j < k; ++j)
+            if (v[j] < v[lo] || (v[j] == v[lo] && ix[j] > ix[lo])) lo = j;
+        float thr = v[lo];
+        int64_t c = n;
+#ifdef AK_AVX2
+        for (; c + 8 <= S; c += 8) {
+            __m256 x = _mm256_loadu_ps(row + c);
+            int bits = _mm256_movemask_ps(_mm256_cmp_ps(x, _mm256_set1_ps(thr), _CMP_GT_OQ));
+            while (bits) {
+                int lane = __builtin_ctz(bits);
+                bits &= bits - 1;
+                float y = row[c + lane];
+                if (!(y > thr)) continue; /* thr rose within this group */
+                v[lo] = y;
+                ix[lo] = c + lane;
+                lo = 0;
+                for (int64_t j = 1; j < k; ++j)
+                    if (v[j] < v[lo] || (v[j] == v[lo] && ix[j] > ix[lo])) lo = j;
+                thr = v[lo];
+            }
+        }
+#endif
+        for (; c < S; ++c) {
+            float y = row[c];
+            if (!(y > thr)) continue;
+            v[lo] = y;
+            ix[lo] = c;
+            lo = 0;
+            for (int64_t j = 1; j < k; ++j)
+                if (v[j] < v[lo] || (v[j] == v[lo] && ix[j] > ix[lo])) lo = j;
+            thr = v[lo];
+        }
+        /* largest first, equal values by key: an insertion sort of k entries */
+        for (int64_t j = 1; j < k; ++j) {
+            float y = v[j];
+            int64_t iy = ix[j];
+            int64_t t = j - 1;
+            while (t >= 0 && (v[t] < y || (v[t] == y && ix[t] > iy))) {
+                v[t + 1] = v[t];
+                ix[t + 1] = ix[t];
+                --t;
+            }
+            v[t + 1] = y;
+            ix[t + 1] = iy;
+        }
+        if (bmax) {
+            int64_t nb = (S + b - 1) / b;
+            float* out = bmax + r * nb;
+            for (int64_t q = 0; q < nb; ++q) {
+                int64_t a = q * b, e = a + b < S ? a + b : S;
+                float m = row[a];
+                int64_t j = a + 1;
+#ifdef AK_AVX2
+                if (e - a >= 16) {
+                    __m256 m8 = _mm256_loadu_ps(row + a);
+                    for (j = a + 8; j + 8 <= e; j += 8)
+                        m8 = _mm256_max_ps(m8, _mm256_loadu_ps(row + j));
+                    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m8),
+                                          _mm256_extractf128_ps(m8, 1));
+                    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+                    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+                    m = _mm_cvtss_f32(h);
+                }
+#endif
+                for (; j < e; ++j) m = row[j] > m ? row[j] : m;
+                out[q] = m;
+            }
+        }
+    }
+}
+
 /* Identifies this library to its loader: a file at the cache path that does not answer
    with the expected tag is not loaded as attnkit's. */
 int ak_abi_tag(void) { return 20261128; }

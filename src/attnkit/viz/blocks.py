@@ -9,7 +9,8 @@ block, vectorised over heads and rows:
    b keys (b a multiple of :data:`SUB`), then over the rows of each row block;
 2. the sums: first over the rows of each row block (a pass along the keys), then
    over each block of b keys (an array b times smaller);
-3. the top-k, pruned by those maxima: the k keys of largest weight lie in the k
+3. the top-k, pruned by those maxima (where the compiled kernel runs, steps 1 and 3
+   are one pass instead: :func:`attnkit.kernels.rows.row_top_k`): the k keys of largest weight lie in the k
    groups of :data:`SUB` keys of largest max (a key outside them is beaten by the
    max of each of those k groups), and those groups in the k larger groups of
    largest max, so each row searches three short lists (of at most about 128
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from ..kernels.rows import row_top_k
 
 __all__ = ["SUB", "LongStore", "block_max", "overview_block", "top_keys"]
 
@@ -154,7 +157,14 @@ class LongStore:
         """Reduce weights (h, r, S) of layer ``li``, shown heads ``heads``, rows row0 .. row0 + r - 1."""
         h, r, S = w.shape
         b = self.block
-        bmax, sub_max = block_max(w, b, self.Kb)  # (h, r, Kb)
+        fused = row_top_k(w, self.k, b)  # one pass: the top-k and the block maxima
+        if fused is not None:
+            vals, idx, bmax = fused  # (h, r, k), (h, r, k), (h, r, ceil(S / b))
+            if bmax.shape[-1] < self.Kb:
+                bmax = F.pad(bmax, (0, self.Kb - bmax.shape[-1]))  # (h, r, Kb)
+        else:
+            bmax, sub_max = block_max(w, b, self.Kb)  # (h, r, Kb)
+            vals, idx = top_keys(w, self.k, sub_max)  # (h, r, k)
         qb0, qb1 = row0 // b, (row0 + r - 1) // b + 1
         if row0 % b == 0 and r % b == 0:  # whole row blocks: views
             rmax = bmax.view(h, r // b, b, self.Kb).amax(2)  # (h, qb1 - qb0, Kb)
@@ -165,7 +175,6 @@ class LongStore:
             rmax.scatter_reduce_(1, where.expand(h, r, self.Kb), bmax, "amax")
             rows = w.new_zeros(h, qb1 - qb0, S).index_add_(1, where.view(r), w)  # (h, ., S)
         rsum = _sum_keys(rows, b, self.Kb)  # (h, qb1 - qb0, Kb)
-        vals, idx = top_keys(w, self.k, sub_max)  # (h, r, k)
         rows_at = slice(row0, row0 + r)
         blocks = slice(qb0, qb1)
         if isinstance(heads, slice):
