@@ -338,7 +338,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ak_exp_rows.restype = None
     lib.ak_exp_rows_entropy.argtypes = [p, p, p, p, p, i64, i64, c_int]
     lib.ak_exp_rows_entropy.restype = None
-    lib.ak_row_topk.argtypes = [p, i64, i64, i64, i64, p, p, p, c_int]
+    lib.ak_row_topk.argtypes = [p, i64, i64, i64, i64, p, p, p, p, c_int]
     lib.ak_row_topk.restype = None
     lib.ak_simd_level.argtypes = []
     lib.ak_simd_level.restype = c_int

@@ -240,11 +240,11 @@ void ak_exp_rows_entropy(float* s, const float* shift, float* rowsum, float* row
 
 /* The k largest of each row of w (R, S), exact, in one pass: vals[r, :k] largest first
    (equal values: the lower key first) and their keys idx[r, :k]. A row of fewer than k
-   keys is padded with weight 0 at keys S .. k - 1. NaN is never chosen. With bmax, also
-   each row's max over every b keys, bmax[r, :nb] (nb = ceil(S / b); the last block may
-   be short), read while the row is still in cache. */
+   keys is padded with weight 0 at keys S .. k - 1. NaN is never chosen. With bmax and
+   bsum, also each row's max and sum over every b keys, bmax[r, :nb] and bsum[r, :nb]
+   (nb = ceil(S / b); the last block may be short), read while the row is in cache. */
 void ak_row_topk(const float* w, int64_t R, int64_t S, int64_t k, int64_t b, float* vals,
-                 int64_t* idx, float* bmax, int nthreads) {
+                 int64_t* idx, float* bmax, float* bsum, int nthreads) {
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t r = 0; r < R; ++r) {
         const float* row = w + r * S;
@@ -306,27 +306,36 @@ void ak_row_topk(const float* w, int64_t R, int64_t S, int64_t k, int64_t b, flo
             v[t + 1] = y;
             ix[t + 1] = iy;
         }
-        if (bmax) {
+        if (bmax && bsum) {
             int64_t nb = (S + b - 1) / b;
             float* out = bmax + r * nb;
+            float* tot = bsum + r * nb;
             for (int64_t q = 0; q < nb; ++q) {
                 int64_t a = q * b, e = a + b < S ? a + b : S;
-                float m = row[a];
-                int64_t j = a + 1;
+                float m = row[a], t = 0.0f;
+                int64_t j = a;
 #ifdef AK_AVX2
                 if (e - a >= 16) {
-                    __m256 m8 = _mm256_loadu_ps(row + a);
-                    for (j = a + 8; j + 8 <= e; j += 8)
-                        m8 = _mm256_max_ps(m8, _mm256_loadu_ps(row + j));
+                    __m256 m8 = _mm256_loadu_ps(row + a), t8 = _mm256_setzero_ps();
+                    for (; j + 8 <= e; j += 8) {
+                        __m256 x = _mm256_loadu_ps(row + j);
+                        m8 = _mm256_max_ps(m8, x);
+                        t8 = _mm256_add_ps(t8, x);
+                    }
                     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m8),
                                           _mm256_extractf128_ps(m8, 1));
                     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
                     h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
                     m = _mm_cvtss_f32(h);
+                    t = ak_hsum8(t8);
                 }
 #endif
-                for (; j < e; ++j) m = row[j] > m ? row[j] : m;
+                for (; j < e; ++j) {
+                    m = row[j] > m ? row[j] : m;
+                    t += row[j];
+                }
                 out[q] = m;
+                tot[q] = t;
             }
         }
     }

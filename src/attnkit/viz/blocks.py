@@ -9,8 +9,9 @@ block, vectorised over heads and rows:
    b keys (b a multiple of :data:`SUB`), then over the rows of each row block;
 2. the sums: first over the rows of each row block (a pass along the keys), then
    over each block of b keys (an array b times smaller);
-3. the top-k, pruned by those maxima (where the compiled kernel runs, steps 1 and 3
-   are one pass instead: :func:`attnkit.kernels.rows.row_top_k`): the k keys of largest weight lie in the k
+3. the top-k, pruned by those maxima (where the compiled kernel runs, the three steps
+   are one pass instead, :func:`attnkit.kernels.rows.row_top_k`, whose sums are per row
+   and then over each row block): the k keys of largest weight lie in the k
    groups of :data:`SUB` keys of largest max (a key outside them is beaten by the
    max of each of those k groups), and those groups in the k larger groups of
    largest max, so each row searches three short lists (of at most about 128
@@ -157,24 +158,32 @@ class LongStore:
         """Reduce weights (h, r, S) of layer ``li``, shown heads ``heads``, rows row0 .. row0 + r - 1."""
         h, r, S = w.shape
         b = self.block
-        fused = row_top_k(w, self.k, b)  # one pass: the top-k and the block maxima
+        qb0, qb1 = row0 // b, (row0 + r - 1) // b + 1
+        aligned = row0 % b == 0 and r % b == 0  # whole row blocks: views
+        where = (torch.arange(row0, row0 + r) // b - qb0).view(1, r, 1)  # (1, r, 1)
+        fused = row_top_k(w, self.k, b)  # one pass: the top-k, block maxima and sums
         if fused is not None:
-            vals, idx, bmax = fused  # (h, r, k), (h, r, k), (h, r, ceil(S / b))
+            vals, idx, bmax, bsum = fused  # (h, r, k) twice, (h, r, ceil(S / b)) twice
             if bmax.shape[-1] < self.Kb:
                 bmax = F.pad(bmax, (0, self.Kb - bmax.shape[-1]))  # (h, r, Kb)
+                bsum = F.pad(bsum, (0, self.Kb - bsum.shape[-1]))  # (h, r, Kb)
+            if aligned:  # then over the rows of each row block
+                rsum = bsum.view(h, r // b, b, self.Kb).sum(2)  # (h, qb1 - qb0, Kb)
+            else:
+                rsum = bsum.new_zeros(h, qb1 - qb0, self.Kb).index_add_(1, where.view(r), bsum)
         else:
             bmax, sub_max = block_max(w, b, self.Kb)  # (h, r, Kb)
             vals, idx = top_keys(w, self.k, sub_max)  # (h, r, k)
-        qb0, qb1 = row0 // b, (row0 + r - 1) // b + 1
-        if row0 % b == 0 and r % b == 0:  # whole row blocks: views
+            if aligned:  # rows first (a pass along the keys), then the keys
+                rows = w.view(h, r // b, b, S).sum(2)  # (h, qb1 - qb0, S)
+            else:
+                rows = w.new_zeros(h, qb1 - qb0, S).index_add_(1, where.view(r), w)  # (h, ., S)
+            rsum = _sum_keys(rows, b, self.Kb)  # (h, qb1 - qb0, Kb)
+        if aligned:
             rmax = bmax.view(h, r // b, b, self.Kb).amax(2)  # (h, qb1 - qb0, Kb)
-            rows = w.view(h, r // b, b, S).sum(2)  # (h, qb1 - qb0, S): rows first, then keys
         else:
-            where = (torch.arange(row0, row0 + r) // b - qb0).view(1, r, 1)  # (1, r, 1)
             rmax = bmax.new_zeros(h, qb1 - qb0, self.Kb)
             rmax.scatter_reduce_(1, where.expand(h, r, self.Kb), bmax, "amax")
-            rows = w.new_zeros(h, qb1 - qb0, S).index_add_(1, where.view(r), w)  # (h, ., S)
-        rsum = _sum_keys(rows, b, self.Kb)  # (h, qb1 - qb0, Kb)
         rows_at = slice(row0, row0 + r)
         blocks = slice(qb0, qb1)
         if isinstance(heads, slice):
