@@ -12,7 +12,6 @@ source did not exist yet.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,32 +19,9 @@ import torch
 from torch import nn
 
 from .attribution import _GRADIENT, METHODS, _attribute, _kind, _load, _Task
+from .attribution_records import GenerationAttribution
 
 __all__ = ["GenerationAttribution", "explain_generation"]
-
-
-@dataclass(frozen=True)
-class GenerationAttribution:
-    """The result of :func:`explain_generation`.
-
-    Attributes:
-        tokens: every token, prompt and generated, as written (n = L + N).
-        prompt_length: L, the prompt's tokens.
-        method: the method of every row.
-        scores: (N, n - 1) row t: the relevance of each source to generated token L + t
-            (NaN for the sources from L + t on, which came later).
-        target_ids: (N,) the generated tokens' ids.
-        target_values: (N,) each target logit at its input.
-        head_importance: (N, layers, heads) each step's head importance; None for rollout.
-    """
-
-    tokens: list[str]
-    prompt_length: int
-    method: str
-    scores: torch.Tensor
-    target_ids: list[int]
-    target_values: torch.Tensor
-    head_importance: torch.Tensor | None = None
 
 
 def explain_generation(

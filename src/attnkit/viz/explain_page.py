@@ -37,8 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .attribution import Attribution
-from .attribution_steps import GenerationAttribution
+from .attribution_records import Attribution, GenerationAttribution
 from .payload import blob
 
 __all__ = ["attribution_arrays", "attribution_record", "explain_payload"]

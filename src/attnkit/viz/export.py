@@ -47,8 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from .attribution import Attribution
-from .attribution_steps import GenerationAttribution
+from .attribution_records import Attribution, GenerationAttribution
 from .explain_page import attribution_arrays, attribution_record
 from .reduce import ReducedSet
 

@@ -37,8 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .attention_set import as_sets, page_payload, reduce_set
-from .attribution import Attribution
-from .attribution_steps import GenerationAttribution
+from .attribution_records import Attribution, GenerationAttribution
 from .compare import Comparison, compare_payload
 from .explain_page import explain_payload
 from .grid import as_grid

@@ -20,8 +20,7 @@ from .reduce import Budget, ReducedSet, SetReducer
 from .tokens import TokenText
 
 if TYPE_CHECKING:
-    from .attribution import Attribution
-    from .attribution_steps import GenerationAttribution
+    from .attribution_records import Attribution, GenerationAttribution
     from .image import ImageLayout
 
 __all__ = [
