@@ -127,6 +127,31 @@ def test_the_command_and_explain_hand_one_record(
     assert cli == python == ExplainOptions(TEXT, method="rollout", max_length=5)
 
 
+def test_the_command_and_explain_generation_hand_one_record(
+    gpt2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``attnkit show --generate N --explain`` and ``viz.explain_generation`` run one
+    GenerationOptions through one function (attribution_steps.explain_generation_with)."""
+    from attnkit import viz
+    from attnkit.viz import attribution_steps
+    from attnkit.viz.options import GenerationOptions
+
+    seen: list[GenerationOptions] = []
+    explain_generation_with = attribution_steps.explain_generation_with
+
+    def recording(model: Any, tokenizer: Any, options: GenerationOptions) -> Any:
+        seen.append(options)
+        return explain_generation_with(model, tokenizer, options)
+
+    monkeypatch.setattr(attribution_steps, "explain_generation_with", recording)
+    _show(tmp_path, TEXT, "--model", str(gpt2), "--generate", "2", "--explain", "rollout")
+    (cli,) = seen
+    viz.explain_generation(str(gpt2), None, list(cli.ids), cli.prompt_length,
+                           tokens=cli.tokens, method="rollout")  # fmt: skip
+    _, python = seen
+    assert cli == python and cli.method == "rollout" and len(cli.ids) == cli.prompt_length + 2
+
+
 def test_a_page_of_some_layers_maps_the_grid_to_them(gpt2: Path, tmp_path: Path) -> None:
     data = _payload(_show(tmp_path, TEXT, "--model", str(gpt2), "--explain",
                           "--layers", "1", "--heads", "1"))["explain"]  # fmt: skip

@@ -133,15 +133,15 @@ def run(args: argparse.Namespace, model: Any, tokenizer: Any, text: str, max_len
     method = getattr(args, "explain", None)
     if method is None:
         return None
-    from ..viz import attribution
-    from ..viz.attribution_steps import explain_generation
-    from ..viz.options import ExplainOptions
+    from ..viz import attribution, attribution_steps
+    from ..viz.options import ExplainOptions, GenerationOptions
 
     text2 = getattr(args, "compare", None)
     try:
         if getattr(args, "generate", 0) and page_run is not None:
-            return explain_generation(model, tokenizer, page_run.ids, page_run.used_tokens,
-                                      tokens=page_run.tokens, method=method)  # fmt: skip
+            steps = GenerationOptions(tuple(page_run.ids), page_run.used_tokens,
+                                      tuple(page_run.tokens), method)  # fmt: skip
+            return attribution_steps.explain_generation_with(model, tokenizer, steps)
         options = ExplainOptions(text, method=method, max_length=max_length,
                                  compare=None if text2 is None else text2.strip())  # fmt: skip
         return attribution.explain_with(model, tokenizer, options)

@@ -20,8 +20,9 @@ from torch import nn
 
 from .attribution import _GRADIENT, METHODS, _attribute, _kind, _load, _Task
 from .attribution_records import GenerationAttribution
+from .options import GenerationOptions
 
-__all__ = ["GenerationAttribution", "explain_generation"]
+__all__ = ["GenerationAttribution", "explain_generation", "explain_generation_with"]
 
 
 def explain_generation(
@@ -54,6 +55,24 @@ def explain_generation(
         ValueError, TypeError: before any compute: an unknown method, a model that is not
             a causal LM, a prompt length outside 1 .. n - 1.
     """
+    options = GenerationOptions(tuple(ids), prompt_length,
+                                None if tokens is None else tuple(tokens), method, steps)  # fmt: skip
+    return explain_generation_with(model, tokenizer, options)
+
+
+def explain_generation_with(
+    model: Any, tokenizer: Any, options: GenerationOptions
+) -> GenerationAttribution:
+    """:func:`explain_generation` with one :class:`~attnkit.viz.options.GenerationOptions`:
+    the one attribution of a generation for :func:`explain_generation` and ``attnkit show
+    --generate N --explain``.
+
+    Args:
+        model, tokenizer: as for :func:`explain_generation`.
+        options: the ids, prompt length, shown tokens, method and steps.
+    """
+    ids, prompt_length, tokens = options.ids, options.prompt_length, options.tokens
+    method, steps = options.method, options.steps
     if method not in METHODS:
         raise ValueError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:

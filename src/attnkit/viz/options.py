@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ExplainOptions",
+    "GenerationOptions",
     "ImageRunOptions",
     "NeuronWindow",
     "PageOptions",
@@ -215,6 +216,27 @@ class ExplainOptions:
     compare: str | None = None
     integration: str = "gausslegendre"
     max_length: int | None = None
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """One attribution of a generation, each generated token in turn: the same record for
+    ``attnkit show --generate N --explain`` and :func:`attnkit.viz.explain_generation`
+    (:func:`attnkit.viz.attribution_steps.explain_generation_with` runs it).
+
+    Attributes:
+        ids: (n,) the prompt's token ids, then the N generated ones.
+        prompt_length: L, in 1 .. n - 1.
+        tokens: the n tokens as shown, or None (the tokenizer's pieces).
+        method: one of :data:`attnkit.viz.attribution.METHODS`.
+        steps: integrated gradients' number of points on the path.
+    """
+
+    ids: tuple[int, ...]
+    prompt_length: int
+    tokens: tuple[str, ...] | None = None
+    method: str = "attention_x_gradient"
+    steps: int = 32
 
 
 @dataclass(frozen=True)
