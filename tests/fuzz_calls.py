@@ -242,6 +242,7 @@ class _Case:
         self.want = _oracle(d, self.built)
         self._ref64: dict[str, torch.Tensor] | None = None
         self._plain: dict[str, float] | None = None
+        self._condition: float | None = None
 
     def ref64(self) -> dict[str, torch.Tensor]:
         """The float64 reference backend's gradients (the gradients' oracle); empty, and a
@@ -275,6 +276,25 @@ class _Case:
                 self._plain = {}
         return self._plain
 
+    def out_condition(self) -> float:
+        """The scale of the output's rounding: max over rows of ``sum_j w_j |v_j|``, the
+        float64 reference's output for |v|. An output row is a weighted sum of values, so
+        a kernel that rounds its weights or products to the dtype (torch's bfloat16 flash
+        kernel rounds the weights before the values' product) is off by a few units of
+        the dtype times this, however much the sum cancels: an output of 0.0035 from
+        values near 1 is 12 bfloat16 units off at 1.7e-4, with every step exact to the
+        dtype (conformance seed 30, case 2468). 0 where it cannot be computed."""
+        if self._condition is None:
+            b = self.d.build(torch.float64)
+            b.v = b.v.abs()
+            try:
+                with _context(self.d.strict), torch.no_grad():
+                    out = attnkit.attention(b.q, b.k, b.v, **b.kwargs, backend="reference")
+                self._condition = _scale(out if isinstance(out, torch.Tensor) else out[0])
+            except Exception:
+                self._condition = 0.0
+        return self._condition
+
     def finding(self, backend: str, kind: str, detail: str) -> None:
         self.report.findings.append(Finding(self.index, backend, kind, self.d.label(), detail))
 
@@ -307,6 +327,9 @@ class _Case:
             self.finding(backend, "defect", f"a returned weight of {top:.6g} exceeds 1")
         errs = _errors(got, self.wanted(grad), d.dtype)
         bad = _too_big(errs, d.dtype)
+        if "out" in bad:  # measured against the sum's own condition (see out_condition)
+            errs["out"] = _error(got["out"], self.want["out"], self.out_condition())
+            bad = _too_big(errs, d.dtype)
         if not bad:
             return
         report.misses += 1
