@@ -319,7 +319,7 @@ def test_static_cache_generate_gives_eager_tokens() -> None:
 
 def test_importing_attnkit_imports_no_transformers() -> None:
     code = (
-        "import sys, attnkit, attnkit.integrations, attnkit.models.hf_capture, attnkit.viz; "
+        "import sys, attnkit, attnkit.integrations, attnkit.viz.sources.streaming, attnkit.viz; "
         "sys.exit('transformers' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -17,8 +17,8 @@ transformers = pytest.importorskip("transformers")
 
 from attnkit.integrations.transformers import attention as hf_attention  # noqa: E402
 from attnkit.integrations.transformers import family_reason  # noqa: E402
-from attnkit.models import hf_run  # noqa: E402
 from attnkit.viz import stream  # noqa: E402
+from attnkit.viz.sources import text_run as hf_run  # noqa: E402
 
 from tolerance import FLOAT32_CHAIN_REL, assert_close_to_scale  # noqa: E402
 

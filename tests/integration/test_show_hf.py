@@ -151,7 +151,7 @@ def test_a_folder_and_a_model_you_hold_run_through_one_function(
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     from attnkit import viz
-    from attnkit.models import hf_run
+    from attnkit.viz.sources import text_run as hf_run
 
     seen: list[tuple[str, int]] = []
     run_text = hf_run.run_text

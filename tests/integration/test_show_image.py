@@ -25,6 +25,7 @@ from attnkit.models import hf_vision
 from attnkit.models.config_json import ConfigError
 from attnkit.models.image_input import ImageInput, read_image_input
 from attnkit.viz.reduce import Budget
+from attnkit.viz.sources.image_run import attend_checkpoint
 
 from tolerance import (
     BYTE_STEP,
@@ -156,7 +157,7 @@ def test_captured_weights_equal_eager_attention(checkpoints, picture_file, model
     assert len(cap) == 2
     assert_close_to_scale(cap.stack(batch_index=0), want, what="attnkit's weights")
 
-    run = hf_vision.ImageCheckpoint(checkpoints[model_type]).attend(picture)
+    run = attend_checkpoint(hf_vision.ImageCheckpoint(checkpoints[model_type]), picture)
     s = run.sets[0]
     assert s.dense is not None
     assert_close_to_scale(torch.from_numpy(s.dense), want, what="streamed weights")
@@ -173,7 +174,7 @@ def test_patch_grid_geometry(checkpoints, picture_file, model_type) -> None:  # 
         2,
         2,
     )
-    run = ck.attend(viz.image.open_image(picture_file))
+    run = attend_checkpoint(ck, viz.image.open_image(picture_file))
     lay = run.layout
     assert (lay.rows, lay.cols, lay.patch, lay.picture.shape) == (GRID, GRID, (8, 8), (32, 32, 3))
     P = len(prefix)
@@ -207,12 +208,12 @@ def test_rollout_over_the_image_and_a_long_page_keeps_the_cls_rows(
     picture = viz.image.open_image(picture_file)
     want, _, _ = _eager(checkpoints["deit"], picture)
     ck = hf_vision.ImageCheckpoint(checkpoints["deit"])
-    run = ck.attend(picture)
+    run = attend_checkpoint(ck, picture)
     rollout = viz.attention_rollout(want.mean(1, keepdim=True))  # (L, L)
     assert run.sets[0].rollout is not None
     assert_close_to_scale(torch.from_numpy(run.sets[0].rollout), torch.as_tensor(rollout))
 
-    long = ck.attend(picture, budget=Budget(dense_cells=100, top_k=3))
+    long = attend_checkpoint(ck, picture, budget=Budget(dense_cells=100, top_k=3))
     s, lay = long.sets[0], long.layout
     assert s.long and lay.prefix_weights is not None
     assert_close_to_scale(torch.from_numpy(lay.prefix_weights), want[:, :, :2], what="[CLS] rows")

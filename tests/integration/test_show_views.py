@@ -144,7 +144,7 @@ def test_words_on_a_tokenizer_without_words_or_offsets(
     (s,) = _data(page)["sets"]
     assert "".join(s["tokens"]) == TEXT and s["shape"][2] < len(s["rawTokens"][0].split()) + 34
     assert all(" " not in t.strip() for t in s["tokens"])  # words end where spaces are
-    from attnkit.models import hf_run
+    from attnkit.viz.sources import text_run as hf_run
 
     real = hf_run.encoding_tokens
     monkeypatch.setattr(hf_run, "encoding_tokens",  # a slow tokenizer: no offsets, no words

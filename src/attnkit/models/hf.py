@@ -2,12 +2,11 @@
 
 Encoders (DistilBERT, ...), decoders (GPT-2, ...: causal) and encoder-decoders
 (T5, BART, ...: encoder self-attention, decoder self-attention and
-cross-attention) are loaded with ``attn_implementation="eager"`` and run on
-``attn_implementation="attnkit"`` with streaming capture
-(:mod:`attnkit.models.hf_capture`): each layer's exact weights are reduced while
-they are produced (a model whose attention cannot switch returns its eager weights). Nothing is downloaded (``local_files_only``) and no code from
-the folder ever runs (``trust_remote_code=False``; a config with ``auto_map`` is
-refused).
+cross-attention) are loaded with ``attn_implementation="eager"``; the viewer runs
+them on ``attn_implementation="attnkit"`` with streaming capture
+(:class:`attnkit.viz.sources.TransformersSource`). Nothing is downloaded
+(``local_files_only``) and no code from the folder ever runs
+(``trust_remote_code=False``; a config with ``auto_map`` is refused).
 BERT-family checkpoints are better served by :mod:`attnkit.models.bert`, which
 runs on attnkit's own attention.
 
@@ -17,9 +16,9 @@ refused in a fraction of a second.
 
     >>> from attnkit.models import hf
     >>> ckpt = hf.Checkpoint("path/to/gpt2-like")          # doctest: +SKIP
-    >>> run = ckpt.attend("The cat sat.", max_length=64)    # doctest: +SKIP
-    >>> run.sets[0].weights.shape                           # doctest: +SKIP
-    torch.Size([12, 12, 4, 4])
+    >>> ckpt.load()                                         # doctest: +SKIP
+    >>> ckpt.count_tokens("The cat sat.")                   # doctest: +SKIP
+    4
 """
 
 from __future__ import annotations
@@ -28,14 +27,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..viz.options import ViewOptions
-from ..viz.reduce import Budget
-from . import hf_run
 from .config_json import ConfigError, read_checked_config
-from .hf_run import AttentionRun
 from .weights import HeaderError, layer_counts, read_shapes, safetensors_files
 
-__all__ = ["KINDS", "AttentionRun", "Checkpoint", "CheckpointError"]
+__all__ = ["KINDS", "Checkpoint", "CheckpointError", "first_line"]
 
 KINDS = ("encoder", "decoder", "encoder-decoder")
 # Families whose base model is a causal decoder even when config.json names no architecture.
@@ -255,7 +250,7 @@ class Checkpoint:
             ).eval()  # fmt: skip
         except Exception as exc:  # shapes, missing keys, unsupported architectures
             raise CheckpointError(
-                f"{self.directory}: transformers cannot load it ({_first_line(exc)})"
+                f"{self.directory}: transformers cannot load it ({first_line(exc)})"
             ) from None
         self._head = wanted
 
@@ -280,7 +275,7 @@ class Checkpoint:
             )
         except Exception as exc:  # transformers raises many types for a bad tokenizer
             raise CheckpointError(
-                f"{self.directory}: no usable tokenizer ({_first_line(exc)})"
+                f"{self.directory}: no usable tokenizer ({first_line(exc)})"
             ) from None
         limit = getattr(self._tokenizer, "model_max_length", None)
         if not getattr(self.config, "max_position_embeddings", None) and isinstance(limit, int):
@@ -318,48 +313,8 @@ class Checkpoint:
         self.load()
         return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def attend(
-        self,
-        text: str,
-        pair: str | None = None,
-        *,
-        max_length: int | None = None,
-        layers: Sequence[int] | None = None,
-        heads: Sequence[int] | None = None,
-        generate_tokens: int = 0,
-        seed: int | None = None,
-        budget: Budget | None = None,
-        view: ViewOptions | None = None,
-    ) -> AttentionRun:
-        """Run the model on one input and reduce its attention (see :mod:`.hf_run`).
-
-        Args:
-            text: the input (the encoder's, for an encoder-decoder; a decoder's prompt).
-            pair: a second sentence (encoders and decoders); for an
-                encoder-decoder, the decoder's text (default: ``text``).
-            max_length: truncate each text to this many tokens; None = ``max_tokens``.
-            layers: layer numbers to show (default all), in increasing order.
-            heads: head numbers to show (default all).
-            generate_tokens: a decoder generates this many tokens after ``text``.
-            seed: sample the generated tokens with this seed; None = greedy.
-            budget: what the page keeps (default :class:`~attnkit.viz.reduce.Budget`).
-            view: words or tokens, special tokens or not, the neuron window
-                (:class:`~attnkit.viz.options.ViewOptions`).
-
-        Returns:
-            an :class:`AttentionRun`.
-        """
-        self.load(causal_lm=generate_tokens > 0)
-        limit = self.max_tokens if max_length is None else max_length
-        return hf_run.run_text(
-            self._model, self._tokenizer, self.kind, text, pair, max_length=limit,
-            n_layers=self.num_layers, n_heads=self.num_heads,
-            n_decoder_layers=self.num_decoder_layers, generate_tokens=generate_tokens,
-            seed=seed, refuse=self._not_a_decoder, layers=layers, heads=heads, budget=budget,
-            view=view,
-        )  # fmt: skip
-
-    def _not_a_decoder(self, kind: str) -> CheckpointError:
+    def not_a_decoder(self, kind: str) -> CheckpointError:
+        """The error for generation asked of this checkpoint, which is a ``kind``."""
         return CheckpointError(f"{self.name}: generation needs a decoder, not an {kind}")
 
 
@@ -367,7 +322,9 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vo
                     "spiece.model", "tokenizer.model", "sentencepiece.bpe.model")  # fmt: skip
 
 
-def _first_line(exc: Exception) -> str:
+def first_line(exc: Exception) -> str:
+    """The first line of an exception's message, or its type's name (transformers'
+    errors run to many lines)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 

@@ -26,20 +26,14 @@ folder runs.
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from ..viz.image import ImageLayout, ImageSetReducer
-from ..viz.reduce import Budget, ReducedSet
-from ..viz.stream import Progress, Router
 from .config_json import ConfigError
-from .hf import CheckpointError, _first_line, _int_field, read_checkpoint_config
-from .hf_run import _forward
+from .hf import CheckpointError, _int_field, first_line, read_checkpoint_config
 from .image_input import ImageInput, read_image_input
 from .weights import HeaderError, layer_counts, read_shapes, safetensors_files
 
@@ -47,12 +41,10 @@ __all__ = [
     "FAMILIES",
     "NOT_SUPPORTED",
     "ImageCheckpoint",
-    "ImageRun",
     "VisionFamily",
-    "attend_image",
-    "attend_model",
     "family_of",
     "image_input_of",
+    "patch_size",
     "supported_families",
 ]
 
@@ -129,100 +121,13 @@ def family_of(model_type: Any, where: str) -> VisionFamily:
     raise CheckpointError(f"{where}: {what}; supported: {supported_families()}")
 
 
-def _patch_size(config: Any, where: str) -> tuple[int, int]:
+def patch_size(config: Any, where: str) -> tuple[int, int]:
     value = getattr(config, "patch_size", None)
     sides = list(value) if isinstance(value, (list, tuple)) else [value, value]
     ok = [s for s in sides if isinstance(s, int) and not isinstance(s, bool) and s >= 1]
     if len(sides) != 2 or len(ok) != 2:
         raise CheckpointError(f"{where}: patch_size must be a positive integer, got {value!r}")
     return ok[0], ok[1]
-
-
-@dataclass
-class ImageRun:
-    """The attention of one picture, ready for :func:`attnkit.viz.to_html` (``image=layout``).
-
-    Attributes:
-        sets: one reduced set (the encoder's self-attention).
-        tokens: the token labels (non-patch tokens, then ``p(r,c)``).
-        layout: where each token lies on the picture the model saw.
-        notes: facts about the run for the page.
-    """
-
-    sets: list[ReducedSet]
-    tokens: list[str]
-    layout: ImageLayout
-    notes: list[str] = field(default_factory=list)
-
-
-def attend_image(
-    model: nn.Module,
-    image_input: ImageInput,
-    image: Any,
-    *,
-    prefix: Sequence[str],
-    patch: tuple[int, int],
-    n_layers: int,
-    n_heads: int,
-    layers: Sequence[int] | None = None,
-    heads: Sequence[int] | None = None,
-    budget: Budget | None = None,
-) -> ImageRun:
-    """Run a vision transformer once on a picture and reduce its attention.
-
-    Args:
-        model: a transformers vision model (eval mode), base or with a task head.
-        image_input: how the checkpoint prepares a picture.
-        image: an RGB ``PIL.Image``.
-        prefix: labels of the non-patch tokens (see :class:`VisionFamily`).
-        patch: (height, width) of a patch in pixels.
-        n_layers, n_heads: the model's layers and heads.
-        layers, heads: what to show (default all).
-        budget: what the page keeps.
-    """
-    picture = image_input.picture(image)  # (H, W, 3) uint8
-    H, W = picture.shape[:2]
-    rows, cols = H // patch[0], W // patch[1]
-    if rows < 1 or cols < 1:
-        raise ValueError(
-            f"image: the model's input is {H} × {W} px, smaller than one {patch[0]} × "
-            f"{patch[1]} px patch; check preprocessor_config.json"
-        )
-    layout = ImageLayout(picture, rows, cols, patch, tuple(prefix))
-    L = layout.n_tokens
-    reducer = ImageSetReducer(
-        "self-attention",
-        n_layers,
-        n_heads,
-        L,
-        L,
-        prefix=len(prefix),
-        layers=layers,
-        heads=heads,
-        budget=budget,
-    )
-    inputs: dict[str, Any] = {"pixel_values": image_input.pixels(picture)}  # (1, 3, H, W)
-    size = getattr(model.config, "image_size", None)
-    trained = (size, size) if isinstance(size, int) else tuple(size) if size else None
-    takes = "interpolate_pos_encoding" in inspect.signature(model.forward).parameters
-    if takes and trained != (H, W):
-        inputs["interpolate_pos_encoding"] = True  # a position table made for another size
-    progress = Progress(n_layers, "layer")
-    router = Router({"self": reducer}, progress=progress)
-    try:
-        _forward(model, router, **inputs)
-    except ValueError as exc:
-        if "do not fit" not in str(exc):
-            raise
-        raise ValueError(
-            f"the model's attention is not over {layout.describe()} "
-            f"({L} tokens): {_first_line(exc)}"
-        ) from None
-    finally:
-        progress.close()
-    s = reducer.finish()
-    s.tokens = layout.tokens()
-    return ImageRun([s], s.tokens, reducer.finish_layout(layout, s))
 
 
 class ImageCheckpoint:
@@ -277,7 +182,7 @@ class ImageCheckpoint:
             )
         except Exception as exc:  # transformers raises many types for a bad config
             raise CheckpointError(
-                f"{config_path}: transformers cannot read it ({_first_line(exc)})"
+                f"{config_path}: transformers cannot read it ({first_line(exc)})"
             ) from None
         layers = _int_field(self.config, ("num_hidden_layers",))
         heads = _int_field(self.config, ("num_attention_heads",))
@@ -293,7 +198,7 @@ class ImageCheckpoint:
                 f"{config_path}: num_hidden_layers is {layers} but the weights hold stacks of {said}"
             )
         self.num_layers, self.num_heads = layers, heads
-        self.patch = _patch_size(self.config, str(config_path))
+        self.patch = patch_size(self.config, str(config_path))
         self.prefix = self.family.prefix(self.config)
         self._model: Any = None
         self._head = False  # the built model has its classification head
@@ -324,7 +229,7 @@ class ImageCheckpoint:
             ).eval()
         except Exception as exc:  # shapes, missing keys, unsupported architectures
             raise CheckpointError(
-                f"{self.directory}: transformers cannot load it ({_first_line(exc)})"
+                f"{self.directory}: transformers cannot load it ({first_line(exc)})"
             ) from None
         self._head = head
 
@@ -333,28 +238,6 @@ class ImageCheckpoint:
         """The built model (see :meth:`load`)."""
         self.load()
         return self._model
-
-    def attend(
-        self,
-        image: Any,
-        *,
-        layers: Sequence[int] | None = None,
-        heads: Sequence[int] | None = None,
-        budget: Budget | None = None,
-    ) -> ImageRun:
-        """Run the model on a picture (an RGB ``PIL.Image``) and reduce its attention."""
-        return attend_image(
-            self.model,
-            self.image_input,
-            image,
-            prefix=self.prefix,
-            patch=self.patch,
-            n_layers=self.num_layers,
-            n_heads=self.num_heads,
-            layers=layers,
-            heads=heads,
-            budget=budget,
-        )
 
 
 def image_input_of(processor: Any) -> ImageInput:
@@ -372,38 +255,4 @@ def image_input_of(processor: Any) -> ImageInput:
     raise TypeError(
         "processor: expected the checkpoint folder, its preprocessor_config.json as a dict, or "
         f"a transformers image processor, got {type(processor).__name__}"
-    )
-
-
-def attend_model(
-    model: nn.Module,
-    image: Any,
-    processor: Any,
-    *,
-    layers: Sequence[int] | None = None,
-    heads: Sequence[int] | None = None,
-    budget: Budget | None = None,
-) -> ImageRun:
-    """:func:`attend_image` for a transformers vision model you hold (family from its config)."""
-    cfg = getattr(model, "config", None)
-    family = family_of(getattr(cfg, "model_type", type(model).__name__), "model")
-    if processor is None:
-        raise TypeError(
-            "processor: a vision model needs how its pictures are prepared: the checkpoint "
-            "folder, or its image processor"
-        )
-    n_layers = int(getattr(cfg, "num_hidden_layers", 0))
-    n_heads = int(getattr(cfg, "num_attention_heads", 0))
-    model.eval()
-    return attend_image(
-        model,
-        image_input_of(processor),
-        image,
-        prefix=family.prefix(cfg),
-        patch=_patch_size(cfg, "model.config"),
-        n_layers=n_layers,
-        n_heads=n_heads,
-        layers=layers,
-        heads=heads,
-        budget=budget,
     )

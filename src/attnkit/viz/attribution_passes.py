@@ -147,7 +147,7 @@ def recording(recorder: Any) -> Iterator[Any]:
 def on_attnkit(model: nn.Module) -> Iterator[None]:
     """Within the block the model's attention runs through :func:`attnkit.attention`
     (``attn_implementation="attnkit"``); its own implementation is restored after."""
-    from ..models.hf_capture import IMPLEMENTATION, supports_streaming
+    from .sources.streaming import IMPLEMENTATION, supports_streaming
 
     if not supports_streaming(model):
         raise ValueError(

@@ -140,7 +140,7 @@ def save_weights(
     """Write what was captured, with the tokens, to ``path`` (.safetensors or .npz).
 
     Args:
-        sets: the reduced sets (an :class:`~attnkit.models.hf_run.AttentionRun`'s
+        sets: the reduced sets (an :class:`~attnkit.viz.sources.text_run.AttentionRun`'s
             ``.sets``), or one set; or, for a comparison, ``{side: sets}`` (e.g.
             ``{"a": run_a.sets, "b": run_b.sets}``): each side's arrays are named
             ``"<side>/<set>.<array>"``.

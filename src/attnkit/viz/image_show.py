@@ -59,7 +59,7 @@ def attend_image(source: Any, picture: Any, options: ImageRunOptions) -> Any:
         options: the layers, heads, budget and progress.
 
     Returns:
-        An :class:`~attnkit.models.hf_vision.ImageRun`: the sets (per layer × head, (T, T)
+        An :class:`~attnkit.viz.sources.image_run.ImageRun`: the sets (per layer × head, (T, T)
         over the T = prefix + patch tokens), the tokens and the layout.
     """
     from .progress import quiet

@@ -57,7 +57,7 @@ def run_model(
     neuron_window: tuple[int | None, int | None] | str | None = None,
     progress: bool = True,
 ) -> Any:
-    """Run a model on ``text`` with streaming capture; an :class:`~attnkit.models.hf_run.AttentionRun`.
+    """Run a model on ``text`` with streaming capture; an :class:`~attnkit.viz.sources.text_run.AttentionRun`.
 
     The arguments make one :class:`~attnkit.viz.options.RunOptions` (:meth:`RunOptions.of
     <attnkit.viz.options.RunOptions.of>`), which :func:`run_options` runs.
@@ -124,7 +124,7 @@ def attend(source: Any, options: RunOptions) -> Any:
         options: the run: text, pair, layers, heads, generation, budget and view.
 
     Returns:
-        An :class:`~attnkit.models.hf_run.AttentionRun`: its page sets (each
+        An :class:`~attnkit.viz.sources.text_run.AttentionRun`: its page sets (each
         (layers, heads, Q, K) reduced), tokens and notes.
     """
     from .progress import quiet

@@ -10,6 +10,11 @@
   other local checkpoint), :class:`ModelSource` (a transformers model in memory).
 - :func:`open_image_source`: a vision transformer (folder, or a model and its
   processor) as an :class:`ImageSource`, whose input is a picture.
+- The runs behind ``attend``: :mod:`.text_run` (a transformers model, one forward or a
+  generation), :mod:`.bert_run` (attnkit's BERT), :mod:`.image_run` (a vision
+  transformer), each with the streaming capture of :mod:`.streaming`. The models
+  themselves (checked and built) live in :mod:`attnkit.models`, which imports nothing
+  from the viewer.
 
 Nothing here imports :mod:`attnkit.commands`: errors are the models' own
 (``CheckpointError``, ``ConfigError``) or :class:`SourceError`, and the command

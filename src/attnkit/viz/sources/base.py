@@ -68,8 +68,8 @@ class Source(Protocol):
                 (:class:`~attnkit.viz.options.ViewOptions`).
 
         Returns:
-            An :class:`~attnkit.models.hf_run.AttentionRun` (an image source's
-            :class:`~attnkit.models.hf_vision.ImageRun`): the tokens shown (Q of them),
+            An :class:`~attnkit.viz.sources.text_run.AttentionRun` (an image source's
+            :class:`~attnkit.viz.sources.image_run.ImageRun`): the tokens shown (Q of them),
             the reduced sets (per layer × head, (Q, K) weights or a long input's block
             overview and exact top-k), and the run's notes.
 

@@ -101,13 +101,13 @@ class BertSource:
         return sum(1 for kind in enc.special_tokens_mask if kind == 0)
 
     def attend(self, text: str, pair: str | None, **options: Any) -> Any:
-        """Run the encoder (:func:`attnkit.models.bert.run.attend`); options as
+        """Run the encoder (:func:`attnkit.viz.sources.bert_run.attend`); options as
         :meth:`~.base.Source.attend` (``seed`` is ignored).
 
         Raises:
             SourceError: ``generate_tokens`` > 0 (an encoder does not generate text).
         """
-        from ...models.bert.run import attend
+        from .bert_run import attend
 
         if options.pop("generate_tokens", 0):
             raise SourceError("generate: a BERT encoder does not generate text")
@@ -158,12 +158,42 @@ class TransformersSource:
         """How many tokens ``text`` makes without special tokens."""
         return self.checkpoint.content_tokens(text)
 
-    def attend(self, text: str, pair: str | None, **options: Any) -> Any:
-        """Run the model (:meth:`attnkit.models.hf.Checkpoint.attend`); options as
-        :meth:`~.base.Source.attend`.
+    def attend(
+        self,
+        text: str,
+        pair: str | None = None,
+        *,
+        max_length: int | None = None,
+        generate_tokens: int = 0,
+        seed: int | None = None,
+        **options: Any,
+    ) -> Any:
+        """Run the model on one input and reduce its attention
+        (:func:`attnkit.viz.sources.text_run.run_text`); as :meth:`~.base.Source.attend`.
+
+        Args:
+            text: the input (the encoder's, for an encoder-decoder; a decoder's prompt).
+            pair: a second sentence (encoders and decoders); for an encoder-decoder, the
+                decoder's text (default: ``text``).
+            max_length: truncate each text to this many tokens; None = the model's.
+            generate_tokens: a decoder generates this many tokens after ``text``.
+            seed: sample the generated tokens with this seed; None = greedy.
+            **options: ``layers``, ``heads``, ``budget`` and ``view``.
+
+        Returns:
+            an :class:`~attnkit.viz.sources.text_run.AttentionRun`.
 
         Raises:
             attnkit.models.hf.CheckpointError: generation asked of a model that is not a
                 decoder, or weights transformers cannot load.
         """
-        return self.checkpoint.attend(text, pair, **options)
+        from .text_run import run_text
+
+        ck = self.checkpoint
+        ck.load(causal_lm=generate_tokens > 0)
+        limit = ck.max_tokens if max_length is None else max_length
+        return run_text(
+            ck.model, ck.tokenizer, ck.kind, text, pair, max_length=limit,
+            n_layers=ck.num_layers, n_heads=ck.num_heads, n_decoder_layers=ck.num_decoder_layers,
+            generate_tokens=generate_tokens, seed=seed, refuse=ck.not_a_decoder, **options,
+        )  # fmt: skip

@@ -81,14 +81,16 @@ class ImageSource:
             budget: what the page keeps (:class:`~attnkit.viz.reduce.Budget`).
 
         Returns:
-            An :class:`~attnkit.models.hf_vision.ImageRun`: the sets (per layer × head,
+            An :class:`~attnkit.viz.sources.image_run.ImageRun`: the sets (per layer × head,
             (T, T) over the T = prefix + patch tokens), the tokens and the layout.
         """
-        from ...models import hf_vision
+        from .image_run import attend_checkpoint, attend_model
 
         if self.checkpoint is not None:
-            return self.checkpoint.attend(picture, layers=layers, heads=heads, budget=budget)
-        return hf_vision.attend_model(
+            return attend_checkpoint(
+                self.checkpoint, picture, layers=layers, heads=heads, budget=budget
+            )
+        return attend_model(
             self.model, picture, self.processor, layers=layers, heads=heads, budget=budget
         )
 

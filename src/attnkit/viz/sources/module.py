@@ -71,14 +71,14 @@ class ModelSource:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def attend(self, text: str, pair: str | None, **options: Any) -> Any:
-        """Run the model (:func:`attnkit.models.hf_run.run_text`: generation with
+        """Run the model (:func:`attnkit.viz.sources.text_run.run_text`: generation with
         ``generate_tokens``, else one forward); options as
         :meth:`~.base.Source.attend`.
 
         Raises:
             SourceError: ``generate_tokens`` > 0 and the model is not a decoder.
         """
-        from ...models.hf_run import run_text
+        from .text_run import run_text
 
         limit = options.pop("max_length", None) or self.max_tokens
         return run_text(self.model, self.tokenizer, self.kind, text, pair, max_length=limit,

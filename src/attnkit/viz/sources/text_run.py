@@ -3,7 +3,7 @@
 :func:`attend` runs an encoder, a decoder or an encoder-decoder once and
 :func:`generate` continues a decoder's prompt by N tokens through its KV cache,
 each reducing the attention of every layer while it is produced (see
-:mod:`attnkit.models.hf_capture`). Both return an :class:`AttentionRun` ready
+:mod:`attnkit.viz.sources.streaming`). Both return an :class:`AttentionRun` ready
 for :func:`attnkit.viz.to_html`.
 """
 
@@ -16,12 +16,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..viz.options import PageView, ViewOptions
-from ..viz.progress import Progress
-from ..viz.reduce import Budget, ReducedSet, SetReducer
-from ..viz.stream import Router
-from ..viz.tokens import TokenText, display_tokens, encoding_tokens
-from .hf_capture import streaming_attention, supports_streaming
+from ..options import PageView, ViewOptions
+from ..progress import Progress
+from ..reduce import Budget, ReducedSet, SetReducer
+from ..stream import Router
+from ..tokens import TokenText, display_tokens, encoding_tokens
+from .streaming import streaming_attention, supports_streaming
 
 __all__ = [
     "AttentionRun",
@@ -360,7 +360,7 @@ def run_text(
     """One text run of a transformers model: :func:`generate` when ``generate_tokens`` > 0
     (a decoder only), else :func:`attend`. The one choice for a model you hold
     (:class:`attnkit.viz.sources.ModelSource`) and a checkpoint folder
-    (:meth:`attnkit.models.hf.Checkpoint.attend`).
+    (:class:`attnkit.viz.sources.TransformersSource`).
 
     Args:
         model, tokenizer, kind, text, pair: as for :func:`attend` (``pair`` is not

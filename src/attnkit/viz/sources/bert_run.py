@@ -12,13 +12,13 @@ from collections.abc import Sequence
 
 import torch
 
-from ...viz.options import PageView, ViewOptions
-from ...viz.progress import Progress
-from ...viz.reduce import Budget, SetReducer
-from ...viz.stream import Router, streaming
-from ...viz.tokens import encoding_tokens
-from ..hf_run import AttentionRun, run_header
-from .modeling import Bert
+from ...models.bert.modeling import Bert
+from ..options import PageView, ViewOptions
+from ..progress import Progress
+from ..reduce import Budget, SetReducer
+from ..stream import Router, streaming
+from ..tokens import encoding_tokens
+from .text_run import AttentionRun, run_header
 
 __all__ = ["attend"]
 

@@ -9,7 +9,7 @@ heads, softcapping, sinks and position biases, and the recorder of
 heads at a time), so at most one layer's weights (of a few heads) are alive.
 
 A model that computes its attention itself (older modeling code) cannot switch;
-:mod:`attnkit.models.hf_run` asks it for its collected weights instead.
+:mod:`attnkit.viz.sources.text_run` asks it for its collected weights instead.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 from torch import nn
 
-from ..viz.stream import Router, streaming
+from ..stream import Router, streaming
 
 __all__ = ["IMPLEMENTATION", "streaming_attention", "supports_streaming"]
 
