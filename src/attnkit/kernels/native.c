@@ -238,6 +238,19 @@ void ak_exp_rows_entropy(float* s, const float* shift, float* rowsum, float* row
     }
 }
 
+/* Put y at key c into the slot of the smallest kept value, then find the new smallest
+   (the latest key among equals): one step of ak_row_topk's top-k. Returns its value. */
+static inline float ak_topk_take(float* v, int64_t* ix, int64_t k, int64_t* lo, float y,
+                                 int64_t c) {
+    v[*lo] = y;
+    ix[*lo] = c;
+    int64_t m = 0;
+    for (int64_t j = 1; j < k; ++j)
+        if (v[j] < v[m] || (v[j] == v[m] && ix[j] > ix[m])) m = j;
+    *lo = m;
+    return v[m];
+}
+
 /* The k largest of each row of w (R, S), exact, in one pass: vals[r, :k] largest first
    (equal values: the lower key first) and their keys idx[r, :k]. A row of fewer than k
    keys is padded with weight 0 at keys S .. k - 1. NaN is never chosen. With bmax and
@@ -274,24 +287,14 @@ void ak_row_topk(const float* w, int64_t R, int64_t S, int64_t k, int64_t b, flo
                 bits &= bits - 1;
                 float y = row[c + lane];
                 if (!(y > thr)) continue; /* thr rose within this group */
-                v[lo] = y;
-                ix[lo] = c + lane;
-                lo = 0;
-                for (int64_t j = 1; j < k; ++j)
-                    if (v[j] < v[lo] || (v[j] == v[lo] && ix[j] > ix[lo])) lo = j;
-                thr = v[lo];
+                thr = ak_topk_take(v, ix, k, &lo, y, c + lane);
             }
         }
 #endif
         for (; c < S; ++c) {
             float y = row[c];
             if (!(y > thr)) continue;
-            v[lo] = y;
-            ix[lo] = c;
-            lo = 0;
-            for (int64_t j = 1; j < k; ++j)
-                if (v[j] < v[lo] || (v[j] == v[lo] && ix[j] > ix[lo])) lo = j;
-            thr = v[lo];
+            thr = ak_topk_take(v, ix, k, &lo, y, c);
         }
         /* largest first, equal values by key: an insertion sort of k entries */
         for (int64_t j = 1; j < k; ++j) {
