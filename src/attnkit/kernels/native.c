@@ -165,6 +165,9 @@ static inline __m512 ak_tanh16(__m512 x) {
 
 /* s[r, c] = exp(s[r, c] - shift[r]) in place for R rows of C; exp(-inf) = 0. With rowsum
    != NULL also rowsum[r] = sum_c of the new s[r, c]. */
+/* exp(x) of one float as ak_exp8 gives it: 0 below -87 (and for -inf). */
+static inline float ak_exp1(float x) { return x < -87.0f ? 0.0f : expf(x); }
+
 void ak_exp_rows(float* s, const float* shift, float* rowsum, int64_t R, int64_t C,
                  int nthreads) {
     #pragma omp parallel for num_threads(nthreads) schedule(static)
@@ -184,10 +187,8 @@ void ak_exp_rows(float* s, const float* shift, float* rowsum, int64_t R, int64_t
         acc = ak_hsum8(acc8);
 #endif
         for (; c < C; ++c) {
-            float x = row[c] - sh;
-            float e = x < -87.0f ? 0.0f : expf(x);
-            row[c] = e;
-            acc += e;
+            row[c] = ak_exp1(row[c] - sh);
+            acc += row[c];
         }
         if (rowsum) rowsum[r] = acc;
     }
@@ -223,8 +224,7 @@ void ak_exp_rows_entropy(float* s, const float* shift, float* rowsum, float* row
         pos = ak_hsum8(pos8);
 #endif
         for (; c < C; ++c) {
-            float x = row[c] - sh;
-            float e = x < -87.0f ? 0.0f : expf(x);
+            float x = row[c] - sh, e = ak_exp1(x);
             row[c] = e;
             acc += e;
             if (e > 0.0f) {
