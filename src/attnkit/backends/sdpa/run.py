@@ -309,14 +309,14 @@ def _checked_call(
     host again, as an eager call of a plain plan does: the kernel, then
     :func:`kernel_followed_policy`; where it did not, the call is computed again by the
     policy's path (:func:`call`). q (B, H, L, E), k and v (B, Hk, S, E or Ev);
-    returns out (B, H, L, Ev), a new tensor.
+    returns out (B, H, L, Ev), a new row-major tensor.
     """
     out = _sdpa(q, k, v, dropout_p=0.0, is_causal=is_causal, scale=scale, gqa=gqa)
-    if kernel_followed_policy(out, q, k):
-        return out
-    out, _ = call(q, k, v, attn_mask=None, is_causal=is_causal, dropout_p=0.0, scale=scale,
-                  gqa=gqa, want_lse=False)  # fmt: skip
-    return out
+    if not kernel_followed_policy(out, q, k):
+        out, _ = call(q, k, v, attn_mask=None, is_causal=is_causal, dropout_p=0.0,
+                      scale=scale, gqa=gqa, want_lse=False)  # fmt: skip
+    # row-major, as the fake kernel says: a compiled graph asserts its buffers' strides
+    return out.contiguous()  # (B, H, L, Ev)
 
 
 def _register_checked_op() -> Any:
