@@ -368,3 +368,32 @@ def test_a_poisoned_query_with_no_values_gives_the_weights_of_a_call_with_values
                                 return_weights=True, backend=backend)  # fmt: skip
     assert out.shape == (1, 2, 5, 0)
     torch.testing.assert_close(w, want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.torch_feature("compile")
+@pytest.mark.parametrize("poison", [False, True])
+def test_the_compiled_policy_op_matches_its_fake_kernel(poison: bool) -> None:
+    """``attnkit::sdpa_checked`` on heads-second views of one projection (as a layer
+    passes them, grouped heads too): its output has the fake kernel's shape and row-major
+    strides (a compiled graph asserts them; torch's CPU kernel can return another
+    layout), on the kernel's path and on the policy's."""
+    from attnkit.backends.sdpa import run as sdpa_run
+
+    op = sdpa_run._checked_op
+    if op is None:
+        pytest.skip("no torch.library op on this torch")
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(3))  # (B, L, 2E + ...)
+    q = x[..., :8].view(2, 5, 4, 2).transpose(1, 2)  # (B, H, L, E), not contiguous
+    k = x[..., 8:12].view(2, 5, 2, 2).transpose(1, 2)  # (B, Hk, L, E)
+    v = x[..., 12:].view(2, 5, 2, 2).transpose(1, 2)  # (B, Hk, L, E)
+    if poison:
+        q = q.clone()
+        q[0, 1, 2, 0] = math.nan
+    args = (q, k, v, True, 0.7, True)
+    torch.library.opcheck(op, args, test_utils=("test_faketensor",))
+    out = op(*args)
+    assert out.is_contiguous() and out.shape == (2, 4, 5, 2)
+    want = attnkit.attention(q, k, v, mask=masks.causal(), scale=0.7, backend="sdpa")
+    assert torch.equal(torch.isnan(out), torch.isnan(want))
+    fin = torch.isfinite(want)
+    assert_close_to_scale(out[fin], want[fin])
