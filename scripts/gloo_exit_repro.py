@@ -15,13 +15,21 @@ TCPStore on 127.0.0.1, form a gloo group on the CPU and then:
   the frames it passed through);
 - ``attnkit-error``: one context-parallel forward in which rank 0's first block
   raises; rank 0 keeps the error (as a script that logs it and goes on);
+- ``plain-pinned``: ``plain``, then the process's first ``import torch._dynamo`` (as a
+  first ``torch.compile`` or ``custom_op`` call does), after the group exists: it
+  imports ``torch.distributed.nn.functional``, whose functions keep ``group.WORLD`` as
+  a default argument, so the group outlives ``destroy_process_group`` (torch alone);
+- ``attnkit-compile``: ``attnkit``, then the same late import, with
+  ``attnkit.distributed`` imported before the group (as a script imports it): the
+  defaults were bound while no group existed, and nothing is kept;
 
 then ``dist.destroy_process_group()`` and a normal return from the script: no
 barrier, no ``os._exit``, as a user's script ends. After ``destroy_process_group``
 no gloo thread should be left; ``--strict`` makes a rank that still has one (Linux:
 ``/proc/self/task``) exit with code 3. A request still held keeps gloo's connection
 thread (``gloo_tcp_loop``) running past ``destroy_process_group``, into the
-interpreter's teardown: ``plain-leftover --strict`` shows it with torch alone.
+interpreter's teardown: ``plain-leftover --strict`` and ``plain-pinned --strict`` show
+it with torch alone.
 
 ``--load K`` keeps K busy Python processes beside the runs (gloo's teardown races
 show under CPU contention). The parent counts each rank's exit: code 0, another code, or a signal (-6 is SIGABRT,
@@ -34,6 +42,7 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
+import importlib
 import os
 import signal
 import socket
@@ -46,7 +55,7 @@ import torch
 import torch.distributed as dist
 
 WORLD = 2
-MODES = ("plain", "attnkit", "plain-leftover", "attnkit-error")
+MODES = ("plain", "attnkit", "plain-leftover", "attnkit-error", "plain-pinned", "attnkit-compile")
 
 
 def _plain(rank: int) -> None:
@@ -79,6 +88,20 @@ def _plain_leftover(rank: int) -> list[Any]:
     kept = [dist.irecv(torch.empty(8), (rank - 1) % WORLD, tag=99)] if rank == 0 else []
     _plain(rank)
     return kept
+
+
+def _plain_pinned(rank: int) -> None:
+    """``plain``, then the first ``import torch._dynamo`` of the process, after the group
+    exists: it imports ``torch.distributed.nn.functional``, whose functions take
+    ``group=group.WORLD`` as a default, evaluated then: the default group is kept
+    alive by them, past ``destroy_process_group``, into the interpreter's teardown."""
+    _plain(rank)
+    _plain_pinned_import()
+
+
+def _plain_pinned_import() -> None:
+    """The process's first ``import torch._dynamo``, as a user's first compile does."""
+    importlib.import_module("torch._dynamo")
 
 
 def _attnkit_error(rank: int) -> list[Any]:
@@ -144,6 +167,11 @@ def _rank(rank: int, port: int, mode: str, strict: bool) -> None:
         _attnkit(rank)
     elif mode == "plain-leftover":
         kept = _plain_leftover(rank)
+    elif mode == "plain-pinned":
+        _plain_pinned(rank)
+    elif mode == "attnkit-compile":
+        _attnkit(rank)
+        _plain_pinned_import()
     else:
         kept = _attnkit_error(rank)
     dist.destroy_process_group()
@@ -248,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     busy = f"import time\nend = time.time() + {args.max_seconds}\nwhile time.time() < end: pass"
     load = [subprocess.Popen([sys.executable, "-c", busy]) for _ in range(args.load)]
-    if not args.spawn and args.mode.startswith("attnkit"):
+    if not args.spawn and args.mode == "attnkit-compile":
+        import attnkit.distributed  # noqa: F401  (imported before the group, as a script does)
+    elif not args.spawn and args.mode.startswith("attnkit"):
         _warm_up()
     me = os.getpid()
     tally: collections.Counter[str] = collections.Counter()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import random
 import sys
@@ -38,7 +37,7 @@ import attnkit
 from attnkit import distributed as cp
 
 from fuzz_draws import Draw, fill
-from gloo_ranks import free_port, report_and_leave
+from gloo_ranks import free_port, read_report, report_and_leave
 from tolerance import FLOAT64_RANKS_REL
 
 
@@ -172,7 +171,7 @@ def campaign(world: int, cases: int, seed: int = 28, start: int = 0,
             for proc in ctx.processes:
                 if proc.is_alive():
                     proc.kill()
-        return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
+        return [read_report(Path(tmp, f"rank{r}.json"), r) for r in range(world)]
 
 
 def summary(world: int, reports: list[dict[str, Any]]) -> list[str]:

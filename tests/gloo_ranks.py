@@ -1,14 +1,17 @@
 """What the context-parallel tests' spawned gloo ranks share: a free port for the group's
-rendezvous, and the way a rank leaves once its report is written."""
+rendezvous, the way a rank leaves once its work is done, and reading its report."""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+
+THREADS_LEFT = "threads left after destroy_process_group"
 
 
 def free_port() -> int:
@@ -18,13 +21,46 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def group_threads() -> list[str]:
+    """The names of this process's threads that belong to a process group: gloo's
+    (``gloo_tcp_loop``, ``pt_gloo_runloop``) and the TCPStore's (``pt_tcpstore_uv``).
+    Linux only (``/proc/self/task``); elsewhere []."""
+    names = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm", encoding="utf-8") as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if "gloo" in name or "tcpstore" in name:
+            names.append(name)
+    return sorted(names)
+
+
 def report_and_leave(path: Path, report: dict[str, Any]) -> None:
-    """Write ``report`` to ``path`` as JSON and tear the group down.
+    """Tear the group down, then write ``report`` to ``path`` as JSON, with the group's
+    threads still running (:func:`group_threads`) under :data:`THREADS_LEFT`.
 
     The rank then returns and its process exits as a user's script does: no barrier
-    first and no ``os._exit`` after, so the tests also check that context parallelism
-    leaves nothing posted in gloo that would abort the interpreter's teardown.
+    and no ``os._exit``. Once ``destroy_process_group`` has returned, nothing may keep
+    the group alive: a group kept (by a request still posted, or by anything holding
+    the group object) keeps its threads running into the interpreter's teardown, where
+    they now and then aborted the process. :func:`read_report` fails on any left.
     """
-    path.write_text(json.dumps(report))
     if dist.is_initialized():
         dist.destroy_process_group()
+    report[THREADS_LEFT] = group_threads()
+    path.write_text(json.dumps(report))
+
+
+def read_report(path: Path, rank: int) -> dict[str, Any]:
+    """Rank ``rank``'s report written by :func:`report_and_leave`; an AssertionError
+    when the rank's group outlived ``destroy_process_group``."""
+    report: dict[str, Any] = json.loads(path.read_text())
+    left = report.pop(THREADS_LEFT)
+    assert left == [], f"rank {rank}: the process group's threads outlived it: {left}"
+    return report

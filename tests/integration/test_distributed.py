@@ -15,7 +15,6 @@ starts one group of 2 ranks for one representative case (``ONE_CASE``); every ca
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import time
 import traceback
@@ -35,7 +34,7 @@ from attnkit.distributed import ring
 from attnkit.nn import MultiheadAttention, SelfAttention
 
 from cases import packed_ids
-from gloo_ranks import free_port, report_and_leave
+from gloo_ranks import free_port, read_report, report_and_leave
 from tolerance import FLOAT64_REL, assert_close_to_scale
 
 GROUP_DEADLINE_S = 240
@@ -399,6 +398,6 @@ def test_context_parallel_matches_single_process(world: int, every: bool, tmp_pa
                 proc.kill()
     expected = len(_plan(world, every)) + (6 + 2 if every else 0)
     for rank in range(world):
-        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        report = read_report(tmp_path / f"rank{rank}.json", rank)
         assert report["failures"] == [], f"rank {rank}: " + "\n".join(report["failures"][:10])
         assert report["ran"] == expected

@@ -16,7 +16,6 @@ per-head scale summed across the ranks), on 2 gloo ranks (4 under ``slow``).
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import time
 import traceback
@@ -32,7 +31,7 @@ import attnkit
 from attnkit import distributed as cp
 from attnkit import masks
 
-from gloo_ranks import free_port, report_and_leave
+from gloo_ranks import free_port, read_report, report_and_leave
 from tolerance import FLOAT64_REL, assert_close_to_scale
 
 B, H, E = 2, 4, 3
@@ -185,6 +184,6 @@ def test_documents_in_any_order_and_per_head_scales_match_one_process(
             if proc.is_alive():
                 proc.kill()
     for rank in range(world):
-        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        report = read_report(tmp_path / f"rank{rank}.json", rank)
         assert report["failures"] == [], f"rank {rank}: " + "\n".join(report["failures"][:10])
         assert report["ran"] == len(_cases(world)) + 3

@@ -54,6 +54,16 @@ def test_ranks_exit_cleanly_after_context_parallel_attention(mode: str) -> None:
 
 
 @pytest.mark.slow
+def test_a_compile_after_the_group_keeps_nothing_alive() -> None:
+    """A user's first ``torch.compile`` (the first ``import torch._dynamo``) after
+    ``init_process_group`` would keep the group alive past ``destroy_process_group``
+    (torch binds it as a default argument then); ``attnkit.distributed``, imported
+    before the group, binds those defaults first."""
+    report = _runs(runs=2, load=0, mode="attnkit-compile")
+    assert report.endswith(f"{{'exit 0': {2 * 2}}}"), report
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["attnkit", "attnkit-error"])
 def test_ranks_exit_cleanly_after_context_parallel_attention_under_load(mode: str) -> None:
     report = _runs(runs=12, load=1, mode=mode, deadline_s=900.0)

@@ -30,6 +30,26 @@ import torch.distributed as dist
 
 from .errors import ContextParallelError
 
+
+def _import_group_defaults_first() -> None:
+    """Import ``torch.distributed.nn.functional`` while no process group exists.
+
+    Its functions take ``group=group.WORLD`` as a default argument, evaluated when the
+    module is first imported, and torch imports it along with ``torch._dynamo`` (a
+    first ``torch.compile``, the first call of a ``custom_op`` or of
+    ``torch.nn.attention.bias``). Imported after ``init_process_group``, it keeps the
+    default group alive past ``destroy_process_group``: the group's gloo threads and
+    TCPStore server then run into the interpreter's teardown, where they now and then
+    abort the process. Imported here, before any group (a script imports attnkit first),
+    the defaults hold None. Where a group already exists nothing is imported: that
+    import would keep the group itself.
+    """
+    if dist.is_available() and not dist.is_initialized():
+        import torch.distributed.nn.functional  # noqa: F401
+
+
+_import_group_defaults_first()
+
 __all__ = [
     "P2P",
     "AllToAll",

@@ -1,15 +1,27 @@
-"""Declaring the native kernels as ``torch.library`` custom ops.
+"""Declaring attnkit's kernels as torch ops.
 
-Each entry point is an op in the ``attnkit`` namespace with a fake (meta)
+Each native CPU entry point is an op in the ``attnkit`` namespace with a fake (meta)
 implementation, so ``torch.compile`` traces it as one node and meta or fake tensors
-get correct shapes without running it. ``torch.library.custom_op`` exists from
-torch 2.4; where it is missing the functions stay plain Python functions.
+get correct shapes without running it. They are declared with :func:`define_op`: a
+schema on a ``torch.library.Library`` and a kernel for it, not
+``torch.library.custom_op``. The dispatcher then reaches the kernel directly:
 
-torch infers an op's schema from its function's signature. Before torch 2.5 that
-inference reads the annotations as they stand: strings under ``from __future__ import
-annotations``, and builtin generics such as ``list[int]``, are refused. So every op is
-registered through :func:`schema_ready`, which gives the function a signature of
-resolved ``typing`` objects that every torch from 2.4 on reads.
+- about 15 µs less per call than ``custom_op``'s Python wrapper (a chunked call makes
+  one per tile);
+- the first call does not import ``torch._dynamo`` (``custom_op`` wraps each kernel in
+  ``torch._dynamo.disable``, which imports it on first use). That import costs a
+  second or more, and when a process group already exists it also imports
+  ``torch.distributed.nn.functional``, whose functions keep that group as a default
+  argument: the group, its gloo threads and its store then outlive
+  ``destroy_process_group`` and run into the interpreter's teardown.
+
+The Triton ops (:mod:`attnkit.backends.triton.ops`) keep ``custom_op``/``triton_op``,
+which carry their autograd. torch infers those ops' schemas from their functions'
+signatures, and before torch 2.5 that inference reads the annotations as they stand:
+strings under ``from __future__ import annotations``, and builtin generics such as
+``list[int]``, are refused. So they are registered through :func:`schema_ready`, which
+gives a function a signature of resolved ``typing`` objects that every torch from 2.4
+on reads.
 """
 
 from __future__ import annotations
@@ -17,14 +29,15 @@ from __future__ import annotations
 import inspect
 import types
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["custom_op", "register_fake", "schema_ready"]
+__all__ = ["define_op", "schema_ready"]
 
-_HAS_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake")
+LIBRARY = torch.library.Library("attnkit", "FRAGMENT")
+"""The ``attnkit`` op namespace, as one fragment every op of the package is declared on."""
 
 
 def _typing_form(annotation: Any) -> Any:
@@ -65,23 +78,23 @@ def schema_ready(fn: Any) -> Any:
     return fn
 
 
-def custom_op(name: str, *, mutates_args: Iterable[str] = ()) -> Callable[[Any], Any]:
-    """``torch.library.custom_op(name, mutates_args=...)``, or the function unchanged."""
+def define_op(
+    schema: str,
+    kernel: Callable[..., Any],
+    fake: Callable[..., Any],
+    dispatch_key: str = "CompositeExplicitAutograd",
+) -> Any:
+    """Declare ``attnkit::<schema>``, run by ``kernel`` (on every device, or only where
+    ``dispatch_key`` says, e.g. ``"CPU"``), with ``fake`` as its shape function; returns
+    the op (``torch.ops.attnkit.<name>.default``).
 
-    def wrap(fn: Any) -> Any:
-        if not _HAS_CUSTOM_OP:  # pragma: no cover - torch < 2.4
-            return fn
-        return torch.library.custom_op(name, mutates_args=tuple(mutates_args))(schema_ready(fn))
-
-    return wrap
-
-
-def register_fake(op: Any) -> Callable[[Any], Any]:
-    """``torch.library.register_fake(op)``, or a no-op."""
-
-    def wrap(fn: Any) -> Any:
-        if _HAS_CUSTOM_OP and hasattr(op, "register_fake"):
-            op.register_fake(fn)
-        return fn
-
-    return wrap
+    ``schema`` is torch's schema language, e.g. ``"exp_rows_(Tensor(a!) s, Tensor
+    shift) -> Tensor"`` (``(a!)``: an argument the kernel writes). The op has no
+    autograd formula: its callers run it inside their own ``autograd.Function``s or
+    without gradients.
+    """
+    name = schema.split("(", 1)[0]
+    LIBRARY.define(schema)
+    LIBRARY.impl(name, kernel, dispatch_key)
+    torch.library.register_fake(f"attnkit::{name}", lib=LIBRARY)(fake)
+    return getattr(torch.ops.attnkit, name).default

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from . import _native
-from ._ops import custom_op, register_fake
+from ._ops import define_op
 
 __all__ = [
     "available",
@@ -117,8 +117,7 @@ def logits(qh: torch.Tensor, kh: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return logits_op(qh, kh, w)
 
 
-@custom_op("attnkit::additive_logits")
-def logits_op(qh: torch.Tensor, kh: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def _logits(qh: torch.Tensor, kh: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """The op behind :func:`logits`: the compiled loop, or the chunked torch version."""
     lib = _native_lib(qh, kh, w)
     if lib is None:
@@ -141,8 +140,7 @@ def grads(
     return grads_op(qh, kh, w, g)
 
 
-@custom_op("attnkit::additive_grads")
-def grads_op(
+def _grads(
     qh: torch.Tensor, kh: torch.Tensor, w: torch.Tensor, g: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The op behind :func:`grads`: the compiled loop, or the chunked torch version."""
@@ -164,13 +162,21 @@ def grads_op(
     return dqh, dkh_t.sum(0), dw_t.sum(0)
 
 
-@register_fake(logits_op)
 def _logits_fake(qh: torch.Tensor, kh: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return qh.new_empty(qh.shape[0], qh.shape[1], kh.shape[1])  # (R, M, N)
 
 
-@register_fake(grads_op)
 def _grads_fake(
     qh: torch.Tensor, kh: torch.Tensor, w: torch.Tensor, g: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.empty_like(qh), torch.empty_like(kh), torch.empty_like(w)
+
+
+logits_op = define_op(
+    "additive_logits(Tensor qh, Tensor kh, Tensor w) -> Tensor", _logits, _logits_fake
+)
+grads_op = define_op(
+    "additive_grads(Tensor qh, Tensor kh, Tensor w, Tensor g) -> (Tensor, Tensor, Tensor)",
+    _grads,
+    _grads_fake,
+)

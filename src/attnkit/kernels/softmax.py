@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from . import _native
-from ._ops import custom_op, register_fake
+from ._ops import define_op
 
 __all__ = ["exp_rows_", "exp_rows_entropy_", "exp_rows_entropy_op", "exp_rows_op"]
 
@@ -24,8 +24,7 @@ def exp_rows_(s: torch.Tensor, shift: torch.Tensor, *, want_sum: bool) -> torch.
     return sums if want_sum else None
 
 
-@custom_op("attnkit::exp_rows_", mutates_args=("s",))
-def exp_rows_op(s: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+def _exp_rows(s: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """The op: s (..., C) becomes ``exp(s - shift[..., None])``; returns its row sums (...)."""
     lib = _native.library() if _native.available(s.dtype, s.device) else None
     if lib is None or not s.is_contiguous() or s.numel() == 0:
@@ -41,9 +40,13 @@ def exp_rows_op(s: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return sums
 
 
-@register_fake(exp_rows_op)
 def _exp_rows_fake(s: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return s.new_empty(s.shape[:-1])  # (...)
+
+
+exp_rows_op = define_op(
+    "exp_rows_(Tensor(a!) s, Tensor shift) -> Tensor", _exp_rows, _exp_rows_fake
+)
 
 
 def exp_rows_entropy_(
@@ -66,8 +69,7 @@ def exp_rows_entropy_(
     return sums, px, positive
 
 
-@custom_op("attnkit::exp_rows_entropy_", mutates_args=("s",))
-def exp_rows_entropy_op(
+def _exp_rows_entropy(
     s: torch.Tensor, shift: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The op of :func:`exp_rows_entropy_`: s (..., C) becomes ``exp(s - shift[..., None])``."""
@@ -87,8 +89,14 @@ def exp_rows_entropy_op(
     return sums, px, positive
 
 
-@register_fake(exp_rows_entropy_op)
 def _exp_rows_entropy_fake(
     s: torch.Tensor, shift: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return s.new_empty(s.shape[:-1]), s.new_empty(s.shape[:-1]), s.new_empty(s.shape[:-1])
+
+
+exp_rows_entropy_op = define_op(
+    "exp_rows_entropy_(Tensor(a!) s, Tensor shift) -> (Tensor, Tensor, Tensor)",
+    _exp_rows_entropy,
+    _exp_rows_entropy_fake,
+)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ... import _torch_features as _features
 from ..._host import readable, strict
+from ...kernels._ops import define_op
 from .._common import all_finite, expand_kv
 from . import poison
 from .flash import FlashCall, can_flash, flash_attention
@@ -290,8 +291,7 @@ def _traced_host_check(
     call without gradient, dropout or torch's lower-right bias, outside
     :func:`attnkit._host.device_semantics`."""
     return (
-        _HAS_CHECKED_OP
-        and not (needs_grad or lower_right or dropout_p > 0)
+        not (needs_grad or lower_right or dropout_p > 0)
         and q.device.type == "cpu"
         and torch.compiler.is_compiling()
         and not strict()
@@ -319,22 +319,6 @@ def _checked_call(
     return out.contiguous()  # (B, H, L, Ev)
 
 
-def _register_checked_op() -> Any:
-    """``torch.ops.attnkit.sdpa_checked``, with :func:`_checked_call` as its CPU kernel and
-    a fake kernel for shapes, or None where torch cannot declare it. A plain library op,
-    not a ``custom_op``: the CPU kernel is reached from the dispatcher directly, about
-    15 µs less per call than ``custom_op``'s Python wrapper."""
-    if not hasattr(torch.library, "register_fake"):  # pragma: no cover - torch < 2.4
-        return None
-    _LIBRARY.define(
-        "sdpa_checked(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, bool gqa)"
-        " -> Tensor"
-    )
-    _LIBRARY.impl("sdpa_checked", _checked_call, "CPU")
-    torch.library.register_fake("attnkit::sdpa_checked", lib=_LIBRARY)(_checked_fake)
-    return torch.ops.attnkit.sdpa_checked.default
-
-
 def _checked_fake(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float, gqa: bool
 ) -> torch.Tensor:
@@ -342,9 +326,13 @@ def _checked_fake(
     return q.new_empty(*q.shape[:-1], v.shape[-1])  # (B, H, L, Ev)
 
 
-_LIBRARY = torch.library.Library("attnkit", "FRAGMENT")
-_checked_op = _register_checked_op()
-_HAS_CHECKED_OP = _checked_op is not None
+# A plain library op (see attnkit.kernels._ops), reached from the dispatcher directly.
+_checked_op = define_op(
+    "sdpa_checked(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, bool gqa) -> Tensor",
+    _checked_call,
+    _checked_fake,
+    dispatch_key="CPU",
+)
 
 
 def kernel_followed_policy(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> bool:
