@@ -25,8 +25,8 @@ TCPStore on 127.0.0.1, form a gloo group on the CPU and then:
 
 then ``dist.destroy_process_group()`` and a normal return from the script: no
 barrier, no ``os._exit``, as a user's script ends. After ``destroy_process_group``
-no gloo thread should be left; ``--strict`` makes a rank that still has one (Linux:
-``/proc/self/task``) exit with code 3. A request still held keeps gloo's connection
+no thread of the group (gloo's, the TCPStore server's) should be left; ``--strict``
+makes a rank that still has one (Linux: ``/proc/self/task``) exit with code 3. A request still held keeps gloo's connection
 thread (``gloo_tcp_loop``) running past ``destroy_process_group``, into the
 interpreter's teardown: ``plain-leftover --strict`` and ``plain-pinned --strict`` show
 it with torch alone.
@@ -123,8 +123,10 @@ def _attnkit_error(rank: int) -> list[Any]:
     return []
 
 
-def gloo_threads() -> list[str]:
-    """The names of this process's threads that belong to gloo (Linux; else [])."""
+def group_threads() -> list[str]:
+    """The names of this process's threads that belong to a process group: gloo's
+    (``gloo_tcp_loop``, ``pt_gloo_runloop``) and the TCPStore server's
+    (``pt_tcpstore_uv``). Linux only (``/proc/self/task``); elsewhere []."""
     names = []
     try:
         tasks = os.listdir("/proc/self/task")
@@ -134,9 +136,9 @@ def gloo_threads() -> list[str]:
         try:
             with open(f"/proc/self/task/{task}/comm", encoding="utf-8") as f:
                 name = f.read().strip()
-        except OSError:
+        except OSError:  # the thread ended meanwhile
             continue
-        if "gloo" in name:
+        if "gloo" in name or "tcpstore" in name:
             names.append(name)
     return sorted(names)
 
@@ -156,10 +158,14 @@ def _warm_up() -> None:
 def _rank(rank: int, port: int, mode: str, strict: bool) -> None:
     """One rank of one run: join the group, work, leave as a user's script does."""
     torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=rank == 0,
-                          timeout=datetime.timedelta(seconds=60))  # fmt: skip
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=60))  # fmt: skip
+    # The store is the group's alone (no name keeps it): destroying the group ends it,
+    # and with it rank 0's TCPStore server thread.
+    dist.init_process_group(
+        "gloo",
+        store=dist.TCPStore("127.0.0.1", port, WORLD, is_master=rank == 0,
+                            timeout=datetime.timedelta(seconds=60)),
+        rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60),
+    )  # fmt: skip
     kept: list[Any] = []
     if mode == "plain":
         _plain(rank)
@@ -175,9 +181,9 @@ def _rank(rank: int, port: int, mode: str, strict: bool) -> None:
     else:
         kept = _attnkit_error(rank)
     dist.destroy_process_group()
-    left = gloo_threads()
+    left = group_threads()
     if strict and left:
-        sys.stderr.write(f"rank {rank}: gloo threads after destroy_process_group: {left}\n")
+        sys.stderr.write(f"rank {rank}: group threads after destroy_process_group: {left}\n")
         sys.exit(3)
     del kept
 

@@ -3,13 +3,27 @@ rendezvous, the way a rank leaves once its work is done, and reading its report.
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import os
 import socket
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+
+
+def _load_repro() -> Any:
+    """``scripts/gloo_exit_repro.py`` as a module: it stays runnable with torch alone (a
+    repro for upstream), and the tests count a group's threads the same way."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gloo_exit_repro.py"
+    spec = importlib.util.spec_from_file_location("gloo_exit_repro", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+group_threads = _load_repro().group_threads
 
 THREADS_LEFT = "threads left after destroy_process_group"
 
@@ -21,29 +35,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def group_threads() -> list[str]:
-    """The names of this process's threads that belong to a process group: gloo's
-    (``gloo_tcp_loop``, ``pt_gloo_runloop``) and the TCPStore's (``pt_tcpstore_uv``).
-    Linux only (``/proc/self/task``); elsewhere []."""
-    names = []
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return []
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/comm", encoding="utf-8") as f:
-                name = f.read().strip()
-        except OSError:  # the thread ended meanwhile
-            continue
-        if "gloo" in name or "tcpstore" in name:
-            names.append(name)
-    return sorted(names)
-
-
 def report_and_leave(path: Path, report: dict[str, Any]) -> None:
     """Tear the group down, then write ``report`` to ``path`` as JSON, with the group's
-    threads still running (:func:`group_threads`) under :data:`THREADS_LEFT`.
+    threads still running (``group_threads``) under :data:`THREADS_LEFT`.
 
     The rank then returns and its process exits as a user's script does: no barrier
     and no ``os._exit``. Once ``destroy_process_group`` has returned, nothing may keep
