@@ -343,3 +343,34 @@ def test_ops_compile_fullgraph_with_inductor() -> None:
     ref = torch.softmax(additive.logits_torch(qh, kh, w), dim=-1)
     compiled = torch.compile(_softmax_of_additive, fullgraph=True)
     assert_close_to_scale(compiled(qh, kh, w), ref, rel=FLOAT32_CALL_REL)
+
+
+def test_calling_the_ops_imports_no_dynamo(private_cache: Path) -> None:
+    """The ops are plain library ops: calling them (a chunked call with a dot and an
+    additive score, and the viewer's exp-and-entropy pass) never imports
+    ``torch._dynamo``. A ``custom_op``'s first call does: about a second, and after
+    ``init_process_group`` that import keeps the default group alive past
+    ``destroy_process_group`` (torch binds it as a default argument then)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, attnkit\n"
+        "from attnkit.kernels import softmax\n"
+        "x = torch.randn(1, 2, 33, 8)\n"
+        "attnkit.attention(x, x, x, backend='chunked')\n"
+        "attnkit.attention(x, x, x, score=attnkit.scores.Additive(8, 8, 16), backend='chunked')\n"
+        "s = torch.randn(4, 40)\n"
+        "softmax.exp_rows_entropy_(s, s.amax(-1))\n"
+        "from attnkit.kernels import _native\n"
+        "print(_native.library() is not None, 'torch._dynamo' in sys.modules)\n"
+    )
+    env = dict(os.environ, ATTNKIT_CACHE_DIR=str(private_cache))
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    built, dynamo = done.stdout.split()
+    assert built == "True", "the native library did not build: the ops were not exercised"
+    assert dynamo == "False", "a kernel call imported torch._dynamo"
