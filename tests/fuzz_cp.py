@@ -22,14 +22,12 @@ import os
 import random
 import sys
 import tempfile
-import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -37,7 +35,7 @@ import attnkit
 from attnkit import distributed as cp
 
 from fuzz_draws import Draw, fill
-from gloo_ranks import free_port, read_report, report_and_leave
+from gloo_ranks import free_port, read_report, report_and_leave, run_ranks
 from tolerance import FLOAT64_RANKS_REL
 
 
@@ -158,19 +156,7 @@ def campaign(world: int, cases: int, seed: int = 28, start: int = 0,
              deadline_s: float = 3600) -> list[dict[str, Any]]:  # fmt: skip
     """Cases ``start .. start + cases`` on ``world`` gloo ranks: every rank's report."""
     with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(
-            _worker, args=(world, free_port(), seed, start, cases, tmp), nprocs=world,
-            join=False, start_method="spawn",
-        )  # fmt: skip
-        deadline = time.monotonic() + deadline_s
-        try:
-            while not ctx.join(timeout=2):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the {world}-rank group did not finish in {deadline_s} s")
-        finally:
-            for proc in ctx.processes:
-                if proc.is_alive():
-                    proc.kill()
+        run_ranks(_worker, world, (world, free_port(), seed, start, cases, tmp), tmp, deadline_s)
         return [read_report(Path(tmp, f"rank{r}.json"), r) for r in range(world)]
 
 

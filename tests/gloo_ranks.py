@@ -1,15 +1,22 @@
 """What the context-parallel tests' spawned gloo ranks share: a free port for the group's
-rendezvous, the way a rank leaves once its work is done, and reading its report."""
+rendezvous, starting the ranks and waiting for them (with every rank's stack when they
+do not finish), the way a rank leaves once its work is done, and reading its report."""
 
 from __future__ import annotations
 
+import faulthandler
 import importlib.util
 import json
+import os
+import signal
 import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 
 def _load_repro() -> Any:
@@ -33,6 +40,55 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _rank_main(rank: int, worker: Callable[..., None], out_dir: str, *args: Any) -> None:
+    """A spawned rank: on SIGUSR1, dump every thread's Python stack to
+    ``out_dir/stack{rank}.txt`` (faulthandler, which needs no GIL: it works in a
+    deadlock), then run ``worker(rank, *args)``."""
+    with open(Path(out_dir, f"stack{rank}.txt"), "w", encoding="utf-8") as stacks:
+        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+        worker(rank, *args)
+
+
+def run_ranks(
+    worker: Callable[..., None], world: int, args: tuple[Any, ...], out_dir: str, deadline_s: float
+) -> None:
+    """Spawn ``world`` processes running ``worker(rank, *args)`` and wait for them.
+
+    Past ``deadline_s`` seconds, every rank still running dumps its threads' stacks, is
+    killed, and a TimeoutError carries the stacks: a hang says where it hangs. A rank
+    that fails raises torch's ProcessRaisedException or ProcessExitedException.
+    """
+    ctx = mp.start_processes(
+        _rank_main, args=(worker, out_dir, *args), nprocs=world, join=False,
+        start_method="spawn",
+    )  # fmt: skip
+    deadline = time.monotonic() + deadline_s
+    try:
+        while not ctx.join(timeout=2):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the {world}-process group did not finish in {deadline_s:g} s\n"
+                    + _stacks(ctx.processes, out_dir)
+                )
+    finally:
+        for proc in ctx.processes:
+            if proc.is_alive():
+                proc.kill()
+
+
+def _stacks(processes: list[Any], out_dir: str) -> str:
+    """Each running rank's threads' stacks, asked for with SIGUSR1 (see :func:`_rank_main`)."""
+    running = [(rank, proc) for rank, proc in enumerate(processes) if proc.is_alive()]
+    for _, proc in running:
+        os.kill(proc.pid, signal.SIGUSR1)
+    time.sleep(2)
+    parts = []
+    for rank, _ in running:
+        path = Path(out_dir, f"stack{rank}.txt")
+        parts.append(f"rank {rank} still running:\n{path.read_text() if path.exists() else '?'}")
+    return "\n".join(parts)
 
 
 def report_and_leave(path: Path, report: dict[str, Any]) -> None:

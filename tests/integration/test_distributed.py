@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +24,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import attnkit
 from attnkit import distributed as cp
@@ -34,7 +32,7 @@ from attnkit.distributed import ring
 from attnkit.nn import MultiheadAttention, SelfAttention
 
 from cases import packed_ids
-from gloo_ranks import free_port, read_report, report_and_leave
+from gloo_ranks import free_port, read_report, report_and_leave, run_ranks
 from tolerance import FLOAT64_REL, assert_close_to_scale
 
 GROUP_DEADLINE_S = 240
@@ -383,19 +381,8 @@ def _worker(rank: int, world: int, port: int, out_dir: str, every: bool) -> None
     ],
 )
 def test_context_parallel_matches_single_process(world: int, every: bool, tmp_path: Path) -> None:
-    ctx = mp.start_processes(
-        _worker, args=(world, free_port(), str(tmp_path), every), nprocs=world, join=False,
-        start_method="spawn",
-    )  # fmt: skip
-    deadline = time.monotonic() + GROUP_DEADLINE_S
-    try:
-        while not ctx.join(timeout=2):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the {world}-process group did not finish in {GROUP_DEADLINE_S} s")
-    finally:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                proc.kill()
+    run_ranks(_worker, world, (world, free_port(), str(tmp_path), every), str(tmp_path),
+              GROUP_DEADLINE_S)  # fmt: skip
     expected = len(_plan(world, every)) + (6 + 2 if every else 0)
     for rank in range(world):
         report = read_report(tmp_path / f"rank{rank}.json", rank)

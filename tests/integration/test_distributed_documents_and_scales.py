@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -25,13 +24,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import attnkit
 from attnkit import distributed as cp
 from attnkit import masks
 
-from gloo_ranks import free_port, read_report, report_and_leave
+from gloo_ranks import free_port, read_report, report_and_leave, run_ranks
 from tolerance import FLOAT64_REL, assert_close_to_scale
 
 B, H, E = 2, 4, 3
@@ -170,19 +168,8 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 def test_documents_in_any_order_and_per_head_scales_match_one_process(
     world: int, tmp_path: Path
 ) -> None:
-    ctx = mp.start_processes(
-        _worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=False,
-        start_method="spawn",
-    )  # fmt: skip
-    deadline = time.monotonic() + GROUP_DEADLINE_S
-    try:
-        while not ctx.join(timeout=2):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the {world}-process group did not finish in {GROUP_DEADLINE_S} s")
-    finally:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                proc.kill()
+    run_ranks(_worker, world, (world, free_port(), str(tmp_path)), str(tmp_path),
+              GROUP_DEADLINE_S)  # fmt: skip
     for rank in range(world):
         report = read_report(tmp_path / f"rank{rank}.json", rank)
         assert report["failures"] == [], f"rank {rank}: " + "\n".join(report["failures"][:10])
