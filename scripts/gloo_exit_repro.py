@@ -22,6 +22,12 @@ TCPStore on 127.0.0.1, form a gloo group on the CPU and then:
 - ``attnkit-compile``: ``attnkit``, then the same late import, with
   ``attnkit.distributed`` imported before the group (as a script imports it): the
   defaults were bound while no group existed, and nothing is kept;
+- ``plain-collective``: a few ``all_reduce`` and ``all_gather`` calls on tensors dropped
+  as soon as each call returns. On torch below 2.8 (measured: 2.6.0 and 2.7.1, not
+  2.8.0) ``destroy_process_group()`` then now and then hangs for ever: it holds the GIL
+  while it joins gloo's worker threads, and a worker thread dropping the last
+  reference to such a tensor waits for the GIL (torch alone; ``--deadline 30`` counts
+  the hangs as "killed at the deadline");
 
 then ``dist.destroy_process_group()`` and a normal return from the script: no
 barrier, no ``os._exit``, as a user's script ends. After ``destroy_process_group``
@@ -55,7 +61,15 @@ import torch
 import torch.distributed as dist
 
 WORLD = 2
-MODES = ("plain", "attnkit", "plain-leftover", "attnkit-error", "plain-pinned", "attnkit-compile")
+MODES = (
+    "plain",
+    "attnkit",
+    "plain-leftover",
+    "attnkit-error",
+    "plain-pinned",
+    "attnkit-compile",
+    "plain-collective",
+)
 
 
 def _plain(rank: int) -> None:
@@ -69,6 +83,16 @@ def _plain(rank: int) -> None:
         send.wait()
         recv.wait()
         x = got + 1
+
+
+def _plain_collective(rank: int) -> None:
+    """A few collectives whose tensors the caller drops as soon as each call returns."""
+    for _ in range(4):
+        total = torch.full((64,), float(rank))
+        dist.all_reduce(total)
+        gathered = [torch.empty(3) for _ in range(WORLD)]
+        dist.all_gather(gathered, torch.ones(3))
+        del total, gathered
 
 
 def _attnkit(rank: int) -> None:
@@ -178,6 +202,8 @@ def _rank(rank: int, port: int, mode: str, strict: bool) -> None:
     elif mode == "attnkit-compile":
         _attnkit(rank)
         _plain_pinned_import()
+    elif mode == "plain-collective":
+        _plain_collective(rank)
     else:
         kept = _attnkit_error(rank)
     dist.destroy_process_group()
@@ -272,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=int, default=0, help="busy processes beside the runs")
     parser.add_argument("--max-seconds", type=float, default=1800.0)
     parser.add_argument(
+        "--deadline", type=float, default=240.0, help="seconds a run may take before it is killed"
+    )
+    parser.add_argument(
         "--spawn", action="store_true", help="start each rank as a new interpreter (slow)"
     )
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
@@ -294,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while runs < args.runs:
             while len(active) < args.jobs and started < args.runs and time.monotonic() < deadline:
-                active.append(Run(args.mode, fork=not args.spawn, strict=args.strict))
+                active.append(Run(args.mode, not args.spawn, args.strict, timeout_s=args.deadline))
                 started += 1
             if not active:
                 break

@@ -31,6 +31,7 @@ import torch
 
 __all__ = [
     "FEATURES",
+    "GLOO_RELEASES_GIL_FLOOR",
     "INSTALLED",
     "PACKAGE_FLOOR",
     "SDPA_GROUPED_HEADS_FLOOR",
@@ -106,6 +107,17 @@ fused kernel that the lse op (used when weights or the lse are asked for) runs, 
 for the weights would change the output. Below this floor the sdpa backend expands the
 key and value heads itself (measured equal on 2.12 and later). Not a refusal: a choice of
 path, declared here beside the features' floors."""
+
+
+GLOO_RELEASES_GIL_FLOOR: tuple[int, int] = (2, 8)
+"""The oldest torch whose gloo process group lets go of the GIL while its destructor
+waits for the group's worker threads. Below it (measured on torch 2.6.0 and 2.7.1; 2.8.0
+does not), ``destroy_process_group()`` can hang for ever: the destructor holds the GIL
+and joins a worker thread that is dropping the last reference to a collective's tensor
+whose Python object has already gone, and that drop waits for the GIL. Below this floor
+attnkit's collectives on gloo keep their tensors until gloo has let go of them
+(:func:`attnkit.distributed.comm.handed`). Not a refusal: a choice of path, declared here
+beside the features' floors."""
 
 
 class FeatureUnavailableError(RuntimeError):

@@ -7,7 +7,13 @@
 - :func:`p2p` / :func:`wait_all` / :func:`in_flight`: non-blocking point-to-point
   sends and receives posted together (``batch_isend_irecv``), and the wait for every
   one of them, on error paths too (:func:`settle`): no transfer outlives the call.
-- :func:`all_reduce`: a sum across the group.
+- :func:`all_reduce`: a sum across the group; :func:`all_gather`: every rank's tensor.
+
+On torch below :data:`attnkit._torch_features.GLOO_RELEASES_GIL_FLOOR`, every
+collective on gloo runs inside :func:`handed`, which keeps its tensors until gloo's
+worker thread has let go of them: that torch's ``destroy_process_group()`` can hang for
+ever otherwise (see :func:`handed`). Point-to-point transfers need nothing of the kind:
+gloo runs them on the calling thread's request, not on a worker thread.
 
 Every exchange is named (``what``), and a failure of the backend (gloo or NCCL: a
 peer that died or closed its connection, a timeout) becomes a
@@ -18,6 +24,8 @@ collective (a collective does not say which one is gone).
 
 from __future__ import annotations
 
+import os
+import time
 import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -28,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .. import _torch_features as _features
 from .errors import ContextParallelError
 
 
@@ -54,10 +63,12 @@ __all__ = [
     "P2P",
     "AllToAll",
     "Pending",
+    "all_gather",
     "all_reduce",
     "all_to_all",
     "exchange_rows",
     "guard",
+    "handed",
     "in_flight",
     "metadata_device",
     "p2p",
@@ -137,14 +148,104 @@ def guard(
         raise _translate(exc, group, what, _others(group) if peers is None else peers) from exc
 
 
+_HOLD_HANDED = _features.INSTALLED.release < _features.GLOO_RELEASES_GIL_FLOOR
+"""Whether this torch's gloo needs :func:`handed` (read once at import)."""
+
+HANDED_WAIT_S = 0.02
+"""How long :func:`handed` waits, after its block, for gloo to let go of the tensors, in
+seconds; a tensor gloo still holds after that is kept in :data:`_STILL_HANDED`."""
+
+_HANDED_POLL_S = 5e-5
+_HANDED_YIELDS = 50
+_yield_cpu = getattr(os, "sched_yield", lambda: time.sleep(0))  # no sched_yield on Windows
+
+_STILL_HANDED: list[tuple[torch.Tensor, int]] = []
+"""(tensor, its use count before the collective) for each tensor a collective's block
+returned while gloo's worker thread still held it; dropped by a later :func:`handed` once
+gloo has let go, or at the interpreter's exit."""
+
+
+def _gloo_runs(group: dist.ProcessGroup | None, device: torch.device) -> bool:
+    """Whether ``group`` runs collectives on ``device``'s tensors with gloo (a group can
+    name one backend per device: ``"cpu:gloo,cuda:nccl"``)."""
+    name = str(dist.get_backend(group))
+    if ":" not in name:
+        return name == "gloo"
+    for part in name.split(","):
+        kind, _, backend = part.partition(":")
+        if kind.strip() == device.type:
+            return backend.strip() == "gloo"
+    return False
+
+
+def _use_count(t: torch.Tensor) -> int:
+    """How many references hold ``t``'s TensorImpl (its Python object's one among them)."""
+    return int(t._use_count())  # type: ignore[attr-defined]  # private, in torch >= 2.6
+
+
+def _still_held(held: list[tuple[torch.Tensor, int]]) -> list[tuple[torch.Tensor, int]]:
+    """The entries of ``held`` that something besides their Python object still holds."""
+    return [(t, before) for t, before in held if _use_count(t) > before]
+
+
+@contextmanager
+def handed(group: dist.ProcessGroup | None, *tensors: torch.Tensor) -> Iterator[None]:
+    """Run the block, which hands ``tensors`` to a collective on ``group``, and keep
+    them until the backend has let go of them.
+
+    Below :data:`attnkit._torch_features.GLOO_RELEASES_GIL_FLOOR`, gloo runs a
+    collective on a worker thread, which drops its reference to the collective's
+    tensors a moment after the caller's wait has returned. When the caller's Python
+    object of such a tensor has gone first, that drop needs the GIL; and
+    ``destroy_process_group()`` holds the GIL while it joins the worker threads. The
+    two wait for each other for ever. Here every tensor stays referenced until its use
+    count (``Tensor._use_count``) is back to what it was before the block: gloo's drop
+    is then never the last. The wait is bounded by :data:`HANDED_WAIT_S`; what gloo
+    still holds after it is kept for a later call to release.
+
+    On a newer torch, and on any backend but gloo, this only runs the block.
+
+    Args:
+        group: the process group the collective runs on (None: the default group).
+        *tensors: every tensor the block hands to the collective, inputs and outputs.
+    """
+    if not _HOLD_HANDED or not tensors or not _gloo_runs(group, tensors[0].device):
+        yield
+        return
+    held = [(t, _use_count(t)) for t in tensors]
+    try:
+        yield
+    finally:
+        deadline = time.monotonic() + HANDED_WAIT_S
+        held = _still_held(held)
+        polls = 0
+        while held and time.monotonic() < deadline:
+            # The worker thread lets go within microseconds unless it waits for a CPU:
+            # yield the CPU at first, then sleep.
+            if polls < _HANDED_YIELDS:
+                _yield_cpu()
+            else:
+                time.sleep(_HANDED_POLL_S)
+            polls += 1
+            held = _still_held(held)
+        _STILL_HANDED[:] = _still_held(_STILL_HANDED) + held
+
+
+def all_gather(
+    outputs: list[torch.Tensor], t: torch.Tensor, group: dist.ProcessGroup | None, what: str
+) -> None:
+    """Every rank's ``t`` into ``outputs`` (one tensor of ``t``'s shape per rank, in rank
+    order); ``what`` names it in errors."""
+    with guard(group, what), handed(group, t, *outputs):
+        dist.all_gather(outputs, t, group=group)
+
+
 def exchange_rows(row: torch.Tensor, group: dist.ProcessGroup | None) -> list[list[int]]:
     """Every rank's ``row`` (1-D int64, the same length on every rank), in rank order,
     read on the host once."""
     gathered = [torch.empty_like(row) for _ in range(dist.get_world_size(group))]
-    what = "the argument agreement (an all_gather of every rank's call)"
-    with guard(group, what):
-        dist.all_gather(gathered, row, group=group)
-        rows: list[list[int]] = torch.stack(gathered).tolist()  # (P, width)
+    all_gather(gathered, row, group, "the argument agreement (an all_gather of every rank's call)")
+    rows: list[list[int]] = torch.stack(gathered).tolist()  # (P, width)
     return rows
 
 
@@ -165,16 +266,21 @@ class AllToAll(torch.autograd.Function):
         ctx.group = group
         ctx.what = what
         received = flat.new_empty(sum(out_splits))  # (sum(out_splits),)
-        with guard(group, f"the all_to_all of {what}"):
-            dist.all_to_all_single(received, flat.contiguous(), out_splits, in_splits, group=group)
+        sent = flat.contiguous()
+        with guard(group, f"the all_to_all of {what}"), handed(group, received, sent):
+            dist.all_to_all_single(received, sent, out_splits, in_splits, group=group)
         return received
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         in_splits, out_splits = ctx.splits
         back = grad.new_empty(sum(in_splits))  # (sum(in_splits),)
-        with guard(ctx.group, f"the backward all_to_all of {ctx.what}"):
-            dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        sent = grad.contiguous()
+        with (
+            guard(ctx.group, f"the backward all_to_all of {ctx.what}"),
+            handed(ctx.group, back, sent),
+        ):
+            dist.all_to_all_single(back, sent, in_splits, out_splits, group=ctx.group)
         return back, None, None, None, None
 
 
@@ -192,7 +298,7 @@ def all_to_all(
 
 def all_reduce(t: torch.Tensor, group: dist.ProcessGroup | None, what: str) -> None:
     """Sum ``t`` across the group in place."""
-    with guard(group, f"the all_reduce of {what}"):
+    with guard(group, f"the all_reduce of {what}"), handed(group, t):
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
 
 

@@ -23,6 +23,8 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
+from .comm import all_gather
+
 __all__ = [
     "LAYOUTS",
     "Layout",
@@ -277,6 +279,7 @@ def unshard(
     Raises:
         TypeError: ``x`` is not a torch.Tensor.
         ValueError: a shard's length does not match the layout (see :func:`assemble`).
+        ContextParallelError: an all_gather failed (a rank died or timed out).
 
     Example::
 
@@ -289,14 +292,14 @@ def unshard(
     d = dim % x.ndim
     lens = torch.tensor([x.shape[d]], dtype=torch.long, device=x.device)
     all_lens = [torch.zeros_like(lens) for _ in range(p)]
-    dist.all_gather(all_lens, lens, group=group)
+    all_gather(all_lens, lens, group, "the shard lengths of unshard")
     sizes = [int(t.item()) for t in all_lens]
     longest = max(sizes)
     pad_shape = list(x.shape)
     pad_shape[d] = longest - x.shape[d]
     padded = torch.cat([x.detach(), x.new_zeros(pad_shape)], dim=d).contiguous()
     gathered = [torch.empty_like(padded) for _ in range(p)]
-    dist.all_gather(gathered, padded, group=group)
+    all_gather(gathered, padded, group, "the shards of unshard")
     return assemble(
         [g.narrow(d, 0, size) for g, size in zip(gathered, sizes, strict=True)],
         layout=layout,
