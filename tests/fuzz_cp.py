@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import attnkit
 from attnkit import distributed as cp
+from attnkit.distributed import comm
 
 from fuzz_draws import Draw, fill
 from gloo_ranks import free_port, read_report, report_and_leave, run_ranks
@@ -119,7 +120,7 @@ def run_case(rank: int, world: int, seed: int, index: int) -> tuple[str, list[st
             bad.append(name)
     for n, (g, w) in enumerate(zip(got[3:], want[3:], strict=True)):
         total = torch.zeros_like(w) if g is None else g.detach().clone()
-        dist.all_reduce(total)  # each rank's part of a parameter's gradient
+        comm.all_reduce(total, None, "a parameter's gradient")  # each rank's part, summed
         if not _close(total, w):
             bad.append(f"d_p{n}")
     return ex.chosen, bad

@@ -28,6 +28,7 @@ import torch.distributed as dist
 import attnkit
 from attnkit import distributed as cp
 from attnkit import masks
+from attnkit.distributed import comm
 
 from gloo_ranks import free_port, read_report, report_and_leave, run_ranks
 from tolerance import FLOAT64_REL, assert_close_to_scale
@@ -102,7 +103,7 @@ def _compare(
         _close(f"{tag} {name}", full(got.grad), want, failures)
     for t, want in zip(extra, grads_ref[3:], strict=True):
         assert t.grad is not None
-        dist.all_reduce(t.grad)  # each rank's part, summed like a score parameter's
+        comm.all_reduce(t.grad, None, "a scale's gradient")  # each rank's part, summed
         _close(f"{tag} d scale", t.grad, want, failures)
 
 
