@@ -32,9 +32,9 @@ TCPStore on 127.0.0.1, form a gloo group on the CPU and then:
 then ``dist.destroy_process_group()`` and a normal return from the script: no
 barrier, no ``os._exit``, as a user's script ends. After ``destroy_process_group``
 no thread of the group (gloo's, the TCPStore server's) should be left; ``--strict``
-makes a rank that still has one (Linux: ``/proc/self/task``) exit with code 3. A request still held keeps gloo's connection
-thread (``gloo_tcp_loop``) running past ``destroy_process_group``, into the
-interpreter's teardown: ``plain-leftover --strict`` and ``plain-pinned --strict`` show
+makes a rank that still has one (Linux: ``/proc/self/task``) exit with code 3. A
+request still held keeps gloo's connection thread (``gloo_tcp_loop``) running past
+``destroy_process_group``, into the interpreter's teardown: ``plain-leftover --strict`` and ``plain-pinned --strict`` show
 it with torch alone.
 
 ``--load K`` keeps K busy Python processes beside the runs (gloo's teardown races

@@ -48,7 +48,10 @@ def _rank_main(rank: int, worker: Callable[..., None], out_dir: str, *args: Any)
     deadlock), then run ``worker(rank, *args)``."""
     with open(Path(out_dir, f"stack{rank}.txt"), "w", encoding="utf-8") as stacks:
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
-        worker(rank, *args)
+        try:
+            worker(rank, *args)
+        finally:
+            faulthandler.unregister(signal.SIGUSR1)  # before its file closes
 
 
 def run_ranks(

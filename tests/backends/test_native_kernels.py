@@ -3,6 +3,9 @@ fallbacks, on meta tensors and under torch.compile(fullgraph=True)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -351,10 +354,6 @@ def test_calling_the_ops_imports_no_dynamo(private_cache: Path) -> None:
     ``torch._dynamo``. A ``custom_op``'s first call does: about a second, and after
     ``init_process_group`` that import keeps the default group alive past
     ``destroy_process_group`` (torch binds it as a default argument then)."""
-    import os
-    import subprocess
-    import sys
-
     code = (
         "import sys, torch, attnkit\n"
         "from attnkit.kernels import softmax\n"
