@@ -73,3 +73,23 @@ def test_only_gloo_below_the_floor_holds(monkeypatch: pytest.MonkeyPatch) -> Non
         late = _late_reference(t)
     assert comm._STILL_HANDED == []
     del late
+
+
+def test_unshard_names_its_exchange_when_a_rank_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """unshard's all_gathers go through comm: a lost peer is a ContextParallelError that
+    names the exchange and the ranks, not the backend's bare error."""
+    from attnkit import distributed as cp
+    from attnkit.distributed import layout
+
+    def lost(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("Connection reset by peer")
+
+    monkeypatch.setattr(layout.dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(comm.dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(comm.dist, "all_gather", lost)
+    monkeypatch.setattr(comm, "_HOLD_HANDED", False)
+    with pytest.raises(cp.ContextParallelError) as caught:
+        cp.unshard(torch.zeros(1, 3, 2))
+    said = str(caught.value)
+    assert "rank 0 lost rank 1 during the shard lengths of unshard" in said
+    assert "Connection reset by peer" in said
