@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from attnkit.kernels import _native, additive, softmax
+from attnkit.kernels.finite import rows_settled
 from attnkit.kernels.rows import row_top_k
 from attnkit.viz.blocks import LongStore, overview_block
 
@@ -173,6 +174,56 @@ def test_row_top_k_is_exact(keys: int, k: int) -> None:
     assert torch.equal(bmax, full.view(2, 9, nb, 64).amax(-1))
     sums = full.clamp_min(0).view(2, 9, nb, 64).double().sum(-1)  # (h, r, nb)
     assert_close_to_scale(bsum.double(), sums, rel=FLOAT32_ULPS_REL)
+
+
+# ------------------------------------------------------------------ rows_settled
+
+
+def _settled_in_torch(t: torch.Tensor) -> bool:
+    """What rows_settled answers, from torch: all finite, and no row all ±0."""
+    return bool(torch.isfinite(t).all()) and bool((t != 0).any(-1).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cols", [1, 7, 16, 67])
+def test_rows_settled_is_torch_s_answer(dtype: torch.dtype, cols: int) -> None:
+    """The one-pass check of a kernel's output says True exactly where every value is
+    finite and every row holds a nonzero: NaN, ±inf, a row of +0 or -0, a row whose one
+    nonzero is a subnormal, in a vector lane or the scalar tail, in row-major rows and in
+    the (B, L, H, E) memory order torch's CPU kernel returns as (B, H, L, E)."""
+    _kernel_or_skip()
+    g = torch.Generator().manual_seed(cols)
+    tiny = torch.finfo(dtype).tiny / 4  # a subnormal of this dtype
+    edits: list[tuple[tuple[int, ...], float] | None] = [
+        None,
+        ((1, 2, 3, cols - 1), float("nan")),
+        ((0, 0, 0, 0), float("inf")),
+        ((1, 1, 4, cols // 2), float("-inf")),
+    ]
+    for edit in edits:
+        for zero_row, sign, lone in [(None, 1.0, 0.0), ((0, 2, 1), 1.0, 0.0),
+                                     ((1, 0, 4), -1.0, 0.0), ((0, 1, 2), 1.0, tiny)]:  # fmt: skip
+            t = torch.randn(2, 3, 5, cols, generator=g).to(dtype)  # (B, H, L, C)
+            if edit is not None:
+                t[edit[0]] = edit[1]
+            if zero_row is not None:
+                t[zero_row] = sign * 0.0
+                t[(*zero_row, cols - 1)] = lone
+            for view in (t, t.transpose(1, 2).contiguous().transpose(1, 2)):
+                assert rows_settled(view) == _settled_in_torch(t), (edit, zero_row, lone)
+
+
+def test_rows_settled_cannot_tell_elsewhere() -> None:
+    """Where it cannot read a tensor in one pass it answers False, "not shown", so the
+    caller checks in full: float64, rows not laid out one after another, an empty
+    tensor, a scalar, and no compiled library."""
+    t = torch.randn(2, 3, 4, 5)  # (B, H, L, C)
+    assert not rows_settled(t.double())
+    assert not rows_settled(t.transpose(0, 1))
+    assert not rows_settled(t[..., :3])
+    assert not rows_settled(t[..., :0])
+    assert not rows_settled(torch.tensor(1.0))
+    assert not _torch_only(lambda: rows_settled(t))
 
 
 def test_long_store_gives_the_same_page_with_and_without_the_kernel() -> None:

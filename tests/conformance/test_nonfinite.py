@@ -331,6 +331,61 @@ def test_a_repeated_call_gives_nan_where_the_kernel_returns_zeros(
         assert_close_to_scale(got[fin].double(), want[fin].double(), rel=half_rel(dtype))
 
 
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    causal=st.booleans(),
+    where=st.sampled_from(["query", "key", "value"]),
+    poison=st.sampled_from([math.nan, math.inf, -math.inf]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    Ln=st.integers(1, 9),
+    Sn=st.integers(1, 9),
+    seed=st.integers(0, 2**16),
+)
+def test_property_the_kernel_first_paths_give_the_policy_s_rows(
+    causal: bool, where: str, poison: float, dtype: torch.dtype, Ln: int, Sn: int, seed: int
+) -> None:
+    """A plain plan's repeated call and the compiled graph's op run torch's kernel first
+    and then read only its output when every value is finite and no row is all zeros
+    (:func:`attnkit.kernels.finite.rows_settled`). On random poisons of one component
+    of a few query, key or value rows they give the rows of the policy's own path: NaN
+    exactly where it is NaN, rows that use an inf value non-finite, and the same numbers
+    in every row that uses no poisoned position (an inf query or key promises nothing
+    for the rows that use it)."""
+    from attnkit.backends.sdpa import run as sdpa_run
+
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 2, n, 4, generator=gen).to(dtype) for n in (Ln, Sn, Sn))
+    rows = torch.rand(2, 2, Ln if where == "query" else Sn, generator=gen) < 0.3  # (B, H, N)
+    poisoned = {"query": q, "key": k, "value": v}[where]
+    poisoned[..., 0][rows] = poison
+    keep = torch.ones(Ln, Sn, dtype=torch.bool)  # (L, S)
+    if causal:
+        keep = torch.ones(Ln, Sn, dtype=torch.bool).tril()
+    used = rows if where == "query" else (keep & rows.unsqueeze(-2)).any(-1)  # (B, H, L)
+    scale = 0.5
+    want, _ = sdpa_run.call(q, k, v, attn_mask=None, is_causal=causal, dropout_p=0.0,
+                            scale=scale, gqa=False, want_lse=False)  # fmt: skip
+    runner = sdpa_run.direct_runner(
+        is_causal=causal, lower_right=False, dropout_p=0.0, scale=scale, gqa=False,
+        head_dim=4, readable_no_grad=True, whole_keys=sdpa_run.reads_whole_keys(q, k),
+    )  # fmt: skip
+    for path, got in (("repeated call", runner(q, k, v)),
+                      ("compiled op", sdpa_run._checked_call(q, k, v, causal, scale, False))):  # fmt: skip
+        what = f"{path}: {where} poisoned with {poison}"
+        clean = ~used
+        assert_close_to_scale(got[clean].double(), want[clean].double(), rel=half_rel(dtype),
+                              what=what)  # fmt: skip
+        if math.isnan(poison):
+            assert torch.equal(got.isnan(), want.isnan()), what
+        elif where == "value":
+            assert not got[used].isfinite().all(-1).any(), what  # each such row
+
+
 @pytest.mark.torch_feature("compile")
 def test_a_traced_causal_call_without_gradient_is_one_host_checked_op() -> None:
     """A compiled causal CPU call that needs no gradient is the one op that reads its

@@ -19,6 +19,7 @@ from attnkit import _inputs, _plans, masks
 from attnkit.backends import dispatch
 from attnkit.backends.reference import ReferenceBackend
 from attnkit.backends.sdpa import run as sdpa_run
+from attnkit.kernels import _native
 
 from cases import qkv
 from tolerance import FLOAT32_CALL_REL, assert_close_to_scale
@@ -168,25 +169,32 @@ def test_more_keys_than_queries_on_a_planned_call_follow_the_policy() -> None:
 
 
 def test_a_decoding_step_reads_the_first_key_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """One query against a long cache: the finiteness probe does not sum the cache."""
+    """One query against a long cache: the finiteness probe does not sum the cache, with
+    the output's one-pass read and with the sums that stand in for it."""
     g = torch.Generator().manual_seed(3)
     q = torch.randn(1, 4, 1, 32, generator=g)
     k = torch.randn(1, 4, 4096, 32, generator=g)
     v = torch.randn(1, 4, 4096, 32, generator=g)
     mask = masks.causal("bottom_right")
     attnkit.attention(q, k, v, mask=mask)
-    summed: list[int] = []
     original = torch.Tensor.sum
+    summed: list[int] = []
 
     def spy(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
         summed.append(self.numel())
         return original(self, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(torch.Tensor, "sum", spy)
-    out = attnkit.attention(q, k, v, mask=mask)
-    monkeypatch.undo()
-    assert summed and max(summed) <= 4 * 32  # the queries and one key row per head
-    assert_close_to_scale(out, F.scaled_dot_product_attention(q, k, v), rel=FLOAT32_CALL_REL)
+    for settled_read in (_native.library() is not None, False):
+        summed.clear()
+        if not settled_read:
+            monkeypatch.setattr(sdpa_run, "rows_settled", lambda t: False)
+        monkeypatch.setattr(torch.Tensor, "sum", spy)
+        out = attnkit.attention(q, k, v, mask=mask)
+        monkeypatch.undo()
+        assert max(summed, default=0) <= 4 * 32  # at most the queries and a key row per head
+        assert bool(summed) != settled_read
+        want = F.scaled_dot_product_attention(q, k, v)
+        assert_close_to_scale(out, want, rel=FLOAT32_CALL_REL)
 
 
 @pytest.mark.parametrize("S", [8, 12])
@@ -194,21 +202,37 @@ def test_a_decoding_step_reads_the_first_key_only(monkeypatch: pytest.MonkeyPatc
 def test_a_planned_call_reads_its_output_its_queries_and_a_key_probe(
     causal: bool, S: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The finiteness check of a planned call sums the output, the queries (a NaN query
-    row comes back from torch's kernel as zeros at some head sizes) and the keys when
-    there are no more of them than queries, else the first key row: three sums, never
-    the values."""
+    """The finiteness check of a planned call reads its output once
+    (:func:`attnkit.kernels.finite.rows_settled`) and sums nothing. Where that read does
+    not show the output settled, it sums the output, the queries (a NaN query row comes
+    back from torch's kernel as zeros at some head sizes) and the keys when there are no
+    more of them than queries, else the first key row: three sums, never the values."""
     q, k, v = _qkv(L=8, S=S)
     mask = masks.causal() if causal else None
     attnkit.attention(q, k, v, mask=mask)  # the plan
     summed: list[torch.Tensor] = []
+    read: list[torch.Tensor] = []
     original = torch.Tensor.sum
+    settled = sdpa_run.rows_settled
 
     def spy(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
         summed.append(self)
         return original(self, *args, **kwargs)  # type: ignore[arg-type]
 
+    def read_spy(t: torch.Tensor) -> bool:
+        read.append(t)
+        return settled(t)
+
     monkeypatch.setattr(torch.Tensor, "sum", spy)
+    monkeypatch.setattr(sdpa_run, "rows_settled", read_spy)
+    out = attnkit.attention(q, k, v, mask=mask)
+    monkeypatch.undo()
+    assert len(read) == 1 and read[0] is out
+    if _native.library() is not None:
+        assert not summed
+    monkeypatch.setattr(sdpa_run, "rows_settled", lambda t: False)
+    monkeypatch.setattr(torch.Tensor, "sum", spy)
+    summed.clear()
     out = attnkit.attention(q, k, v, mask=mask)
     monkeypatch.undo()
     assert len(summed) == 3 and summed[0] is out and summed[1] is q

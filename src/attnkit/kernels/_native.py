@@ -1,11 +1,13 @@
 """attnkit's native CPU kernels: one C file, built on first use, loaded with ctypes.
 
 The source is the package file ``native.c``: the fused additive-score loop
-(:mod:`attnkit.kernels.additive`) and a vectorized ``exp`` of logits rows
-(:mod:`attnkit.kernels.softmax`). It includes no torch headers, so a build takes
-about a second with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``).
-On x86-64 with AVX2+FMA the inner loops are vectorized by hand (the additive score's
-also with AVX-512 where the CPU has it); elsewhere portable scalar loops are compiled. Nothing prebuilt ships with the package.
+(:mod:`attnkit.kernels.additive`), a vectorized ``exp`` of logits rows
+(:mod:`attnkit.kernels.softmax`), the viewer's per-row top-k (:mod:`attnkit.kernels.rows`)
+and a one-pass check of a kernel's output rows (:mod:`attnkit.kernels.finite`). It
+includes no torch headers, so a build takes about a second with the system C compiler
+(``$CC``, else ``cc``/``gcc``/``clang``). On x86-64 with AVX2+FMA the inner loops are
+vectorized by hand (the additive score's also with AVX-512 where the CPU has it);
+elsewhere portable scalar loops are compiled. Nothing prebuilt ships with the package.
 
 When it is built: at the first call that needs it (:func:`library`), or explicitly
 (:func:`build`); never by :func:`status`, which only reports.
@@ -71,7 +73,7 @@ __all__ = [
     "status",
 ]
 
-ABI_TAG = 20261128
+ABI_TAG = 20261129
 """What ``ak_abi_tag()`` of attnkit's library returns."""
 
 _lock = threading.Lock()
@@ -340,6 +342,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ak_exp_rows_entropy.restype = None
     lib.ak_row_topk.argtypes = [p, i64, i64, i64, i64, p, p, p, p, c_int]
     lib.ak_row_topk.restype = None
+    lib.ak_rows_settled.argtypes = [p, i64, i64, c_int, ctypes.c_uint32]
+    lib.ak_rows_settled.restype = c_int
     lib.ak_simd_level.argtypes = []
     lib.ak_simd_level.restype = c_int
 

@@ -1,5 +1,6 @@
-/* attnkit's native CPU kernels: a vectorized exp over logits rows, and the additive
-   score's fused add-tanh-dot loop with its gradients. Built on first use by
+/* attnkit's native CPU kernels: a vectorized exp over logits rows, the additive
+   score's fused add-tanh-dot loop with its gradients, and a one-pass check of a kernel's
+   output rows. Built on first use by
    attnkit/kernels/_native.py with the system C compiler; includes no torch headers.
    AVX2+FMA paths where the compiler targets them (AVX-512 too for the additive loops),
    portable scalar loops elsewhere. */
@@ -344,9 +345,47 @@ void ak_row_topk(const float* w, int64_t R, int64_t S, int64_t k, int64_t b, flo
     }
 }
 
+/* 1 when every value of the R rows of C floats at p is finite and every row holds a
+   value other than +-0, else 0: one read, stopping at the first row that fails. The floats
+   are `bytes` wide (4: float32; 2: float16 or bfloat16) with the exponent field
+   `exp_mask` (0x7f800000, 0x7c00 or 0x7f80): a value is inf or NaN when its bits without
+   the sign are at least the mask. Written as plain loops the compiler vectorizes. */
+int ak_rows_settled(const void* p, int64_t R, int64_t C, int bytes, uint32_t exp_mask) {
+    if (bytes == 4) {
+        const uint32_t* rows = (const uint32_t*)p;
+        for (int64_t r = 0; r < R; ++r) {
+            const uint32_t* row = rows + r * C;
+            uint32_t any = 0, bad = 0;
+            for (int64_t c = 0; c < C; ++c) {
+                uint32_t u = row[c] & 0x7fffffffu;
+                any |= u;
+                bad |= (uint32_t)(u >= exp_mask);
+            }
+            if (bad || !any) return 0;
+        }
+        return 1;
+    }
+    if (bytes == 2) {
+        const uint16_t* rows = (const uint16_t*)p;
+        uint16_t m = (uint16_t)exp_mask;
+        for (int64_t r = 0; r < R; ++r) {
+            const uint16_t* row = rows + r * C;
+            uint16_t any = 0, bad = 0;
+            for (int64_t c = 0; c < C; ++c) {
+                uint16_t u = (uint16_t)(row[c] & 0x7fffu);
+                any |= u;
+                bad |= (uint16_t)(u >= m);
+            }
+            if (bad || !any) return 0;
+        }
+        return 1;
+    }
+    return 0;
+}
+
 /* Identifies this library to its loader: a file at the cache path that does not answer
    with the expected tag is not loaded as attnkit's. */
-int ak_abi_tag(void) { return 20261128; }
+int ak_abi_tag(void) { return 20261129; }
 
 /* Which hand-vectorized loops were compiled: 0 none (portable scalar loops), 1 AVX2+FMA,
    2 AVX2+FMA and AVX-512 for the additive score's loops. */

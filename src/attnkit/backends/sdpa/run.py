@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from ... import _torch_features as _features
 from ..._host import readable, strict
 from ...kernels._ops import define_op
+from ...kernels.finite import rows_settled
 from .._common import all_finite, expand_kv
 from . import poison
 from .flash import FlashCall, can_flash, flash_attention
@@ -270,6 +271,8 @@ def direct_runner(
 
         def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             out = sdpa(q, k, v, **options)  # (B, H, L, Ev)
+            if rows_settled(out):
+                return out
             read = out.sum(dtype=f32).item() + q.sum(dtype=f32).item()
             return out if isfinite(read + k.sum(dtype=f32).item()) else slow(q, k, v)
 
@@ -277,6 +280,8 @@ def direct_runner(
 
     def run_first_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out = sdpa(q, k, v, **options)  # (B, H, L, Ev)
+        if rows_settled(out):
+            return out
         read = out.sum(dtype=f32).item() + q.sum(dtype=f32).item()
         first = k.narrow(-2, 0, 1)  # (B, Hk, 1, E)
         return out if isfinite(read + first.sum(dtype=f32).item()) else slow(q, k, v)
@@ -337,19 +342,28 @@ _checked_op = define_op(
 
 def kernel_followed_policy(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> bool:
     """True when torch's kernel output ``out`` (..., L, Ev) is the non-finite policy's
-    answer for q (..., L, E) and k (..., S, E), read after the kernel ran.
+    answer for q (..., L, E) and k (..., S, E), read after the kernel ran (a call with
+    no mask, or torch's causal mask, where every row keeps at least one key).
 
     A NaN or inf that reaches a row through the products makes that row non-finite; one
     that reaches no row (a masked-out key the kernel skipped, a key of weight exactly 0)
-    changes nothing the policy returns. The kernel drops NaN in two places only, as
-    zeros: a query row holding a NaN, and a row whose every key it sees is NaN (every
-    row sees the first key, so that key is NaN then). So the output, the queries and
-    the first key are read (three sums, in float32: a half sum overflows at 65504; see
-    :func:`reads_whole_keys`). When
-    they are not all finite (a non-finite input, or finite inputs beyond the kernel's
-    range), the caller computes the call again on the policy's own path, which gives
-    the same rows where the kernel was right.
+    changes nothing the policy returns. The kernel can drop a NaN or inf only from a row
+    whose every kept score is inf or NaN: a query row holding one, or a row whose every
+    key it sees holds one (every row sees the first key, so that key does then). Each
+    weight of such a row is the exp of inf or NaN minus its max, 0, inf or NaN, so the
+    row comes out non-finite or all zeros, never finite and nonzero.
+
+    So first the output alone is read (:func:`attnkit.kernels.finite.rows_settled`, one
+    pass): every value finite and no row all zeros shows that the kernel followed the
+    policy. Otherwise (or where that read does not run) the output, the queries and the
+    first key are read (three sums, in float32: a half sum overflows at 65504; see
+    :func:`reads_whole_keys`): a row of zeros with finite inputs is the kernel's answer
+    too. When they are not all finite (a non-finite input, or finite inputs beyond the
+    kernel's range), the caller computes the call again on the policy's own path, which
+    gives the same rows where the kernel was right.
     """
+    if rows_settled(out):
+        return True
     f32 = torch.float32
     probe = k if reads_whole_keys(q, k) else k.narrow(-2, 0, 1)  # (..., S or 1, E)
     return math.isfinite(
