@@ -40,7 +40,8 @@ def rows_settled(t: torch.Tensor) -> bool:
         layout, an empty tensor): the caller then checks in full.
     """
     fmt = _FORMATS.get(t.dtype)
-    if fmt is None or t.device.type != "cpu" or t.numel() == 0 or t.ndim == 0:
+    n = t.numel()
+    if fmt is None or not t.is_cpu or n == 0 or t.ndim == 0:
         return False
     if not (t.is_contiguous() or (t.ndim >= 3 and t.transpose(-3, -2).is_contiguous())):
         return False
@@ -48,4 +49,4 @@ def rows_settled(t: torch.Tensor) -> bool:
     if lib is None:
         return False
     C = t.shape[-1]
-    return bool(lib.ak_rows_settled(t.data_ptr(), t.numel() // C, C, fmt[0], fmt[1]))
+    return bool(lib.ak_rows_settled(t.data_ptr(), n // C, C, fmt[0], fmt[1]))
