@@ -1,4 +1,4 @@
-"""`attnkit bench --suite overhead`: the seven cases run, compare equal results, and count
+"""`attnkit bench --suite overhead`: the eight cases run, compare equal results, and count
 graph breaks and recompiles."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from attnkit.bench.runner import CaseResult
 from tolerance import BENCH_SIDES_ABS, FLOAT64_REL
 
 
-def test_overhead_suite_names_its_seven_cases_and_targets() -> None:
+def test_overhead_suite_names_its_eight_cases_and_targets() -> None:
     cases = {c.name: c for c in suite_cases("overhead")}
     assert list(cases) == [
         "call_overhead",
@@ -23,6 +23,7 @@ def test_overhead_suite_names_its_seven_cases_and_targets() -> None:
         "decode_step",
         "compiled",
         "compiled_unchecked",
+        "compiled_small",
     ]
     for name in ("call_overhead", "call_overhead_causal"):
         assert cases[name].max_extra_s == 10e-6 and cases[name].goal is None
@@ -30,7 +31,7 @@ def test_overhead_suite_names_its_seven_cases_and_targets() -> None:
     assert cases["layer_mha_train"].goal == pytest.approx(1 / 1.1, rel=FLOAT64_REL)
     assert cases["decode_step"].goal == pytest.approx(1 / 1.1, rel=FLOAT64_REL)
     assert cases["compiled"].goal == pytest.approx(1 / 1.05, rel=FLOAT64_REL)
-    for name in ("compiled", "compiled_unchecked"):
+    for name in ("compiled", "compiled_unchecked", "compiled_small"):
         assert cases[name].goal == pytest.approx(1 / 1.05, rel=FLOAT64_REL)
         assert dict(cases[name].count_limits) == {"graph_breaks": 0, "recompiles": 0}
 
@@ -49,7 +50,7 @@ def _run_quick(names: set[str]) -> dict[str, CaseResult]:
     return results
 
 
-COMPILED = {"compiled", "compiled_unchecked"}
+COMPILED = {"compiled", "compiled_unchecked", "compiled_small"}
 
 
 def test_overhead_cases_run_and_agree_with_torch() -> None:

@@ -1,6 +1,6 @@
 """The overhead suite (``attnkit bench --suite overhead``): attnkit inside a real model.
 
-Seven cases, each against torch's own equivalent on the same inputs:
+Eight cases, each against torch's own equivalent on the same inputs:
 
 - ``call_overhead``: host cost of one ``attention()`` call at a tiny shape
   (B=1 H=8 L=S=16 E=64 float32), where the arithmetic is negligible; target:
@@ -23,6 +23,9 @@ Seven cases, each against torch's own equivalent on the same inputs:
   recompile over the first 100 calls (torch._dynamo's counters).
 - ``compiled_unchecked``: the same with ``check_finite=False`` (the caller promises
   finite inputs, so the graph holds no non-finite policy).
+- ``compiled_small``: ``compiled`` at the call-overhead shape, L=S=16, where the kernel
+  takes about 15 µs and what the compiled call adds around it (dynamo's guards over
+  attnkit's Python, the policy's op) shows; same target.
 
 Microsecond calls are timed in samples of many calls (``Sides.repeat``), the two
 sides interleaved sample by sample; on CUDA each sample ends with one device sync.
@@ -184,9 +187,9 @@ def compile_counts(fn: Callable[[], Any], calls: int) -> dict[str, int]:
     return {"graph_breaks": breaks() - breaks0, "recompiles": graphs() - graphs1}
 
 
-def _compiled(device: str, check_finite: bool = True) -> Callable[[bool], Sides]:
+def _compiled(device: str, check_finite: bool = True, tokens: int = 128) -> Callable[[bool], Sides]:
     def build(quick: bool) -> Sides:
-        B, H, N, E = (1, 2, 32, 16) if quick else (1, 8, 128, 64)
+        B, H, N, E = (1, 2, 32, 16) if quick else (1, 8, tokens, 64)
         q, k, v = _qkv(B, H, N, N, E, device, 14)
         mask = masks.causal()
 
@@ -218,7 +221,7 @@ def _compiled(device: str, check_finite: bool = True) -> Callable[[bool], Sides]
 
 
 def overhead_cases(device: str = "cpu") -> tuple[BenchCase, ...]:
-    """The seven overhead cases with their inputs on ``device`` ("cpu" or "cuda")."""
+    """The eight overhead cases with their inputs on ``device`` ("cpu" or "cuda")."""
     zero = (("graph_breaks", 0), ("recompiles", 0))
     return (
         BenchCase(
@@ -284,6 +287,16 @@ def overhead_cases(device: str = "cpu") -> tuple[BenchCase, ...]:
             "≤ 1.05× compiled SDPA, 0 breaks, 0 recompiles",
             1 / 1.05,
             _compiled(device, check_finite=False),
+            count_limits=zero,
+            max_pairs=31,
+            memory=False,
+        ),
+        BenchCase(
+            "compiled_small",
+            "overhead",
+            "≤ 1.05× compiled SDPA, 0 breaks, 0 recompiles",
+            1 / 1.05,
+            _compiled(device, tokens=16),
             count_limits=zero,
             max_pairs=31,
             memory=False,
