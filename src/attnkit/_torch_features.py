@@ -25,7 +25,9 @@ True
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
@@ -35,11 +37,13 @@ __all__ = [
     "INSTALLED",
     "PACKAGE_FLOOR",
     "SDPA_GROUPED_HEADS_FLOOR",
+    "TRACED_ONE_OP_FLOOR",
     "Feature",
     "FeatureUnavailableError",
     "TorchRecord",
     "available",
     "check_compiling",
+    "constant_under_compile",
     "missing",
     "require",
 ]
@@ -109,6 +113,16 @@ key and value heads itself (measured equal on 2.12 and later). Not a refusal: a 
 path, declared here beside the features' floors."""
 
 
+TRACED_ONE_OP_FLOOR: tuple[int, int] = (2, 13)
+"""The oldest torch on which a plain ``attention()`` call under ``torch.compile`` is traced
+as one op chosen at trace time (:func:`attnkit._plans.traced_call`): from 2.13 on,
+``torch.compiler.is_compiling()`` stays True while dynamo runs a function whose result
+it keeps as a constant, so that function validates and dispatches as a traced call
+would (2.12.1 says False there). Below it the call is traced in full, with the same
+numbers and more guards. Not a refusal: a choice of path, declared here beside the
+features' floors."""
+
+
 GLOO_RELEASES_GIL_FLOOR: tuple[int, int] = (2, 8)
 """The oldest torch whose gloo process group lets go of the GIL while its destructor
 waits for the group's worker threads. Below it (measured on torch 2.6.0 and 2.7.1; 2.8.0
@@ -168,3 +182,20 @@ def check_compiling() -> None:
     """
     if not _COMPILES and torch.compiler.is_compiling():
         require("compile")
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def constant_under_compile(fn: _F) -> _F:
+    """Mark ``fn`` as :func:`torch.compiler.assume_constant_result` does: dynamo, tracing
+    a call of it, runs it as it stands and keeps its result as a constant of the graph.
+
+    That decorator imports ``torch._dynamo`` (a second or more at import, and once a
+    process group exists it keeps the group alive past ``destroy_process_group``; see
+    :mod:`attnkit.kernels._ops`), so attnkit sets the mark it sets, an attribute that
+    every torch from the package floor to the newest tested reads the same way
+    (``tests/unit/test_torch_features.py`` compares it with the decorator's). Returns
+    ``fn`` itself."""
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn

@@ -9,14 +9,16 @@ from dataclasses import replace
 from typing import Any, Literal, Never, ParamSpec, TypeVar
 
 import torch
+from torch.compiler import is_compiling
 
 from . import _plans, _recording
-from . import _torch_features as _features
 from . import masks as _masks
 from ._backward_inputs import check_backward_tensors
 from ._inputs import AttentionInputs, validate_inputs
 from ._keywords import refuse_unknown, sdpa_mask
 from ._masked_softmax import masked_softmax
+from ._plans import traced_call
+from ._torch_features import check_compiling
 from .backends._common import graph_link
 from .backends.dispatch import Explanation, explain_inputs, normalize_backend_arg, select_backend
 from .backends.records import AttentionResult, BackwardCall, OutputGrads
@@ -158,13 +160,21 @@ def attention(
         attnkit.FeatureUnavailableError: under ``torch.compile`` on a torch older than
             the compile floor (:mod:`attnkit._torch_features`), with one line naming it.
     """
-    _features.check_compiling()
+    check_compiling()
     if is_causal is not False or attn_mask is not None or enable_gqa is not None or unexpected:
         mask = _sdpa_keywords(
             "attention", query, key, mask, is_causal, attn_mask, enable_gqa, unexpected
         )
     plan_key = None
     if return_weights is False and return_lse is False and mods is None:
+        # one op chosen at trace time, or the full path (names imported one by one: a
+        # module reached as an attribute too costs the compiled call an alias guard)
+        if is_compiling():
+            traced = traced_call(
+                query, key, value, score, mask, scale, dropout_p, backend, check_finite
+            )
+            if traced is not None:
+                return traced
         plan_key = _plans.plan_key(
             query, key, value, score, mask, scale, dropout_p, backend, check_finite
         )

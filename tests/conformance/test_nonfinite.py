@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 import attnkit
 from attnkit import masks
 from attnkit._host import device_semantics
+from attnkit.kernels import _native_ops
 
 from cases import MASKS, SCORES, make_score, mask_to, matrix_backends, refused
 from nonfinite_cases import (
@@ -349,9 +350,10 @@ def test_a_repeated_call_gives_nan_where_the_kernel_returns_zeros(
 def test_property_the_kernel_first_paths_give_the_policy_s_rows(
     causal: bool, where: str, poison: float, dtype: torch.dtype, Ln: int, Sn: int, seed: int
 ) -> None:
-    """A plain plan's repeated call and the compiled graph's op run torch's kernel first
-    and then read only its output when every value is finite and no row is all zeros
-    (:func:`attnkit.kernels.finite.rows_settled`). On random poisons of one component
+    """A plain plan's repeated call and the compiled graph's ops (Python, and C++ where it
+    builds) run torch's kernel first and then read only its output when every value is
+    finite and no row is all zeros (:func:`attnkit.kernels.finite.rows_settled`, and its
+    C++ twin). On random poisons of one component
     of a few query, key or value rows they give the rows of the policy's own path: NaN
     exactly where it is NaN, rows that use an inf value non-finite, and the same numbers
     in every row that uses no poisoned position (an inf query or key promises nothing
@@ -374,8 +376,12 @@ def test_property_the_kernel_first_paths_give_the_policy_s_rows(
         is_causal=causal, lower_right=False, dropout_p=0.0, scale=scale, gqa=False,
         head_dim=4, readable_no_grad=True, whole_keys=sdpa_run.reads_whole_keys(q, k),
     )  # fmt: skip
-    for path, got in (("repeated call", runner(q, k, v)),
-                      ("compiled op", sdpa_run._checked_call(q, k, v, causal, scale, False))):  # fmt: skip
+    paths = [("repeated call", runner(q, k, v)),
+             ("compiled op", sdpa_run._checked_call(q, k, v, causal, scale, False))]  # fmt: skip
+    if _native_ops.loaded():
+        settled = torch.ops.attnkit.sdpa_settled.default(q, k, v, causal, scale, False)
+        paths.append(("compiled C++ op", settled))
+    for path, got in paths:
         what = f"{path}: {where} poisoned with {poison}"
         clean = ~used
         assert_close_to_scale(got[clean].double(), want[clean].double(), rel=half_rel(dtype),
@@ -400,8 +406,13 @@ def test_a_traced_causal_call_without_gradient_is_one_host_checked_op() -> None:
         torch._dynamo.reset()
         return "".join(g.code for g in torch._dynamo.explain(call)(*inputs).graphs)
 
-    assert "attnkit.sdpa_checked" in graph_code(q, k, v)
-    assert "sdpa_checked" not in graph_code(q.requires_grad_(), k, v)
+    from attnkit.backends.sdpa import run as sdpa_run
+
+    name = sdpa_run.checked_op_name()  # the C++ op where it builds, else the Python one
+    assert name == ("sdpa_settled" if _native_ops.loaded() else "sdpa_checked")
+    assert f"attnkit.{name}" in graph_code(q, k, v)
+    with_grad = graph_code(q.requires_grad_(), k, v)
+    assert "sdpa_checked" not in with_grad and "sdpa_settled" not in with_grad
 
 
 @pytest.mark.parametrize("backend", matrix_backends("cpu"))
@@ -426,17 +437,20 @@ def test_a_poisoned_query_with_no_values_gives_the_weights_of_a_call_with_values
 
 
 @pytest.mark.torch_feature("compile")
+@pytest.mark.parametrize("native", [False, True], ids=["python", "cpp"])
 @pytest.mark.parametrize("poison", [False, True])
-def test_the_compiled_policy_op_matches_its_fake_kernel(poison: bool) -> None:
-    """``attnkit::sdpa_checked`` on heads-second views of one projection (as a layer
+def test_the_compiled_policy_op_matches_its_fake_kernel(poison: bool, native: bool) -> None:
+    """``attnkit::sdpa_checked`` (and its C++ twin ``sdpa_settled``) on heads-second views of one projection (as a layer
     passes them, grouped heads too): its output has the fake kernel's shape and row-major
     strides (a compiled graph asserts them; torch's CPU kernel can return another
     layout), on the kernel's path and on the policy's."""
     from attnkit.backends.sdpa import run as sdpa_run
 
     op = sdpa_run._checked_op
-    if op is None:
-        pytest.skip("no torch.library op on this torch")
+    if native:
+        if not _native_ops.loaded():
+            pytest.skip(f"no compiled ops here ({_native_ops.status()})")
+        op = torch.ops.attnkit.sdpa_settled.default
     x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(3))  # (B, L, 2E + ...)
     q = x[..., :8].view(2, 5, 4, 2).transpose(1, 2)  # (B, H, L, E), not contiguous
     k = x[..., 8:12].view(2, 5, 2, 2).transpose(1, 2)  # (B, Hk, L, E)

@@ -52,7 +52,7 @@ def test_sdist_manifest_carries_the_tests_and_package_data() -> None:
     for name in ("reference.py", "cases.py", "conftest.py"):
         assert (ROOT / "tests" / name).is_file()
     package_data = _project()["tool"]["setuptools"]["package-data"]["attnkit"]  # type: ignore[index]
-    assert {"py.typed", "kernels/*.c", "viz/static/*"} <= set(package_data)
+    assert {"py.typed", "kernels/*.c", "kernels/*.cpp", "viz/static/*"} <= set(package_data)
 
 
 def _nox_constants() -> dict[str, str]:
@@ -156,6 +156,7 @@ def test_the_wheel_holds_every_package_file(tmp_path: Path) -> None:
         listed = set(zf.namelist())
     package = _package_files()
     data = {f for f in package if not f.endswith(".py")}
-    assert {"attnkit/py.typed", "attnkit/kernels/native.c", "attnkit/viz/static/page.html"} <= data
+    assert {"attnkit/py.typed", "attnkit/kernels/native.c", "attnkit/kernels/native_ops.cpp",
+            "attnkit/viz/static/page.html"} <= data  # fmt: skip
     assert not package - listed, f"missing from the wheel: {sorted(package - listed)}"
     assert any(f.endswith("entry_points.txt") for f in listed)

@@ -105,3 +105,24 @@ def test_valid_lens_mask_compiles_without_graph_breaks() -> None:
     q = torch.randn(2, 2, 5, 4)
     compiled = torch.compile(run, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(q), run(q), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        masks.causal(),
+        masks.causal("bottom_right", q_offset=3, k_offset=1),
+        masks.window(None, 2),
+        masks.window(4, 0, "bottom_right"),
+    ],
+)
+def test_a_band_comes_back_from_its_static_key(mask: masks.Mask) -> None:
+    """``from_static_key`` gives a band of the same type, key and keep pattern."""
+    key = mask.static_key()
+    assert key is not None
+    back = type(mask).from_static_key(key)
+    assert type(back) is type(mask) and back.static_key() == key
+    assert torch.equal(back.dense(5, 7, (), torch.device("cpu")).keep,
+                       mask.dense(5, 7, (), torch.device("cpu")).keep)  # fmt: skip
+    with pytest.raises(TypeError, match="no static key"):
+        masks.Mask.from_static_key(key)

@@ -112,3 +112,19 @@ def test_below_the_compile_floor_a_compiled_layer_is_refused_at_its_first_call()
         compiled = torch.compile(layer, backend="eager")
         with pytest.raises(attnkit.FeatureUnavailableError, match="needs torch >= "):
             compiled(x, x, x) if isinstance(layer, attnkit.nn.MultiheadAttention) else compiled(x)
+
+
+def test_the_constant_mark_is_the_one_torch_s_own_decorator_sets() -> None:
+    """``constant_under_compile`` sets what ``torch.compiler.assume_constant_result``
+    sets, on this torch (the nox sessions run it at both ends of the range): a torch
+    that marked such functions another way would fail here, not silently trace them."""
+
+    def ours() -> int:
+        return 1
+
+    def theirs() -> int:
+        return 1
+
+    assert tf.constant_under_compile(ours) is ours
+    torch.compiler.assume_constant_result(theirs)
+    assert ours.__dict__ == theirs.__dict__ and theirs.__dict__

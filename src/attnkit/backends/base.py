@@ -19,10 +19,16 @@ from ..mods.base import backend_mod_kinds
 from .operands import DOT_FORM_LIMIT, gaussian_form
 from .records import AttentionResult, BackwardCall, InputGrads
 
-__all__ = ["AttentionResult", "Backend", "PlainRunner"]
+__all__ = ["AttentionResult", "Backend", "PlainRunner", "TracedCall"]
 
 PlainRunner: TypeAlias = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """(query, key, value) -> output: a backend's shortcut for a repeated plain call."""
+
+TracedCall: TypeAlias = tuple[str, str, tuple[object, ...], tuple[tuple[str, object], ...]]
+"""(namespace, op name, args, keyword items): a backend's plain call under
+``torch.compile`` as one op, ``torch.ops.<namespace>.<name>.default(query, key, value,
+*args, **{name: value for name, value in keyword items})``; every entry a constant of
+the graph."""
 
 ALL_MOD_KINDS = backend_mod_kinds()
 """Every score modifier kind a backend may compute (sinks are joined outside backends),
@@ -163,6 +169,15 @@ class Backend:
         ``forward(...).output`` would for any call with the same shapes, dtypes,
         devices, grad flags, score, mask and flags. None (the default): every call
         goes through :meth:`forward`."""
+        return None
+
+    def traced_call(self, inputs: AttentionInputs) -> TracedCall | None:
+        """The op a plain call like ``inputs`` (as for :meth:`plain_runner`) is, traced
+        by ``torch.compile``: one op of (query, key, value) and constants that gives
+        what :meth:`forward` traced would, for every call with the same shapes, dtypes,
+        devices, grad flags, score, mask and flags. Asked at trace time, outside the
+        trace (see :func:`attnkit._plans.traced_call`), so the graph holds the op and no
+        guard on how it was chosen. None (the default): :meth:`forward` is traced."""
         return None
 
     def __repr__(self) -> str:

@@ -118,6 +118,13 @@ class WindowMask(Mask):
             return None
         return (type(self), self.left, self.right, self.align, self.q_offset, self.k_offset)
 
+    @classmethod
+    def from_static_key(cls, key: tuple[object, ...]) -> Mask:
+        """The window whose :meth:`static_key` is ``key``: (class, left, right, align,
+        q_offset, k_offset)."""
+        _, left, right, align, q_offset, k_offset = key
+        return WindowMask(left, right, align, q_offset=q_offset, k_offset=k_offset)  # type: ignore[arg-type]
+
     def offset(self, L: int, S: int) -> Offset:
         """Shift from a query's row to its own key column: query ``i`` keeps key ``j``
         when ``i + offset - left <= j <= i + offset + right``. ``S - L`` for
@@ -180,6 +187,13 @@ class CausalMask(WindowMask):
     ) -> None:
         _check_align("masks.causal", align)
         super().__init__(None, 0, align, q_offset=q_offset, k_offset=k_offset)
+
+    @classmethod
+    def from_static_key(cls, key: tuple[object, ...]) -> Mask:
+        """The causal mask whose :meth:`static_key` is ``key``: (class, None, 0, align,
+        q_offset, k_offset)."""
+        _, _, _, align, q_offset, k_offset = key
+        return CausalMask(align, q_offset=q_offset, k_offset=k_offset)  # type: ignore[arg-type]
 
     def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
         shift = self.offset(total_L, total_S) + q0 - k0

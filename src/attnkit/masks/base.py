@@ -230,6 +230,13 @@ class Mask:
         call must read. attnkit's cache of plain-call plans keys on it."""
         return None
 
+    @classmethod
+    def from_static_key(cls, key: tuple[object, ...]) -> Mask:
+        """The mask whose :meth:`static_key` is ``key`` (its first entry is the class):
+        a traced call's plan is chosen from the key alone (:mod:`attnkit._plans`).
+        Only classes whose masks have static keys define it."""
+        raise TypeError(f"{cls.__name__} masks have no static key")
+
     # ------------------------------------------------------------------ lowering
 
     def lower(self, L: int, S: int, device: torch.device) -> DNF:

@@ -15,13 +15,13 @@ from ...scores import Gaussian, is_shared_score
 from .. import varlen
 from .._common import all_finite, dense_mask, graph_link
 from ..autograd import differentiable_lse_forward
-from ..base import Backend, PlainRunner
+from ..base import Backend, PlainRunner, TracedCall
 from ..operands import DOT_FORM_GRAD_TERMS, alibi_folds, gaussian_dot_terms, lower_score
 from ..records import AttentionResult, BackwardCall, InputGrads
 from . import plan
 from .backward import BACKWARD_OP, sdpa_backward
 from .lse import has_lse_kernel, logits_of_call, lse_of_logits, weights_from_lse
-from .run import HAS_GQA, call, direct, direct_runner, reads_whole_keys
+from .run import HAS_GQA, call, direct, direct_runner, reads_whole_keys, traced_direct
 
 __all__ = ["SDPABackend"]
 
@@ -96,6 +96,14 @@ class SDPABackend(Backend):
             readable_no_grad=readable_no_grad,
             whole_keys=reads_whole_keys(inputs.query, inputs.key),
         )
+
+    def traced_call(self, inputs: AttentionInputs) -> TracedCall | None:
+        """Direct calls (see :func:`.plan.is_direct`) without gradient on the CPU, traced:
+        torch's SDPA op, or with the non-finite policy the checked op (see
+        :func:`.run.traced_direct`)."""
+        if not plan.is_direct(inputs) or inputs.needs_grad:
+            return None
+        return traced_direct(inputs.device, **_direct_options(inputs))
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
         if self.tiles is not None and _tile_gradients(inputs, self.tiles):

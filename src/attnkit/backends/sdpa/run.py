@@ -21,7 +21,8 @@ import torch.nn.functional as F
 
 from ... import _torch_features as _features
 from ..._host import readable, strict
-from ...kernels._ops import define_op
+from ...kernels import _native_ops
+from ...kernels._ops import LIBRARY, define_op
 from ...kernels.finite import rows_settled
 from .._common import all_finite, expand_kv
 from . import poison
@@ -33,10 +34,12 @@ __all__ = [
     "HAS_GQA",
     "call",
     "causal_lower_right",
+    "checked_op_name",
     "direct",
     "direct_runner",
     "has_lower_right",
     "to4d",
+    "traced_direct",
 ]
 
 # SDPA's enable_gqa (torch >= 2.5), taken only where it runs the fused kernel that the
@@ -212,7 +215,8 @@ def direct(
     ):
         return _sdpa(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale, gqa=gqa)
     if _traced_host_check(q, needs_grad, dropout_p, lower_right):
-        return _checked_op(q, k, v, is_causal, scale, gqa)
+        op = getattr(torch.ops.attnkit, checked_op_name()).default
+        return op(q, k, v, is_causal, scale, gqa)
     out, _ = call(q, k, v, attn_mask=None, is_causal=is_causal, dropout_p=dropout_p,
                   scale=scale, gqa=gqa, want_lse=False, lower_right=lower_right,
                   assume_finite=assume_finite)  # fmt: skip
@@ -289,12 +293,37 @@ def direct_runner(
     return run_first_key
 
 
+def traced_direct(
+    device: torch.device,
+    *,
+    is_causal: bool,
+    lower_right: bool,
+    dropout_p: float,
+    scale: float,
+    gqa: bool,
+    assume_finite: bool = False,
+) -> tuple[str, str, tuple[object, ...], tuple[tuple[str, object], ...]] | None:
+    """The one op :func:`direct` is when ``torch.compile`` traces it for inputs on
+    ``device`` that need no gradient, as (namespace, name, args, keyword items) after
+    (q, k, v) (see :meth:`attnkit.backends.base.Backend.traced_call`); None where the
+    trace holds more than one op (torch's lower-right bias, dropout, another device
+    than the CPU, :func:`attnkit._host.device_semantics`). Decided at trace time, with
+    no tensor read: ``assume_finite`` gives torch's SDPA op, else the checked op of
+    :func:`checked_op_name`."""
+    if lower_right or dropout_p > 0 or device.type != "cpu" or strict():
+        return None
+    if assume_finite:
+        keywords = (("scale", scale), ("enable_gqa", True)) if gqa else (("scale", scale),)
+        return ("aten", "scaled_dot_product_attention", (None, 0.0, is_causal), keywords)
+    return ("attnkit", checked_op_name(), (is_causal, scale, gqa), ())
+
+
 def _traced_host_check(
     q: torch.Tensor, needs_grad: bool, dropout_p: float, lower_right: bool
 ) -> bool:
-    """True when a traced (``torch.compile``) direct call takes :func:`_checked_op`: a CPU
-    call without gradient, dropout or torch's lower-right bias, outside
-    :func:`attnkit._host.device_semantics`."""
+    """True when a traced (``torch.compile``) direct call takes a checked op
+    (:func:`checked_op_name`): a CPU call without gradient, dropout or torch's lower-right
+    bias, outside :func:`attnkit._host.device_semantics`."""
     return (
         not (needs_grad or lower_right or dropout_p > 0)
         and q.device.type == "cpu"
@@ -312,15 +341,36 @@ def _checked_call(
     would run as tensor operations: zeroed copies of q, k and v and their flags (about
     40 % of the kernel's time at (1, 8, 128, 64)). Run as one op, the call reads on the
     host again, as an eager call of a plain plan does: the kernel, then
-    :func:`kernel_followed_policy`; where it did not, the call is computed again by the
-    policy's path (:func:`call`). q (B, H, L, E), k and v (B, Hk, S, E or Ev);
-    returns out (B, H, L, Ev), a new row-major tensor.
+    :func:`_settle_call`. q (B, H, L, E), k and v (B, Hk, S, E or Ev); returns out
+    (B, H, L, Ev), a new row-major tensor. Where the compiled C++ ops load, the graph
+    runs ``attnkit::sdpa_settled`` instead (:func:`checked_op_name`), the same steps
+    without Python.
     """
     out = _sdpa(q, k, v, dropout_p=0.0, is_causal=is_causal, scale=scale, gqa=gqa)
-    if not kernel_followed_policy(out, q, k):
-        out, _ = call(q, k, v, attn_mask=None, is_causal=is_causal, dropout_p=0.0,
-                      scale=scale, gqa=gqa, want_lse=False)  # fmt: skip
     # row-major, as the fake kernel says: a compiled graph asserts its buffers' strides
+    return _settle_call(out.contiguous(), q, k, v, is_causal, scale, gqa)  # (B, H, L, Ev)
+
+
+def _settle_call(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    is_causal: bool,
+    scale: float,
+    gqa: bool,
+) -> torch.Tensor:
+    """The checked call's answer from torch's kernel output ``out`` (B, H, L, Ev),
+    row-major: ``out`` itself where :func:`kernel_followed_policy` shows the kernel gave
+    the policy's answer, else the call computed again by the policy's path
+    (:func:`call`), row-major. q (B, H, L, E), k and v (B, Hk, S, E or Ev).
+
+    Also the op ``attnkit::sdpa_settle``, which the C++ op ``attnkit::sdpa_settled``
+    calls when its own one-pass read does not settle the output (never in a graph)."""
+    if kernel_followed_policy(out, q, k):
+        return out
+    out, _ = call(q, k, v, attn_mask=None, is_causal=is_causal, dropout_p=0.0,
+                  scale=scale, gqa=gqa, want_lse=False)  # fmt: skip
     return out.contiguous()  # (B, H, L, Ev)
 
 
@@ -331,13 +381,54 @@ def _checked_fake(
     return q.new_empty(*q.shape[:-1], v.shape[-1])  # (B, H, L, Ev)
 
 
-# A plain library op (see attnkit.kernels._ops), reached from the dispatcher directly.
+def _settle_fake(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    is_causal: bool,
+    scale: float,
+    gqa: bool,
+) -> torch.Tensor:
+    """The shape of :func:`_settle_call`'s output: ``out``'s."""
+    return torch.empty_like(out)  # (B, H, L, Ev)
+
+
+# Plain library ops (see attnkit.kernels._ops), reached from the dispatcher directly.
 _checked_op = define_op(
     "sdpa_checked(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, bool gqa) -> Tensor",
     _checked_call,
     _checked_fake,
     dispatch_key="CPU",
 )
+_settle_op = define_op(
+    "sdpa_settle(Tensor out, Tensor q, Tensor k, Tensor v, bool is_causal, float scale, "
+    "bool gqa) -> Tensor",
+    _settle_call,
+    _settle_fake,
+    dispatch_key="CPU",
+)
+
+
+@_features.constant_under_compile
+def checked_op_name() -> str:
+    """The op of the ``attnkit`` namespace a compiled graph runs for a checked direct
+    call: ``"sdpa_settled"`` (C++, :mod:`attnkit.kernels._native_ops`, built here on
+    first use) where it loads, else ``"sdpa_checked"`` (:func:`_checked_call`). Both
+    take (q, k, v, is_causal, scale, gqa) and give the same numbers.
+
+    Asked while ``torch.compile`` traces a call: dynamo runs it as it stands, outside the
+    trace, and keeps its answer as a constant of the graph (no guard)."""
+    if not _native_ops.loaded():
+        return "sdpa_checked"
+    if not _SETTLED_FAKE:
+        torch.library.register_fake("attnkit::sdpa_settled", lib=LIBRARY)(_checked_fake)
+        _SETTLED_FAKE.append(True)
+    return "sdpa_settled"
+
+
+_SETTLED_FAKE: list[bool] = []
+"""Holds one entry once the C++ op's fake kernel is registered (once per process)."""
 
 
 def kernel_followed_policy(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> bool:
