@@ -379,8 +379,9 @@ def test_property_the_kernel_first_paths_give_the_policy_s_rows(
     paths = [("repeated call", runner(q, k, v)),
              ("compiled op", sdpa_run._checked_call(q, k, v, causal, scale, False))]  # fmt: skip
     if _native_ops.loaded():
-        settled = torch.ops.attnkit.sdpa_settled.default(q, k, v, causal, scale, False)
-        paths.append(("compiled C++ op", settled))
+        for flash in (False, True):
+            settled = torch.ops.attnkit.sdpa_settled.default(q, k, v, causal, scale, False, flash)
+            paths.append((f"compiled C++ op (flash={flash})", settled))
     for path, got in paths:
         what = f"{path}: {where} poisoned with {poison}"
         clean = ~used
@@ -458,7 +459,7 @@ def test_the_compiled_policy_op_matches_its_fake_kernel(poison: bool, native: bo
     if poison:
         q = q.clone()
         q[0, 1, 2, 0] = math.nan
-    args = (q, k, v, True, 0.7, True)
+    args: tuple[object, ...] = (q, k, v, True, 0.7, True) + ((False,) if native else ())
     torch.library.opcheck(op, args, test_utils=("test_faketensor",))
     out = op(*args)
     assert out.is_contiguous() and out.shape == (2, 4, 5, 2)

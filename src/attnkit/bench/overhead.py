@@ -27,6 +27,9 @@ Eight cases, each against torch's own equivalent on the same inputs:
   takes about 15 µs and what the compiled call adds around it (dynamo's guards over
   attnkit's Python, the policy's op) shows; same target.
 
+Each compiled case starts from a reset dynamo, so none is traced with the sizes another
+case left dynamic.
+
 Microsecond calls are timed in samples of many calls (``Sides.repeat``), the two
 sides interleaved sample by sample; on CUDA each sample ends with one device sync.
 """
@@ -192,6 +195,11 @@ def _compiled(device: str, check_finite: bool = True, tokens: int = 128) -> Call
         B, H, N, E = (1, 2, 32, 16) if quick else (1, 8, tokens, 64)
         q, k, v = _qkv(B, H, N, N, E, device, 14)
         mask = masks.causal()
+        # Every compiled case traces afresh: the cases share these functions' code, and
+        # dynamo, having seen them at L=128, would trace L=16 with dynamic sizes.
+        import torch._dynamo
+
+        torch._dynamo.reset()
 
         def ours_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return attnkit.attention(q, k, v, mask=mask, check_finite=check_finite)

@@ -2,15 +2,19 @@
 // loaded with torch.ops.load_library. Only what a compiled graph runs per call is here;
 // everything rare calls back into the Python ops of the same namespace.
 //
-// attnkit::sdpa_settled(q, k, v, is_causal, scale, gqa) -> out
+// attnkit::sdpa_settled(q, k, v, is_causal, scale, gqa, flash) -> out
 //   torch's SDPA on the CPU, then one read of its output: every value finite and no row
 //   all zeros shows that the kernel gave the non-finite policy's answer (the argument is
 //   in attnkit.backends.sdpa.run.kernel_followed_policy). Otherwise the Python op
 //   attnkit::sdpa_settle decides from the same output, and recomputes where it must.
-//   q (B, H, L, E), k (B, Hk, S, E), v (B, Hk, S, Ev); out (B, H, L, Ev), row-major.
+//   flash: torch's own choice for these inputs, asked when the graph was traced, is its
+//   CPU flash kernel, which is then called directly (as compiled SDPA does), without
+//   SDPA's choice per call. q (B, H, L, E), k (B, Hk, S, E), v (B, Hk, S, Ev);
+//   out (B, H, L, Ev), row-major.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <torch/library.h>
 
@@ -57,11 +61,16 @@ bool settled(const at::Tensor& out) {
 }
 
 at::Tensor sdpa_settled(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                        bool is_causal, double scale, bool gqa) {
+                        bool is_causal, double scale, bool gqa, bool flash) {
+    // (the choice was made for row-major inputs: SDPA's flash kernel wants unit last strides)
+    flash = flash && q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1;
     // row-major, as the op's fake kernel says: a compiled graph asserts its strides
-    at::Tensor out = at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, is_causal,
-                                                      scale, gqa)
-                         .contiguous();  // (B, H, L, Ev)
+    at::Tensor out =
+        (flash ? std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(
+                     q, k, v, 0.0, is_causal, std::nullopt, scale))
+               : at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, is_causal, scale,
+                                                  gqa))
+            .contiguous();  // (B, H, L, Ev)
     if (settled(out)) return out;
     static auto settle =
         c10::Dispatcher::singleton()
@@ -75,7 +84,7 @@ at::Tensor sdpa_settled(const at::Tensor& q, const at::Tensor& k, const at::Tens
 
 TORCH_LIBRARY_FRAGMENT(attnkit, m) {
     m.def("sdpa_settled(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, "
-          "bool gqa) -> Tensor");
+          "bool gqa, bool flash) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attnkit, CPU, m) { m.impl("sdpa_settled", sdpa_settled); }

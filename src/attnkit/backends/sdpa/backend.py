@@ -103,7 +103,7 @@ class SDPABackend(Backend):
         :func:`.run.traced_direct`)."""
         if not plan.is_direct(inputs) or inputs.needs_grad:
             return None
-        return traced_direct(inputs.device, **_direct_options(inputs))
+        return traced_direct(inputs.query, inputs.key, inputs.value, **_direct_options(inputs))
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:
         if self.tiles is not None and _tile_gradients(inputs, self.tiles):

@@ -215,8 +215,9 @@ def direct(
     ):
         return _sdpa(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale, gqa=gqa)
     if _traced_host_check(q, needs_grad, dropout_p, lower_right):
-        op = getattr(torch.ops.attnkit, checked_op_name()).default
-        return op(q, k, v, is_causal, scale, gqa)
+        if checked_op_name() == "sdpa_settled":  # SDPA chooses its kernel per call here
+            return torch.ops.attnkit.sdpa_settled.default(q, k, v, is_causal, scale, gqa, False)
+        return _checked_op(q, k, v, is_causal, scale, gqa)
     out, _ = call(q, k, v, attn_mask=None, is_causal=is_causal, dropout_p=dropout_p,
                   scale=scale, gqa=gqa, want_lse=False, lower_right=lower_right,
                   assume_finite=assume_finite)  # fmt: skip
@@ -294,7 +295,9 @@ def direct_runner(
 
 
 def traced_direct(
-    device: torch.device,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
     *,
     is_causal: bool,
     lower_right: bool,
@@ -303,19 +306,43 @@ def traced_direct(
     gqa: bool,
     assume_finite: bool = False,
 ) -> tuple[str, str, tuple[object, ...], tuple[tuple[str, object], ...]] | None:
-    """The one op :func:`direct` is when ``torch.compile`` traces it for inputs on
-    ``device`` that need no gradient, as (namespace, name, args, keyword items) after
-    (q, k, v) (see :meth:`attnkit.backends.base.Backend.traced_call`); None where the
-    trace holds more than one op (torch's lower-right bias, dropout, another device
-    than the CPU, :func:`attnkit._host.device_semantics`). Decided at trace time, with
-    no tensor read: ``assume_finite`` gives torch's SDPA op, else the checked op of
-    :func:`checked_op_name`."""
-    if lower_right or dropout_p > 0 or device.type != "cpu" or strict():
+    """The one op :func:`direct` is when ``torch.compile`` traces it for inputs like q
+    (B, H, L, E), k and v (B, Hk, S, E) that need no gradient (their values are not
+    read), as (namespace, name, args, keyword items) after (q, k, v) (see
+    :meth:`attnkit.backends.base.Backend.traced_call`); None where the trace holds more
+    than one op (torch's lower-right bias, dropout, another device than the CPU,
+    :func:`attnkit._host.device_semantics`). Decided at trace time: ``assume_finite``
+    gives torch's SDPA op, else the checked op of :func:`checked_op_name`; the C++ one is
+    told whether SDPA would choose its CPU flash kernel for such inputs, as compiled
+    SDPA decides at trace time, and then calls it directly."""
+    if lower_right or dropout_p > 0 or q.device.type != "cpu" or strict():
         return None
     if assume_finite:
         keywords = (("scale", scale), ("enable_gqa", True)) if gqa else (("scale", scale),)
         return ("aten", "scaled_dot_product_attention", (None, 0.0, is_causal), keywords)
-    return ("attnkit", checked_op_name(), (is_causal, scale, gqa), ())
+    name = checked_op_name()
+    if name != "sdpa_settled":
+        return ("attnkit", name, (is_causal, scale, gqa), ())
+    return (
+        "attnkit",
+        name,
+        (is_causal, scale, gqa, _chooses_flash(q, k, v, is_causal, scale, gqa)),
+        (),
+    )
+
+
+def _chooses_flash(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float, gqa: bool
+) -> bool:
+    """Whether torch's SDPA would run its CPU flash kernel for inputs like these (shapes,
+    dtypes and torch's kernel switches; no value is read), asked of torch itself; never
+    for grouped heads, which SDPA prepares before its kernel."""
+    from torch.nn.attention import SDPBackend
+
+    if gqa:
+        return False
+    choice = torch.ops.aten._fused_sdp_choice(q, k, v, None, 0.0, is_causal, scale=scale)
+    return bool(choice == SDPBackend.FLASH_ATTENTION.value)
 
 
 def _traced_host_check(
@@ -381,6 +408,19 @@ def _checked_fake(
     return q.new_empty(*q.shape[:-1], v.shape[-1])  # (B, H, L, Ev)
 
 
+def _settled_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    is_causal: bool,
+    scale: float,
+    gqa: bool,
+    flash: bool,
+) -> torch.Tensor:
+    """The shape of the C++ op ``attnkit::sdpa_settled``'s output: (B, H, L, Ev)."""
+    return q.new_empty(*q.shape[:-1], v.shape[-1])  # (B, H, L, Ev)
+
+
 def _settle_fake(
     out: torch.Tensor,
     q: torch.Tensor,
@@ -415,14 +455,15 @@ def checked_op_name() -> str:
     """The op of the ``attnkit`` namespace a compiled graph runs for a checked direct
     call: ``"sdpa_settled"`` (C++, :mod:`attnkit.kernels._native_ops`, built here on
     first use) where it loads, else ``"sdpa_checked"`` (:func:`_checked_call`). Both
-    take (q, k, v, is_causal, scale, gqa) and give the same numbers.
+    take (q, k, v, is_causal, scale, gqa), the C++ one also ``flash`` (see
+    :func:`traced_direct`), and they give the same numbers.
 
     Asked while ``torch.compile`` traces a call: dynamo runs it as it stands, outside the
     trace, and keeps its answer as a constant of the graph (no guard)."""
     if not _native_ops.loaded():
         return "sdpa_checked"
     if not _SETTLED_FAKE:
-        torch.library.register_fake("attnkit::sdpa_settled", lib=LIBRARY)(_checked_fake)
+        torch.library.register_fake("attnkit::sdpa_settled", lib=LIBRARY)(_settled_fake)
         _SETTLED_FAKE.append(True)
     return "sdpa_settled"
 
