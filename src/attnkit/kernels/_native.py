@@ -58,6 +58,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -224,35 +225,54 @@ def _try_build() -> tuple[ctypes.CDLL | None, str]:
     cc = _compiler()
     if cc is None:
         return None, "pure torch: no C compiler found ($CC, cc, gcc, clang)"
+    built, why = build_first("the C kernel", cc, _flag_sets(), source(), _lib_path, ".c", ["-lm"])
+    if built is None:
+        return None, f"pure torch: {why}"
+    lib, why = _load(built[0])
+    if lib is None:
+        return None, why
+    simd = ("scalar", "AVX2+FMA", "AVX2+FMA, AVX-512")[lib.ak_simd_level()]
+    return lib, f"compiled C kernel ({simd}, {' '.join(built[1][4:]) or 'no extra flags'})"
+
+
+def build_first(
+    what: str,
+    compiler: str,
+    flag_sets: list[list[str]],
+    code: str,
+    lib_path: Callable[[Path, str, list[str], str], Path],
+    suffix: str,
+    link: list[str],
+) -> tuple[tuple[Path, list[str]] | None, str]:
+    """The first library built from ``code`` (a file ending in ``suffix``) with one of
+    ``flag_sets`` in turn, in the private cache: (its path, its flags), taken as it is
+    where a build already lies at ``lib_path(folder, compiler, flags, code)``; or None
+    and why (no private cache, every build of ``what`` failed, the compiler's time ran
+    out). Shared by the C loops here and the C++ ops (:mod:`attnkit.kernels._native_ops`)."""
     try:
         folder = cache_dir()
     except RuntimeError as exc:
-        return None, f"pure torch: {exc}"
+        return None, str(exc)
     unsafe = _private_dir(folder)
     if unsafe is not None:
-        return None, f"pure torch: {unsafe}"
+        return None, unsafe
     _remove_stale(folder)
-    code = source()
     deadline = time.monotonic() + _timeout()
     errors: list[str] = []
-    for flags in _flag_sets():
-        lib_path = _lib_path(folder, cc, flags, code)
-        if not lib_path.exists():
+    for flags in flag_sets:
+        path = lib_path(folder, compiler, flags, code)
+        if not path.exists():
             left = deadline - time.monotonic()
             if left <= 0:
                 errors.append(f"the compiler took longer than {_timeout():.0f} s in all")
                 break
-            err = _compile(cc, flags, code, folder, lib_path, left)
+            err = _compile([compiler, *flags], code, folder, path, left, suffix, link)
             if err is not None:
                 errors.append(err)
                 continue
-        lib, why = _load(lib_path)
-        if lib is None:
-            return None, why
-        simd = ("scalar", "AVX2+FMA", "AVX2+FMA, AVX-512")[lib.ak_simd_level()]
-        return lib, f"compiled C kernel ({simd}, {' '.join(flags[4:]) or 'no extra flags'})"
+        return (path, flags), ""
     last = errors[-1] if errors else "unknown error"
-    return None, f"pure torch: building the C kernel failed ({last})"
+    return None, f"building {what} failed ({last})"
 
 
 def _lib_path(folder: Path, cc: str, flags: list[str], code: str) -> Path:
@@ -276,11 +296,19 @@ def planned_paths() -> list[Path]:
 
 
 def _compile(
-    cc: str, flags: list[str], code: str, folder: Path, lib_path: Path, timeout: float
+    command: list[str],
+    code: str,
+    folder: Path,
+    lib_path: Path,
+    timeout: float,
+    suffix: str = ".c",
+    link: list[str] | None = None,
 ) -> str | None:
-    """Build ``lib_path`` through temporary files renamed into place; the error, or None."""
+    """Build ``lib_path`` with ``command`` (the compiler and its flags) from ``code``,
+    through temporary files renamed into place (the source ending in ``suffix``,
+    ``link`` after it); the error, or None."""
     with tempfile.NamedTemporaryFile(
-        "w", dir=folder, suffix=".tmp.c", delete=False, encoding="utf-8"
+        "w", dir=folder, suffix=".tmp" + suffix, delete=False, encoding="utf-8"
     ) as src_file:
         src_file.write(code)
     src = Path(src_file.name)
@@ -288,7 +316,9 @@ def _compile(
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        returncode, stderr = _run_bounded([cc, *flags, str(src), "-o", str(tmp), "-lm"], timeout)
+        returncode, stderr = _run_bounded(
+            [*command, str(src), "-o", str(tmp), *(link or [])], timeout
+        )
         if returncode is None:
             return f"the compiler took longer than {timeout:.0f} s"
         if returncode != 0:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -462,14 +463,16 @@ def checked_op_name() -> str:
     trace, and keeps its answer as a constant of the graph (no guard)."""
     if not _native_ops.loaded():
         return "sdpa_checked"
-    if not _SETTLED_FAKE:
-        torch.library.register_fake("attnkit::sdpa_settled", lib=LIBRARY)(_settled_fake)
-        _SETTLED_FAKE.append(True)
+    with _SETTLED_FAKE_LOCK:  # (threads may trace at once)
+        if not _SETTLED_FAKE:
+            torch.library.register_fake("attnkit::sdpa_settled", lib=LIBRARY)(_settled_fake)
+            _SETTLED_FAKE.append(True)
     return "sdpa_settled"
 
 
 _SETTLED_FAKE: list[bool] = []
 """Holds one entry once the C++ op's fake kernel is registered (once per process)."""
+_SETTLED_FAKE_LOCK = threading.Lock()
 
 
 def kernel_followed_policy(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> bool:
