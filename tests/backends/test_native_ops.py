@@ -4,7 +4,9 @@ where the cache is not private; and where they cannot be built, the Python op gi
 same numbers.
 
 Loading a library of torch ops cannot be undone in a process, so each case runs in a
-fresh interpreter with a cache folder of its own.
+fresh interpreter with a cache folder of its own, and builds there (about 10 s): these
+run under ``slow``. The default run builds the ops once, into the user's cache, through
+the compiled calls of ``tests/integration/test_compile_traced_calls.py``.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def _compiler_or_skip() -> None:
         pytest.skip("no C++ compiler")
 
 
+@pytest.mark.slow
 def test_the_first_trace_builds_the_ops_privately_and_eager_calls_never_do(tmp_path: Path) -> None:
     """Eager calls leave the ops unbuilt; the first compiled checked call builds them into
     the private cache (mode 0700, no temporary file left) and runs the C++ op, with the
