@@ -24,25 +24,28 @@ class _State(threading.local):
         self.strict = False
 
 
-_STATE = _State()
+THREAD = _State()
+"""This thread's host-read setting: ``THREAD.strict`` is :func:`strict`'s answer. Read
+the field directly only where a call of :func:`strict` costs (a compiled call's guards:
+dynamo guards each function it inlines); only :func:`device_semantics` sets it."""
 
 
 def readable(t: torch.Tensor) -> bool:
     """True when ``t``'s values may be read on the host without a device sync."""
-    return t.device.type == "cpu" and not _STATE.strict and not torch.compiler.is_compiling()
+    return t.device.type == "cpu" and not THREAD.strict and not torch.compiler.is_compiling()
 
 
 def strict() -> bool:
     """True inside :func:`device_semantics` (in this thread)."""
-    return _STATE.strict
+    return THREAD.strict
 
 
 @contextmanager
 def device_semantics() -> Iterator[None]:
     """Inside the block (this thread), treat every tensor as an accelerator's: no host reads."""
-    old = _STATE.strict
-    _STATE.strict = True
+    old = THREAD.strict
+    THREAD.strict = True
     try:
         yield
     finally:
-        _STATE.strict = old
+        THREAD.strict = old

@@ -117,19 +117,23 @@ RULES: list[PreferenceRule] = [
 
 
 class _PerThread(threading.local):
-    """use_backend() choices of one thread, innermost last (every thread starts empty)."""
+    """The innermost use_backend() choice of one thread (every thread starts with none):
+    one value, not a stack of them, so that a compiled call guards on one attribute."""
 
     def __init__(self) -> None:
-        self.stack: list[tuple[str, ...]] = []
+        self.forced: tuple[str, ...] | None = None
 
 
-_LOCAL = _PerThread()
+THREAD = _PerThread()
+"""This thread's backend choice: ``THREAD.forced`` is :func:`forced_backends`' answer.
+Read the field directly only where a call of :func:`forced_backends` costs (a compiled
+call's guards: dynamo guards each function it inlines); only :func:`use_backend` sets
+it."""
 
 
 def forced_backends() -> tuple[str, ...] | None:
     """The names forced by the innermost :func:`use_backend` of this thread, or None."""
-    stack = _LOCAL.stack
-    return stack[-1] if stack else None
+    return THREAD.forced
 
 
 class BackendNotSupportedError(ValueError):
@@ -395,12 +399,12 @@ def use_backend(*names: str | Sequence[str]) -> Iterator[None]:
         else:
             flat.append(n)  # type: ignore[arg-type]
     chosen = _check_names(flat, "use_backend")
-    stack = _LOCAL.stack
-    stack.append(chosen)
+    outer = THREAD.forced
+    THREAD.forced = chosen
     try:
         yield
     finally:
-        stack.pop()
+        THREAD.forced = outer
 
 
 _CHUNKED = ChunkedBackend()
