@@ -33,11 +33,13 @@ from typing import Any
 import torch
 
 from . import masks as _masks
+from ._host import THREAD as _HOST_READS
 from ._host import strict
 from ._inputs import SCALE_READ_ABOVE, AttentionInputs, validate_inputs
 from ._torch_features import INSTALLED, TRACED_ONE_OP_FLOOR, constant_under_compile
 from .backends import dispatch
 from .backends.base import Backend, PlainRunner, TracedCall
+from .backends.dispatch import THREAD as _BACKEND_CHOICE
 from .backends.dispatch import forced_backends
 from .masks import Mask
 
@@ -187,9 +189,6 @@ def remember(key: tuple[object, ...], inputs: AttentionInputs, backend: Backend)
     )
 
 
-_TRACES_ONE_OP = INSTALLED.release >= TRACED_ONE_OP_FLOOR
-"""Whether this torch traces plain calls as one op (see :data:`TRACED_ONE_OP_FLOOR`)."""
-
 _GENERATION = 0
 """How many times the backend registry changed: part of a traced call's key, so a
 compiled graph whose op was chosen from another registry is traced again."""
@@ -204,7 +203,7 @@ dispatch.on_registry_change(_PLANS.clear)
 dispatch.on_registry_change(_next_generation)
 
 
-def traced_call(
+def _traced_call(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -224,12 +223,11 @@ def traced_call(
     The call's key is gathered in the trace, as little as it can be: the tensors' types,
     layouts, shapes, dtypes, devices and grad flags (which the tensors' own guards hold
     already), the other arguments (constants of the caller's code, or one guard each),
-    the mask's static key, the ``use_backend`` choice, :func:`attnkit._host.strict` and
+    the mask's static key, the ``use_backend`` choice, :func:`attnkit._host.strict` (both
+    read as the fields of their thread's record: a function called costs a guard more) and
     the registry's generation. The op is chosen from the key by :func:`_traced_route`,
     at trace time and outside the trace: what it reads gets no guard.
     """
-    if not _TRACES_ONE_OP:
-        return None
     mask_key = None
     if mask is not None:
         if not isinstance(mask, Mask):
@@ -247,21 +245,56 @@ def traced_call(
             if max(size, 0) is not size:
                 return None
     route = _traced_route(
-        (type(query), type(key), type(value)),
+        (query.__class__, key.__class__, value.__class__),
         (query.layout, key.layout, value.layout),
         shapes,
         (query.dtype, key.dtype, value.dtype),
         (query.device, key.device, value.device),
         (query.requires_grad, key.requires_grad, value.requires_grad),
         (score, mask_key, scale, dropout_p, backend, check_finite),
-        (forced_backends(), strict(), _GENERATION),
+        (_BACKEND_CHOICE.forced, _HOST_READS.strict, _GENERATION),
     )
     if route is None:
         return None
+    return _run_route(query, key, value, route)
+
+
+def _full_path_only(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    score: object,
+    mask: object,
+    scale: object,
+    dropout_p: object,
+    backend: object,
+    check_finite: object,
+) -> torch.Tensor | None:
+    """None: below :data:`attnkit._torch_features.TRACED_ONE_OP_FLOOR`, every traced call
+    takes the full path."""
+    return None
+
+
+traced_call = _traced_call if INSTALLED.release >= TRACED_ONE_OP_FLOOR else _full_path_only
+"""A call of :func:`attnkit.attention` (output only, no mods) inside ``torch.compile``,
+as the one op its backend traces to, or None for the full path (see
+:func:`_traced_call`). Chosen once, at import, for this torch: a flag read in the trace
+would cost every compiled call a guard."""
+
+
+def _run_route(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, route: TracedCall
+) -> torch.Tensor:
+    """Run the op ``route`` names (namespace, name, args, keyword items) on q, k and v.
+
+    Marked for dynamo as :func:`torch.compiler.allow_in_graph` (by :func:`_traced_route`,
+    which runs first): dynamo puts this call into the graph as it is, with the route as
+    a constant, and the op is found when the graph is traced further. Found by dynamo
+    itself, each attribute of ``torch.ops.<namespace>.<name>`` would cost the compiled
+    call a guard."""
     namespace, name, args, keywords = route
     op = getattr(getattr(torch.ops, namespace), name).default
-    # (a dict built here: dynamo cannot guard a dict it was given as a constant)
-    return op(query, key, value, *args, **{n: val for n, val in keywords})
+    return op(query, key, value, *args, **dict(keywords))
 
 
 @constant_under_compile
@@ -283,7 +316,8 @@ def _traced_route(
     key names, and asks the chosen backend (:meth:`Backend.traced_call`). Anything else,
     an error included, is None: the full path then traces the call (and raises the error
     there). ``state`` (the ``use_backend`` choice, :func:`attnkit._host.strict`, the
-    registry's generation) is in the key to be guarded; dispatch reads it itself."""
+    registry's generation) is in the key to be guarded; dispatch reads it itself. Before
+    it answers a route, it marks :func:`_run_route` for dynamo, which then traces it."""
     del state
     score, mask_key, scale, dropout_p, backend, check_finite = arguments
     if (
@@ -312,6 +346,15 @@ def _traced_route(
             inputs,
             dispatch.normalize_backend_arg(backend),  # type: ignore[arg-type]
         )
-        return chosen.traced_call(inputs)
+        route = chosen.traced_call(inputs)
     except Exception:  # the full path raises it, from the trace
         return None
+    if route is not None and not _RUN_ROUTE_IN_GRAPH:
+        # (dynamo is loaded by now; marked here, the import of attnkit does not load it)
+        torch.compiler.allow_in_graph(_run_route)
+        _RUN_ROUTE_IN_GRAPH.append(True)
+    return route
+
+
+_RUN_ROUTE_IN_GRAPH: list[bool] = []
+"""Holds one entry once :func:`_run_route` is marked for dynamo (once per process)."""

@@ -171,17 +171,26 @@ def require(key: str) -> None:
 _COMPILES = available("compile")
 
 
-def check_compiling() -> None:
-    """Under ``torch.compile`` on a torch below the compile floor, raise
-    :class:`FeatureUnavailableError` (dynamo reports it with the line); otherwise return.
-
-    Called first by :func:`attnkit.attention`, by every layer's ``forward`` and by the
-    transformers integration's mask function, so a compiled model refuses at the first
-    attnkit call it traces. On a torch at or above
-    the floor it reads one module constant.
-    """
-    if not _COMPILES and torch.compiler.is_compiling():
+def _refuse_compiling() -> None:
+    """Under ``torch.compile`` (on a torch below the compile floor), raise
+    :class:`FeatureUnavailableError`; otherwise return."""
+    if torch.compiler.is_compiling():
         require("compile")
+
+
+def _compiles() -> None:
+    """Return: this torch is at or above the compile floor."""
+
+
+check_compiling: Callable[[], None] = _compiles if _COMPILES else _refuse_compiling
+"""Under ``torch.compile`` on a torch below the compile floor, raise
+:class:`FeatureUnavailableError` (dynamo reports it with the line); otherwise return.
+
+Called by :func:`attnkit.attention` before any tensor work (a traced plain call, which
+only a torch above the floor makes, skips it), by every layer's ``forward`` and by the
+transformers integration's mask function, so a compiled model refuses at the first
+attnkit call it traces. Chosen once, at import: on a torch at or above the floor it is
+a function that does nothing, so a compiled call guards on nothing of this module."""
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])

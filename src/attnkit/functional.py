@@ -160,7 +160,6 @@ def attention(
         attnkit.FeatureUnavailableError: under ``torch.compile`` on a torch older than
             the compile floor (:mod:`attnkit._torch_features`), with one line naming it.
     """
-    check_compiling()
     if is_causal is not False or attn_mask is not None or enable_gqa is not None or unexpected:
         mask = _sdpa_keywords(
             "attention", query, key, mask, is_causal, attn_mask, enable_gqa, unexpected
@@ -173,7 +172,7 @@ def attention(
             traced = traced_call(
                 query, key, value, score, mask, scale, dropout_p, backend, check_finite
             )
-            if traced is not None:
+            if traced is not None:  # (only on a torch that compiles attention())
                 return traced
         plan_key = _plans.plan_key(
             query, key, value, score, mask, scale, dropout_p, backend, check_finite
@@ -185,6 +184,7 @@ def attention(
                     return plan.runner(query, key, value)
                 run = plan.inputs(query, key, value, mask)  # type: ignore[arg-type]
                 return plan.backend.forward(run).output
+    check_compiling()  # (before any tensor work; not on the traced path, which guards less)
     inputs = validate_inputs(
         query,
         key,

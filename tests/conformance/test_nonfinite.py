@@ -37,6 +37,7 @@ from attnkit._host import device_semantics
 from attnkit.kernels import _native_ops
 
 from cases import MASKS, SCORES, make_score, mask_to, matrix_backends, refused
+from compiled_graphs import aten_graph_code
 from nonfinite_cases import (
     FIXED_MASKS,
     B,
@@ -403,16 +404,12 @@ def test_a_traced_causal_call_without_gradient_is_one_host_checked_op() -> None:
     def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return attnkit.attention(q, k, v, mask=masks.causal(), backend="sdpa")
 
-    def graph_code(*inputs: torch.Tensor) -> str:
-        torch._dynamo.reset()
-        return "".join(g.code for g in torch._dynamo.explain(call)(*inputs).graphs)
-
     from attnkit.backends.sdpa import run as sdpa_run
 
     name = sdpa_run.checked_op_name()  # the C++ op where it builds, else the Python one
     assert name == ("sdpa_settled" if _native_ops.loaded() else "sdpa_checked")
-    assert f"attnkit.{name}" in graph_code(q, k, v)
-    with_grad = graph_code(q.requires_grad_(), k, v)
+    assert f"attnkit.{name}" in aten_graph_code(call, q, k, v)
+    with_grad = aten_graph_code(call, q.requires_grad_(), k, v)
     assert "sdpa_checked" not in with_grad and "sdpa_settled" not in with_grad
 
 
