@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -126,3 +129,57 @@ def test_a_band_comes_back_from_its_static_key(mask: masks.Mask) -> None:
                        mask.dense(5, 7, (), torch.device("cpu")).keep)  # fmt: skip
     with pytest.raises(TypeError, match="no static key"):
         masks.Mask.from_static_key(key)
+
+
+@pytest.mark.parametrize(
+    ("factory", "cls", "args", "kwargs"),
+    [
+        (masks.causal, masks.CausalMask, (), {}),
+        (masks.causal, masks.CausalMask, ("bottom_right",), {"q_offset": -3, "k_offset": 7}),
+        (masks.window, masks.WindowMask, (None, 2), {}),
+        (masks.window, masks.WindowMask, (4, None, "bottom_right"), {"q_offset": 2}),
+        (masks.window, masks.WindowMask, (0, 0), {"k_offset": 2**60}),
+    ],
+)
+def test_a_band_built_without_its_checks_is_the_constructor_s(
+    factory: Any, cls: Any, args: tuple[object, ...], kwargs: dict[str, object]
+) -> None:
+    """The factories build a band of plain ints without the constructor's checks
+    (:func:`attnkit.masks.bands.plain_band`): the mask holds exactly what the
+    constructor would set."""
+    got = factory(*args, **kwargs)
+    want = cls(*args, **kwargs)
+    assert type(got) is cls and vars(got) == vars(want)
+
+
+@pytest.mark.parametrize(
+    ("left", "right", "align", "q_offset"),
+    [
+        (True, 0, "top_left", 0),  # a bool is no int
+        (-1, 0, "top_left", 0),  # below the range
+        (np.int64(2), 0, "top_left", 0),  # an int the constructor converts
+        (None, 0, "middle", 0),  # no align name
+        (None, 0, "top_left", torch.tensor(3)),  # a tensor offset is data
+        (None, 0, "top_left", 2**61),  # beyond MAX_POSITION
+    ],
+)
+def test_a_band_of_other_arguments_goes_through_the_checks(
+    left: Any, right: Any, align: Any, q_offset: Any
+) -> None:
+    """Anything but plain ints in range and an align name takes the constructor: its
+    conversion or its error, word for word."""
+    from attnkit.masks.bands import plain_band
+
+    assert plain_band(masks.WindowMask, left, right, align, q_offset, 0) is None
+    try:
+        want = masks.WindowMask(left, right, align, q_offset=q_offset)
+    except (TypeError, ValueError) as exc:
+        with pytest.raises(type(exc), match=re.escape(str(exc))):
+            masks.window(left, right, align, q_offset=q_offset)
+        return
+    got = masks.window(left, right, align, q_offset=q_offset)
+    assert type(got) is type(want)
+    assert {n: v for n, v in vars(got).items() if n != "q_offset"} == {
+        n: v for n, v in vars(want).items() if n != "q_offset"
+    }
+    assert torch.equal(torch.as_tensor(got.q_offset), torch.as_tensor(want.q_offset))

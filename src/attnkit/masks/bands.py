@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 
-from .._args import as_int, as_int_tensor
+from .._args import MAX_POSITION, as_int, as_int_tensor
 from .._host import readable
 from ..blockplan.atoms import DNF, Band, KeyRange, RowRange
 from .base import DenseMask, Mask, shape_str
@@ -178,6 +178,38 @@ class WindowMask(Mask):
         return (type(self), self.left, self.right, self.align, off)
 
 
+_W = TypeVar("_W", bound=WindowMask)
+
+
+def plain_band(
+    cls: type[_W], left: object, right: object, align: object, q_offset: object, k_offset: object
+) -> _W | None:
+    """The band ``cls(...)`` makes of these arguments, built without its constructor's
+    checks, when every argument already is what they would make of it: each side None or
+    an int in [0, MAX_POSITION], an align name, each offset an int within
+    ±MAX_POSITION. None otherwise, and the caller runs the constructor, which checks
+    them and raises.
+
+    The factories take this path first: a compiled call that builds its mask in its
+    graph (``masks.causal()`` in a model's forward) traces no helper of the checks,
+    each a guard on every call. The mask holds what the constructor sets, as
+    ``tests/unit/test_masks.py`` checks."""
+    if not (
+        (left is None or (type(left) is int and 0 <= left <= MAX_POSITION))
+        and (right is None or (type(right) is int and 0 <= right <= MAX_POSITION))
+        and (align == "top_left" or align == "bottom_right")
+        and type(q_offset) is int
+        and -MAX_POSITION <= q_offset <= MAX_POSITION
+        and type(k_offset) is int
+        and -MAX_POSITION <= k_offset <= MAX_POSITION
+    ):
+        return None
+    band = object.__new__(cls)
+    band.left, band.right, band.align = left, right, align
+    band.q_offset, band.k_offset = q_offset, k_offset
+    return band
+
+
 class CausalMask(WindowMask):
     """Causal: query ``i`` keeps keys ``j <= i`` (``j <= i + S - L`` when bottom_right).
 
@@ -288,3 +320,128 @@ class PrefixLMMask(Mask):
 
     def signature(self, L: int, S: int) -> tuple[object, ...]:
         return (*super().signature(L, S), self.causal.signature(L, S), self.k_shift)
+
+
+# ------------------------------------------------------------------ constructors
+
+
+def causal(align: Align = "top_left", *, q_offset: Offset = 0, k_offset: Offset = 0) -> CausalMask:
+    """Causal mask; ``align`` is ``"top_left"`` (SDPA, Keras) or ``"bottom_right"``.
+
+    ``q_offset``/``k_offset``: global positions of the first query row and key column
+    (for a block of a longer sequence); query at position p sees keys at positions <= p.
+    Each is an int or a 0-d integer tensor (data: a compiled model keeps one graph while
+    it changes, e.g. decoding against a static KV cache).
+
+    Args:
+        align: ``"top_left"`` (default; SDPA's ``is_causal``, Keras): query ``i`` keeps
+            keys ``j <= i``. ``"bottom_right"`` (FlashAttention, a KV cache): the last
+            query is aligned with the last key, query ``i`` keeps ``j <= i + S - L``.
+        q_offset: global position of query row 0 (default 0).
+        k_offset: global position of key column 0 (default 0).
+
+    Returns:
+        A :class:`CausalMask`, kept symbolic (kernels skip the blocks above the
+        diagonal). A row that keeps no key (with ``"bottom_right"`` and L > S, the
+        first L - S rows) gives output 0, weights 0 and lse -inf.
+
+    Raises:
+        ValueError: ``align`` is neither name, or an offset tensor has more than one
+            element.
+        TypeError: an offset is not an int or an integer tensor.
+
+    Examples:
+        >>> from attnkit import masks
+        >>> masks.causal("bottom_right").to_dense(2, 4).int()   # L=2 new queries, S=4
+        tensor([[1, 1, 1, 0],
+                [1, 1, 1, 1]], dtype=torch.int32)
+    """
+    plain = plain_band(CausalMask, None, 0, align, q_offset, k_offset)
+    if plain is not None:
+        return plain
+    return CausalMask(align, q_offset=q_offset, k_offset=k_offset)
+
+
+def window(
+    left: int | None,
+    right: int | None = 0,
+    align: Align = "top_left",
+    *,
+    q_offset: Offset = 0,
+    k_offset: Offset = 0,
+) -> WindowMask:
+    """Sliding window: query i keeps keys i-left .. i+right inclusive (None = unbounded).
+
+    ``q_offset``/``k_offset``: global positions of the first query row and key column,
+    ints or 0-d integer tensors (as for :func:`causal`).
+
+    Args:
+        left: how many keys before the query's own position it keeps, an int >= 0, or
+            None (unbounded).
+        right: how many keys after it, an int >= 0 or None (unbounded); default 0, so
+            ``window(left)`` is a causal sliding window of ``left + 1`` keys.
+        align: ``"top_left"`` (default) or ``"bottom_right"`` (the query index is
+            shifted by ``S - L``), as for :func:`causal`.
+        q_offset: global position of query row 0 (default 0).
+        k_offset: global position of key column 0 (default 0).
+
+    Returns:
+        A :class:`WindowMask`, kept symbolic (kernels skip the blocks outside the
+        band). A row that keeps no key gives output 0, weights 0 and lse -inf.
+
+    Raises:
+        TypeError, ValueError: ``left`` or ``right`` is not None or an int >= 0,
+            ``align`` is neither name, or an offset is not an int or a one-element
+            integer tensor.
+
+    Examples:
+        >>> from attnkit import masks
+        >>> masks.window(1).to_dense(4, 4).int()               # keys i-1 .. i
+        tensor([[1, 0, 0, 0],
+                [1, 1, 0, 0],
+                [0, 1, 1, 0],
+                [0, 0, 1, 1]], dtype=torch.int32)
+    """
+    plain = plain_band(WindowMask, left, right, align, q_offset, k_offset)
+    if plain is not None:
+        return plain
+    return WindowMask(left, right, align, q_offset=q_offset, k_offset=k_offset)
+
+
+def prefix_lm(
+    prefix: int | torch.Tensor | Sequence[int],
+    align: Align = "top_left",
+    *,
+    q_offset: int = 0,
+    k_offset: int = 0,
+) -> PrefixLMMask:
+    """Prefix LM: keys ``j < prefix`` are seen by every query (a bidirectional prefix),
+    and key ``j`` by query ``i`` when ``j <= i`` (causal). ``prefix``: an int or a (B,)
+    tensor of per-batch lengths; ``align`` and the offsets as for :func:`causal`.
+
+    Args:
+        prefix: the prefix length, an int >= 0 for every batch element, or a (B,)
+            integer tensor (or list) of per-batch lengths, B the query's first leading
+            dim.
+        align: ``"top_left"`` (default) or ``"bottom_right"``: where the causal part
+            sits when L != S, as for :func:`causal`.
+        q_offset: keyword-only int, global position of query row 0 (default 0).
+        k_offset: keyword-only int, global position of key column 0 (default 0).
+
+    Returns:
+        A :class:`PrefixLMMask` (the prefix OR the causal band), kept symbolic.
+
+    Raises:
+        TypeError, ValueError: ``prefix`` is not an int >= 0 or a (B,) integer tensor
+            of lengths >= 0, ``align`` is neither name, or an offset is not an int;
+            when the mask is used, B lengths for a call whose batch is not B.
+
+    Examples:
+        >>> from attnkit import masks
+        >>> masks.prefix_lm(2).to_dense(4, 4).int()
+        tensor([[1, 1, 0, 0],
+                [1, 1, 0, 0],
+                [1, 1, 1, 0],
+                [1, 1, 1, 1]], dtype=torch.int32)
+    """
+    return PrefixLMMask(prefix, align, q_offset=q_offset, k_offset=k_offset)

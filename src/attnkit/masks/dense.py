@@ -95,3 +95,165 @@ class BiasMask(Mask):
 
     def dense_tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.tensor,)
+
+
+# ------------------------------------------------------------------ constructors
+
+
+def keep(tensor: torch.Tensor) -> KeepMask:
+    """Boolean mask with attnkit's polarity: True = may attend. Shape (..., L, S).
+
+    The polarity of SDPA's bool ``attn_mask`` (``attn_mask=b`` is ``mask=masks.keep(b)``)
+    and the opposite of ``torch.nn.MultiheadAttention``'s (use :func:`block` for that).
+
+    Args:
+        tensor: bool, True = query ``i`` may attend to key ``j``; shape (..., L, S),
+            broadcastable to the call's (*batch, L, S) without growing it: any dim
+            may be 1 and leading dims may be left out, so (L, S) is one mask for every
+            batch element and head, (B, 1, L, S) one per batch element, and (S,) one
+            key mask for every query row. A shape that does not broadcast raises
+            ValueError when the mask is used.
+
+    Returns:
+        A :class:`KeepMask`. A query row that keeps no key gives output 0, weights 0
+        and lse -inf (no NaN).
+
+    Raises:
+        TypeError: ``tensor`` is not a torch.Tensor, or not bool (for 0/1 masks use
+            :func:`tf`, for additive floats :func:`bias`).
+        ValueError: ``tensor`` is 0-d.
+
+    Examples:
+        >>> import torch, attnkit
+        >>> from attnkit import masks
+        >>> q = k = v = torch.randn(2, 4, 3, 8)                 # (B, H, L, E)
+        >>> keep = torch.tensor([[True, False, False],
+        ...                      [False, False, False],        # row 1 keeps no key
+        ...                      [True, True, True]])
+        >>> out = attnkit.attention(q, k, v, mask=masks.keep(keep))
+        >>> out[..., 1, :].abs().sum()
+        tensor(0.)
+    """
+    if isinstance(tensor, torch.Tensor) and tensor.dtype != torch.bool:
+        raise TypeError(
+            f"masks.keep: expected a bool tensor (True = may attend), got dtype {tensor.dtype}; "
+            "for 0/1 TensorFlow masks use masks.tf, for additive floats masks.bias"
+        )
+    return KeepMask(tensor, source="keep")
+
+
+def block(tensor: torch.Tensor) -> KeepMask:
+    """Boolean mask with torch MHA's polarity: True = masked (may NOT attend).
+
+    The polarity of ``torch.nn.MultiheadAttention``'s bool ``attn_mask`` (True = not
+    allowed to attend); ``masks.block(t)`` is ``masks.keep(~t)``.
+
+    Args:
+        tensor: bool, True = query ``i`` may NOT attend to key ``j``; shape
+            (..., L, S), broadcastable to the call's (*batch, L, S) as for
+            :func:`keep` (e.g. (L, S), (B, 1, L, S) or (S,)).
+
+    Returns:
+        A :class:`KeepMask` holding ``~tensor``. A query row whose keys are all
+        blocked gives output 0, weights 0 and lse -inf (no NaN).
+
+    Raises:
+        TypeError: ``tensor`` is not a torch.Tensor, or not bool.
+        ValueError: ``tensor`` is 0-d.
+
+    Examples:
+        >>> import torch, attnkit
+        >>> from attnkit import masks
+        >>> q = k = v = torch.randn(2, 4, 3, 8)
+        >>> future = torch.ones(3, 3, dtype=torch.bool).triu(1)  # True = masked
+        >>> a = attnkit.attention(q, k, v, mask=masks.block(future))
+        >>> torch.allclose(a, attnkit.attention(q, k, v, mask=masks.causal()))
+        True
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"masks.block: expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype != torch.bool:
+        raise TypeError(
+            f"masks.block: expected a bool tensor (True = masked), got dtype {tensor.dtype}"
+        )
+    return KeepMask(~tensor, source="block")
+
+
+def bias(tensor: torch.Tensor) -> BiasMask:
+    """Additive float mask, shape (..., L, S), added to the logits; ``-inf`` blocks.
+
+    The form of SDPA's float ``attn_mask``: the bias is added to the scaled logits
+    (after the score, its ``scale`` and any ``mods``) before the softmax. A float
+    tensor passed as ``mask=`` is read as ``masks.bias(tensor)``.
+
+    Args:
+        tensor: floating-point, added to the logit of query ``i`` and key ``j``;
+            ``-inf`` blocks the key exactly, any finite value (a large negative one
+            too) only weighs it. Shape (..., L, S), broadcastable to the call's
+            (*batch, L, S) as for :func:`keep`; a learnable bias that requires grad
+            gets its gradient.
+
+    Returns:
+        A :class:`BiasMask`. A query row whose bias is ``-inf`` for every key gives
+        output 0, weights 0 and lse -inf (no NaN); a row of ``-1e9`` instead is not
+        masked (its keys still share the weights).
+
+    Raises:
+        TypeError: ``tensor`` is not a torch.Tensor or not floating-point (for bool
+            masks use :func:`keep` or :func:`block`).
+        ValueError: ``tensor`` is 0-d, or holds NaN or +inf (checked for a CPU
+            tensor; an accelerator's values are not read, which would sync).
+
+    Examples:
+        >>> import torch, attnkit
+        >>> from attnkit import masks
+        >>> q = k = v = torch.randn(2, 4, 3, 8)
+        >>> b = torch.zeros(3, 3)
+        >>> b[:, 2] = float("-inf")                            # no query sees key 2
+        >>> _, w = attnkit.attention(q, k, v, mask=masks.bias(b), return_weights=True)
+        >>> w[..., 2].abs().sum()
+        tensor(0.)
+    """
+    return BiasMask(tensor)
+
+
+def tf(tensor: torch.Tensor) -> KeepMask:
+    """TensorFlow tutorial convention: 1 = masked, 0 = attend; shape (..., L, S).
+
+    The tutorial adds ``mask * -1e9`` to the logits; attnkit blocks exactly, so a
+    fully masked row gives zeros instead of a uniform average.
+
+    Args:
+        tensor: 0/1 values of any dtype (int, float or bool; True counts as 1),
+            1 = masked, 0 = may attend. Shape (..., L, S), broadcastable to the call's
+            (*batch, L, S) as for :func:`keep`: the tutorial's padding mask
+            (B, 1, 1, S) and look-ahead mask (L, S) work as they are.
+
+    Returns:
+        A :class:`KeepMask` holding ``tensor == 0``. A fully masked row gives output
+        0, weights 0 and lse -inf (no NaN).
+
+    Raises:
+        TypeError: ``tensor`` is not a torch.Tensor.
+        ValueError: ``tensor`` holds a value other than 0 and 1 (checked for a CPU
+            tensor; an accelerator's values are not read), or is 0-d.
+
+    Examples:
+        >>> import torch, attnkit
+        >>> from attnkit import masks
+        >>> q = k = v = torch.randn(2, 4, 3, 8)
+        >>> look_ahead = 1 - torch.ones(3, 3).tril()           # 1 above the diagonal
+        >>> a = attnkit.attention(q, k, v, mask=masks.tf(look_ahead))
+        >>> torch.allclose(a, attnkit.attention(q, k, v, mask=masks.causal()))
+        True
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"masks.tf: expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype != torch.bool and readable(tensor):  # (a device tensor is not read: sync)
+        bad = (tensor != 0) & (tensor != 1)
+        if bool(bad.any()):
+            raise ValueError(
+                "masks.tf: expected values 0 (attend) and 1 (masked) only, got "
+                f"{tensor[bad].flatten()[:3].tolist()}"
+            )
+    return KeepMask(tensor == 0, source="tf")

@@ -301,3 +301,133 @@ class DocumentMask(Mask):
         if self.k_ids is self.q_ids:
             out.k_ids = out.q_ids
         return out
+
+
+# ------------------------------------------------------------------ constructors
+
+
+def valid_lens(lens: torch.Tensor | Sequence[int], queries: bool = False) -> ValidLensMask:
+    """d2l's ``valid_lens``: key ``j`` is kept when ``j < length``.
+
+    Args:
+        lens: int lengths in [0, S] (an integer tensor or a list of ints): (B,), one
+            per batch element (first leading dim of the query; they broadcast over the
+            other leading dims, e.g. heads), or (B, L), one per query row.
+        queries: False (default, d2l's behaviour): only keys are masked. True (needs
+            (B,) lengths): query rows ``i >= length`` are padding too and become fully
+            masked rows (output 0, weights 0, lse -inf), for self-attention over padded
+            sequences.
+
+    A row that keeps no key (a length of 0) gives output 0 and weights 0, where d2l's
+    ``masked_softmax`` gives a uniform row (see :func:`attnkit.masked_softmax`).
+
+    Returns:
+        A :class:`ValidLensMask`, kept symbolic: kernels skip the keys past each
+        length instead of reading a dense mask.
+
+    Raises:
+        TypeError: ``lens`` does not have an integer dtype, or ``queries`` is not a bool.
+        ValueError: ``lens`` is not (B,) or (B, L), holds a negative length, or is
+            (B, L) with ``queries=True``. When the mask is used: the query has no batch
+            dim, B or L differs from the call's, or a length exceeds S (or L with
+            ``queries=True``; the lengths are read for a CPU tensor only).
+
+    Examples:
+        >>> import torch
+        >>> from attnkit import masks
+        >>> masks.valid_lens(torch.tensor([1, 3])).to_dense(3, 3, (2,)).int()
+        tensor([[[1, 0, 0],
+                 [1, 0, 0],
+                 [1, 0, 0]],
+        <BLANKLINE>
+                [[1, 1, 1],
+                 [1, 1, 1],
+                 [1, 1, 1]]], dtype=torch.int32)
+    """
+    return ValidLensMask(lens, queries=queries)
+
+
+def key_padding(tensor: torch.Tensor) -> KeyPaddingMask:
+    """Key padding: bool (B, S), True = padding key (torch MHA's ``key_padding_mask``).
+
+    Args:
+        tensor: bool of shape exactly (B, S), True = key ``j`` of batch element ``b`` is
+            padding and no query attends to it (torch's ``key_padding_mask`` polarity).
+            B is the first leading dim of the query; the mask broadcasts over the
+            other leading dims (heads) and over every query row.
+
+    Returns:
+        A :class:`KeyPaddingMask`, kept symbolic (kernels skip padding keys). A batch
+        element whose keys are all padding gives output 0, weights 0 and lse -inf for
+        every row (no NaN).
+
+    Raises:
+        TypeError: ``tensor`` is not a torch.Tensor, or not bool (for an additive float
+            mask use :func:`bias`).
+        ValueError: ``tensor`` is not 2-D; when the mask is used, its shape is not the
+            call's (B, S) or the query has no batch dim.
+
+    Examples:
+        >>> import torch, attnkit
+        >>> from attnkit import masks
+        >>> q = k = v = torch.randn(2, 4, 3, 8)                 # (B, H, L, E)
+        >>> pad = torch.tensor([[False, False, True], [False, False, False]])
+        >>> a = attnkit.attention(q, k, v, mask=masks.key_padding(pad))
+        >>> torch.allclose(a, attnkit.attention(q, k, v, mask=masks.valid_lens([2, 3])))
+        True
+    """
+    return KeyPaddingMask(tensor)
+
+
+def document(
+    ids: torch.Tensor | Sequence[int] | None = None,
+    *,
+    lengths: torch.Tensor | Sequence[int] | Sequence[Sequence[int]] | None = None,
+    key_ids: torch.Tensor | Sequence[int] | Sequence[Sequence[int]] | None = None,
+) -> DocumentMask:
+    """Packed sequences: a query keeps the keys of its own document.
+
+    Give either ``ids``, the document id of every position, (N,) or (B, N) (a
+    negative id marks padding), or ``lengths``, the documents' lengths packed one
+    after another, (D,) or (B, D). ``key_ids`` (S,) or (B, S): ids of the keys when
+    they differ from the queries'. ``masks.document(ids) & masks.causal()`` is causal
+    packed training.
+
+    Args:
+        ids: integer document id of each position, (N,) for every batch element or
+            (B, N) per batch element (B: the query's first leading dim), N = L; query
+            ``i`` keeps key ``j`` when their ids are equal and not negative. A negative
+            id is padding: it keeps nothing and is kept by nothing.
+        lengths: keyword-only, the documents' lengths (ints >= 0), (D,) or (B, D);
+            positions past a row's total are padding.
+        key_ids: keyword-only, with ``ids`` only: the keys' ids, (S,) or (B, S), when
+            the keys are not the queries (cross-attention between packed batches);
+            default None, the keys have the queries' ids.
+
+    Returns:
+        A :class:`DocumentMask`, kept symbolic (kernels skip the blocks between
+        documents). A padding row (or a document with no key) gives output 0,
+        weights 0 and lse -inf.
+
+    Raises:
+        TypeError: neither or both of ``ids`` and ``lengths``, ``key_ids`` with
+            ``lengths``, or ids that are not integers.
+        ValueError: a shape other than those above, or a negative length; when the mask
+            is used, ids that do not cover the call's L queries (or ``key_ids`` its S
+            keys) or B rows that are not the call's batch.
+
+    Examples:
+        >>> from attnkit import masks
+        >>> masks.document(lengths=[2, 1]).to_dense(3, 3).int()
+        tensor([[1, 1, 0],
+                [1, 1, 0],
+                [0, 0, 1]], dtype=torch.int32)
+    """
+    if (ids is None) == (lengths is None):
+        raise TypeError("masks.document: give exactly one of ids or lengths")
+    if lengths is not None:
+        if key_ids is not None:
+            raise TypeError("masks.document: key_ids goes with ids, not with lengths")
+        return DocumentMask.from_lengths(lengths)
+    assert ids is not None
+    return DocumentMask(ids, key_ids)
