@@ -12,6 +12,7 @@
 //   SDPA's choice per call. q (B, H, L, E), k (B, Hk, S, E), v (B, Hk, S, Ev);
 //   out (B, H, L, Ev), row-major.
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
@@ -136,13 +137,18 @@ at::Tensor sdpa_settled(const at::Tensor& q, const at::Tensor& k, const at::Tens
                         bool is_causal, double scale, bool gqa, bool flash) {
     // (the choice was made for row-major inputs: SDPA's flash kernel wants unit last strides)
     flash = flash && q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1;
-    // row-major, as the op's fake kernel says: a compiled graph asserts its strides
-    at::Tensor out =
-        (flash ? std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(
-                     q, k, v, 0.0, is_causal, std::nullopt, scale))
-               : at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, is_causal, scale,
-                                                  gqa))
-            .contiguous();  // (B, H, L, Ev)
+    at::Tensor out;
+    {
+        // The op runs without gradient (a traced call takes it only then), so torch's
+        // kernel is reached below autograd, without the bookkeeping of its wrapper.
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        // row-major, as the op's fake kernel says: a compiled graph asserts its strides
+        out = (flash ? std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(
+                           q, k, v, 0.0, is_causal, std::nullopt, scale))
+                     : at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, is_causal,
+                                                        scale, gqa))
+                  .contiguous();  // (B, H, L, Ev)
+    }
     if (settled(out)) return out;
     static auto settle =
         c10::Dispatcher::singleton()
