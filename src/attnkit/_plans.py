@@ -27,6 +27,7 @@ that the compiled call checked on every call (5 µs of a compiled call of 30 µs
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -259,23 +260,16 @@ def _traced_call(
     return _run_route(query, key, value, route)
 
 
-def _full_path_only(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    score: object,
-    mask: object,
-    scale: object,
-    dropout_p: object,
-    backend: object,
-    check_finite: object,
-) -> torch.Tensor | None:
-    """None: below :data:`attnkit._torch_features.TRACED_ONE_OP_FLOOR`, every traced call
-    takes the full path."""
+def _full_path_only(*_: object) -> None:
+    """None, for :func:`_traced_call`'s arguments: below
+    :data:`attnkit._torch_features.TRACED_ONE_OP_FLOOR`, every traced call takes the full
+    path."""
     return None
 
 
-traced_call = _traced_call if INSTALLED.release >= TRACED_ONE_OP_FLOOR else _full_path_only
+traced_call: Callable[..., torch.Tensor | None] = (
+    _traced_call if INSTALLED.release >= TRACED_ONE_OP_FLOOR else _full_path_only
+)
 """A call of :func:`attnkit.attention` (output only, no mods) inside ``torch.compile``,
 as the one op its backend traces to, or None for the full path (see
 :func:`_traced_call`). Chosen once, at import, for this torch: a flag read in the trace
