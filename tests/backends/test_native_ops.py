@@ -100,3 +100,82 @@ def test_without_the_ops_the_python_op_gives_the_same_answer(tmp_path: Path, cas
               "failing_compiler": "building the compiled ops failed"}[case]  # fmt: skip
     assert reason in str(report["after"])
     assert not list(cache.glob("attnkit_ops_*.so"))
+
+
+_PATHS_SCRIPT = """
+import json, math, sys, torch, attnkit
+from attnkit.backends.sdpa import run as sdpa_run
+for lib in sys.argv[1:]:
+    torch.ops.load_library(lib)
+names = [f"attnkit_check_{i}" for i in range(len(sys.argv) - 1)]
+failures = []
+for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    for E in (64, 80, 8, 3):  # whole vectors, a tail, fewer values than a vector
+        gen = torch.Generator().manual_seed(E)
+        q, k, v = (torch.randn(2, 3, 7, E, generator=gen).to(dtype) for _ in range(3))
+        for case in ("finite", "nan_query_row", "inf_value", "zero_values"):
+            qq, kk, vv = q.clone(), k.clone(), v.clone()
+            if case == "nan_query_row":
+                qq[0, 1, 3] = math.nan
+            elif case == "inf_value":
+                vv[1, 2, 0, E - 1] = math.inf
+            elif case == "zero_values":
+                vv.zero_()
+            for causal in (False, True):
+                want = sdpa_run._checked_call(qq, kk, vv, causal, 0.5, False)
+                for name in names:
+                    for flash in (False, True):
+                        got = getattr(torch.ops, name).sdpa_settled.default(
+                            qq, kk, vv, causal, 0.5, False, flash)
+                        same = torch.equal(got.isnan(), want.isnan()) and torch.allclose(
+                            got.nan_to_num().float(), want.nan_to_num().float(),
+                            rtol=1e-2, atol=1e-3)
+                        if not same:
+                            failures.append([name, str(dtype), E, case, causal, flash])
+print(json.dumps(failures))
+"""
+
+
+@pytest.mark.slow
+def test_every_vector_path_of_the_output_check_gives_the_python_op_s_answer(
+    tmp_path: Path,
+) -> None:
+    """The C++ op's output check has three paths, chosen when it is compiled: AVX-512,
+    AVX2 and plain loops. Each, built here under a namespace of its own, gives the
+    Python op's rows (NaN where it is NaN, and its numbers within half precision) on
+    finite outputs, a NaN query row (without a mask torch's flash kernel answers it with
+    a row of zeros), an inf value and all-zero values, with and without the causal mask,
+    for float32, bfloat16 and float16 rows of 64, 80, 8 and 3 values."""
+    from attnkit.kernels import _native_ops
+
+    _compiler_or_skip()
+    cxx = _native_ops._compiler()
+    assert cxx is not None
+    portable = _native_ops._flag_sets()[-1]  # no -march: plain loops
+    variants = [portable]
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if " avx2 " in flags:
+        variants.append([*portable, "-mavx2", "-mfma"])
+    if " avx512bw " in flags:
+        variants.append([*portable, "-mavx512f", "-mavx512bw"])
+    code = _native_ops.source()
+    libs = []
+    for i, variant in enumerate(variants):
+        named = code.replace("TORCH_LIBRARY_FRAGMENT(attnkit,", f"TORCH_LIBRARY(attnkit_check_{i},")
+        named = named.replace(
+            "TORCH_LIBRARY_IMPL(attnkit,", f"TORCH_LIBRARY_IMPL(attnkit_check_{i},"
+        )
+        src = tmp_path / f"check_{i}.cpp"
+        src.write_text(named)
+        lib = tmp_path / f"check_{i}.so"
+        built = subprocess.run(
+            [cxx, *variant, str(src), "-o", str(lib), *_native_ops._link_flags()],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert built.returncode == 0, built.stderr[-3000:]
+        libs.append(str(lib))
+    done = subprocess.run(
+        [sys.executable, "-c", _PATHS_SCRIPT, *libs], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
