@@ -188,9 +188,9 @@ def plain_band(
     checks, when every argument already is what they would make of it: each side None or
     an int in [0, MAX_POSITION], an align name, each offset an int within
     ±MAX_POSITION. None otherwise, and the caller runs the constructor, which checks
-    them and raises.
+    them (a NumPy int, say, is converted there) or raises.
 
-    The factories take this path first: a compiled call that builds its mask in its
+    :func:`causal` and :func:`window` take this path first: a compiled call that builds its mask in its
     graph (``masks.causal()`` in a model's forward) traces no helper of the checks,
     each a guard on every call. The mask holds what the constructor sets, as
     ``tests/unit/test_masks.py`` checks."""
