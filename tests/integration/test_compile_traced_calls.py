@@ -221,3 +221,22 @@ def test_gradients_dynamic_shapes_and_data_masks_take_the_full_path() -> None:
     assert_close_to_scale(
         torch.compile(padded, fullgraph=True)(q, k, v), _reference(q, k, v, mask=lens)
     )
+
+
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "non_strict"])
+def test_an_exported_plain_call_holds_the_traced_op_and_the_eager_numbers(strict: bool) -> None:
+    """``torch.export`` (through dynamo, or not) of a module that builds its causal mask
+    in its forward: the exported graph holds the one op the traced call names (the
+    route's runner, kept whole by dynamo, traced through), with the eager call's
+    numbers."""
+    q, k, v = _qkv()
+
+    class Causal(torch.nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return attnkit.attention(q, k, v, mask=masks.causal())
+
+    exported = torch.export.export(Causal(), (q, k, v), strict=strict)
+    ops = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    assert len(ops) == 1 and f"attnkit.{sdpa_run.checked_op_name()}" in str(ops[0])
+    want = attnkit.attention(q, k, v, mask=masks.causal())
+    assert_close_to_scale(exported.module()(q, k, v), want)
