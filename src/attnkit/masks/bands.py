@@ -190,9 +190,9 @@ def plain_band(
     ±MAX_POSITION. None otherwise, and the caller runs the constructor, which checks
     them (a NumPy int, say, is converted there) or raises.
 
-    :func:`causal` and :func:`window` take this path first: a compiled call that builds its mask in its
-    graph (``masks.causal()`` in a model's forward) traces no helper of the checks,
-    each a guard on every call. The mask holds what the constructor sets, as
+    :func:`causal` and :func:`window` take this path first: a compiled call that builds
+    its mask in its graph (``masks.causal()`` in a model's forward) traces no helper of
+    the checks, each a guard on every call. The mask holds what the constructor sets, as
     ``tests/unit/test_masks.py`` checks."""
     if not (
         (left is None or (type(left) is int and 0 <= left <= MAX_POSITION))
