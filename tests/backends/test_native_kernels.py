@@ -176,6 +176,34 @@ def test_row_top_k_is_exact(keys: int, k: int) -> None:
     assert_close_to_scale(bsum.double(), sums, rel=FLOAT32_ULPS_REL)
 
 
+@pytest.mark.parametrize("keys", [600, 4099])
+@pytest.mark.parametrize("k", [5, 16, 17, 40])
+def test_row_top_k_is_a_stable_sort_s_first_k(keys: int, k: int) -> None:
+    """The top-k's group bound and its skipped groups change nothing: every row's k keys
+    and weights are those of a stable descending sort (equal weights: the lower key first,
+    -0 equal to +0; NaN last), for peaked rows, a row whose best keys crowd its end, one
+    whose best weight repeats across many groups, rows of NaN, signed zeros and +inf, and
+    rows of fewer distinct weights than k, with k up to the vector slots and past them."""
+    _kernel_or_skip()
+    g = torch.Generator().manual_seed(keys + 7 * k)
+    w = torch.softmax(torch.randn(3, 8, keys, generator=g) * 6, -1)  # (h, r, S): peaked
+    w[0, 0, -40:] += torch.rand(40, generator=g)  # the best keys at the end, together
+    w[0, 1, torch.randperm(keys, generator=g)[:50]] = 0.5  # one best weight, 50 times
+    w[0, 2, ::7] = float("nan")
+    w[0, 3] = 0.0
+    w[0, 3, 1::2] = -0.0
+    w[0, 3, torch.randperm(keys, generator=g)[:3]] = float("inf")
+    w[0, 4] = torch.randint(0, 3, (keys,), generator=g).float() / 4  # three values
+    w[0, 5, : k + 3] = 0.0  # the first keys (the scan's start) below the rest
+    got = row_top_k(w, k, 64)
+    assert got is not None
+    vals, idx = got[0], got[1]
+    ranked = torch.where(torch.isnan(w), -1.0, w)  # NaN is never chosen: below every weight
+    want_vals, want_idx = torch.sort(ranked, dim=-1, descending=True, stable=True)
+    assert torch.equal(idx, want_idx[..., :k])
+    assert torch.equal(vals, want_vals[..., :k])
+
+
 # ------------------------------------------------------------------ rows_settled
 
 

@@ -19,6 +19,7 @@ from attnkit.viz.rollout import attention_rollout, rollout_of_means
 from attnkit.viz.stats import LOCAL, StatsAccumulator
 
 from tolerance import (
+    BYTE_STEP,
     FLOAT32_CHAIN_REL,
     FLOAT32_ULPS_REL,
     SIGNED_BYTE_STEP,
@@ -355,6 +356,41 @@ def test_neuron_bytes_round_trip_within_half_a_step() -> None:
     assert np.all(np.abs(codes) <= 127) and np.all(back[..., 3] == 0)  # a zero dimension
     peak = np.abs(x.numpy()).max(axis=2, keepdims=True)
     assert_close_elementwise(np.abs(back).max(axis=2, keepdims=True), peak, rel=FLOAT32_ULPS_REL)
+
+
+@pytest.mark.parametrize(("K", "width"), [(70, 2), (70_000, 4)])
+def test_top_k_payload_decodes_to_each_row_s_keys_and_weights(K: int, width: int) -> None:
+    """A long page's top-k travels sorted by key, as gaps (uint16, or uint32 past 65,535
+    keys) and one byte per weight: decoded as the page decodes it (inflate, a running sum
+    of the gaps, byte × the head's scale), every row holds the same keys as the store's
+    best-first rows, each with its weight within half a step."""
+    import base64
+    import zlib
+
+    from attnkit.viz.payload import grid_payload
+
+    g = torch.Generator().manual_seed(K)
+    L, H, Q, k = 2, 3, 700, 5
+    index = torch.stack([torch.randperm(K, generator=g)[:k] for _ in range(L * H * Q)])
+    index = index.view(L, H, Q, k).int()  # (L, H, Q, k): distinct keys per row
+    weight = torch.rand(L, H, Q, k, generator=g).sort(-1, descending=True).values
+    pooled = np.zeros((L, H, 1, 1), np.float32)
+    got = grid_payload(None, block=K, pooled_max=pooled, pooled_mean=pooled,
+                       topk_index=index.numpy(), topk_weight=weight.numpy(), K=K)["topk"]  # fmt: skip
+
+    def raw(part: dict) -> bytes:
+        data = base64.b64decode(part["data"])
+        return zlib.decompress(data) if part["encoding"] == "deflate" else data
+
+    assert got["k"] == k and got["indexBytes"] == width
+    gaps = np.frombuffer(raw(got["index"]), dtype="<u2" if width == 2 else "<u4")
+    keys = np.cumsum(gaps.reshape(L, H, Q, k).astype(np.int64), axis=-1)  # (L, H, Q, k)
+    codes = np.frombuffer(raw(got["weight"]), dtype=np.uint8).reshape(L, H, Q, k)
+    scales = np.asarray(got["weight"]["scales"], np.float32).reshape(L, H, 1, 1)
+    by_key, order = index.long().sort(-1)
+    assert np.array_equal(keys, by_key.numpy())
+    want = torch.gather(weight, -1, order).numpy()
+    assert np.all(np.abs(codes * scales / 255.0 - want) <= scales * half_step_rel(BYTE_STEP))
 
 
 @pytest.mark.parametrize(

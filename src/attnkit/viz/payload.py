@@ -37,6 +37,7 @@ import zlib
 from typing import Any
 
 import numpy as np
+import torch
 
 from .reduce import ReducedSet
 
@@ -88,14 +89,18 @@ def _bytes_part(arr: np.ndarray) -> dict[str, Any]:
 
 
 def _topk_part(index: np.ndarray, weight: np.ndarray, K: int) -> dict[str, Any]:
-    """Top-k entries (layers, heads, Q, k), sorted by key, as gaps and one-byte weights."""
-    order = np.argsort(index, axis=-1, kind="stable")
-    idx = np.take_along_axis(index, order, -1).astype(np.int64)  # (layers, heads, Q, k)
-    w = np.take_along_axis(weight, order, -1)  # (layers, heads, Q, k)
-    gaps = np.diff(idx, axis=-1, prepend=0)  # first: the key itself, then gaps >= 0
+    """Top-k entries (layers, heads, Q, k), sorted by key, as gaps and one-byte weights.
+
+    The sort runs in torch (its threads): on a long page's tens of millions of entries,
+    numpy's sort, gathers and difference took about five times as long."""
+    keys = torch.from_numpy(np.ascontiguousarray(index, np.int32))  # (layers, heads, Q, k)
+    idx, order = torch.sort(keys, dim=-1, stable=True)  # (layers, heads, Q, k) twice
+    w = torch.gather(torch.from_numpy(np.ascontiguousarray(weight, np.float32)), -1, order)
+    first = torch.zeros_like(idx[..., :1])  # (layers, heads, Q, 1)
+    gaps = torch.diff(idx, dim=-1, prepend=first)  # first: the key itself, then gaps >= 0
     width = 2 if K <= 0xFFFF else 4
-    gaps_raw = gaps.astype("<u2" if width == 2 else "<u4").tobytes()
-    w_raw, scales = quantize(w)
+    gaps_raw = gaps.numpy().astype("<u2" if width == 2 else "<u4").tobytes()
+    w_raw, scales = quantize(w.numpy())
     return {
         "k": int(index.shape[-1]),
         "indexBytes": width,
