@@ -370,9 +370,10 @@ def test_top_k_payload_decodes_to_each_row_s_keys_and_weights(K: int, width: int
     from attnkit.viz.payload import grid_payload
 
     g = torch.Generator().manual_seed(K)
-    L, H, Q, k = 2, 3, 700, 5
-    index = torch.stack([torch.randperm(K, generator=g)[:k] for _ in range(L * H * Q)])
-    index = index.view(L, H, Q, k).int()  # (L, H, Q, k): distinct keys per row
+    L, H, Q, k = 2, 3, 2200, 5  # both arrays past COMPRESS_ABOVE: deflated side by side
+    keys = torch.randint(1, K // k, (L, H, Q, k), generator=g).cumsum(-1) - 1  # < K, distinct
+    shuffle = torch.rand(L, H, Q, k, generator=g).argsort(-1)
+    index = keys.gather(-1, shuffle).int()  # (L, H, Q, k): distinct keys per row, any order
     weight = torch.rand(L, H, Q, k, generator=g).sort(-1, descending=True).values
     pooled = np.zeros((L, H, 1, 1), np.float32)
     got = grid_payload(None, block=K, pooled_max=pooled, pooled_mean=pooled,
@@ -383,6 +384,7 @@ def test_top_k_payload_decodes_to_each_row_s_keys_and_weights(K: int, width: int
         return zlib.decompress(data) if part["encoding"] == "deflate" else data
 
     assert got["k"] == k and got["indexBytes"] == width
+    assert got["index"]["encoding"] == got["weight"]["encoding"] == "deflate"
     gaps = np.frombuffer(raw(got["index"]), dtype="<u2" if width == 2 else "<u4")
     keys = np.cumsum(gaps.reshape(L, H, Q, k).astype(np.int64), axis=-1)  # (L, H, Q, k)
     codes = np.frombuffer(raw(got["weight"]), dtype=np.uint8).reshape(L, H, Q, k)

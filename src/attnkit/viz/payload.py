@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,15 @@ import torch
 
 from .reduce import ReducedSet
 
-__all__ = ["COMPRESS_ABOVE", "blob", "grid_payload", "quantize", "quantize_signed", "set_payload"]
+__all__ = [
+    "COMPRESS_ABOVE",
+    "blob",
+    "blobs",
+    "grid_payload",
+    "quantize",
+    "quantize_signed",
+    "set_payload",
+]
 
 # Arrays above this many bytes are deflate-compressed; smaller pages stay readable by any browser.
 COMPRESS_ABOVE = 1 << 16
@@ -55,6 +64,16 @@ def blob(raw: bytes) -> dict[str, str]:
     if len(raw) > COMPRESS_ABOVE:
         return {"encoding": "deflate", "data": base64.b64encode(zlib.compress(raw, 1)).decode()}
     return {"encoding": "raw", "data": base64.b64encode(raw).decode()}
+
+
+def blobs(*raws: bytes) -> list[dict[str, str]]:
+    """:func:`blob` of each, the large ones compressed side by side on two threads
+    (deflate releases the interpreter's lock: the long page's top-k gaps and weights
+    took 0.65 s this way instead of 0.9 s one after the other)."""
+    if sum(len(raw) > COMPRESS_ABOVE for raw in raws) < 2:
+        return [blob(raw) for raw in raws]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(blob, raws))
 
 
 def quantize(arr: np.ndarray) -> tuple[bytes, list[float]]:
@@ -101,11 +120,12 @@ def _topk_part(index: np.ndarray, weight: np.ndarray, K: int) -> dict[str, Any]:
     width = 2 if K <= 0xFFFF else 4
     gaps_raw = gaps.numpy().astype("<u2" if width == 2 else "<u4").tobytes()
     w_raw, scales = quantize(w.numpy())
+    index_part, weight_part = blobs(gaps_raw, w_raw)
     return {
         "k": int(index.shape[-1]),
         "indexBytes": width,
-        "index": blob(gaps_raw),
-        "weight": {**blob(w_raw), "scales": scales},
+        "index": index_part,
+        "weight": {**weight_part, "scales": scales},
     }
 
 
