@@ -14,7 +14,7 @@ Each case runs, in fresh processes and interleaved, repeat after repeat:
   attention, no weights; warmed up on a short input first, then timed once).
 
 The figure is (show − start-up) ÷ forward, the median over repeats; the target
-is at most 3×. The page's size and the long run's peak resident memory
+is at most 2×. The page's size and the long run's peak resident memory
 (``ru_maxrss`` of that child) are reported beside it, with the page budgets at
 2,000 tokens (≤ 20 MiB, ≤ 3 GiB).
 """
