@@ -324,6 +324,24 @@ static float ak_kth_largest(const float* x, int64_t n, int64_t k, float* tmp) {
     }
     return thr;
 }
+/* One step of the top-k's scan over keys u .. u + 7 of a row: each key above thr (the
+   smallest kept value) and at least t0 takes the smallest's slot, in key order. Returns
+   the new thr. A NaN key is never taken. */
+static inline float ak_topk_scan8(const float* row, int64_t u, __m256 t0, float thr, float* v,
+                                  int64_t* ix, int64_t k, int64_t* lo) {
+    __m256 x = _mm256_loadu_ps(row + u);
+    int bits = _mm256_movemask_ps(_mm256_and_ps(
+        _mm256_cmp_ps(x, _mm256_set1_ps(thr), _CMP_GT_OQ), _mm256_cmp_ps(x, t0, _CMP_GE_OQ)));
+    while (bits) {
+        int lane = __builtin_ctz(bits);
+        bits &= bits - 1;
+        float y = row[u + lane];
+        if (!(y > thr)) continue; /* thr rose within these eight */
+        thr = ak_topk_take(v, ix, k, lo, y, u + lane);
+    }
+    return thr;
+}
+
 /* The lane maxima of G groups of AK_TOPK_GROUP keys from x into work[0 .. 8G) (each the
    max of eight of the group's keys; a NaN key leaves it as it was), and a bound t0 at most
    the k-th largest key (8G >= k): the k-th largest of eight groups' maxima in turn (each
@@ -414,32 +432,12 @@ void ak_row_topk(const float* w, int64_t R, int64_t S, int64_t k, int64_t b, flo
                             _mm256_cmp_ps(m, _mm256_set1_ps(thr), _CMP_GT_OQ),
                             _mm256_cmp_ps(m, t0, _CMP_GE_OQ))))
                         continue; /* no key here is taken */
-                    for (int64_t u = c; u < c + AK_TOPK_GROUP; u += 8) {
-                        __m256 x = _mm256_loadu_ps(row + u);
-                        int bits = _mm256_movemask_ps(
-                            _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(thr), _CMP_GT_OQ),
-                                          _mm256_cmp_ps(x, t0, _CMP_GE_OQ)));
-                        while (bits) {
-                            int lane = __builtin_ctz(bits);
-                            bits &= bits - 1;
-                            float y = row[u + lane];
-                            if (!(y > thr)) continue; /* thr rose within this group */
-                            thr = ak_topk_take(v, ix, k, &lo, y, u + lane);
-                        }
-                    }
+                    for (int64_t u = c; u < c + AK_TOPK_GROUP; u += 8)
+                        thr = ak_topk_scan8(row, u, t0, thr, v, ix, k, &lo);
                 }
             }
-            for (; c + 8 <= S; c += 8) {
-                __m256 x = _mm256_loadu_ps(row + c);
-                int bits = _mm256_movemask_ps(_mm256_cmp_ps(x, _mm256_set1_ps(thr), _CMP_GT_OQ));
-                while (bits) {
-                    int lane = __builtin_ctz(bits);
-                    bits &= bits - 1;
-                    float y = row[c + lane];
-                    if (!(y > thr)) continue; /* thr rose within this group */
-                    thr = ak_topk_take(v, ix, k, &lo, y, c + lane);
-                }
-            }
+            for (; c + 8 <= S; c += 8) /* the keys after the last whole group */
+                thr = ak_topk_scan8(row, c, _mm256_set1_ps(-INFINITY), thr, v, ix, k, &lo);
 #endif
             for (; c < S; ++c) {
                 float y = row[c];
