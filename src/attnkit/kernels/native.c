@@ -324,6 +324,7 @@ static float ak_kth_largest(const float* x, int64_t n, int64_t k, float* tmp) {
     }
     return thr;
 }
+
 /* One step of the top-k's scan over keys u .. u + 7 of a row: each key above thr (the
    smallest kept value) and at least t0 takes the smallest's slot, in key order. Returns
    the new thr. A NaN key is never taken. */
@@ -364,7 +365,9 @@ static float ak_topk_bound(const float* x, int64_t G, int64_t k, float* work) {
         _mm256_storeu_ps(wide + 8 * g, m);
     }
     float* tmp = wide + 8 * G8;
-    return 8 * G8 >= k ? ak_kth_largest(wide, 8 * G8, k, tmp) : ak_kth_largest(work, 8 * G, k, tmp);
+    if (8 * G8 >= k)
+        return ak_kth_largest(wide, 8 * G8, k, tmp);
+    return ak_kth_largest(work, 8 * G, k, tmp);
 }
 #endif
 
@@ -423,7 +426,8 @@ void ak_row_topk(const float* w, int64_t R, int64_t S, int64_t k, int64_t b, flo
             float thr = v[lo];
             int64_t c = n;
 #ifdef AK_AVX2
-            int64_t G = gmax ? (S - n) / AK_TOPK_GROUP : 0; /* whole groups after the first keys */
+            /* the whole groups of keys after the first k */
+            int64_t G = gmax ? (S - n) / AK_TOPK_GROUP : 0;
             if (G * 8 >= k) {
                 const __m256 t0 = _mm256_set1_ps(ak_topk_bound(row + n, G, k, gmax));
                 for (int64_t g = 0; g < G; ++g, c += AK_TOPK_GROUP) {
