@@ -133,6 +133,20 @@ static inline float ak_hsum8(__m256 v) {
     lo = _mm_hadd_ps(lo, lo);
     return _mm_cvtss_f32(lo);
 }
+
+/* The smallest and the largest of eight floats, reduced by SSE's min and max (a NaN lane
+   is passed on or dropped by its place, as those instructions do). */
+static inline float ak_hmin8(__m256 v) {
+    __m128 h = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_min_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_min_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
+static inline float ak_hmax8(__m256 v) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
 #endif
 
 #ifdef AK_AVX512
@@ -250,11 +264,7 @@ void ak_exp_rows_entropy(float* s, const float* shift, float* rowsum, float* row
    of them), its value in *out. No value is NaN. */
 static inline int64_t ak_min_slot16(const float* v, const int64_t* ix, float* out) {
     __m256 a = _mm256_loadu_ps(v), b = _mm256_loadu_ps(v + 8);
-    __m256 m = _mm256_min_ps(a, b);
-    __m128 h = _mm_min_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_min_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_min_ss(h, _mm_shuffle_ps(h, h, 1));
-    float least = _mm_cvtss_f32(h);
+    float least = ak_hmin8(_mm256_min_ps(a, b));
     __m256 l8 = _mm256_set1_ps(least);
     unsigned bits = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a, l8, _CMP_EQ_OQ)) |
                     (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(b, l8, _CMP_EQ_OQ)) << 8;
@@ -481,11 +491,7 @@ void ak_row_topk(const float* w, int64_t R, int64_t S, int64_t k, int64_t b, flo
                             m8 = _mm256_max_ps(m8, x);
                             t8 = _mm256_add_ps(t8, x);
                         }
-                        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m8),
-                                              _mm256_extractf128_ps(m8, 1));
-                        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-                        h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
-                        m = _mm_cvtss_f32(h);
+                        m = ak_hmax8(m8);
                         t = ak_hsum8(t8);
                     }
 #endif
