@@ -10,24 +10,17 @@ as unreadable in this thread, so tests run the accelerator paths on the CPU.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 
+from ._per_thread import THREAD
+
 __all__ = ["device_semantics", "readable", "strict"]
 
-
-class _State(threading.local):
-    def __init__(self) -> None:
-        self.strict = False
-
-
-THREAD = _State()
-"""This thread's host-read setting: ``THREAD.strict`` is :func:`strict`'s answer. Read
-the field directly only where a call of :func:`strict` costs (a compiled call's guards:
-dynamo guards each function it inlines); only :func:`device_semantics` sets it."""
+# This thread's host-read setting is THREAD.strict, :func:`strict`'s answer (see
+# attnkit._per_thread); only :func:`device_semantics` sets it.
 
 
 def readable(t: torch.Tensor) -> bool:

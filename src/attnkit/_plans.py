@@ -34,13 +34,12 @@ from typing import Any
 import torch
 
 from . import masks as _masks
-from ._host import THREAD as _HOST_READS
 from ._host import strict
 from ._inputs import SCALE_READ_ABOVE, AttentionInputs, validate_inputs
+from ._per_thread import THREAD as _CALL_SETTINGS
 from ._torch_features import INSTALLED, TRACED_ONE_OP_FLOOR, constant_under_compile
 from .backends import dispatch
 from .backends.base import Backend, PlainRunner, TracedCall
-from .backends.dispatch import THREAD as _BACKEND_CHOICE
 from .backends.dispatch import forced_backends
 from .masks import Mask
 
@@ -225,8 +224,8 @@ def _traced_call(
     layouts, shapes, dtypes, devices and grad flags (which the tensors' own guards hold
     already), the other arguments (constants of the caller's code, or one guard each),
     the mask's static key, the ``use_backend`` choice, :func:`attnkit._host.strict` (both
-    read as the fields of their thread's record: a function called costs a guard more) and
-    the registry's generation. The op is chosen from the key by :func:`_traced_route`,
+    read as fields of the one per-thread record, :mod:`attnkit._per_thread`: a function
+    called, or a second record, costs guards more) and the registry's generation. The op is chosen from the key by :func:`_traced_route`,
     at trace time and outside the trace: what it reads gets no guard.
     """
     mask_key = None
@@ -253,7 +252,7 @@ def _traced_call(
         (query.device, key.device, value.device),
         (query.requires_grad, key.requires_grad, value.requires_grad),
         (score, mask_key, scale, dropout_p, backend, check_finite),
-        (_BACKEND_CHOICE.forced, _HOST_READS.strict, _GENERATION),
+        (_CALL_SETTINGS.forced, _CALL_SETTINGS.strict, _GENERATION),
     )
     if route is None:
         return None

@@ -22,14 +22,14 @@ Ranking lives here and only here; no backend imports or instantiates another.
 
 The first candidate with no reasons runs. A backend forced by name (``backend=`` or
 ``use_backend``) runs or raises with its reasons; it never falls back silently, and
-preference rules do not apply to it. ``use_backend`` is per thread (a
-``threading.local`` stack), which torch.compile traces and guards on, so a compiled
-function is recompiled when the choice changes instead of keeping a stale one.
+preference rules do not apply to it. ``use_backend`` is per thread (a field of
+:mod:`attnkit._per_thread`'s ``threading.local`` record), which torch.compile traces and
+guards on, so a compiled function is recompiled when the choice changes instead of
+keeping a stale one.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,6 +38,7 @@ import torch
 
 from .. import _host
 from .._inputs import AttentionInputs
+from .._per_thread import THREAD
 from .base import Backend
 from .chunked import ChunkedBackend
 from .operands import gaussian_form
@@ -116,19 +117,8 @@ RULES: list[PreferenceRule] = [
 """Preference rules, applied in order in automatic dispatch."""
 
 
-class _PerThread(threading.local):
-    """The innermost use_backend() choice of one thread (every thread starts with none):
-    one value, not a stack of them, so that a compiled call guards on one attribute."""
-
-    def __init__(self) -> None:
-        self.forced: tuple[str, ...] | None = None
-
-
-THREAD = _PerThread()
-"""This thread's backend choice: ``THREAD.forced`` is :func:`forced_backends`' answer.
-Read the field directly only where a call of :func:`forced_backends` costs (a compiled
-call's guards: dynamo guards each function it inlines); only :func:`use_backend` sets
-it."""
+# This thread's backend choice is THREAD.forced, :func:`forced_backends`' answer (see
+# attnkit._per_thread); only :func:`use_backend` sets it.
 
 
 def forced_backends() -> tuple[str, ...] | None:
