@@ -225,8 +225,9 @@ def _traced_call(
     already), the other arguments (constants of the caller's code, or one guard each),
     the mask's static key, the ``use_backend`` choice, :func:`attnkit._host.strict` (both
     read as fields of the one per-thread record, :mod:`attnkit._per_thread`: a function
-    called, or a second record, costs guards more) and the registry's generation. The op is chosen from the key by :func:`_traced_route`,
-    at trace time and outside the trace: what it reads gets no guard.
+    called, or a second record, costs guards more) and the registry's generation. The op
+    is chosen from the key by :func:`_traced_route`, at trace time and outside the trace:
+    what it reads gets no guard.
     """
     mask_key = None
     if mask is not None:
