@@ -7,9 +7,10 @@ checks and everything dispatch decides depends only on what :func:`plan_key` put
 in the key: shapes, dtypes, devices, grad flags, the score's name, the mask's
 parameters, scale, dropout_p, the backend argument, the ``use_backend`` choice of
 this thread and :func:`attnkit._host.strict`. So the first such call is validated
-and dispatched in full, and later ones skip both: :func:`lookup` returns the plan, whose ``runner`` (a
-backend's shortcut, :meth:`Backend.plain_runner`) takes the tensors, or else
-:meth:`CallPlan.inputs` builds the call record for the backend's ``forward``.
+and dispatched in full, and later ones skip both: :func:`lookup` returns the plan,
+whose ``runner`` (a backend's shortcut, :meth:`Backend.plain_runner`) takes the
+tensors, or else :meth:`CallPlan.inputs` builds the call record for the backend's
+``forward``.
 
 Anything else (tensor masks, score objects with parameters, the Gaussian score, whose
 dot form or differences are chosen from the inputs' values, weights or lse, a
