@@ -371,9 +371,9 @@ def test_top_k_payload_decodes_to_each_row_s_keys_and_weights(K: int, width: int
 
     g = torch.Generator().manual_seed(K)
     L, H, Q, k = 2, 3, 2200, 5  # both arrays past COMPRESS_ABOVE: deflated side by side
-    keys = torch.randint(1, K // k, (L, H, Q, k), generator=g).cumsum(-1) - 1  # < K, distinct
+    ascending = torch.randint(1, K // k, (L, H, Q, k), generator=g).cumsum(-1) - 1  # < K
     shuffle = torch.rand(L, H, Q, k, generator=g).argsort(-1)
-    index = keys.gather(-1, shuffle).int()  # (L, H, Q, k): distinct keys per row, any order
+    index = ascending.gather(-1, shuffle).int()  # (L, H, Q, k): distinct keys per row, any order
     weight = torch.rand(L, H, Q, k, generator=g).sort(-1, descending=True).values
     pooled = np.zeros((L, H, 1, 1), np.float32)
     got = grid_payload(None, block=K, pooled_max=pooled, pooled_mean=pooled,
