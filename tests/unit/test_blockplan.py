@@ -8,11 +8,12 @@ import warnings
 import pytest
 import torch
 
+import attnkit
 from attnkit import masks
-from attnkit.blockplan import EMPTY, FULL, PARTIAL, build_plan
+from attnkit.blockplan import EMPTY, FULL, PARTIAL, build_plan, clear_cache
 
 from cases import structured_masks
-from tolerance import assert_close_to_scale
+from tolerance import FLOAT32_CALL_REL, FLOAT32_REL, assert_close_to_scale, scaled_error
 
 B, H, TL, TS = 3, 2, 23, 29
 
@@ -116,3 +117,58 @@ def test_to_block_mask_matches_flex_attention_on_a_dense_mask() -> None:
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=ref_mask)
     alive = ref_mask.any(-1, keepdim=True)
     assert_close_to_scale(out * alive, ref * alive)
+
+
+def _set_tensors_anew(mask: masks.Mask) -> int:
+    """Set each tensor field of ``mask`` and of its parts to a new tensor with other
+    values (the same shape and dtype), as a user reusing the mask object would; the count
+    of fields set."""
+    count = 0
+    for name, value in list(vars(mask).items()):
+        if isinstance(value, torch.Tensor):
+            if value.dtype == torch.bool:
+                changed = ~value
+            elif value.dim():  # lengths or ids: the same values in another order
+                changed = value.flip(-1)
+            else:  # an offset
+                changed = value + 1
+            while changed._version < value._version:  # the old version counter: only
+                changed.copy_(changed.clone())  # the tensor's identity tells them apart
+            assert changed._version == value._version
+            setattr(mask, name, changed)
+            count += 1
+    return count + sum(_set_tensors_anew(c) for c in mask.children())
+
+
+@pytest.mark.parametrize("backend", [None, "chunked"])
+@pytest.mark.parametrize("name", sorted(structured_masks(B, TL, TS)))
+def test_a_mask_whose_tensors_are_set_anew_is_planned_anew(name: str, backend: str | None) -> None:
+    """A cached plan belongs to the tensors it was built from: setting a mask's tensor
+    field to another tensor (whose version counter may well equal the old one's) gives
+    the next call the plan of the new values, as a fresh build does."""
+    mask = structured_masks(B, TL, TS)[name]
+    if not mask.tensors():
+        pytest.skip("a tensor-free mask is planned by value")
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(B, H, n, 8, generator=g) for n in (TL, TS, TS))
+    first = attnkit.attention(q, k, v, mask=mask, backend=backend)
+    assert _set_tensors_anew(mask) > 0
+    again = attnkit.attention(q, k, v, mask=mask, backend=backend)
+    clear_cache()
+    fresh = attnkit.attention(q, k, v, mask=mask, backend=backend)
+    torch.testing.assert_close(again, fresh, rtol=0, atol=0)
+    assert scaled_error(again, first) > FLOAT32_REL  # the new values do change the call
+
+
+def test_a_static_field_set_anew_on_a_mask_with_tensors_is_planned_anew() -> None:
+    """A window at a tensor offset is planned per object; its sides are not tensors, so
+    setting one anew must change the plan's key too."""
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, 2, 9, 8, generator=g) for _ in range(3))
+    mask = masks.window(3, 1, q_offset=torch.tensor(0))
+    first = attnkit.attention(q, k, v, mask=mask)
+    mask.left = 0
+    again = attnkit.attention(q, k, v, mask=mask)
+    want = attnkit.attention(q, k, v, mask=masks.window(0, 1))
+    assert_close_to_scale(again, want, rel=FLOAT32_CALL_REL)
+    assert scaled_error(again, first) > FLOAT32_REL

@@ -9,10 +9,12 @@ tiles, the unpadded and varlen paths, the Triton kernel arguments and the
 context-parallel block schedule. Nothing here asks a mask for its type.
 
 Plans are cached (:func:`build_plan`): per mask object for masks holding tensors
-(keyed by the tensors' versions, so an in-place change is seen; never for tensors
-that need a gradient or inference tensors, which have no version), by value for
-tensor-free masks (causal, window), like FlexAttention's ``create_block_mask`` meant
-to be built once per model step. Building reads nothing on the host.
+(keyed by the mask's structure and its tensors' versions, and kept only while the mask
+still holds the very tensors it was built from, so an in-place change or an attribute
+set anew is seen; never for tensors that need a gradient or inference tensors, which
+have no version), by value for tensor-free masks (causal, window), like
+FlexAttention's ``create_block_mask`` meant to be built once per model step. Building
+reads nothing on the host.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ __all__ = [
 ]
 
 _BY_VALUE: dict[tuple[object, ...], BlockPlan] = {}
-_BY_OBJECT: weakref.WeakKeyDictionary[Any, dict[tuple[object, ...], BlockPlan]] = (
+# Per mask object: key -> (weak references to the tensors the plan was built from, plan).
+_Built = tuple[tuple["weakref.ref[torch.Tensor]", ...], BlockPlan]
+_BY_OBJECT: weakref.WeakKeyDictionary[Any, dict[tuple[object, ...], _Built]] = (
     weakref.WeakKeyDictionary()
 )
 _MAX = 256
@@ -110,18 +114,28 @@ def build_plan(
     if not cacheable:
         return _build(mask, L, S, batch, dev, dtype).with_blocks(block_q, block_k)
     key: tuple[object, ...] = (L, S, batch, dev, dtype)
-    store: dict[tuple[object, ...], BlockPlan]
     if mask is None or not tensors:
         key = (None if mask is None else mask.signature(L, S), *key)
-        store = _BY_VALUE
-    else:
-        key = (tuple(t._version for t in tensors), *key)
-        store = _BY_OBJECT.setdefault(mask, {})
-    plan = store.get(key)
-    if plan is None:
-        if len(store) >= _MAX:
-            store.clear()
-        plan = store[key] = _build(mask, L, S, batch, dev, dtype)
+        plan = _BY_VALUE.get(key)
+        if plan is None:
+            if len(_BY_VALUE) >= _MAX:
+                _BY_VALUE.clear()
+            plan = _BY_VALUE[key] = _build(mask, L, S, batch, dev, dtype)
+        return plan.with_blocks(block_q, block_k)
+    # The mask's own fields may be set anew (``mask.padding = other``, ``window.left =
+    # 0``): its signature holds the static ones, and the entry holds its tensors by
+    # weak reference and is used only while the mask still holds those very tensors.
+    key = (mask.signature(L, S), tuple(t._version for t in tensors), *key)
+    store = _BY_OBJECT.setdefault(mask, {})
+    built = store.get(key)
+    if built is not None and all(
+        ref() is t for ref, t in zip(built[0], tensors, strict=True)
+    ):
+        return built[1].with_blocks(block_q, block_k)
+    if len(store) >= _MAX:
+        store.clear()
+    plan = _build(mask, L, S, batch, dev, dtype)
+    store[key] = (tuple(weakref.ref(t) for t in tensors), plan)
     return plan.with_blocks(block_q, block_k)
 
 
