@@ -362,7 +362,8 @@ def validate_inputs(
                 f"scale: expected a positive finite float, a (H,) tensor or None, got {scale!r}"
             )
         scale_f = float(scale)
-        if not math.isfinite(scale_f) or scale_f <= 0:
+        if not 0 < scale_f < math.inf:  # NaN too (comparisons, not math.isfinite(): a
+            # compiled call whose scale is a dynamic float traces them)
             raise ValueError(f"scale: expected a positive finite float or None, got {scale!r}")
         _check_scale_range(scale_f, q, k, sc)
     mod_list = _check_mods(mods, heads, device)

@@ -237,14 +237,26 @@ def _traced_call(
         mask_key = mask.static_key()
         if mask_key is None:
             return None  # the mask holds data: the full path
+        for field in mask_key:
+            # A mask made in the compiled code from an int argument holds a symbol
+            # there, once dynamo has seen two values of it (see below).
+            if isinstance(field, int) and max(field, field) is not field:
+                return None
+    # Only a float scale (or None) and a float dropout_p are plain (a (H,) tensor of
+    # scales is not; the full path checks the rest). A constant float is its own max(); a
+    # dynamic one (an argument that took two values) is a symbol, whose max() is a new
+    # symbol (neither type() nor isinstance() tells a symbol from a number while traced).
+    # Those take the full path too, which traces them as they are.
+    if not (scale is None or isinstance(scale, float)) or not isinstance(dropout_p, float):
+        return None
+    if scale is not None and max(scale, scale) is not scale:
+        return None
+    if max(dropout_p, dropout_p) is not dropout_p:
+        return None
     shapes = (query.shape, key.shape, value.shape)
     for shape in shapes:
         for size in shape:
-            # A static size is an int, and max() returns that very int; a dynamic one is
-            # a symbol, whose max() is a new symbol (neither type() nor isinstance()
-            # tells them apart while traced). Dynamic sizes take the full path, which
-            # traces them symbolically.
-            if max(size, 0) is not size:
+            if max(size, 0) is not size:  # a dynamic size, as above
                 return None
     route = _traced_route(
         (query.__class__, key.__class__, value.__class__),

@@ -240,3 +240,37 @@ def test_an_exported_plain_call_holds_the_traced_op_and_the_eager_numbers(strict
     assert len(ops) == 1 and f"attnkit.{sdpa_run.checked_op_name()}" in str(ops[0])
     want = attnkit.attention(q, k, v, mask=masks.causal())
     assert_close_to_scale(exported.module()(q, k, v), want)
+
+
+def test_numbers_that_vary_between_calls_give_the_reference_without_a_break() -> None:
+    """Numbers given to the compiled function turn dynamic once they take a second
+    value: a float scale, a window's side or a decode position made into a mask inside
+    it. Each call then takes the full path (a symbol is no constant for the route),
+    without a graph break under ``fullgraph=True``, with the reference's answer; a (H,)
+    tensor of scales does too."""
+    q, k, v = _qkv(5, 7)
+
+    def scaled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: float) -> torch.Tensor:
+        return attnkit.attention(q, k, v, mask=masks.causal(), scale=s)
+
+    def windowed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int) -> torch.Tensor:
+        return attnkit.attention(q, k, v, mask=masks.window(n, 1))
+
+    def decoded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: int) -> torch.Tensor:
+        return attnkit.attention(q, k, v, mask=masks.causal("bottom_right", q_offset=p))
+
+    compiled = torch.compile(scaled, fullgraph=True)
+    for s in (0.2, 0.3, 0.7):
+        assert_close_to_scale(
+            compiled(q, k, v, s), _reference(q, k, v, mask=masks.causal(), scale=s)
+        )
+    compiled = torch.compile(windowed, fullgraph=True)
+    for n in (0, 1, 3):
+        assert_close_to_scale(compiled(q, k, v, n), _reference(q, k, v, mask=masks.window(n, 1)))
+    compiled = torch.compile(decoded, fullgraph=True)
+    for p in (0, 1, 4):
+        want = _reference(q, k, v, mask=masks.causal("bottom_right", q_offset=p))
+        assert_close_to_scale(compiled(q, k, v, p), want)
+    heads = torch.tensor([0.3, 0.5, 0.9])
+    compiled = torch.compile(lambda q, k, v: scaled(q, k, v, heads), fullgraph=True)  # type: ignore[arg-type]
+    assert_close_to_scale(compiled(q, k, v), _reference(q, k, v, mask=masks.causal(), scale=heads))

@@ -128,9 +128,7 @@ def build_plan(
     key = (mask.signature(L, S), tuple(t._version for t in tensors), *key)
     store = _BY_OBJECT.setdefault(mask, {})
     built = store.get(key)
-    if built is not None and all(
-        ref() is t for ref, t in zip(built[0], tensors, strict=True)
-    ):
+    if built is not None and all(ref() is t for ref, t in zip(built[0], tensors, strict=True)):
         return built[1].with_blocks(block_q, block_k)
     if len(store) >= _MAX:
         store.clear()
