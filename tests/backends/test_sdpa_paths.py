@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnkit
-from attnkit import _host, masks, scores
+from attnkit import _host, masks, mods, scores
 from attnkit._inputs import validate_inputs
 from attnkit.backends.dispatch import get_backend
 from attnkit.backends.sdpa import SDPABackend, plan
@@ -181,3 +181,18 @@ def test_cuda_lse_op_choice() -> None:
     assert cuda_lse_op(torch.float32, 64, has_mask=False) == "efficient"
     assert cuda_lse_op(torch.float16, 320, has_mask=False) == "efficient"
     assert cuda_lse_op(torch.float64, 64, has_mask=False) is None
+
+
+@pytest.mark.parametrize("modifier", ["symmetric_alibi", "softcap"])
+def test_the_kernel_refuses_scores_it_cannot_apply_instead_of_dropping_them(
+    modifier: str,
+) -> None:
+    """Asked (past dispatch) to run a call whose scores keep a position table (a
+    symmetric ALiBi without a causal mask) or a softcap, sdpa's forward raises: its
+    kernel has no place for them, and dropping them would be a wrong answer."""
+    q, k, v = (t.float() for t in _qkv(1, 2, 4, 4))
+    modifier_of = {"symmetric_alibi": mods.alibi(2), "softcap": mods.softcap(5.0)}
+    inputs = validate_inputs(q, k, v, mods=[modifier_of[modifier]])
+    backend = SDPABackend()
+    with pytest.raises(RuntimeError, match="position table or a softcap"):
+        backend.forward(inputs)

@@ -160,15 +160,25 @@ def test_a_mask_whose_tensors_are_set_anew_is_planned_anew(name: str, backend: s
     assert scaled_error(again, first) > FLOAT32_REL  # the new values do change the call
 
 
-def test_a_static_field_set_anew_on_a_mask_with_tensors_is_planned_anew() -> None:
-    """A window at a tensor offset is planned per object; its sides are not tensors, so
-    setting one anew must change the plan's key too."""
+@pytest.mark.parametrize(
+    ("field", "value"), [("left", 0), ("align", "bottom_right"), ("k_offset", 2)]
+)
+def test_a_static_field_set_anew_on_a_mask_with_tensors_is_planned_anew(
+    field: str, value: object
+) -> None:
+    """A window at a tensor offset is planned per object; its sides, its alignment and
+    an int offset beside the tensor one are not tensors, so setting one anew must
+    change the plan's key too."""
     g = torch.Generator().manual_seed(9)
-    q, k, v = (torch.randn(1, 2, 9, 8, generator=g) for _ in range(3))
-    mask = masks.window(3, 1, q_offset=torch.tensor(0))
+    q, k, v = (torch.randn(1, 2, n, 8, generator=g) for n in (7, 9, 9))
+    mask = masks.window(3, 1, q_offset=torch.tensor(2))
     first = attnkit.attention(q, k, v, mask=mask)
-    mask.left = 0
+    setattr(mask, field, value)
     again = attnkit.attention(q, k, v, mask=mask)
-    want = attnkit.attention(q, k, v, mask=masks.window(0, 1))
+    fields = {"left": 3, "align": "top_left", "k_offset": 0, field: value}
+    fresh = masks.window(
+        fields["left"], 1, fields["align"], q_offset=torch.tensor(2), k_offset=fields["k_offset"]
+    )
+    want = attnkit.attention(q.double(), k.double(), v.double(), mask=fresh, backend="reference")
     assert_close_to_scale(again, want, rel=FLOAT32_CALL_REL)
     assert scaled_error(again, first) > FLOAT32_REL

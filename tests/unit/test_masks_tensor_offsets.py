@@ -15,7 +15,7 @@ import torch._dynamo
 import torch._dynamo.utils
 
 import attnkit
-from attnkit import _host, masks
+from attnkit import _host, masks, mods
 from attnkit.blockplan import build_plan
 
 from cases import matrix_backends
@@ -149,3 +149,42 @@ def test_a_compiled_call_keeps_one_graph_while_the_offset_moves() -> None:
         got = compiled(q, k, torch.tensor(pos))
         assert_close_to_scale(got, want, rel=FLOAT32_CALL_REL)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_a_symmetric_alibi_at_a_moved_tensor_offset_keeps_its_bias() -> None:
+    """Whether a symmetric ALiBi folds into a key bias (sdpa) depends on the offset's
+    value, which the mask's signature does not hold: the backend chosen at one offset
+    must not be reused at another where it would drop the bias (a decode loop moving
+    its position tensor in place, or a fresh mask at another position)."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 6, 8, generator=g) for _ in range(3))
+    alibi = mods.alibi(2)  # symmetric: it folds while every kept key is at or before its query
+    position = torch.tensor(0)
+    mask = masks.causal(q_offset=position)
+    for shift in (0, 3, 0):
+        position.fill_(shift)
+        for given in (mask, masks.causal(q_offset=torch.tensor(shift))):
+            got = attnkit.attention(q, k, v, mask=given, mods=alibi)
+            want = attnkit.attention(
+                q.double(), k.double(), v.double(), mask=masks.causal(q_offset=shift),
+                mods=alibi, backend="reference",
+            )  # fmt: skip
+            assert_close_to_scale(got, want, rel=FLOAT32_CALL_REL)
+
+
+def test_a_prefix_lm_offset_changed_in_place_is_seen_by_the_next_call() -> None:
+    """prefix_lm's causal part takes a tensor offset like causal(): an in-place change
+    reaches the next call's plan."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 6, 8, generator=g) for _ in range(3))
+    position = torch.tensor(0)
+    mask = masks.prefix_lm(1, q_offset=position)
+    first = attnkit.attention(q, k, v, mask=mask)
+    position.fill_(-3)
+    got = attnkit.attention(q, k, v, mask=mask)
+    want = attnkit.attention(
+        q.double(), k.double(), v.double(), mask=masks.prefix_lm(1, q_offset=-3),
+        backend="reference",
+    )  # fmt: skip
+    assert_close_to_scale(got, want, rel=FLOAT32_CALL_REL)
+    assert scaled_error(got, first) > FLOAT32_REL

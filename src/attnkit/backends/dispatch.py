@@ -41,7 +41,7 @@ from .._inputs import AttentionInputs
 from .._per_thread import THREAD
 from .base import Backend
 from .chunked import ChunkedBackend
-from .operands import gaussian_form
+from .operands import alibi_forms, gaussian_form
 from .reference import ReferenceBackend
 from .sdpa import SDPABackend
 from .triton import TritonBackend
@@ -345,8 +345,10 @@ def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
     forced = backend if backend is not None else forced_backends()
     key: tuple[object, ...] | None = None
     if not torch.compiler.is_compiling():  # (a traced dict lookup would guard on the dict)
-        # a Gaussian's form is read from the inputs' values (operands.gaussian_form)
-        key = (forced, _host.strict(), inputs.signature(), gaussian_form(inputs))
+        # a Gaussian's form is read from the inputs' values (operands.gaussian_form), and
+        # whether a symmetric ALiBi folds from a tensor offset's value (alibi_forms)
+        forms = (gaussian_form(inputs), alibi_forms(inputs) if inputs.mods else ())
+        key = (forced, _host.strict(), inputs.signature(), forms)
         hit = _CHOICES.get(key)
         if hit is not None:
             return hit

@@ -67,6 +67,7 @@ __all__ = [
     "DOT_FORM_LIMIT",
     "ScoreOperands",
     "alibi_folds",
+    "alibi_forms",
     "gaussian_dot_terms",
     "gaussian_form",
     "lower_score",
@@ -129,6 +130,18 @@ class ScoreOperands:
     pos: torch.Tensor | None = None
     softcaps: tuple[float, ...] = ()
     layout: HeadLayout = ONE_HEAD
+
+    def dot_products_only(self, backend: str) -> ScoreOperands:
+        """These operands, for a kernel of dot products and a key bias alone; raises when a
+        position table or a softcap remains, which such a kernel would drop: a backend
+        chosen for a call it cannot run fails loudly, never with a wrong answer."""
+        if self.pos is not None or self.softcaps:
+            raise RuntimeError(
+                f"attnkit: the {backend} backend was chosen for a call whose scores keep a "
+                "position table or a softcap, which its kernel cannot apply (a bug: please "
+                "report it); backend='chunked' runs the call meanwhile"
+            )
+        return self
 
     def finish_lse(self, lse: torch.Tensor) -> torch.Tensor:
         """The lse of the score's logits from the lse of the lowered ones, (..., L): the
@@ -358,6 +371,15 @@ def alibi_folds(inputs: AttentionInputs, mod: ALiBi) -> bool:
         return False
     pos = mod.positions(inputs.L, inputs.S)
     return band[1] + pos.k0 - pos.q0 <= 0  # every kept key at or before its query
+
+
+def alibi_forms(inputs: AttentionInputs) -> tuple[bool, ...]:
+    """Whether each symmetric ALiBi of the call folds (:func:`alibi_folds`), in order;
+    () without one. It is read off the mask's band, which a tensor offset makes data
+    that the mask's signature does not hold: dispatch keys its cached choice on it."""
+    return tuple(
+        alibi_folds(inputs, m) for m in inputs.mods if isinstance(m, ALiBi) and not m.causal
+    )
 
 
 def _with_mods(inputs: AttentionInputs, ops: ScoreOperands, *, fold_alibi: bool) -> ScoreOperands:

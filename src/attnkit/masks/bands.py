@@ -173,8 +173,11 @@ class WindowMask(Mask):
 
     def signature(self, L: int, S: int) -> tuple[object, ...]:
         off = self.offset(L, S)
-        if isinstance(off, torch.Tensor):  # the offset is data: its metadata only
-            return (*super().signature(L, S), self.left, self.right, self.align)
+        if isinstance(off, torch.Tensor):  # a tensor offset is data: its metadata only
+            ints = tuple(
+                None if isinstance(o, torch.Tensor) else o for o in (self.q_offset, self.k_offset)
+            )
+            return (*super().signature(L, S), self.left, self.right, self.align, ints)
         return (type(self), self.left, self.right, self.align, off)
 
 
@@ -258,8 +261,8 @@ class PrefixLMMask(Mask):
         prefix: int | torch.Tensor | Sequence[int],
         align: Align = "top_left",
         *,
-        q_offset: int = 0,
-        k_offset: int = 0,
+        q_offset: Offset = 0,
+        k_offset: Offset = 0,
     ) -> None:
         what = "an int >= 0 or a (B,) integer tensor"
         if isinstance(prefix, (bool, numbers.Number, str, bytes)):
@@ -310,7 +313,7 @@ class PrefixLMMask(Mask):
         return shard
 
     def _tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.prefix,)
+        return (self.prefix, *self.causal._tensors())  # with the causal part's tensor offsets
 
     def map_tensors(self, fn: Callable[[torch.Tensor, str], torch.Tensor]) -> Mask:
         out = PrefixLMMask.__new__(PrefixLMMask)
@@ -412,8 +415,8 @@ def prefix_lm(
     prefix: int | torch.Tensor | Sequence[int],
     align: Align = "top_left",
     *,
-    q_offset: int = 0,
-    k_offset: int = 0,
+    q_offset: Offset = 0,
+    k_offset: Offset = 0,
 ) -> PrefixLMMask:
     """Prefix LM: keys ``j < prefix`` are seen by every query (a bidirectional prefix),
     and key ``j`` by query ``i`` when ``j <= i`` (causal). ``prefix``: an int or a (B,)
@@ -425,16 +428,18 @@ def prefix_lm(
             dim.
         align: ``"top_left"`` (default) or ``"bottom_right"``: where the causal part
             sits when L != S, as for :func:`causal`.
-        q_offset: keyword-only int, global position of query row 0 (default 0).
-        k_offset: keyword-only int, global position of key column 0 (default 0).
+        q_offset: keyword-only, global position of query row 0 (default 0): an int or
+            a 0-d integer tensor, as for :func:`causal`.
+        k_offset: keyword-only, global position of key column 0 (default 0), likewise.
 
     Returns:
         A :class:`PrefixLMMask` (the prefix OR the causal band), kept symbolic.
 
     Raises:
         TypeError, ValueError: ``prefix`` is not an int >= 0 or a (B,) integer tensor
-            of lengths >= 0, ``align`` is neither name, or an offset is not an int;
-            when the mask is used, B lengths for a call whose batch is not B.
+            of lengths >= 0, ``align`` is neither name, or an offset is not an int or a
+            one-element integer tensor; when the mask is used, B lengths for a call whose
+            batch is not B.
 
     Examples:
         >>> from attnkit import masks

@@ -143,7 +143,9 @@ class SDPABackend(Backend):
         # plain same-dtype math; (scaled) dot scores keep the half kernel, with or without
         # weights (its lse is float32 either way)
         upcast = inputs.dtype != inputs.compute_dtype and plan.half_needs_float32(inputs)
-        ops = lower_score(inputs, row_constant=inputs.return_lse, upcast=upcast, fold_alibi=True)
+        ops = lower_score(
+            inputs, row_constant=inputs.return_lse, upcast=upcast, fold_alibi=True
+        ).dot_products_only(self.name)
         q, k, key_bias, excluded = ops.q, ops.k, ops.key_bias, ops.excluded
         v, layout = inputs.value, inputs.layout
         if key_bias is not None and inputs.mask is not None:

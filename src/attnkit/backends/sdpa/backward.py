@@ -69,6 +69,7 @@ def sdpa_backward(call: BackwardCall) -> InputGrads:
     with torch.enable_grad():
         leaves, rec = leaf_call(inputs)
         ops = lower_score(rec, upcast=True, row_constant=True, fold_alibi=True)
+        ops = ops.dot_products_only("sdpa")
         if ops.excluded is not None:
             return materialized_backward(call)
         qd, kd = ops.with_key_bias_feature()  # q'·k' + b == [q', 1]·[k', b]
