@@ -598,3 +598,30 @@ def test_double_backward_like_torch(options: dict[str, bool]) -> None:
         return (out,) if w is None else (out, w)
 
     assert torch.autograd.gradgradcheck(f, (x, y), atol=GRADCHECK_ATOL, fast_mode=True)
+
+
+@pytest.mark.parametrize("mode", ["train", "eval", "eval_no_grad"])
+@pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
+def test_num_heads_set_after_construction_splits_the_heads_as_torch_does(
+    mode: str, cross: bool
+) -> None:
+    """torch's layer reads ``num_heads`` at each call (its weights do not depend on it):
+    ours too, on every path, with the same output and per-head weights; a number that
+    does not divide embed_dim is refused, naming both."""
+    theirs, ours = _pair(11, embed_dim=16, num_heads=4, batch_first=True, dropout=0.0)
+    for layer in (theirs, ours):
+        layer.num_heads = 2
+        layer.train(mode == "train")
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(2, 5, 16, generator=g)
+    kv = torch.randn(2, 7, 16, generator=g) if cross else x
+    with torch.set_grad_enabled(mode != "eval_no_grad"):
+        want, want_w = theirs(x, kv, kv, average_attn_weights=False)
+        got, got_w = ours(x, kv, kv, average_attn_weights=False)
+    assert ours.head_dim == 8
+    assert got_w is not None and want_w is not None and got_w.shape == want_w.shape
+    assert_close_to_scale(got, want, rel=FLOAT32_CHAIN_REL)
+    assert_close_to_scale(got_w, want_w, rel=FLOAT32_CHAIN_REL)
+    ours.num_heads = 3
+    with pytest.raises(ValueError, match="num_heads=3 must divide embed_dim=16"):
+        ours(x, kv, kv)

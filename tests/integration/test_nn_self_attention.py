@@ -404,3 +404,20 @@ def test_attention_override_routes_every_layer_inside_the_block_only() -> None:
     assert scaled_error(inside, before) > FLOAT32_REL  # the spy's zeros reached the output
     torch.testing.assert_close(sa(x), before, rtol=0, atol=0)  # unchanged after the block
     assert len(seen) == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("num_heads", 2), ("num_kv_heads", 1), ("head_dim", 8), ("hidden_dim", 8)]
+)
+def test_a_size_the_projections_were_built_for_cannot_be_set_again(name: str, value: int) -> None:
+    """Setting a size after construction would split the heads against weights built for
+    another: it is refused at once, naming the size, and the layer still works; other
+    attributes (causal, dropout) stay settable."""
+    sa = SelfAttention(16, num_heads=4, num_kv_heads=2)
+    x = torch.randn(1, 3, 16, generator=torch.Generator().manual_seed(2))
+    before = sa(x)
+    with pytest.raises(AttributeError, match=f"{name} is fixed when the layer is built"):
+        setattr(sa, name, value)
+    torch.testing.assert_close(sa(x), before, rtol=0, atol=0)
+    sa.causal = True
+    assert sa.causal is True

@@ -130,7 +130,6 @@ class MultiheadAttention(nn.Module):
         self.num_heads = num_heads
         self.dropout = check_dropout(_OWNER, dropout)
         self.batch_first = bool(batch_first)
-        self.head_dim = embed_dim // num_heads
         self.add_zero_attn = bool(add_zero_attn)
 
         self.in_proj_weight: nn.Parameter | None
@@ -178,6 +177,23 @@ class MultiheadAttention(nn.Module):
         if self.bias_k is not None and self.bias_v is not None:
             nn.init.xavier_normal_(self.bias_k)
             nn.init.xavier_normal_(self.bias_v)
+
+    @property
+    def head_dim(self) -> int:
+        """Features per head, ``embed_dim // num_heads``, read from ``num_heads`` as it is
+        now (torch's layer also takes a ``num_heads`` set after construction).
+
+        Raises:
+            TypeError, ValueError: ``num_heads`` was set to something other than a
+                positive int that divides ``embed_dim``.
+        """
+        E, H = self.embed_dim, check_positive_int(_OWNER, "num_heads", self.num_heads)
+        if E % H:
+            raise ValueError(
+                f"{_OWNER}: num_heads={H} must divide embed_dim={E} (each head gets "
+                "embed_dim / num_heads features)"
+            )
+        return E // H
 
     def extra_repr(self) -> str:
         return (

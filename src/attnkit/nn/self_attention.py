@@ -43,6 +43,8 @@ from .kv_cache import KVCache
 __all__ = ["SelfAttention"]
 
 _OWNER = "SelfAttention"
+_SIZES = frozenset({"hidden_dim", "num_heads", "num_kv_heads", "head_dim", "kv_dim", "fused_qkv"})
+"""Attributes the projections' weights are sized by: fixed once the layer is built."""
 
 
 class SelfAttention(nn.Module):
@@ -109,6 +111,22 @@ class SelfAttention(nn.Module):
             self.k = nn.Linear(hidden_dim, self.kv_dim, **factory)
             self.v = nn.Linear(hidden_dim, self.kv_dim, **factory)
         self.output_proj = nn.Linear(hidden_dim, hidden_dim, **factory) if out_proj else None
+
+    def __setattr__(self, name: str, value: object) -> None:
+        """As :class:`torch.nn.Module`'s, but the sizes the projections were built for
+        (``hidden_dim``, ``num_heads``, ``num_kv_heads``, ``head_dim``, ``kv_dim``,
+        ``fused_qkv``) cannot be set again: the weights would not match them.
+
+        Raises:
+            AttributeError: one of those sizes, once the layer is built.
+        """
+        if name in _SIZES and name in self.__dict__:
+            raise AttributeError(
+                f"{_OWNER}: {name} is fixed when the layer is built (its projections are "
+                f"sized for {name}={self.__dict__[name]!r}); build a new layer for "
+                f"{name}={value!r}"
+            )
+        super().__setattr__(name, value)  # type: ignore[arg-type]
 
     def extra_repr(self) -> str:
         extra = f", num_kv_heads={self.num_kv_heads}" if self.num_kv_heads != self.num_heads else ""
