@@ -144,7 +144,7 @@ def test_lazy_parameters_move_and_train() -> None:
     opt.step()
     assert all(p.grad is not None for p in ours.parameters())
     assert "query_features=6" in repr(ours)
-    with pytest.raises(ValueError, match="expected 6 as given at construction"):
+    with pytest.raises(ValueError, match="expected 6 as built at the first call"):
         ours(torch.randn(2, 5, 7, dtype=torch.float64), x)  # sizes are fixed once built
 
 

@@ -84,6 +84,9 @@ class EinsumMultiHeadAttention(nn.Module):
     and ``gate_bias`` (H, Dv).
     """
 
+    _sizes_from = "as given at construction"
+    """Where the feature sizes came from, for errors (a lazy subclass builds them later)."""
+
     def __init__(
         self,
         num_heads: int,
@@ -353,7 +356,7 @@ class EinsumMultiHeadAttention(nn.Module):
             if t.shape[-1] != f:
                 raise ValueError(
                     f"{_OWNER}: {name} has {t.shape[-1]} features (last dim of {shape_str(t)}), "
-                    f"expected {f} as given at construction"
+                    f"expected {f} {self._sizes_from}"
                 )
         assert isinstance(query, torch.Tensor) and isinstance(value, torch.Tensor)
         assert isinstance(key, torch.Tensor)

@@ -61,6 +61,8 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
     torch.Size([8, 2, 4])
     """
 
+    _sizes_from = "as built at the first call (or loaded)"
+
     cls_to_become = None  # stays this class: its forward takes Keras's ``training``
 
     def __init__(
