@@ -429,7 +429,9 @@ def _check_mods(mods: object, heads: int, device: torch.device) -> tuple[Mod, ..
 
 def _check_head_scale(scale: torch.Tensor, heads: int, device: torch.device) -> torch.Tensor:
     check_strided("", "scale", scale)
-    if scale.ndim != 1 or not scale.is_floating_point() or scale.shape[0] not in (1, heads):
+    # (!=, not `in`: dynamo's `in` misses a dynamic size equal to an int)
+    n = scale.shape[0] if scale.ndim == 1 else 0
+    if scale.ndim != 1 or not scale.is_floating_point() or (n != 1 and n != heads):
         raise ValueError(
             f"scale: a tensor scale is one multiplier per query head, shape ({heads},) "
             f"(or (1,)), floating point; got shape {_shape(scale)} and dtype {scale.dtype}"

@@ -242,11 +242,14 @@ def _traced_call(
             # there, once dynamo has seen two values of it (see below).
             if isinstance(field, int) and max(field, field) is not field:
                 return None
-    # Only a float scale (or None) and a float dropout_p are plain (a (H,) tensor of
-    # scales is not; the full path checks the rest). A constant float is its own max(); a
-    # dynamic one (an argument that took two values) is a symbol, whose max() is a new
-    # symbol (neither type() nor isinstance() tells a symbol from a number while traced).
-    # Those take the full path too, which traces them as they are.
+    # Only a score named by a string, a float scale (or None) and a float dropout_p are
+    # plain (a score object, or a (H,) tensor of scales, is no constant of the route; the
+    # full path checks the rest). A constant float is its own max(); a dynamic one (an
+    # argument that took two values) is a symbol, whose max() is a new symbol (neither
+    # type() nor isinstance() tells a symbol from a number while traced). Those take the
+    # full path too, which traces them as they are.
+    if not isinstance(score, str):
+        return None
     if not (scale is None or isinstance(scale, float)) or not isinstance(dropout_p, float):
         return None
     if scale is not None and max(scale, scale) is not scale:

@@ -436,7 +436,12 @@ class Gaussian(Score):
     def _center(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """Mean key (..., 1, E), shared by every query that sees these keys (GQA too)."""
         center = k.detach().mean(dim=-2, keepdim=True)  # (..., Hk, 1, E)
-        if q.ndim >= 3 and center.ndim >= 3 and center.shape[-3] not in (1, q.shape[-3]):
+        if (
+            q.ndim >= 3
+            and center.ndim >= 3
+            and center.shape[-3] != 1
+            and center.shape[-3] != q.shape[-3]
+        ):
             center = center.mean(dim=-3, keepdim=True)  # (..., 1, 1, E)
         return center
 

@@ -188,7 +188,7 @@ def check_full_mask(
 def call_batch_shape(q_shape: Sequence[int], k_shape: Sequence[int]) -> tuple[int, ...]:
     """Leading dims of the call (query's heads win over key's under grouped-query)."""
     qb, kb = list(q_shape[:-2]), list(k_shape[:-2])
-    if qb and kb and kb[-1] not in (1, qb[-1]):
+    if qb and kb and kb[-1] != 1 and kb[-1] != qb[-1]:
         kb[-1] = qb[-1]
     return tuple(int(d) for d in torch.broadcast_shapes(torch.Size(qb), torch.Size(kb)))
 

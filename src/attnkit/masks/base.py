@@ -53,7 +53,9 @@ def check_broadcast_to(
 ) -> None:
     """Raise ValueError unless ``shape`` broadcasts to ``target`` without growing it."""
     ok = len(shape) <= len(target) and all(
-        s in (1, t) for s, t in zip(reversed(shape), reversed(target), strict=False)
+        # (==, not `in`: dynamo's `in` misses a dynamic size equal to an int)
+        s == 1 or s == t
+        for s, t in zip(reversed(shape), reversed(target), strict=False)
     )
     if not ok:
         raise ValueError(

@@ -230,6 +230,12 @@ class DocumentMask(Mask):
         """Documents of given lengths packed one after another: (D,) for one sequence, or
         (B, D) per batch element (zero lengths allowed); positions past a row's total are
         padding (id -1)."""
+        if torch.compiler.is_compiling():
+            raise ValueError(
+                "masks.document: lengths= sizes the ids from the lengths' values, which "
+                "torch.compile cannot trace; build the mask outside the compiled function and "
+                "pass it in, or give the ids: masks.document(ids)"
+            )
         lens = as_int_tensor("masks.document", "lengths", lengths, ndims=(1, 2),
                              layout="(D,) or (B, D)")  # fmt: skip
         if lens.numel() and int(lens.min()) < 0:
@@ -259,7 +265,7 @@ class DocumentMask(Mask):
                 )
             if t.ndim == 2:
                 B = _needs_batch("masks.document with (B, N) ids", batch_shape)
-                if t.shape[0] not in (1, B):
+                if t.shape[0] != 1 and t.shape[0] != B:  # (not `in`, as in check_broadcast_to)
                     raise ValueError(
                         f"mask: masks.document {name} have {t.shape[0]} rows, but the batch dim "
                         f"(first leading dim) is {B}"

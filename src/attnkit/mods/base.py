@@ -30,7 +30,6 @@ that cancel.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -220,8 +219,11 @@ class PositionMod(Mod):
         its parameters); itself when its bias is bounded (nothing large to leave out)."""
         if not self.grows_with_distance or self.common_dropped:
             return self
-        clone = copy.copy(self)  # a new __dict__; the parameter dict is shared
-        clone.common_dropped = True
+        # (a new __dict__ sharing the parameter dict; not copy.copy(), which dynamo
+        # cannot trace through a module's __setstate__)
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone.__dict__["common_dropped"] = True
         return clone
 
     def offsets(self, L: int, S: int, device: torch.device) -> tuple[torch.Tensor, int]:

@@ -116,7 +116,8 @@ class Sinks(Mod):
         return (self.sink,)
 
     def check(self, heads: int, where: str = "mods") -> None:
-        if self.sink.shape[0] not in (1, heads):
+        n = self.sink.shape[0]
+        if n != 1 and n != heads:  # (not `in`: dynamo's `in` misses a dynamic size equal to it)
             raise ValueError(
                 f"{where}: mods.sinks has {self.sink.shape[0]} logits, but the call has {heads} "
                 "query heads (dim -3)"

@@ -106,7 +106,8 @@ class ALiBi(PositionMod):
         self.slopes = t  # an nn.Parameter registers with this module
 
     def check(self, heads: int, where: str = "mods") -> None:
-        if self.slopes.shape[0] not in (1, heads):
+        n = self.slopes.shape[0]
+        if n != 1 and n != heads:  # (not `in`: dynamo's `in` misses a dynamic size equal to it)
             raise ValueError(
                 f"{where}: mods.alibi has {self.slopes.shape[0]} slopes, but the call has "
                 f"{heads} query heads (dim -3); expected one slope per head"
@@ -272,7 +273,8 @@ class RelativePositionBias(PositionMod):
         self.bidirectional = bidirectional
 
     def check(self, heads: int, where: str = "mods") -> None:
-        if self.table.shape[1] not in (1, heads):
+        n = self.table.shape[1]
+        if n != 1 and n != heads:  # (not `in`, as in ALiBi.check)
             raise ValueError(
                 f"{where}: mods.relative_position_bias has a table for {self.table.shape[1]} "
                 f"heads, but the call has {heads} query heads (dim -3)"

@@ -249,7 +249,8 @@ def _attn_mask_4d(
         if lead == 1:
             return am.view(1, 1, L, S)  # (1, 1, L, S)
         raise bad
-    if am.shape[0] in (1, N) and am.shape[1] in (1, H):
+    # (==, not `in`: dynamo's `in` misses a dynamic size equal to an int)
+    if (am.shape[0] == 1 or am.shape[0] == N) and (am.shape[1] == 1 or am.shape[1] == H):
         return am  # (N or 1, H or 1, L, S)
     raise bad
 

@@ -417,7 +417,7 @@ class EinsumMultiHeadAttention(nn.Module):
             lead = m.shape[: m.ndim - 2 * n]
             # Keras's rule: the missing dims are inserted just before the attention dims.
             m = m.reshape(*lead, *([1] * (len(full) - m.ndim)), *m.shape[m.ndim - 2 * n :])
-            if any(d not in (1, f) for d, f in zip(m.shape, full, strict=True)):
+            if any(d != 1 and d != f for d, f in zip(m.shape, full, strict=True)):  # (not `in`)
                 raise ValueError(
                     f"{_OWNER}: attention_mask of shape {shape_str(attention_mask)} does not "
                     f"broadcast to the scores {shape_str(full)} (batch axes..., heads, query "

@@ -57,6 +57,11 @@ class SDPABackend(Backend):
                 )
             elif inputs.dropout_p > 0:
                 reasons.append("dropout with a differentiable lse (the backward would replay it)")
+            elif torch.compiler.is_compiling():
+                reasons.append(
+                    "under torch.compile, a differentiable lse (its backward calls "
+                    "torch.autograd.grad, which dynamo does not trace)"
+                )
         for m in inputs.mods:
             if isinstance(m, ALiBi) and not alibi_folds(inputs, m):
                 reasons.append(
