@@ -43,8 +43,12 @@ MAX_POSITION = 2**60
 (a few of them added together stay inside int64, the dtype positions are computed in)."""
 
 
-def shape_text(shape: Sequence[int]) -> str:
-    return "(" + ", ".join(str(int(d)) for d in shape) + ")"
+def shape_text(shape: Sequence[int] | torch.Tensor) -> str:
+    """``(2, 3, 4)`` for a shape or a tensor: the one spelling of shapes in attnkit's
+    errors. (An f-string, not ``str()``: dynamo formats a dynamic size that way only, so
+    an error raised while compiling with dynamic shapes keeps its message.)"""
+    dims = shape.shape if isinstance(shape, torch.Tensor) else shape
+    return "(" + ", ".join(f"{int(d)}" for d in dims) + ")"
 
 
 def as_int(

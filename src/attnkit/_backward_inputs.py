@@ -23,15 +23,12 @@ from collections.abc import Sequence
 
 import torch
 
+from ._args import shape_text as _shape
 from ._host import readable
 from ._inputs import AttentionInputs
 from ._strided import check_strided
 
 __all__ = ["check_backward_tensors"]
-
-
-def _shape(shape: Sequence[int]) -> str:
-    return "(" + ", ".join(str(int(d)) for d in shape) + ")"
 
 
 def _tensor(

@@ -8,12 +8,12 @@ canonical score and mask objects, the resolved scale and the flags.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from . import masks as _masks
+from ._args import shape_text as _shape
 from ._host import readable
 from ._layout import HeadLayout
 from ._score_names import check_score_name
@@ -162,11 +162,6 @@ class AttentionInputs:
             self.check_finite,
             None if self.head_scale is None else tuple(self.head_scale.shape),
         )
-
-
-def _shape(t: torch.Tensor | Sequence[int]) -> str:
-    dims = t.shape if isinstance(t, torch.Tensor) else t
-    return "(" + ", ".join(str(int(d)) for d in dims) + ")"
 
 
 _NESTED_HINT = {

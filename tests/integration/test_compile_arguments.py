@@ -136,3 +136,16 @@ def test_document_lengths_inside_a_compiled_function_are_refused_by_name() -> No
         lambda q, k, v, m: attnkit.attention(q, k, v, mask=m), backend="eager", fullgraph=True
     )
     assert_close_to_scale(outside(q, k, v, mask), inside(q, k, v), rel=FLOAT32_CALL_REL)
+
+
+def test_a_size_error_under_dynamic_shapes_keeps_its_message() -> None:
+    """A mask of the wrong size, compiled with dynamic shapes: the error carries
+    attnkit's message with the sizes written out (dynamo formats a symbolic size in an
+    f-string, not through str())."""
+    q, k, v = _qkv()
+
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attnkit.attention(q, k, v, mask=masks.keep(torch.ones(3, 8, 8, dtype=torch.bool)))
+
+    with pytest.raises(Exception, match=r"has shape \(3, 8, 8\), which does not broadcast"):
+        torch.compile(call, backend="eager", dynamic=True, fullgraph=True)(q, k, v)

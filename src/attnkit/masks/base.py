@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._args import shape_text as shape_str
 from ..blockplan.atoms import DNF
 
 __all__ = [
@@ -42,10 +43,6 @@ class DenseMask:
 
     keep: torch.Tensor | None
     bias: torch.Tensor | None
-
-
-def shape_str(shape: Sequence[int]) -> str:
-    return "(" + ", ".join(str(int(d)) for d in shape) + ")"
 
 
 def check_broadcast_to(

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .. import masks
+from .._args import shape_text as shape_str
 from ..functional import attention
 
 __all__ = [
@@ -46,12 +47,6 @@ class InputShapeError(ValueError, AssertionError):
     that catch ``AssertionError`` keep working with the drop-in. The message
     names the argument, the shape received and the shape expected.
     """
-
-
-def shape_str(shape: Sequence[int] | torch.Tensor) -> str:
-    """``(2, 3, 4)`` for a shape or a tensor."""
-    dims = shape.shape if isinstance(shape, torch.Tensor) else shape
-    return "(" + ", ".join(str(int(d)) for d in dims) + ")"
 
 
 def check_positive_int(owner: str, name: str, value: object) -> int:
