@@ -172,13 +172,12 @@ class WindowMask(Mask):
         return tuple(t for t in (self.q_offset, self.k_offset) if isinstance(t, torch.Tensor))
 
     def signature(self, L: int, S: int) -> tuple[object, ...]:
-        off = self.offset(L, S)
-        if isinstance(off, torch.Tensor):  # a tensor offset is data: its metadata only
-            ints = tuple(
-                None if isinstance(o, torch.Tensor) else o for o in (self.q_offset, self.k_offset)
-            )
+        offsets = (self.q_offset, self.k_offset)
+        if any(isinstance(o, torch.Tensor) for o in offsets):
+            # a tensor offset is data: its metadata only (and no tensor made to say so)
+            ints = tuple(None if isinstance(o, torch.Tensor) else o for o in offsets)
             return (*super().signature(L, S), self.left, self.right, self.align, ints)
-        return (type(self), self.left, self.right, self.align, off)
+        return (type(self), self.left, self.right, self.align, self.offset(L, S))
 
 
 _W = TypeVar("_W", bound=WindowMask)
