@@ -149,3 +149,15 @@ def test_a_size_error_under_dynamic_shapes_keeps_its_message() -> None:
 
     with pytest.raises(Exception, match=r"has shape \(3, 8, 8\), which does not broadcast"):
         torch.compile(call, backend="eager", dynamic=True, fullgraph=True)(q, k, v)
+
+
+def test_the_chunked_backend_is_refused_under_compile_with_its_reason() -> None:
+    """chunked loops over tiles in Python; forced under compile, even with no mask, the
+    refusal says so rather than blaming a mask the call does not have."""
+    q, k, v = _qkv()
+
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attnkit.attention(q, k, v, backend="chunked")
+
+    with pytest.raises(Exception, match="tiles run in a Python loop"):
+        torch.compile(call, backend="eager", fullgraph=True)(q, k, v)

@@ -52,8 +52,9 @@ class ChunkedBackend(Backend):
             )
         if torch.compiler.is_compiling():
             reasons.append(
-                "under torch.compile: block skipping reads mask lengths on the host, which "
-                "cannot be traced"
+                "under torch.compile: its tiles run in a Python loop, which a trace would "
+                "unroll into one graph node per tile, and its block skipping reads the "
+                "mask's lengths on the host"
             )
         if any(not readable(t) for t in inputs.block_plan().host_tensors()):
             reasons.append(
