@@ -188,3 +188,36 @@ def test_a_prefix_lm_offset_changed_in_place_is_seen_by_the_next_call() -> None:
     )  # fmt: skip
     assert_close_to_scale(got, want, rel=FLOAT32_CALL_REL)
     assert scaled_error(got, first) > FLOAT32_REL
+
+
+def test_the_backend_run_at_a_moved_offset_is_the_one_explain_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Which band a tensor offset keeps decides, say, whether sdpa would build it densely:
+    dispatch keys its cached choice on the lowered plan, so the call at a moved offset
+    runs the backend that explain() names for it, not the one chosen at the old value."""
+    from attnkit.backends.chunked import ChunkedBackend
+    from attnkit.backends.reference import ReferenceBackend
+    from attnkit.backends.sdpa import SDPABackend
+
+    ran: list[str] = []
+    for cls in (SDPABackend, ChunkedBackend, ReferenceBackend):
+
+        def spy(self, inputs, _forward=cls.forward):  # type: ignore[no-untyped-def]
+            ran.append(self.name)
+            return _forward(self, inputs)
+
+        monkeypatch.setattr(cls, "forward", spy)
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 8, 16, generator=g) for _ in range(3))
+    position = torch.tensor(0)
+    mask = masks.causal(q_offset=position)
+    chosen = set()
+    for shift in (0, 3, 0, 3):
+        position.fill_(shift)
+        named = attnkit.explain(q, k, v, mask=mask).chosen
+        ran.clear()
+        attnkit.attention(q, k, v, mask=mask)
+        assert ran == [named], (shift, ran, named)
+        chosen.add(named)
+    assert len(chosen) == 2  # (the two offsets are lowered differently)

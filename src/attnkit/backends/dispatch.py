@@ -335,6 +335,16 @@ def explain_inputs(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
     )
 
 
+def _value_forms(inputs: AttentionInputs) -> tuple[object, ...]:
+    """What the backends' reasons read from tensor values, which the inputs' signature
+    leaves out: a Gaussian's form (:func:`.operands.gaussian_form`), whether each
+    symmetric ALiBi folds, and the lowered plan of a mask at a tensor offset (which band
+    it keeps decides, say, whether sdpa would build it densely)."""
+    mask = inputs.mask
+    plan = inputs.block_plan().signature() if mask is not None and mask.has_tensor_offsets() else ()
+    return (gaussian_form(inputs), alibi_forms(inputs) if inputs.mods else (), plan)
+
+
 def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = None) -> Backend:
     """The backend that runs this call; raises BackendNotSupportedError when none can.
 
@@ -345,10 +355,7 @@ def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
     forced = backend if backend is not None else forced_backends()
     key: tuple[object, ...] | None = None
     if not torch.compiler.is_compiling():  # (a traced dict lookup would guard on the dict)
-        # a Gaussian's form is read from the inputs' values (operands.gaussian_form), and
-        # whether a symmetric ALiBi folds from a tensor offset's value (alibi_forms)
-        forms = (gaussian_form(inputs), alibi_forms(inputs) if inputs.mods else ())
-        key = (forced, _host.strict(), inputs.signature(), forms)
+        key = (forced, _host.strict(), inputs.signature(), _value_forms(inputs))
         hit = _CHOICES.get(key)
         if hit is not None:
             return hit

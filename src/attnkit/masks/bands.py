@@ -111,6 +111,9 @@ class WindowMask(Mask):
         self.q_offset = _check_offset(where, "q_offset", q_offset)
         self.k_offset = _check_offset(where, "k_offset", k_offset)
 
+    def has_tensor_offsets(self) -> bool:
+        return not (isinstance(self.q_offset, int) and isinstance(self.k_offset, int))
+
     def static_key(self) -> tuple[object, ...] | None:
         """(class, left, right, align, offsets) while both offsets are ints; None for a
         tensor offset, which is data."""
@@ -310,6 +313,9 @@ class PrefixLMMask(Mask):
         shard.k_shift = self.k_shift + k0
         shard.causal = self.causal._shard(q0, k0, L, S, total_L, total_S)  # type: ignore[assignment]
         return shard
+
+    def has_tensor_offsets(self) -> bool:
+        return self.causal.has_tensor_offsets()
 
     def _tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.prefix, *self.causal._tensors())  # with the causal part's tensor offsets

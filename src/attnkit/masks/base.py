@@ -222,6 +222,12 @@ class Mask:
         kind, static parameters and its tensors' shapes, dtypes, devices and grad flags."""
         return (type(self), *(_tensor_signature(t) for t in self._tensors()))
 
+    def has_tensor_offsets(self) -> bool:
+        """True when a position offset of this mask (or of a part of it) is a tensor: which
+        band it keeps is then read from that tensor's value, which :meth:`signature`
+        leaves out (dispatch then keys its cached choice on the lowered plan)."""
+        return any(c.has_tensor_offsets() for c in self.children())
+
     def static_key(self) -> tuple[object, ...] | None:
         """A hashable key that fixes this mask whole, for a mask that holds no tensor
         (a causal or window band with integer offsets): equal keys, equal masks, for
