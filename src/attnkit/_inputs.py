@@ -8,7 +8,7 @@ canonical score and mask objects, the resolved scale and the flags.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -66,6 +66,9 @@ class AttentionInputs:
     """The largest term of a Gaussian score's dot form in units of the logits, measured
     when its form is decided (:func:`attnkit.backends.operands.gaussian_dot_terms`);
     None until then, or where it was not measured."""
+    _plan: BlockPlan | None = field(default=None, init=False, repr=False, compare=False)
+    """:meth:`block_plan`'s answer once asked (dispatch, the backend's reasons and its
+    kernel each ask); not carried over by ``dataclasses.replace``."""
 
     @property
     def mod_kinds(self) -> frozenset[str]:
@@ -117,9 +120,11 @@ class AttentionInputs:
     def block_plan(self) -> BlockPlan:
         """The call's mask lowered once (:func:`attnkit.blockplan.build_plan`, cached),
         with the logits in the compute dtype. Tile sizes are the caller's to set."""
-        return build_plan(
-            self.mask, self.L, self.S, self.batch_shape, self.device, dtype=self.compute_dtype
-        )
+        if self._plan is None:
+            self._plan = build_plan(
+                self.mask, self.L, self.S, self.batch_shape, self.device, dtype=self.compute_dtype
+            )
+        return self._plan
 
     @property
     def needs_grad(self) -> bool:
