@@ -42,6 +42,37 @@ def test_gradcheck(score_name: str, mask_name: str, device: str, backend: str) -
     )
 
 
+@pytest.mark.parametrize("query_grad", [False, True])
+@pytest.mark.parametrize("lse", ["return_lse", "sinks"])
+def test_a_learnable_bias_mask_gets_its_gradient_through_the_lse(
+    lse: str, query_grad: bool, backend: str
+) -> None:
+    """A bias mask that requires grad, in a call whose lse is differentiated (asked for,
+    or taken by sinks to join the softmax): the bias's gradient is exact on every
+    backend that runs the call, automatic dispatch included (sdpa's fused lse carries no
+    gradient to a bias, so it refuses the call)."""
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(1, 2, 3, 4, generator=g, dtype=torch.float64)
+    k = torch.randn(1, 2, 5, 4, generator=g, dtype=torch.float64)
+    v = torch.randn(1, 2, 5, 3, generator=g, dtype=torch.float64)
+    bias = torch.randn(1, 2, 3, 5, generator=g, dtype=torch.float64).requires_grad_()
+    q.requires_grad_(query_grad)
+    kwargs = {"return_lse": True} if lse == "return_lse" else {"mods": attnkit.mods.sinks(
+        torch.tensor([0.3, -0.2], dtype=torch.float64))}  # fmt: skip
+    for name in (backend, None):
+        ex = attnkit.explain(q, k, v, mask=masks.bias(bias), backend=name, **kwargs)
+        if ex.chosen is None:
+            continue
+
+        def fn(q: torch.Tensor, b: torch.Tensor, name: str | None = name) -> torch.Tensor:
+            got = attnkit.attention(q, k, v, mask=masks.bias(b), backend=name, **kwargs)
+            if isinstance(got, tuple):  # (out, lse): both differentiated
+                return got[0].sum(-1) + got[1]  # (B, H, L)
+            return got
+
+        assert torch.autograd.gradcheck(fn, (q, bias), eps=1e-6, atol=GRADCHECK_ATOL)
+
+
 @pytest.mark.parametrize("score_name", ["gaussian", "bilinear", "additive"])
 def test_learnable_score_parameters_get_gradients(
     score_name: str, device: str, backend: str

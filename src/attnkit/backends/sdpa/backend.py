@@ -62,6 +62,11 @@ class SDPABackend(Backend):
                     "under torch.compile, a differentiable lse (its backward calls "
                     "torch.autograd.grad, which dynamo does not trace)"
                 )
+        if inputs.return_lse and inputs.mask_needs_grad and not _lse_through_weights(inputs):
+            reasons.append(
+                "an lse with a bias mask that requires grad (the fused kernel's lse carries "
+                "no gradient to the bias)"
+            )
         for m in inputs.mods:
             if isinstance(m, ALiBi) and not alibi_folds(inputs, m):
                 reasons.append(
