@@ -8,6 +8,8 @@ per-head scale summed across the ranks), on 2 gloo ranks (4 under ``slow``).
   inside a document): the all-to-all runs one call over the full sequence, where
   sdpa's ragged path must take each document whole, and the ring evaluates the mask
   block by block.
+- A learnable bias mask gets its gradient through the all-to-all (each rank's part,
+  summed); the ring, whose backward gives a mask none, refuses it (one-process test).
 - A per-head scale (H,) travels like a score parameter: the ranks agree on its shape,
   dtype and a checksum of its values, the all-to-all gives each rank its heads' part,
   and ranks passing different scales raise the same error everywhere.
@@ -66,14 +68,17 @@ def _close(what: str, got: torch.Tensor, want: torch.Tensor, failures: list[str]
 def _compare(
     rank: int, world: int, tag: str, layout: str, strategy: str, n: int, failures: list[str],
     *, mask: masks.Mask | None = None, score: str = "scaled_dot", scale: torch.Tensor | None = None,
+    learnt: tuple[torch.Tensor, ...] = (),
 ) -> None:  # fmt: skip
-    """One call: output, lse and gradients against the reference backend on one process."""
+    """One call: output, lse and gradients against the reference backend on one process;
+    ``learnt``: the mask's tensors that require grad (each rank's part summed)."""
     torch.manual_seed(n + len(tag))
     q, k = (torch.randn(B, H, n, E, dtype=torch.float64, requires_grad=True) for _ in range(2))
     v = torch.randn(B, H, n, E + 1, dtype=torch.float64, requires_grad=True)
     d_out = torch.randn(B, H, n, E + 1, dtype=torch.float64)
     d_lse = torch.randn(B, H, n, dtype=torch.float64)
     extra = [scale] if scale is not None and scale.requires_grad else []
+    extra += learnt
     out_ref, lse_ref = attnkit.attention(q, k, v, score=score, mask=mask, scale=scale,
                                          return_lse=True, backend="reference")  # fmt: skip
     live = torch.isfinite(lse_ref)
@@ -103,8 +108,8 @@ def _compare(
         _close(f"{tag} {name}", full(got.grad), want, failures)
     for t, want in zip(extra, grads_ref[3:], strict=True):
         assert t.grad is not None
-        comm.all_reduce(t.grad, None, "a scale's gradient")  # each rank's part, summed
-        _close(f"{tag} d scale", t.grad, want, failures)
+        comm.all_reduce(t.grad, None, "a gradient")  # each rank's part, summed
+        _close(f"{tag} d {'scale' if t is scale else 'bias'}", t.grad, want, failures)
 
 
 def _disagreeing_scales(rank: int, world: int, failures: list[str]) -> int:
@@ -135,6 +140,7 @@ def _cases(world: int) -> list[tuple[str, str, str, str]]:
                 out.append(("mask", layout, strategy, mask))
             for score in ("scaled_dot", "gaussian"):
                 out.append(("scale", layout, strategy, score))
+        out.append(("bias", layout, "all_to_all", "learnt_bias"))  # (the ring refuses it)
     return out
 
 
@@ -153,6 +159,10 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
             tag = f"{name}/{layout}/{strategy}"
             if what == "mask":
                 _compare(rank, world, tag, layout, strategy, n, failures, mask=_mask(name, n))
+            elif what == "bias":
+                bias = torch.randn(1, H, n, n, dtype=torch.float64).requires_grad_()
+                _compare(rank, world, tag, layout, strategy, n, failures,
+                         mask=masks.bias(bias), learnt=(bias,))  # fmt: skip
             else:
                 scale = torch.tensor([0.3, 0.7, 1.1, 2.0], dtype=torch.float64).requires_grad_()
                 _compare(rank, world, tag, layout, strategy, n, failures, mask=masks.causal(),

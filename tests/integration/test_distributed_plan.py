@@ -133,6 +133,22 @@ def test_strategy_choice_and_its_reasons() -> None:
         cp.explain_context_parallel(four, four, four, world_size=1)
 
 
+def test_a_mask_that_requires_grad_is_kept_off_the_ring() -> None:
+    """The ring's backward gives a mask no gradient: a learnable bias goes to the head
+    exchange, whose one attention call differentiates it, or is refused by name."""
+    four, three = torch.zeros(1, 4, 4, 8), torch.zeros(1, 3, 4, 8)  # (B, H, L_r, E)
+    learnt = masks.bias(torch.zeros(1, 1, 8, 8, requires_grad=True))
+    ex = cp.explain_context_parallel(four, four, four, world_size=2, mask=learnt)
+    assert ex.chosen == "all_to_all" and "the mask no gradient" in ex.reasons["ring"][0]
+    with pytest.raises(cp.ContextParallelError, match="'ring' cannot run.*requires grad"):
+        cp.explain_context_parallel(four, four, four, world_size=2, mask=learnt, strategy="ring")
+    with pytest.raises(cp.ContextParallelError, match="neither strategy can run"):
+        cp.explain_context_parallel(three, three, three, world_size=2, mask=learnt)
+    with torch.no_grad():  # no graph, no gradient to give
+        ex = cp.explain_context_parallel(three, three, three, world_size=2, mask=learnt)
+    assert ex.chosen == "ring"
+
+
 def test_mask_heads_are_sliced_for_the_head_exchange() -> None:
     bias = torch.randn(2, 4, 5, 5)
     keep = torch.rand(1, 5, 5) > 0.5  # broadcast over heads: unchanged

@@ -208,7 +208,7 @@ def explain_context_parallel(
             raise TypeError(f"{name}: expected a tensor of shape (..., L, E), got {t!r:.60}")
     n_q = seq_len if seq_len is not None else query.shape[-2] * world_size
     n_kv = kv_seq_len if kv_seq_len is not None else key.shape[-2] * world_size
-    chosen, why, reasons = choose_strategy(strategy, query.shape, key.shape, world_size)
+    chosen, why, reasons = choose_strategy(strategy, query.shape, key.shape, world_size, mask)
     q_segs, kv_segs = segments(n_q, world_size, lay), segments(n_kv, world_size, lay)
     batch_shape = call_batch_shape(query.shape, key.shape)
     check_full_mask(mask, batch_shape, n_q, n_kv,

@@ -142,19 +142,36 @@ def all_to_all_reasons(
     return reasons
 
 
+def ring_reasons(mask: _masks.Mask | None) -> list[str]:
+    """Why the ring cannot run a call with this mask (empty when it can)."""
+    if mask is not None and torch.is_grad_enabled():
+        if any(t.requires_grad for t in mask.tensors()):
+            return [
+                "a mask tensor requires grad (a learnable bias), and the ring's backward "
+                "gives the mask no gradient"
+            ]
+    return []
+
+
 def choose_strategy(
-    strategy: str | None, q_shape: Sequence[int], k_shape: Sequence[int], world_size: int
+    strategy: str | None,
+    q_shape: Sequence[int],
+    k_shape: Sequence[int],
+    world_size: int,
+    mask: _masks.Mask | None = None,
 ) -> tuple[Strategy, str, dict[str, list[str]]]:
-    """(chosen strategy, why, reasons each strategy cannot run)."""
+    """(chosen strategy, why, reasons each strategy cannot run); ContextParallelError when
+    the strategy asked for, or both when none is, cannot run the call."""
     reasons: dict[str, list[str]] = {
-        "ring": [],
+        "ring": ring_reasons(mask),
         "all_to_all": all_to_all_reasons(q_shape, k_shape, world_size),
     }
     if strategy is not None:
         if reasons[strategy]:
+            other = "all_to_all" if strategy == "ring" else "ring"
             raise ContextParallelError(
                 f"strategy: {strategy!r} cannot run this call: {'; '.join(reasons[strategy])}; "
-                "use strategy='ring' or strategy=None"
+                f"use strategy={other!r} or strategy=None"
             )
         return strategy, f"strategy={strategy!r} was asked for", reasons  # type: ignore[return-value]
     if not reasons["all_to_all"]:
@@ -164,6 +181,13 @@ def choose_strategy(
             "full sequence, where the ring moves K/V P-1 times (about 2·N·H·E values per rank)"
         )
         return "all_to_all", why, reasons
+    if reasons["ring"]:
+        raise ContextParallelError(
+            "strategy: neither strategy can run this call: all_to_all: "
+            + "; ".join(reasons["all_to_all"])
+            + "; ring: "
+            + "; ".join(reasons["ring"])
+        )
     why = "ring: all_to_all cannot run (" + "; ".join(reasons["all_to_all"]) + ")"
     return "ring", why, reasons
 
@@ -253,7 +277,7 @@ def prepare(
             )
     batch_shape = call_batch_shape(q.shape, k.shape)
     check_full_mask(m, batch_shape, total_L, total_S, "every rank passes the same mask")
-    chosen, why, _ = choose_strategy(strategy, q.shape, k.shape, P)  # type: ignore[arg-type]
+    chosen, why, _ = choose_strategy(strategy, q.shape, k.shape, P, m)  # type: ignore[arg-type]
     blocks, last_hop = plan_blocks(m, q_segs, kv_segs, total_L, total_S, batch_shape)
     return CallPlan(
         group=group,
