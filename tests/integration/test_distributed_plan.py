@@ -140,7 +140,7 @@ def test_a_mask_that_requires_grad_is_kept_off_the_ring() -> None:
     learnt = masks.bias(torch.zeros(1, 1, 8, 8, requires_grad=True))
     ex = cp.explain_context_parallel(four, four, four, world_size=2, mask=learnt)
     assert ex.chosen == "all_to_all" and "the mask no gradient" in ex.reasons["ring"][0]
-    with pytest.raises(cp.ContextParallelError, match="'ring' cannot run.*requires grad"):
+    with pytest.raises(cp.ContextParallelError, match=r"'ring' cannot run.*requires grad"):
         cp.explain_context_parallel(four, four, four, world_size=2, mask=learnt, strategy="ring")
     with pytest.raises(cp.ContextParallelError, match="neither strategy can run"):
         cp.explain_context_parallel(three, three, three, world_size=2, mask=learnt)
