@@ -10,7 +10,7 @@ import attnkit
 from attnkit import _recording, masks
 from attnkit.viz import capture
 
-from tolerance import assert_close_to_scale, plain_math_rel
+from tolerance import FLOAT64_REL, assert_close_to_scale, plain_math_rel, scaled_error
 
 
 class TinyBlock(nn.Module):
@@ -218,3 +218,41 @@ def test_bad_selections() -> None:
     with pytest.raises(TypeError, match="model"):
         with capture("not a module"):  # type: ignore[arg-type]
             pass
+
+
+class _ModdedCall(nn.Module):
+    """One attention call with score modifiers and a per-head scale, no weights asked."""
+
+    def __init__(self, mod_list: list[attnkit.mods.Mod], scale: torch.Tensor | None) -> None:
+        super().__init__()
+        self.mod_list, self.scale = mod_list, scale
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attnkit.attention(
+            q, k, v, mask=masks.causal(), scale=self.scale, mods=self.mod_list or None
+        )
+
+
+@pytest.mark.parametrize("kind", ["softcap", "sinks", "alibi", "head_scale"])
+def test_recomputed_weights_keep_the_call_s_modifiers_and_scale(kind: str) -> None:
+    """A call that returns no weights is recorded by running it again for them: with the
+    same softcap, sinks (rows that sum to less than 1), ALiBi and per-head scale."""
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 2, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    made: dict[str, list[attnkit.mods.Mod]] = {
+        "softcap": [attnkit.mods.softcap(0.5)],
+        "sinks": [attnkit.mods.sinks(torch.tensor([2.0, -1.0], dtype=torch.float64))],
+        "alibi": [attnkit.mods.alibi(2)],
+        "head_scale": [],
+    }
+    scale = torch.tensor([3.0, 0.1], dtype=torch.float64) if kind == "head_scale" else None
+    layer = _ModdedCall(made[kind], scale)
+    with capture(layer) as cap:
+        layer(q, k, v)
+    _, want = attnkit.attention(
+        q, k, v, mask=masks.causal(), scale=scale, mods=made[kind] or None,
+        return_weights=True, backend="reference",
+    )  # fmt: skip
+    _, plain = attnkit.attention(q, k, v, mask=masks.causal(), return_weights=True)
+    assert_close_to_scale(cap.weights(0), want, rel=FLOAT64_REL)
+    assert scaled_error(want, plain) > 1e-3  # (the modifier changes the weights)

@@ -230,9 +230,10 @@ def _exact_weights(
     """Weights (*batch, L, S) and lse (*batch, L) of the call, without dropout, detached.
 
     When the call did not return per-head weights itself, the same call is made again
-    through :func:`attnkit.attention` with ``return_weights=True`` and no dropout, on the
-    backend that ran it when that backend can return weights, else on the next one
-    that can. Recording is off meanwhile, so the call is not recorded twice.
+    through :func:`attnkit.attention` with ``return_weights=True`` and no dropout (the
+    same score, mask, scale and modifiers), on the backend that ran it when that backend
+    can return weights, else on the next one that can. Recording is off meanwhile, so
+    the call is not recorded twice.
     """
     if result.weights is not None and not inputs.weights_mean and inputs.dropout_p == 0.0:
         lse = result.lse.detach() if result.lse is not None else None
@@ -249,7 +250,9 @@ def _exact_weights(
                 inputs.value,
                 score=inputs.score,
                 mask=inputs.mask,
-                scale=inputs.scale,
+                scale=inputs.head_scale if inputs.head_scale is not None else inputs.scale,
+                mods=list(inputs.mods) or None,  # (a softcap, sinks, ALiBi: the same weights)
+                check_finite=inputs.check_finite,
                 return_weights=True,
                 return_lse=True,
                 backend=order,
