@@ -350,3 +350,83 @@ def test_errors_before_compute() -> None:
         viz.explain(gpt2, tok, "  ")
     with pytest.raises(TypeError, match=r"^tokenizer: "):
         viz.explain(gpt2, None, TEXT)
+    with pytest.raises(ValueError, match=r"^target: 'dog' is not in this tokenizer's vocabulary"):
+        viz.explain(gpt2, tok, TEXT, target="dog")  # (one token: the unknown one)
+    wide = _tokenizer(False)
+    wide.add_tokens([f"w{i}" for i in range(40)])  # ids past the model's 17 rows
+    with pytest.raises(ValueError, match=r"^text: ids \[\d+\] are not in the model's vocabulary"):
+        viz.explain(gpt2, wide, TEXT + " w39")
+
+
+def test_generation_errors_before_compute() -> None:
+    gpt2, tok = _gpt2(), _tokenizer(False)
+    gpt2.register_forward_pre_hook(lambda *a: (_ for _ in ()).throw(AssertionError("ran")))
+    ids = tok(TEXT)["input_ids"]
+    for bad, pattern in (
+        ([*ids, 10**6], r"^ids: ids \[1000000\] are not in the model's vocabulary"),
+        ([*ids, -5], r"^ids: ids \[-5\]"),
+        ([*ids, 1.5], r"^ids: expected token ids"),
+        (ids * 4, r"^ids: 40 ids, more than the 32 positions"),
+    ):
+        with pytest.raises(ValueError, match=pattern):
+            viz.explain_generation(gpt2, tok, bad, 3)
+
+
+def test_the_caller_s_modes_are_kept() -> None:
+    """explain runs the model in eval mode with autograd on, and hands it back as it was:
+    in train mode with its dropout, inside the caller's no_grad or inference_mode."""
+    model, tok = _gpt2(), _tokenizer(False)
+    want = viz.explain(model, tok, TEXT, method="input_x_gradient")
+    model.train()
+    model.transformer.h[0].attn.eval()  # (a module in its own mode is kept too)
+    modes = {name: m.training for name, m in model.named_modules()}
+    for context in (torch.no_grad, torch.inference_mode):
+        with context():
+            got = viz.explain(model, tok, TEXT, method="input_x_gradient")
+            steps = viz.explain_generation(model, tok, tok(TEXT)["input_ids"], 8)
+        torch.testing.assert_close(got.scores, want.scores, rtol=0, atol=0)
+        assert steps.scores.shape == (2, 9)
+        assert {name: m.training for name, m in model.named_modules()} == modes
+
+
+def test_a_decoder_classifier_explains_the_token_it_pools() -> None:
+    """A decoder classifier pools its last token that is not padding: with the padding id
+    at the end of the text (pad = eos, as fine-tuned GPT-2s have it), the logits
+    explained are those of model(input_ids), at the pooled position."""
+    from tokenizers import processors
+
+    tok = _tokenizer(False)
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A [PAD]", special_tokens=[("[PAD]", 0)]
+    )
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=len(WORDS) + 4,
+                                  n_positions=32, initializer_range=0.3, num_labels=3,
+                                  pad_token_id=0)  # fmt: skip
+    torch.manual_seed(5)
+    model = transformers.GPT2ForSequenceClassification(cfg).double().eval()
+    ids = torch.tensor([tok(TEXT)["input_ids"]])
+    assert int(ids[0, -1]) == 0
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0]  # (C,)
+    a = viz.explain(model, tok, TEXT, method="input_x_gradient")
+    assert a.target.index == int(logits.argmax())
+    assert a.target_value == pytest.approx(float(logits.max()), rel=FLOAT64_REL)
+    b = viz.explain(model, tok, TEXT, target=a.target.index)
+    assert b.target.position == ids.shape[1] - 2  # (the last token that is not padding)
+    assert_close_to_scale(b.scores, b.relevance[ids.shape[1] - 2], rel=0.0)
+
+
+def test_a_bidirectional_lm_head_is_not_taken_as_causal() -> None:
+    """A BertLMHeadModel built without is_decoder attends both ways although its class
+    name says LM head: Chefer's R is the full product at a length where a causal model's
+    would skip the upper half (above 256 tokens)."""
+    cfg = _bert_config()
+    cfg.max_position_embeddings = 320
+    torch.manual_seed(6)
+    model = transformers.BertLMHeadModel(cfg).double().eval()
+    tok = _tokenizer(False)
+    text = " ".join(WORDS[i % len(WORDS)] for i in range(300))
+    ref = Reference(model, tok, text, _lm_top)
+    a = viz.explain(model, tok, text)
+    assert len(a.tokens) == 300  # (every word is one token)
+    _close(a.relevance, ref.chefer)

@@ -37,6 +37,8 @@ from .attribution_passes import (
     INTEGRATIONS,
     HeadRecorder,
     chefer_relevance,
+    evaluating,
+    gradients_on,
     integrated_gradients,
     on_attnkit,
     recording,
@@ -47,9 +49,18 @@ from .attribution_records import Attribution, Target
 if TYPE_CHECKING:
     from .options import ExplainOptions
 
-__all__ = ["METHODS", "Attribution", "Target", "checkpoint_kind", "explain", "explain_with"]
+__all__ = [
+    "METHODS",
+    "Attribution",
+    "Target",
+    "check_ids",
+    "checkpoint_kind",
+    "explain",
+    "explain_with",
+]
 
 METHODS = ("attention_x_gradient", "input_x_gradient", "integrated_gradients", "rollout")
+_OWN_TOKENIZER = ", as the tokenizer encodes it: is the tokenizer the model's own?"
 _GRADIENT = frozenset(("attention_x_gradient", "input_x_gradient", "integrated_gradients"))
 
 
@@ -148,11 +159,17 @@ def _encode(tokenizer: Any, text: str, limit: int) -> tuple[torch.Tensor, list[s
 
 def _token_id(tokenizer: Any, token: str) -> int:
     ids = tokenizer(token, add_special_tokens=False)["input_ids"]
-    if len(ids) == 1:
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    if len(ids) == 1 and (ids[0] != unknown or token == getattr(tokenizer, "unk_token", None)):
         return int(ids[0])
     tid = tokenizer.convert_tokens_to_ids(token)
-    if isinstance(tid, int) and tid != getattr(tokenizer, "unk_token_id", None):
+    if isinstance(tid, int) and tid != unknown:
         return tid
+    if ids and all(i == unknown for i in ids):
+        raise ValueError(
+            f"target: {token!r} is not in this tokenizer's vocabulary (it makes the unknown "
+            f"token {tokenizer.convert_ids_to_tokens(ids)}); give a token of the vocabulary"
+        )
     raise ValueError(
         f"target: {token!r} is not one token of this tokenizer (it makes {len(ids)}: "
         f"{tokenizer.convert_ids_to_tokens(ids)}); give one token"
@@ -242,14 +259,17 @@ def _prepare(model: Any, tokenizer: Any, text: Any, target: Any, method: str, st
     if max_length is not None:
         limit = min(limit, max_length)
     ids, tokens = _encode(tokenizer, text, limit)
+    check_ids(model, ids[0].tolist(), "text", _OWN_TOKENIZER)
     checked = _check_target(kind, model, tokenizer, target, ids.shape[1])
-    model.eval()
     device = next(model.parameters()).device
     task = _Task(model, kind, causal, ids.to(device), tokens, checked, tokenizer)
     if compare is not None:
         task.compare = compare
         other, _ = _encode(tokenizer, compare, limit)
-        with torch.no_grad():
+        check_ids(
+            model, other[0].tolist(), "compare: the tokenizer (is it the model's own?) gives ids"
+        )
+        with torch.no_grad(), evaluating(model):
             hidden = model(input_ids=other.to(device)).last_hidden_state  # (1, L2, D)
         task.reference = hidden[0].mean(dim=0)  # (D,)
     return task
@@ -273,12 +293,38 @@ def _objective(task: _Task, out: Any) -> tuple[torch.Tensor, Target]:
             index = int(logits[0].argmax())
         names = getattr(task.model.config, "id2label", None) or {}
         label = str(names.get(index, f"class {index}"))
-        return logits[:, index], Target("class", L - 1 if task.causal else 0, index, label)
+        return logits[:, index], Target("class", _pooled_position(task), index, label)
     position = L - 1 if position is None else position
     if index is None:
         index = int(logits[0, position].argmax())
     label = str(task.tokenizer.decode([index]))
     return logits[:, position, index], Target("next_token", position, index, label)
+
+
+def _pooled_position(task: _Task) -> int:
+    """The token a classifier pools: the first for an encoder; for a decoder the last
+    that is not padding (``config.pad_token_id``), as transformers finds it from the ids."""
+    L = task.ids.shape[1]
+    if not task.causal:
+        return 0
+    pad = getattr(task.model.config, "pad_token_id", None)
+    if pad is None:
+        return L - 1
+    kept = (task.ids[0] != pad).nonzero()  # (n, 1)
+    return int(kept[-1, 0]) if len(kept) else 0
+
+
+def check_ids(model: nn.Module, ids: list[int], argument: str, hint: str = "") -> None:
+    """Raise ValueError naming ``argument`` (then ``hint``) when an id is not a row of the
+    model's input embedding (a tokenizer of another vocabulary, or a negative id)."""
+    embed = model.get_input_embeddings()  # type: ignore[operator]
+    rows = getattr(embed, "num_embeddings", None)
+    bad = [i for i in ids if i < 0 or (rows is not None and i >= rows)]
+    if bad:
+        raise ValueError(
+            f"{argument}: ids {bad[:5]} are not in the model's vocabulary of {rows} tokens "
+            f"(ids 0 to {rows - 1 if rows is not None else '...'}){hint}"
+        )
 
 
 def _row(matrix: torch.Tensor, target: Target) -> torch.Tensor:
@@ -337,14 +383,20 @@ def explain(
         an :class:`Attribution`: ``scores`` (n_tokens,) and ``tokens``; ``head_importance``
         (layers, heads) for the gradient methods; ``relevance`` (n_tokens, n_tokens) for
         attention × gradient and rollout, whose target row (the mean of the rows for a
-        similarity; row 0 for an encoder classifier, which pools its first token) is
-        ``scores``; ``target`` and ``target_value``.
+        similarity; row 0 for an encoder classifier, which pools its first token; for a
+        decoder classifier the token it pools, its last that is not
+        ``config.pad_token_id``) is ``scores``; ``target`` and ``target_value``.
+
+    The model runs in eval mode with autograd on (inside a caller's ``no_grad`` or
+    ``inference_mode`` too), and is handed back with each module's mode and its attention
+    implementation as they were.
 
     Raises:
         ValueError, TypeError: before any compute, naming the argument: an unknown method,
-            a target the model's kind cannot take, a missing or unexpected ``compare``,
-            a model whose attention cannot run on attnkit (attention methods and head
-            importance need it), an encoder-decoder.
+            a target the model's kind cannot take (a token outside the vocabulary among
+            them), a missing or unexpected ``compare``, a tokenizer whose ids the model's
+            embedding does not have, a model whose attention cannot run on attnkit
+            (attention methods and head importance need it), an encoder-decoder.
 
     Example::
 
@@ -370,9 +422,10 @@ def explain_with(model: Any, tokenizer: Any, options: ExplainOptions) -> Attribu
         options: the text, target, method, steps, compare text, integration and length.
     """
     o = options
-    task = _prepare(model, tokenizer, o.text, o.target, o.method, o.steps, o.compare,
-                    o.integration, o.max_length)  # fmt: skip
-    return _attribute(task, o.method, o.steps, o.integration)
+    with gradients_on():  # (inside a caller's no_grad or inference_mode too)
+        task = _prepare(model, tokenizer, o.text, o.target, o.method, o.steps, o.compare,
+                        o.integration, o.max_length)  # fmt: skip
+        return _attribute(task, o.method, o.steps, o.integration)
 
 
 def _attribute(task: _Task, method: str, steps: int, integration: str,
@@ -392,8 +445,14 @@ def _attribute(task: _Task, method: str, steps: int, integration: str,
                 embeds = embed(task.ids)  # (1, L, D)
 
             def run(x: torch.Tensor) -> Any:
-                mask = torch.ones(x.shape[:2], dtype=torch.long, device=x.device)  # (k, L)
-                return net(inputs_embeds=x, attention_mask=mask)
+                # The ids go in (a decoder classifier finds its padding in them) and the
+                # embedding layer's output is replaced by x.
+                ids = task.ids.expand(x.shape[0], -1)  # (k, L)
+                handle = embed.register_forward_hook(lambda _m, _i, _o: x)
+                try:
+                    return net(input_ids=ids, attention_mask=torch.ones_like(ids))
+                finally:
+                    handle.remove()
 
         if method == "rollout":
             return _rollout(task, run, embeds)

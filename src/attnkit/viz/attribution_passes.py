@@ -40,6 +40,8 @@ __all__ = [
     "INTEGRATIONS",
     "HeadRecorder",
     "chefer_relevance",
+    "evaluating",
+    "gradients_on",
     "integrated_gradients",
     "integration_points",
     "on_attnkit",
@@ -144,9 +146,31 @@ def recording(recorder: Any) -> Iterator[Any]:
 
 
 @contextmanager
+def evaluating(model: nn.Module) -> Iterator[None]:
+    """Within the block the model runs in eval mode (no dropout); each module's own
+    ``training`` flag is restored after, even on error."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+@contextmanager
+def gradients_on() -> Iterator[None]:
+    """Within the block autograd records, even inside a caller's ``torch.no_grad()`` or
+    ``torch.inference_mode()``: the gradient methods differentiate the model."""
+    with torch.inference_mode(False), torch.enable_grad():
+        yield
+
+
+@contextmanager
 def on_attnkit(model: nn.Module) -> Iterator[None]:
     """Within the block the model's attention runs through :func:`attnkit.attention`
-    (``attn_implementation="attnkit"``); its own implementation is restored after."""
+    (``attn_implementation="attnkit"``), in eval mode (:func:`evaluating`); its own
+    implementation and modes are restored after."""
     from .sources.streaming import IMPLEMENTATION, supports_streaming
 
     if not supports_streaming(model):
@@ -158,7 +182,8 @@ def on_attnkit(model: nn.Module) -> Iterator[None]:
     before = getattr(config, "_attn_implementation", None) or "eager"
     model.set_attn_implementation(IMPLEMENTATION)  # type: ignore[operator]
     try:
-        yield
+        with evaluating(model):
+            yield
     finally:
         model.set_attn_implementation(before)  # type: ignore[operator]
 
@@ -168,11 +193,13 @@ def chefer_relevance(maps: list[torch.Tensor], causal: bool) -> torch.Tensor:
 
     Args:
         maps: each layer's ``Ā`` (L, L), in forward order.
-        causal: every map is lower triangular: the products skip the upper half.
+        causal: the model is causal: when every map is indeed lower triangular (checked:
+            a model's class name does not prove it), the products skip the upper half.
 
     Returns:
         R (L, L).
     """
+    causal = causal and all(not bool(torch.triu(a, diagonal=1).any()) for a in maps)
     L = maps[0].shape[-1]
     r = torch.eye(L, dtype=maps[0].dtype, device=maps[0].device)  # (L, L)
     for a in maps:

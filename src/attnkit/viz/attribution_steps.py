@@ -11,6 +11,7 @@ source did not exist yet.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .attribution import _GRADIENT, METHODS, _attribute, _kind, _load, _Task
+from .attribution import _GRADIENT, METHODS, _attribute, _kind, _load, _Task, check_ids
+from .attribution_passes import gradients_on
 from .attribution_records import GenerationAttribution
 from .options import GenerationOptions
 
@@ -53,7 +55,8 @@ def explain_generation(
 
     Raises:
         ValueError, TypeError: before any compute: an unknown method, a model that is not
-            a causal LM, a prompt length outside 1 .. n - 1.
+            a causal LM, ids that are not ints of the model's vocabulary or more than its
+            positions, a prompt length outside 1 .. n - 1.
     """
     options = GenerationOptions(tuple(ids), prompt_length,
                                 None if tokens is None else tuple(tokens), method, steps)  # fmt: skip
@@ -88,7 +91,16 @@ def explain_generation_with(
             "model: each generated token is a target only of a causal LM; "
             f"{type(model).__name__} is not one (explain takes it as: {kind})"
         )
+    ids = _as_ids(ids)
+    check_ids(model, list(ids), "ids")
     n = len(ids)
+    cfg = model.config
+    positions = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    if positions is not None and n > int(positions):
+        raise ValueError(
+            f"ids: {n} ids, more than the {int(positions)} positions of "
+            f"{type(model).__name__}; give a shorter prompt or fewer generated tokens"
+        )
     if (
         isinstance(prompt_length, bool)
         or not isinstance(prompt_length, int)
@@ -100,13 +112,15 @@ def explain_generation_with(
     shown = list(tokens) if tokens is not None else list(tokenizer.convert_ids_to_tokens(list(ids)))
     if len(shown) != n:
         raise ValueError(f"tokens: expected {n}, one per id, got {len(shown)}")
-    model.eval()
     device = next(model.parameters()).device
-    x = torch.tensor([list(ids)], dtype=torch.long, device=device)  # (1, n)
     rows, values, heads = [], [], []
-    for p in range(prompt_length, n):
-        task = _Task(model, "lm", True, x[:, :p], shown[:p], (p - 1, int(ids[p])), tokenizer)
-        a = _attribute(task, method, steps, "gausslegendre")
+    with gradients_on():  # (inside a caller's no_grad or inference_mode too)
+        x = torch.tensor([list(ids)], dtype=torch.long, device=device)  # (1, n)
+        attributions = []
+        for p in range(prompt_length, n):
+            task = _Task(model, "lm", True, x[:, :p], shown[:p], (p - 1, ids[p]), tokenizer)
+            attributions.append(_attribute(task, method, steps, "gausslegendre"))
+    for p, a in zip(range(prompt_length, n), attributions, strict=True):
         row = torch.full((n - 1,), float("nan"), dtype=torch.float64)  # (n - 1,)
         row[:p] = a.scores.detach().double().cpu()
         rows.append(row)
@@ -122,3 +136,16 @@ def explain_generation_with(
         target_values=torch.tensor(values, dtype=torch.float64),  # (N,)
         head_importance=torch.stack(heads) if method in _GRADIENT else None,  # (N, layers, H)
     )
+
+
+def _as_ids(ids: Sequence[Any]) -> tuple[int, ...]:
+    """The ids as ints (Python, NumPy or one-element integer tensors); ValueError else."""
+    out = []
+    for i in ids:
+        try:
+            if isinstance(i, bool):
+                raise TypeError
+            out.append(operator.index(i))
+        except (TypeError, RuntimeError):
+            raise ValueError(f"ids: expected token ids (ints), got {i!r} among them") from None
+    return tuple(out)
