@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .attribution import Attribution, _attribute, _Task
+from .attribution_passes import gradients_on
 
 if TYPE_CHECKING:
     from ..models.hf_vision import ImageCheckpoint
@@ -63,7 +64,6 @@ def explain_image(
             (before the model is built).
     """
     from ..models import hf_vision
-    from .image import ImageLayout
 
     if method not in IMAGE_METHODS:
         raise ValueError(
@@ -79,6 +79,14 @@ def explain_image(
             f"model: {ck.name} has no classification head (its config names no "
             "...ForImageClassification); a picture's target is a classifier's top class"
         )
+    with gradients_on():  # (inside a caller's no_grad or inference_mode too)
+        return _explain_picture(ck, image, method)
+
+
+def _explain_picture(ck: Any, image: Any, method: str) -> Attribution:
+    """:func:`explain_image` of a checked image classifier's checkpoint."""
+    from .image import ImageLayout
+
     ck.load(head=True)
     model: Any = ck.model
     picture = ck.image_input.picture(image)  # (H, W, 3) uint8
