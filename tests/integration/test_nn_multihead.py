@@ -16,6 +16,7 @@ from tolerance import (
     FLOAT32_CHAIN_REL,
     FLOAT32_REL,
     FLOAT32_ULPS_REL,
+    FLOAT64_REL,
     GRADCHECK_ATOL,
     assert_close_to_scale,
     scaled_error,
@@ -256,6 +257,28 @@ def test_mask_object_with_extra_keys() -> None:
         assert_close_to_scale(out, ref, rel=FLOAT32_ULPS_REL)
     out, _ = ours(x, x, x, is_causal=True)
     assert_close_to_scale(out, ref, rel=FLOAT32_ULPS_REL)
+
+
+@pytest.mark.parametrize("extra", ["add_bias_kv", "add_zero_attn"])
+def test_float64_bias_mask_object_with_extra_keys(extra: str) -> None:
+    """masks.bias(b), alone and with causal, beside the extra keys in float64: the bias is
+    widened in the layer's dtype (it was densified in float32: 1.6e-8 off torch's)."""
+    dt = torch.float64
+    theirs, ours = _pair(11, embed_dim=8, num_heads=2, batch_first=True, dtype=dt, **{extra: True})
+    N, H, L, S = 2, 2, 4, 6
+    q = torch.randn(N, L, 8, dtype=dt)
+    kv = torch.randn(N, S, 8, dtype=dt)
+    bias = torch.randn(N, H, L, S, dtype=dt)
+    blocked = torch.ones(L, S, dtype=torch.bool).triu(1)
+    for mask, torch_mask in (
+        (masks.bias(bias), bias),
+        (masks.causal() & masks.bias(bias), bias.masked_fill(blocked, float("-inf"))),
+    ):
+        ref, ref_w = theirs(q, kv, kv, attn_mask=torch_mask.reshape(N * H, L, S))
+        out, w = ours(q, kv, kv, attn_mask=mask)
+        assert out.dtype == dt and w is not None
+        assert_close_to_scale(out, ref, rel=FLOAT64_REL, what="output")
+        assert_close_to_scale(w, ref_w, rel=FLOAT64_REL, what="weights")
 
 
 def test_dropout_only_while_training() -> None:

@@ -185,7 +185,11 @@ def build_mask(
     if attn_mask is not None:
         if isinstance(attn_mask, masks.Mask):
             if extra:
-                dense = attn_mask.to_dense(L, S, (N, H), device=layer.out_proj.weight.device)
+                # Densified in the computation's dtype (the parameters', which the query
+                # shares), at least float32: a float64 bias is not rounded on the way.
+                weight = layer.out_proj.weight
+                dtype = torch.promote_types(weight.dtype, torch.float32)
+                dense = attn_mask.to_dense(L, S, (N, H), device=weight.device, dtype=dtype)
                 parts.append(_padded(dense, extra))
             else:
                 parts.append(attn_mask)
