@@ -14,7 +14,13 @@ import torch
 
 from attnkit.nn import EinsumMultiHeadAttention
 
-from tolerance import FLOAT32_REL, FLOAT32_ULPS_REL, assert_close_to_scale, scaled_error
+from tolerance import (
+    FLOAT32_REL,
+    FLOAT32_ULPS_REL,
+    FLOAT64_REL,
+    assert_close_to_scale,
+    scaled_error,
+)
 
 keras = pytest.importorskip("keras")
 if keras.backend.backend() != "torch":
@@ -366,3 +372,64 @@ def test_from_keras_merges_lora_projections(use_gate: bool) -> None:
         for p in ours.parameters():
             p.sub_(p.grad if p.grad is not None else 0.0)
     assert_close_to_scale(torch.from_numpy(_np(layer(q, v))), torch.from_numpy(_np(ref)))
+
+
+# ---------------------------------------------------------------- return_attention_scores, dtype
+
+
+def test_return_attention_scores_is_read_as_keras_reads_it() -> None:
+    """Keras reads the flag by its truth value: None and 0 give the output alone, 1 the
+    pair. A string is refused, naming the argument (it was a bare reshape error for "mean",
+    and None or 1 named ``return_weights``, an argument the caller never passed)."""
+    keras.utils.set_random_seed(8)
+    gen = np.random.default_rng(8)
+    q = gen.standard_normal((2, 5, 6)).astype(np.float32)
+    v = gen.standard_normal((2, 7, 6)).astype(np.float32)
+    layer = keras.layers.MultiHeadAttention(num_heads=2, key_dim=3)
+    layer(q, v)
+    _randomize(layer, gen)
+    ours = EinsumMultiHeadAttention.from_keras(layer)
+    tq, tv = torch.from_numpy(q), torch.from_numpy(v)
+    out, scores = ours(tq, tv, return_attention_scores=True)
+    for flag in (None, 0, False, np.False_):
+        ref = layer(q, v, return_attention_scores=flag)
+        got = ours(tq, tv, return_attention_scores=flag)  # type: ignore[arg-type]
+        assert isinstance(got, torch.Tensor) and torch.equal(got, out), repr(flag)
+        assert_close_to_scale(got, torch.from_numpy(_np(ref)), what=repr(flag))
+    for flag in (1, np.True_):
+        ref_out, ref_scores = layer(q, v, return_attention_scores=flag)
+        got = ours(tq, tv, return_attention_scores=flag)  # type: ignore[arg-type]
+        assert isinstance(got, tuple) and torch.equal(got[1], scores), repr(flag)
+        assert_close_to_scale(got[0], torch.from_numpy(_np(ref_out)), what=repr(flag))
+        assert_close_to_scale(got[1], torch.from_numpy(_np(ref_scores)), what=repr(flag))
+    for flag in ("mean", 1.0, torch.tensor(True)):
+        with pytest.raises(
+            TypeError, match=r"return_attention_scores must be True or False .*, got "
+        ) as info:
+            ours(tq, tv, return_attention_scores=flag)  # type: ignore[arg-type]
+        assert repr(flag) in str(info.value)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_from_keras_keeps_a_float64_layer_in_float64(lazy: bool) -> None:
+    """A float64 Keras layer gives a float64 layer with its weights unrounded (they were
+    copied to float32: 3.9e-8 off Keras even after .double())."""
+    from attnkit.nn import MultiHeadAttention
+
+    keras.utils.set_random_seed(9)
+    gen = np.random.default_rng(9)
+    q = gen.standard_normal((2, 5, 6))
+    v = gen.standard_normal((2, 7, 4))
+    layer = keras.layers.MultiHeadAttention(
+        num_heads=2, key_dim=3, output_shape=(2, 3), dtype="float64"
+    )
+    layer(q, v)
+    layer.set_weights([gen.standard_normal(w.shape) * 0.5 for w in layer.get_weights()])
+    ref, ref_scores = layer(q, v, return_attention_scores=True, training=False)
+    cls = MultiHeadAttention if lazy else EinsumMultiHeadAttention
+    ours = cls.from_keras(layer)
+    assert {p.dtype for p in ours.parameters()} == {torch.float64}
+    out, scores = ours(torch.from_numpy(q), torch.from_numpy(v), return_attention_scores=True)
+    assert out.dtype == torch.float64
+    assert_close_to_scale(out, torch.from_numpy(_np(ref)), rel=FLOAT64_REL, what="output")
+    assert_close_to_scale(scores, torch.from_numpy(_np(ref_scores)), rel=FLOAT64_REL, what="scores")

@@ -157,6 +157,33 @@ def test_first_call_errors_name_the_argument() -> None:
         MultiHeadAttention(0, 2)
 
 
+def test_refused_first_call_builds_nothing() -> None:
+    """A first call refused by any check leaves the layer unbuilt, so the next valid call
+    sets the sizes (the refused call's sizes were kept: "expected 4 as built at the first
+    call")."""
+    ours = MultiHeadAttention(num_heads=2, key_dim=3)
+    q4, v4 = torch.randn(2, 5, 4), torch.randn(2, 7, 4)
+    refused: list[tuple[type[Exception], str, dict[str, object]]] = [
+        (TypeError, "query must be floating point", {"query": q4.long(), "value": v4.long()}),
+        (TypeError, r"query is torch\.float64", {"query": q4.double(), "value": v4.double()}),
+        (ValueError, "non-attention axis 0", {"query": q4, "value": torch.randn(3, 7, 4)}),
+        (ValueError, "attention_mask of shape", {"attention_mask": torch.ones(2, 5, 5) > 0}),
+        (TypeError, "return_attention_scores", {"return_attention_scores": "mean"}),
+        (TypeError, "use_causal_mask", {"use_causal_mask": 1}),
+        (TypeError, "training must be", {"training": "yes"}),
+        (TypeError, r"forward\(\): got an unexpected keyword argument 'mask'", {"mask": None}),
+    ]
+    for error, match, kw in refused:
+        call = {"query": q4, "value": v4, **kw}
+        with pytest.raises(error, match=match):
+            ours(**call)
+        assert ours.has_uninitialized_params(), match
+    q6, v6 = torch.randn(2, 5, 6), torch.randn(2, 7, 6)
+    out, scores = ours(q6, v6, return_attention_scores=1)
+    assert out.shape == (2, 5, 6) and scores.shape == (2, 2, 5, 7)
+    assert ours.query_kernel.shape == (6, 2, 3)
+
+
 def test_einsum_layer_without_query_features_points_to_the_lazy_one() -> None:
     with pytest.raises(TypeError, match=r"query_features .* attnkit\.nn\.MultiHeadAttention"):
         EinsumMultiHeadAttention(num_heads=2, key_dim=2)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -47,6 +47,31 @@ from ._common import (
 __all__ = ["EinsumMultiHeadAttention"]
 
 _OWNER = "EinsumMultiHeadAttention"
+
+
+class _Call(NamedTuple):
+    """A call's arguments once checked: what :meth:`EinsumMultiHeadAttention.forward` runs."""
+
+    key: torch.Tensor
+    nd: int
+    axes: tuple[int, ...]
+    batch_axes: tuple[int, ...]
+    b_sizes: tuple[int, ...]
+    t_sizes: tuple[int, ...]
+    s_sizes: tuple[int, ...]
+    mask: masks.Mask | None
+    scores: bool
+
+
+def _scores_flag(value: object) -> bool:
+    """``return_attention_scores`` read as Keras reads it, by its truth value (None and 0
+    are False, 1 is True), for the values that are flags: None, a bool or an int."""
+    if value is None or isinstance(value, (bool, int, np.bool_, np.integer)):
+        return bool(value)
+    raise TypeError(
+        f"{_OWNER}: return_attention_scores must be True or False (None, 0 and 1 are read "
+        f"as Keras reads them), got {type(value).__name__} {value!r}"
+    )
 
 
 class EinsumMultiHeadAttention(nn.Module):
@@ -253,7 +278,9 @@ class EinsumMultiHeadAttention(nn.Module):
                 size-1 dims inserted just before its trailing 2·n attention dims,
                 so (B, T, S) fits a 3-D input.
             return_attention_scores: also return the attention weights, shaped
-                (batch axes..., H, *T_attn, *S_attn) like Keras's.
+                (batch axes..., H, *T_attn, *S_attn) like Keras's. Read by its truth
+                value as Keras reads it (None and 0 are False, 1 is True); a value that
+                is not a flag (a string such as ``"mean"``) is a TypeError.
             use_causal_mask: query position i attends to key positions j <= i
                 (top-left; positions of several attention axes in row-major order).
                 Combines with the layer's ``sliding_window``.
@@ -266,28 +293,11 @@ class EinsumMultiHeadAttention(nn.Module):
             ``(output, scores)``.
         """
         check_compiling()
-        if key is None:
-            key = value
-        nd = self._check_inputs(query, value, key)
-        axes = self._resolve_axes(nd)
-        batch_axes = tuple(a for a in range(nd - 1) if a not in axes)
-        for a in batch_axes:
-            if not (query.shape[a] == key.shape[a] == value.shape[a]):
-                raise ValueError(
-                    f"{_OWNER}: query and key/value must agree on the non-attention axis {a} "
-                    f"(attention_axes={axes}), got query {shape_str(query)} and value "
-                    f"{shape_str(value)}"
-                )
-        if not isinstance(use_causal_mask, bool):
-            raise TypeError(
-                f"{_OWNER}: use_causal_mask must be True or False, got {use_causal_mask!r}"
-            )
-        if training is not None and not isinstance(training, bool):
-            raise TypeError(f"{_OWNER}: training must be None, True or False, got {training!r}")
-        t_sizes = tuple(int(query.shape[a]) for a in axes)
-        s_sizes = tuple(int(key.shape[a]) for a in axes)
-        b_sizes = tuple(int(query.shape[a]) for a in batch_axes)
-        mask = self._build_mask(attention_mask, b_sizes, t_sizes, s_sizes, use_causal_mask)
+        call = self._check_call(
+            query, value, key, attention_mask, return_attention_scores, use_causal_mask, training
+        )
+        key, nd, axes, batch_axes = call.key, call.nd, call.axes, call.batch_axes
+        b_sizes, t_sizes, s_sizes = call.b_sizes, call.t_sizes, call.s_sizes
 
         q = self._project(query, self.query_kernel, self.query_bias)  # (B, *T, H, Dk)
         k = self._project(key, self.key_kernel, self.key_bias)  # (B, *S, H, Dk)
@@ -305,10 +315,10 @@ class EinsumMultiHeadAttention(nn.Module):
             q,
             k,
             v,
-            mask=mask,
+            mask=call.mask,
             scale=1.0 / math.sqrt(self.key_dim),
             dropout_p=dropout_p,
-            need_weights=return_attention_scores,
+            need_weights=call.scores,
         )  # (*batch, H, T, Dv), (*batch, H, T, S)
         out = out.reshape(*b_sizes, H, *t_sizes, self.value_dim)  # (*batch, H, *T, Dv)
         inverse = [0] * len(perm)
@@ -329,13 +339,60 @@ class EinsumMultiHeadAttention(nn.Module):
 
     # ------------------------------------------------------------------ pieces
 
+    def _check_call(
+        self,
+        query: object,
+        value: object,
+        key: object,
+        attention_mask: object,
+        return_attention_scores: object,
+        use_causal_mask: object,
+        training: object,
+        *,
+        features: bool = True,
+    ) -> _Call:
+        """Check every argument of a call, before any compute, and build its mask.
+
+        ``features=False`` leaves out the feature sizes of query, key and value: the lazy
+        :class:`attnkit.nn.MultiHeadAttention` runs these checks before it builds its
+        parameters from those sizes, so a call refused here builds nothing.
+        """
+        if key is None:
+            key = value
+        nd = self._check_inputs(query, value, key, features=features)
+        assert isinstance(query, torch.Tensor) and isinstance(value, torch.Tensor)
+        assert isinstance(key, torch.Tensor)
+        axes = self._resolve_axes(nd)
+        batch_axes = tuple(a for a in range(nd - 1) if a not in axes)
+        for a in batch_axes:
+            if not (query.shape[a] == key.shape[a] == value.shape[a]):
+                raise ValueError(
+                    f"{_OWNER}: query and key/value must agree on the non-attention axis {a} "
+                    f"(attention_axes={axes}), got query {shape_str(query)} and value "
+                    f"{shape_str(value)}"
+                )
+        scores = _scores_flag(return_attention_scores)
+        if not isinstance(use_causal_mask, bool):
+            raise TypeError(
+                f"{_OWNER}: use_causal_mask must be True or False, got {use_causal_mask!r}"
+            )
+        if training is not None and not isinstance(training, bool):
+            raise TypeError(f"{_OWNER}: training must be None, True or False, got {training!r}")
+        t_sizes = tuple(int(query.shape[a]) for a in axes)
+        s_sizes = tuple(int(key.shape[a]) for a in axes)
+        b_sizes = tuple(int(query.shape[a]) for a in batch_axes)
+        mask = self._build_mask(attention_mask, b_sizes, t_sizes, s_sizes, use_causal_mask)
+        return _Call(key, nd, axes, batch_axes, b_sizes, t_sizes, s_sizes, mask, scores)
+
     @staticmethod
     def _project(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x (..., F) . kernel (F, H, D) (+ bias (H, D)) -> (..., H, D)."""
         y = torch.einsum("...f,fhd->...hd", x, kernel)  # (..., H, D)
         return y if bias is None else y + bias
 
-    def _check_inputs(self, query: object, value: object, key: object) -> int:
+    def _check_inputs(
+        self, query: object, value: object, key: object, *, features: bool = True
+    ) -> int:
         for name, t, f, layout in (
             ("query", query, self.query_features, "(B, *T, Fq)"),
             ("value", value, self.value_features, "(B, *S, Fv)"),
@@ -353,7 +410,7 @@ class EinsumMultiHeadAttention(nn.Module):
                     f"{_OWNER}: {name} must have shape {layout} with at least 3 dims, got "
                     f"{shape_str(t)}"
                 )
-            if t.shape[-1] != f:
+            if features and t.shape[-1] != f:
                 raise ValueError(
                     f"{_OWNER}: {name} has {t.shape[-1]} features (last dim of {shape_str(t)}), "
                     f"expected {f} {self._sizes_from}"
@@ -450,6 +507,8 @@ class EinsumMultiHeadAttention(nn.Module):
         ``sliding_window`` options carry over. Projections with LoRA enabled are copied
         merged: each kernel as Keras computes it, ``kernel + (alpha / rank) lora_a @
         lora_b``, by value (later training of either layer does not reach the other).
+        The new layer's parameters have the dtype of the Keras layer's variables (float32
+        by default; float64 for a layer built with ``dtype="float64"``).
         """
         qd = getattr(layer, "_query_dense", None)
         if qd is None or not getattr(layer, "built", False):
@@ -461,13 +520,17 @@ class EinsumMultiHeadAttention(nn.Module):
         window = getattr(layer, "_sliding_window", None)
 
         def arr(var: Any) -> torch.Tensor:
-            """A weight's value, copied (float32, CPU, no autograd history). A kernel with
-            LoRA enabled (``enable_lora``) is computed on each read, ``kernel + (alpha /
-            rank) lora_a @ lora_b``: on the torch backend a tensor in Keras's graph."""
+            """A weight's value, copied in its own dtype (CPU, no autograd history). A
+            kernel with LoRA enabled (``enable_lora``) is computed on each read, ``kernel +
+            (alpha / rank) lora_a @ lora_b``: on the torch backend a tensor in Keras's
+            graph. A bfloat16 array (ml_dtypes, which numpy lacks) goes through float32,
+            exactly."""
             if isinstance(var, torch.Tensor):
-                return var.detach().to(device="cpu", dtype=torch.float32).clone()
-            value = var.numpy() if hasattr(var, "numpy") else var
-            return torch.from_numpy(np.array(value, dtype=np.float32))
+                return var.detach().to(device="cpu").clone()
+            value = np.array(var.numpy() if hasattr(var, "numpy") else var)
+            if value.dtype.name == "bfloat16":
+                return torch.from_numpy(value.astype(np.float32)).to(torch.bfloat16)
+            return torch.from_numpy(value)
 
         qk, kk, vk = arr(qd.kernel), arr(layer._key_dense.kernel), arr(layer._value_dense.kernel)
         ok = arr(layer._output_dense.kernel)
@@ -484,6 +547,7 @@ class EinsumMultiHeadAttention(nn.Module):
             key_features=int(kk.shape[0]),
             sliding_window=None if window is None else int(window),
             use_gate=use_gate,
+            dtype=qk.dtype,  # the Keras variables' dtype: a float64 layer is not rounded
         )
         dense_layers = [
             ("query", qd),

@@ -11,6 +11,7 @@ state_dict keys, same numbers, attention through :func:`attnkit.attention`.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -105,19 +106,23 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
                 lazy = UninitializedParameter(device=device, dtype=dtype)  # type: ignore[call-arg]
                 self._parameters[name] = lazy  # type: ignore[assignment]
 
-    def initialize_parameters(
-        self, query: object, value: object, key: object = None, *args: Any, **kwargs: Any
-    ) -> None:
+    def initialize_parameters(self, *args: Any, **kwargs: Any) -> None:
         """Build the parameters from the first call's feature sizes (LazyModuleMixin).
 
-        Args:
-            query: (B, *T, Fq); value: (B, *S, Fv); key: (B, *S, Fk) or None (= value).
+        Takes the first call's arguments, those of :meth:`forward`: query (B, *T, Fq),
+        value (B, *S, Fv), key (B, *S, Fk) or None (= value), and the rest. They are
+        checked first, as :meth:`forward` checks them: a first call that is refused
+        builds nothing, and the next call sets the sizes.
         """
-        if key is None:
-            key = kwargs.get("key", None)
+        try:
+            bound = inspect.signature(self.forward).bind(*args, **kwargs)
+        except TypeError as e:  # what forward itself would raise, under its name
+            raise TypeError(f"{_OWNER}.forward(): {e}") from None
+        bound.apply_defaults()
+        arg = bound.arguments
+        query, value, key = arg["query"], arg["value"], arg["key"]
         if key is None:
             key = value
-        sizes = {}
         for name, t in (("query", query), ("value", value), ("key", key)):
             if not isinstance(t, torch.Tensor) or t.ndim < 3:
                 got = shape_str(t) if isinstance(t, torch.Tensor) else type(t).__name__
@@ -125,11 +130,22 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
                     f"{_OWNER}: {name} must be a tensor of shape (B, *T, F) with at least 3 "
                     f"dims (its last dim F sets the layer's {name} features), got {got}"
                 )
-            sizes[name] = int(t.shape[-1])
+        assert isinstance(query, torch.Tensor) and isinstance(value, torch.Tensor)
+        assert isinstance(key, torch.Tensor)
         if not self.has_uninitialized_params():  # built, or loaded from a state_dict
             self._read_sizes()
             return
-        Fq, Fv, Fk = sizes["query"], sizes["value"], sizes["key"]
+        self._check_call(
+            query,
+            value,
+            key,
+            arg["attention_mask"],
+            arg["return_attention_scores"],
+            arg["use_causal_mask"],
+            arg["training"],
+            features=False,
+        )
+        Fq, Fv, Fk = int(query.shape[-1]), int(value.shape[-1]), int(key.shape[-1])
         self.query_features, self.value_features, self.key_features = Fq, Fv, Fk
         if self._output_shape_arg is None:
             self.output_shape = (Fq,)
@@ -170,7 +186,7 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
 
         The same copy as :meth:`EinsumMultiHeadAttention.from_keras` (``use_gate``,
         ``sliding_window`` and LoRA-merged kernels carry over), loaded into this Keras-shaped
-        layer, whose feature sizes then come from the copied weights.
+        layer, whose feature sizes then come from the copied weights, in their dtype.
         """
         einsum = EinsumMultiHeadAttention.from_keras(layer)
         new = cls(
@@ -183,6 +199,7 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
             attention_axes=einsum.attention_axes,
             sliding_window=einsum.sliding_window,
             use_gate=einsum.use_gate,
+            dtype=einsum.query_kernel.dtype,
         )
         new.load_state_dict(einsum.state_dict())
         return new
@@ -212,7 +229,8 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
             attention_mask: Keras's polarity: bool True (or 1) = may attend, broadcastable
                 to (B, H, *T, *S) under Keras's rule (a (B, T, S) mask fits 3-D inputs).
                 A query row it masks entirely gives 0 (Keras: a uniform average).
-            return_attention_scores: also return the weights (B, H, *T, *S).
+            return_attention_scores: also return the weights (B, H, *T, *S); read by its
+                truth value, as Keras does (None, 0: no; 1: yes; a string is a TypeError).
             training: None follows ``.train()``/``.eval()``; True/False: dropout or not.
             use_causal_mask: query i attends to keys j <= i (top-left, as Keras).
 
