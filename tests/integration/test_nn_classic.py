@@ -276,6 +276,31 @@ def test_nadaraya_watson_bad_inputs() -> None:
         nw(torch.rand(3), torch.rand(4), torch.rand(5))
 
 
+@pytest.mark.parametrize("kernel", ["gaussian", "boxcar", "epanechnikov"])
+def test_nadaraya_watson_learnable_sigma_at_zero_is_refused(kernel: str) -> None:
+    """A learnable σ that reaches 0 (or inf, NaN) after construction is refused by the
+    call, naming σ: the Gaussian gave NaN (1/(2σ²) = inf times a distance of 0) and the
+    compact kernels 0, silently. A negative σ is a bandwidth of |σ| (the kernels read σ²)."""
+    q, k, v = torch.tensor([0.0, 0.3]), torch.linspace(-1, 1, 5), torch.arange(5.0)
+    nw = NadarayaWatson(kernel, 1.5, learnable=True)
+    ref = nw(q, k, v)
+    for bad in (0.0, -0.0, math.inf, math.nan):
+        with torch.no_grad():
+            nw.sigma.fill_(bad)
+        with pytest.raises(
+            ValueError, match=rf"sigma must be a nonzero finite bandwidth, got {bad}"
+        ):
+            nw(q, k, v)
+    state = NadarayaWatson(kernel, 1.5, learnable=True).state_dict()
+    state["score.sigma"] = torch.tensor(0.0)
+    nw.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"sigma must be a nonzero finite bandwidth, got 0\.0"):
+        nw(q, k, v)
+    with torch.no_grad():
+        nw.sigma.fill_(-1.5)
+    assert torch.equal(nw(q, k, v), ref)
+
+
 # --------------------------------------------------------------------------- d2l's two forms
 
 
