@@ -346,6 +346,8 @@ def validate_inputs(
                 f"score: parameter {pname!r} of {sc.name!r} is {p.dtype} on {p.device}, but the "
                 f"inputs are {q.dtype} on {q.device}; move the score with .to(...)"
             )
+    if not is_shared_score(sc):
+        sc.check_parameters()
 
     batch_shape, groups = _broadcast_batch(tuple(qs[:-2]), tuple(ks[:-2]))
 

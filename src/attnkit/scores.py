@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ._host import readable
+
 __all__ = [
     "Additive",
     "Bilinear",
@@ -142,6 +144,13 @@ class Score(nn.Module):
         if all(p.dtype == dtype for p in self.parameters()):
             return self
         return _cast_module(self, dtype)  # type: ignore[return-value]
+
+    def check_parameters(self) -> None:
+        """Raise ValueError, naming the parameter and its value, when a parameter holds a
+        value at which the score is undefined (training or ``load_state_dict`` can set
+        one that the constructor refuses). Read only where it is free: on the CPU, outside
+        ``torch.compile``. The default checks nothing; :func:`attnkit.attention` calls it
+        for every score object before any compute."""
 
     def extra_repr(self) -> str:
         return ""
@@ -427,6 +436,19 @@ class Gaussian(Score):
             self.sigma = nn.Parameter(value)
         else:
             self.register_buffer("sigma", value)
+
+    def check_parameters(self) -> None:
+        """σ must be nonzero and finite where it is read (a negative σ is a bandwidth of
+        |σ|: the score reads σ², as a learnable σ that crosses 0 in training)."""
+        if not readable(self.sigma):
+            return
+        value = float(self.sigma.detach())
+        if value == 0 or not math.isfinite(value):
+            raise ValueError(
+                f"score: Gaussian sigma must be a nonzero finite bandwidth, got {value} (as an "
+                "optimizer step or load_state_dict left it); the logits -|q - k|²/(2σ²) are "
+                "undefined there"
+            )
 
     def _inv_two_var(self, like: torch.Tensor) -> torch.Tensor:
         sigma = self.sigma.to(dtype=like.dtype, device=like.device)

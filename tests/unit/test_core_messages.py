@@ -16,6 +16,25 @@ def test_gaussian_with_a_non_number_sigma_names_the_argument() -> None:
         scores.Gaussian("wide")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("bad", [0.0, float("inf"), float("nan")])
+def test_a_learnt_gaussian_sigma_at_zero_or_not_finite_is_refused(bad: float) -> None:
+    """Training or load_state_dict can set a learnable σ the constructor refuses: each
+    call refuses it by name (repeated calls too), where the logits would be NaN; a
+    negative σ is a bandwidth of |σ|."""
+    score = scores.Gaussian(1.5, learnable=True).double()
+    q = torch.randn(1, 3, 4, dtype=torch.float64)
+    for _ in range(2):
+        attnkit.attention(q, q, q, score=score)
+    want = attnkit.attention(q, q, q, score=score)
+    with torch.no_grad():
+        score.sigma.fill_(bad)
+    with pytest.raises(ValueError, match=r"^score: Gaussian sigma must be a nonzero finite"):
+        attnkit.attention(q, q, q, score=score)
+    with torch.no_grad():
+        score.sigma.fill_(-1.5)
+    assert_close_to_scale(attnkit.attention(q, q, q, score=score), want, rel=FLOAT64_REL)
+
+
 @pytest.mark.parametrize("tensor", [torch.ones(2, 2, dtype=torch.bool), torch.zeros(2, 2)])
 def test_a_mask_and_a_tensor_says_how_to_wrap_the_tensor(tensor: torch.Tensor) -> None:
     with pytest.raises(TypeError, match=r"masks\.keep\(t\).*masks\.block\(t\)"):
