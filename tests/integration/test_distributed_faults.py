@@ -212,12 +212,71 @@ def rank_dies_mid_call(g: Group) -> None:
     assert exc.collective is not None and exc.collective.startswith("ring forward"), exc
 
 
+def a_cache_through_the_wrapper(g: Group) -> None:
+    """A KV cache would hold each rank's own shard in layout order, not the sequence:
+    the wrapper refuses cache= on every rank, before any compute."""
+    torch.manual_seed(4)
+    layer = SelfAttention(8, num_heads=2, causal=True, dtype=torch.float64)
+    x = torch.randn(B, 4 * g.world + 1, 8, dtype=torch.float64)
+    x_r = cp.shard(x, rank=g.rank, world_size=g.world, dim=1)
+    cache = layer.new_cache(B, 8 * g.world)
+    _refused(
+        g,
+        lambda: cp.ContextParallel(layer)(x_r, cache=cache),
+        ranks=tuple(range(g.world)),
+        words=("cache= cannot decode a sharded sequence",),
+    )
+    assert cache.length == 0
+    _still_works(g)
+
+
+def shards_of_another_dtype_or_shape(g: Group) -> None:
+    """unshard with shards that differ in dtype, or in a dim other than the sequence's,
+    raises the same ValueError on every rank (the data would be gathered as bytes of
+    another type or size)."""
+    _, mine = _data(g)
+    for what, shard in (
+        ("dtype", mine.float() if g.rank == 1 else mine),
+        ("a dim", mine[:, :-1] if g.rank == 2 else mine),
+    ):
+        try:
+            cp.unshard(shard)
+        except ValueError as exc:
+            assert "shard differs from rank 0's in its dtype" in str(exc), (what, exc)
+        else:
+            raise AssertionError(f"shards that differ in {what}: no error")
+    assert torch.equal(cp.unshard(mine), _data(g)[0])
+
+
+def a_parameter_frozen_on_one_rank(g: Group) -> None:
+    """all_reduce_grads over modules whose parameters requiring grad differ (one frozen
+    on rank 1) raises on every rank before any sum, instead of adding one parameter's
+    gradient to another's."""
+    net = torch.nn.Sequential(*(torch.nn.Linear(2, 2, dtype=torch.float64) for _ in range(3)))
+    for n, p in enumerate(net.parameters()):
+        p.grad = torch.full_like(p, float(n + 10 * g.rank))
+    if g.rank == 1:
+        net[0].weight.requires_grad_(False)
+    before = [p.grad.clone() for p in net.parameters() if p.grad is not None]
+    try:
+        cp.all_reduce_grads(net)
+    except cp.ContextParallelError as exc:
+        assert "rank 1 sums other parameters than rank 0" in str(exc), exc
+    else:
+        raise AssertionError("no error")
+    after = [p.grad for p in net.parameters() if p.grad is not None]
+    assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
+
+
 ROWS = [
     mask_values_differ,
     score_parameters_differ,
     huge_scale,
     backend_fails_on_one_rank,
     one_layer_in_training,
+    a_cache_through_the_wrapper,
+    shards_of_another_dtype_or_shape,
+    a_parameter_frozen_on_one_rank,
 ]
 
 

@@ -149,6 +149,18 @@ def test_a_mask_that_requires_grad_is_kept_off_the_ring() -> None:
     assert ex.chosen == "ring"
 
 
+def test_explain_and_shard_name_their_bad_arguments() -> None:
+    """A float tensor is a bias for explain as for the call; a length or a dim of the
+    wrong kind is refused naming its own argument."""
+    q = torch.zeros(1, 2, 4, 8)  # (B, H, L_r, E)
+    ex = cp.explain_context_parallel(q, q, q, world_size=2, mask=torch.zeros(8, 8))
+    assert ex.chosen == "all_to_all"
+    with pytest.raises(ValueError, match=r"^seq_len: expected None or an int >= 0, got 10\.0"):
+        cp.explain_context_parallel(q, q, q, world_size=2, seq_len=10.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^dim: expected an int in \[-4, 4\)"):
+        cp.shard(q, rank=0, world_size=2, dim=7)
+
+
 def test_mask_heads_are_sliced_for_the_head_exchange() -> None:
     bias = torch.randn(2, 4, 5, 5)
     keep = torch.rand(1, 5, 5) > 0.5  # broadcast over heads: unchanged

@@ -18,9 +18,12 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import masks as _masks
+from ..blockplan import stable_hash
 from ..scores import Score
+from .agree import normalize_mask
 from .all_to_all import all_to_all_attention
-from .comm import all_reduce
+from .comm import all_reduce, exchange_rows, metadata_device
+from .errors import ContextParallelError
 from .layout import Layout, check_layout, segments
 from .plan import (
     STRATEGIES,
@@ -185,7 +188,7 @@ def explain_context_parallel(
     world_size: int,
     seq_len: int | None = None,
     kv_seq_len: int | None = None,
-    mask: _masks.Mask | None = None,
+    mask: _masks.Mask | torch.Tensor | None = None,
     layout: Layout = "zigzag",
     strategy: str | None = None,
 ) -> ContextParallelExplanation:
@@ -196,7 +199,8 @@ def explain_context_parallel(
         world_size: the number of ranks.
         seq_len, kv_seq_len: full query / key lengths (default: the shard length
             times ``world_size``).
-        mask: the full-sequence mask; layout, strategy: as for the call.
+        mask: the full-sequence mask (a float tensor is a bias); layout, strategy: as
+            for the call.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
         raise ValueError(f"world_size: expected an int >= 2, got {world_size!r}")
@@ -206,6 +210,10 @@ def explain_context_parallel(
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor) or t.ndim < 2:
             raise TypeError(f"{name}: expected a tensor of shape (..., L, E), got {t!r:.60}")
+    for name, n in (("seq_len", seq_len), ("kv_seq_len", kv_seq_len)):
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ValueError(f"{name}: expected None or an int >= 0, got {n!r}")
+    mask = normalize_mask(mask)  # (a float tensor is a bias, as for the call)
     n_q = seq_len if seq_len is not None else query.shape[-2] * world_size
     n_kv = kv_seq_len if kv_seq_len is not None else key.shape[-2] * world_size
     chosen, why, reasons = choose_strategy(strategy, query.shape, key.shape, world_size, mask)
@@ -246,8 +254,9 @@ def all_reduce_grads(module: nn.Module, group: dist.ProcessGroup | None = None) 
         None; the gradients are summed in place.
 
     Raises:
-        ContextParallelError: a communication failure, naming the parameter whose
-            all_reduce failed.
+        ContextParallelError: the ranks' parameters that require grad differ (names,
+            shapes or dtypes; raised on every rank before any sum), or a communication
+            failure, naming the parameter whose all_reduce failed.
 
     Example::
 
@@ -255,9 +264,21 @@ def all_reduce_grads(module: nn.Module, group: dist.ProcessGroup | None = None) 
         out.sum().backward()
         cp.all_reduce_grads(score)          # every rank: the full gradient
     """
-    for name, p in module.named_parameters():
-        if not p.requires_grad:
-            continue
+    summed = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    # the ranks first agree on which gradients they sum: a list that differs (a parameter
+    # frozen on one rank) would add one parameter's gradient to another's
+    listed = [(name, tuple(p.shape), str(p.dtype)) for name, p in summed]
+    device = summed[0][1].device if summed else metadata_device(group, None)
+    row = torch.tensor([stable_hash(listed)], dtype=torch.long, device=device)  # (1,)
+    rows = exchange_rows(row, group)
+    differ = [r for r, (h,) in enumerate(rows) if h != rows[0][0]]
+    if differ:  # (every rank sees every row: each raises the same)
+        raise ContextParallelError(
+            f"module: rank {differ[0]} sums other parameters than rank 0 (names, shapes, "
+            "dtypes or requires_grad differ); every rank must pass the same module with the "
+            f"same parameters requiring grad (this rank's: {len(listed)} parameters)"
+        )
+    for name, p in summed:
         if p.grad is None:  # a rank that computed no block still takes part
             p.grad = torch.zeros_like(p)
         all_reduce(p.grad, group, f"the gradient of parameter {name!r}")

@@ -86,7 +86,8 @@ class ContextParallel(nn.Module):
     :mod:`attnkit.masks` objects on the full sequence: ``SelfAttention``'s ``mask``,
     ``MultiheadAttention``'s ``attn_mask`` or ``is_causal=True`` (tensors of the local
     shape, such as ``key_padding_mask``, would describe the shard only and are
-    refused). ``MultiheadAttention`` needs ``need_weights=False``.
+    refused). ``MultiheadAttention`` needs ``need_weights=False``. A KV cache is refused:
+    prefill through the wrapper, decode with the unwrapped layer on one process.
     """
 
     def __init__(
@@ -116,6 +117,16 @@ class ContextParallel(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The layer's forward on this rank's shard (see the class docstring)."""
+        if kwargs.get("cache") is not None:  # every rank raises, as below
+            refuse(
+                ValueError(
+                    "ContextParallel: cache= cannot decode a sharded sequence: each rank's "
+                    "cache would hold its own shard's keys in layout order, not the "
+                    "sequence's; prefill here without a cache, and decode with the "
+                    "unwrapped layer (.layer) on one process"
+                ),
+                self._route.group,
+            )
         local_only = [k for k in ("key_padding_mask",) if kwargs.get(k) is not None]
         mask = kwargs.get(
             "mask",

@@ -23,6 +23,7 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
+from ..blockplan import stable_hash
 from .comm import all_gather
 
 __all__ = [
@@ -152,6 +153,16 @@ def shard_lengths(n: int, world_size: int, layout: Layout = "zigzag") -> list[in
     return [sum(length for _, length in segs) for segs in segments(n, world_size, layout)]
 
 
+def _seq_dim(x: torch.Tensor, dim: object) -> int:
+    """``dim`` as an index of ``x``'s dims; ValueError naming it when it is none of them."""
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.ndim <= dim < x.ndim:
+        raise ValueError(
+            f"dim: expected an int in [-{x.ndim}, {x.ndim}) for x of shape "
+            f"{tuple(x.shape)}, got {dim!r}"
+        )
+    return dim % x.ndim
+
+
 def _rank_and_size(
     group: dist.ProcessGroup | None, rank: int | None, world_size: int | None
 ) -> tuple[int, int]:
@@ -195,6 +206,7 @@ def shard(
     r, p = _rank_and_size(group, rank, world_size)
     if r >= p:
         raise ValueError(f"rank: expected an int in [0, {p}), got {r}")
+    dim = _seq_dim(x, dim)
     n = x.shape[dim]
     parts = [x.narrow(dim, start, length) for start, length in segments(n, p, layout)[r]]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
@@ -278,7 +290,9 @@ def unshard(
 
     Raises:
         TypeError: ``x`` is not a torch.Tensor.
-        ValueError: a shard's length does not match the layout (see :func:`assemble`).
+        ValueError: a shard's length does not match the layout (see :func:`assemble`);
+            the ranks' shards differ in dtype or in a dim other than ``dim`` (on every
+            rank); ``dim`` is not a dim of ``x``.
         ContextParallelError: an all_gather failed (a rank died or timed out).
 
     Example::
@@ -289,11 +303,21 @@ def unshard(
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
     p = dist.get_world_size(group)
-    d = dim % x.ndim
-    lens = torch.tensor([x.shape[d]], dtype=torch.long, device=x.device)
-    all_lens = [torch.zeros_like(lens) for _ in range(p)]
-    all_gather(all_lens, lens, group, "the shard lengths of unshard")
-    sizes = [int(t.item()) for t in all_lens]
+    d = _seq_dim(x, dim)
+    # each rank's length along d, and a hash of all the rest of its shape and its dtype:
+    # shards that differ there would be gathered as bytes of another size or type
+    rest = stable_hash([x.ndim, d, str(x.dtype), [*x.shape[:d], *x.shape[d + 1 :]]])
+    head = torch.tensor([x.shape[d], rest], dtype=torch.long, device=x.device)  # (2,)
+    heads = [torch.zeros_like(head) for _ in range(p)]
+    all_gather(heads, head, group, "the shard shapes of unshard")
+    differ = [r for r, h in enumerate(heads) if int(h[1]) != int(heads[0][1])]
+    if differ:  # (every rank sees every head: each raises the same)
+        raise ValueError(
+            f"x: rank {differ[0]}'s shard differs from rank 0's in its dtype, its number of "
+            f"dims or a dim other than dim {dim}, which every rank must share (this rank's: "
+            f"{tuple(x.shape)}, {x.dtype})"
+        )
+    sizes = [int(h[0]) for h in heads]
     longest = max(sizes)
     pad_shape = list(x.shape)
     pad_shape[d] = longest - x.shape[d]
