@@ -96,3 +96,29 @@ def test_an_allocator_failure_names_the_bytes(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr("attnkit.nn.kv_cache.torch.zeros", fail)
     with pytest.raises(MemoryError, match=r"KVCache: could not allocate .* 2,048 bytes"):
         KVCache(2, 2, 8, 4, dtype=torch.float64)
+
+
+def test_a_top_left_band_after_the_prefill_is_refused() -> None:
+    """masks.window(2) over a cache would place the new query at position 0: after the
+    prefill it is refused; placed at the cache's end (bottom-right, or a tensor offset)
+    it decodes as the full forward does."""
+    from attnkit import masks
+
+    layer, x = _decoder(31, False)
+    x = x.detach()
+    window = masks.window(2)
+    want = layer(x, mask=window)  # (B, 5, hidden)
+    for placed in ("bottom_right", "offset"):
+        cache = layer.new_cache(2, 8)
+        steps = [layer(x[:, :3], mask=window, cache=cache)]  # (the prefill: L == S)
+        with pytest.raises(ValueError, match=r"mask holds a top-left band \(WindowMask\)"):
+            layer(x[:, 3:4], mask=window, cache=cache)
+        assert cache.length == 3
+        for i in (3, 4):
+            step = (
+                masks.window(2, align="bottom_right")
+                if placed == "bottom_right"
+                else masks.window(2, q_offset=torch.tensor(i))
+            )
+            steps.append(layer(x[:, i : i + 1], mask=step, cache=cache))
+        assert_close_to_scale(torch.cat(steps, dim=1), want, rel=FLOAT64_REL)  # type: ignore[arg-type]

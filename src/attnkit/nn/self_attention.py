@@ -164,7 +164,9 @@ class SelfAttention(nn.Module):
                 attend (the ``masked_fill(mask == 0, -inf)`` convention). A query
                 with no key left gives 0, not NaN. Combined with the causal mask
                 when the layer is ``causal``. With a ``cache``, an attnkit mask
-                over (B, H, S, length) only.
+                over (B, H, S, length) only; a causal or window band in it must be
+                placed after the cached positions (``align="bottom_right"`` or a
+                ``q_offset``): a top-left band at offset 0 is refused after the prefill.
             return_weights: also return the weights (B, H, S, S) (before dropout);
                 (B, H, S, length) with a cache.
             cache: a :class:`KVCache` from :meth:`new_cache` (causal layers
@@ -245,6 +247,21 @@ class SelfAttention(nn.Module):
                 f"{_OWNER}: the cache holds {cache.batch_size} sequences, x has batch size {B}"
             )
         m = self._mask(mask, B, 0, True, cached=True)
+        if m is not None and cache.length > 0:
+            for part in m.parts():
+                if (
+                    isinstance(part, masks.WindowMask)
+                    and part.align == "top_left"
+                    and not isinstance(part.q_offset, torch.Tensor)  # (a tensor is data)
+                    and not isinstance(part.k_offset, torch.Tensor)
+                    and part.q_offset == part.k_offset == 0
+                ):
+                    raise ValueError(
+                        f"{_OWNER}: mask holds a top-left band ({type(part).__name__}), which "
+                        f"places the new queries at positions 0.. of the {cache.length} cached "
+                        "ones, not after them; give it align='bottom_right' (or "
+                        "q_offset=cache.length)"
+                    )
         return m
 
     def _mask(
