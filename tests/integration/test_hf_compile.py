@@ -22,6 +22,8 @@ transformers = pytest.importorskip("transformers")
 
 import attnkit.integrations.transformers  # noqa: E402,F401  (registers "attnkit")
 
+from tolerance import FLOAT32_CALL_REL, assert_close_to_scale  # noqa: E402
+
 transformers.logging.set_verbosity_error()
 
 VOCAB = 100
@@ -87,3 +89,25 @@ def test_static_cache_generation_compiles_as_often_as_sdpa(name: str) -> None:
     for ours, theirs in zip(tokens, sdpa_tokens, strict=True):
         assert torch.equal(ours, theirs)
     assert torch.equal(tokens[0], tokens[1])
+
+
+@pytest.mark.slow
+def test_an_encoder_with_a_tokenizer_s_int64_padding_compiles_under_inductor() -> None:
+    """A bidirectional encoder's mask is nothing but key padding, which tokenizers give as
+    int64: inductor compiles its lowering (a bool mask padded, then selected at clamped
+    columns, did not compile on the CPU) and the compiled forward gives sdpa's numbers."""
+    cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+                                  intermediate_size=64, vocab_size=VOCAB)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.BertModel(cfg).eval()
+    ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
+    padding = torch.ones_like(ids)  # (B, L) int64, as a tokenizer returns it
+    padding[1, 6:] = 0
+    with torch.no_grad():
+        model.set_attn_implementation("sdpa")
+        want = model(input_ids=ids, attention_mask=padding).last_hidden_state
+        model.set_attn_implementation("attnkit")
+        torch._dynamo.reset()
+        got = torch.compile(model)(input_ids=ids, attention_mask=padding).last_hidden_state
+    kept = padding.bool()
+    assert_close_to_scale(got[kept], want[kept], rel=FLOAT32_CALL_REL)

@@ -34,6 +34,7 @@ def test_families_that_do_not_reach_attnkit_name_the_release_that_does() -> None
     assert old is not None and "5.14.1" in old and "5.15.0" in old
     assert family_reason("t5", "5.15.0") is None and family_reason("llama", "5.0.0") is None
     assert "every release" in (family_reason("bloom", "5.24.0") or "")
+    assert "every release" in (family_reason("falcon", "5.24.0") or "")
     assert version_tuple("5.15.0.dev0") == (5, 15, 0) and version_tuple("5") == (5, 0, 0)
 
 

@@ -48,6 +48,8 @@ interface). Before it the family computes its attention itself, so
 
 _NEVER = {
     "bloom": "BLOOM computes its attention (with ALiBi) itself in every release",
+    "falcon": "Falcon computes its attention itself in every release (its own eager, "
+    "sdpa and flash classes)",
     "mpt": "MPT computes its attention (with ALiBi) itself in every release",
 }
 

@@ -140,18 +140,20 @@ def _sizes(*vals: object) -> tuple[int, ...]:
 def _key_keep(padding: torch.Tensor, c: Call) -> torch.Tensor:
     """(B, S) bool: which of the call's keys the 2-D padding mask keeps; positions past
     its end (static cache slots) are padding, as transformers pads it."""
-    keep = padding.to(device=c.device, dtype=torch.bool)
     if isinstance(c.k0, int):
+        keep = padding.to(device=c.device, dtype=torch.bool)
         short = c.k0 + c.S - keep.shape[-1]
         if short > 0:
             keep = torch.nn.functional.pad(keep, (0, short), value=False)
         keep = keep[:, c.k0 : c.k0 + c.S]  # (B, S)
     else:  # a tensor offset: the same columns by index, no host read
-        keep = torch.nn.functional.pad(keep, (0, c.S), value=False)  # (B, N + S)
-        cols = (torch.arange(c.S, device=c.device) + c.k0.to(c.device)).clamp(
-            max=keep.shape[-1] - 1
-        )  # (S,)
-        keep = keep.index_select(-1, cols)  # (B, S)
+        # (no padding op: inductor's CPU code for a bool mask padded and then selected
+        # does not compile; columns past the end are dropped by a comparison instead)
+        values = padding.to(c.device)  # (B, N)
+        cols = torch.arange(c.S, device=c.device) + c.k0.to(c.device)  # (S,)
+        inside = cols < values.shape[-1]  # (S,)
+        picked = values.index_select(-1, cols.clamp(max=values.shape[-1] - 1))  # (B, S)
+        keep = (picked != 0) & inside  # (B, S)
     return keep.expand(c.B, c.S) if keep.shape[0] != c.B else keep
 
 
