@@ -48,7 +48,9 @@ class Attribution:
 
     Attributes:
         tokens: the input's tokens as written (special tokens included).
-        scores: (n_tokens,) relevance of each input token, in the model's dtype.
+        scores: (n_tokens,) relevance of each input token, in the model's dtype (for
+            ``"rollout"``, the weights' dtype: float32 for a half-precision model, whose
+            attention weights attnkit gives in float32).
         method: the method that made ``scores``.
         target: what is explained (:class:`Target`).
         target_value: y, the explained scalar at the input.
