@@ -18,8 +18,9 @@ The attention axes are flattened into one sequence (row-major) before
 is causal in that raster order, and a ``sliding_window`` band is measured in
 that order too (Keras defines both on the first attention axis; the two agree
 whenever there is one attention axis). Where Keras and attnkit differ: a query row
-that ``attention_mask`` masks entirely gives 0 here (Keras adds -1e9 to the
-masked logits and so returns a uniform average of every value there).
+that ``attention_mask`` masks entirely gives 0 here, with or without the scores (Keras
+3.15 returns a uniform average of every value there on its fused path, without
+``return_attention_scores``, and 0 with it).
 """
 
 from __future__ import annotations

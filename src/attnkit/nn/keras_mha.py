@@ -228,7 +228,8 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
             query: (B, *T, Fq); value: (B, *S, Fv); key: (B, *S, Fk), default ``value``.
             attention_mask: Keras's polarity: bool True (or 1) = may attend, broadcastable
                 to (B, H, *T, *S) under Keras's rule (a (B, T, S) mask fits 3-D inputs).
-                A query row it masks entirely gives 0 (Keras: a uniform average).
+                A query row it masks entirely gives 0 (Keras 3.15: a uniform average
+                without ``return_attention_scores``, 0 with it).
             return_attention_scores: also return the weights (B, H, *T, *S); read by its
                 truth value, as Keras does (None, 0: no; 1: yes; a string is a TypeError).
             training: None follows ``.train()``/``.eval()``; True/False: dropout or not.
