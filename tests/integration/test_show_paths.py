@@ -160,6 +160,35 @@ def test_a_failed_last_output_leaves_none_of_them(
     assert page.read_text() == "the page before"
 
 
+def test_a_failed_rename_puts_the_earlier_files_back(
+    capsys: pytest.CaptureFixture[str], gpt2_dir: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Every file is written; then the second rename into place fails (a full disk): the
+    first output, already renamed, is taken back and the earlier file it replaced is
+    there again, as it was."""
+    import attnkit.commands.outputs as outputs
+
+    page, picture = tmp_path / "a.html", tmp_path / "a.png"
+    page.write_text("the page before")
+    picture.write_bytes(b"the picture before")
+    real, calls = os.replace, []
+
+    def second_fails(src: object, dst: object) -> None:
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(outputs.os, "replace", second_fails)
+    code, out, err = _show(capsys, "the cat", "--model", str(gpt2_dir), "--quiet", "--out",
+                           str(page), "--png", str(picture))  # fmt: skip
+    _one_line_error(code, out, err, r"--png: cannot write .*a\.png: No space left")
+    assert page.read_text() == "the page before"
+    assert picture.read_bytes() == b"the picture before"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.html", "a.png"]  # no temporaries
+
+
 def test_unwritable_outputs_are_refused_before_any_compute(
     capsys: pytest.CaptureFixture[str], gpt2_dir: Path, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -194,6 +223,29 @@ def test_unwritable_outputs_are_refused_before_any_compute(
     _one_line_error(code, out, err, "--out: .*file is the input file of --text-file")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling.npz", "file", "pic.png",
                                                           "real.png"]  # fmt: skip
+
+
+def test_an_output_in_a_checkpoint_folder_is_refused(
+    capsys: pytest.CaptureFixture[str], gpt2_dir: Path, tmp_path: Path
+) -> None:
+    """--save-weights or --out inside the folder of --model, --compare-model or the
+    default model could replace the model's own files (its weights): refused before
+    any compute, the checkpoint untouched."""
+    from attnkit.models.bert.loading import default_checkpoint
+
+    weights = gpt2_dir / "model.safetensors"
+    before = weights.read_bytes()
+    page = str(tmp_path / "p.html")
+    for extra, option in (
+        (["--model", str(gpt2_dir), "--save-weights", str(weights)], "--model"),
+        (["--model", str(gpt2_dir), "--out", str(gpt2_dir / "tokenizer.json")], "--model"),
+        (["--model", str(gpt2_dir), "--compare-model", str(gpt2_dir), "--save-weights",
+          str(gpt2_dir / "new.npz")], "--model"),
+        (["--save-weights", str(default_checkpoint() / "model.safetensors")], "the default model"),
+    ):  # fmt: skip
+        code, out, err = _show(capsys, "the cat sat", "--no-png", "--out", page, *extra)
+        _one_line_error(code, out, err, f"lies in the checkpoint folder of {option}")
+    assert weights.read_bytes() == before and not (gpt2_dir / "new.npz").exists()
 
 
 # The campaign ----------------------------------------------------------------------------------

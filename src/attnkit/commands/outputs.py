@@ -20,6 +20,7 @@ import argparse
 import errno
 import os
 import secrets
+import shutil
 import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -191,7 +192,43 @@ def show_outputs(args: argparse.Namespace) -> ShowOutputs:
     check_distinct(outputs.all())
     for flag, attr in (("--text-file", "text_file"), ("--image", "image")):
         check_not_input(outputs.all(), getattr(args, attr, None), flag)
+    for flag, attr in (("--model", "model"), ("--compare-model", "compare_model")):
+        check_outside(outputs.all(), getattr(args, attr, None), flag)
+    if getattr(args, "model", None) is None and getattr(args, "image", None) is None:
+        check_outside(outputs.all(), _default_checkpoint_text(), "the default model")
     return outputs
+
+
+def _default_checkpoint_text() -> str | None:
+    """The default checkpoint's folder, or None when its package is not installed."""
+    from ..models.bert.loading import CheckpointError, default_checkpoint
+
+    try:
+        return str(default_checkpoint())
+    except CheckpointError:
+        return None
+
+
+def check_outside(outputs: Sequence[Output], folder_text: str | None, option: str) -> None:
+    """Refuse an output inside the checkpoint folder of ``option`` (it could replace one of
+    the model's own files: its weights, config or tokenizer)."""
+    if not folder_text or "\0" in folder_text:
+        return
+    try:
+        folder = Path(folder_text).expanduser().resolve()
+    except (OSError, RuntimeError):
+        return
+    for out in outputs:
+        try:
+            inside = out.target.resolve().is_relative_to(folder)
+        except (OSError, RuntimeError):
+            continue
+        if inside:
+            raise UsageError(
+                f"{out.option}: {shown_path(out.path)} lies in the checkpoint folder of "
+                f"{option}; writing there could overwrite the model's own files; choose "
+                "another folder"
+            )
 
 
 def check_not_input(outputs: Sequence[Output], path_text: str | None, option: str) -> None:
@@ -256,10 +293,11 @@ def write_all(jobs: Sequence[tuple[Output, Callable[[Path], Any]]]) -> list[Any]
 
     Raises:
         UsageError: a file could not be written (one line naming its flag); the
-            temporaries are removed and no output was renamed into place.
+            temporaries are removed, and every output is as it was before the call
+            (an earlier file put back, a new one removed).
     """
     temporaries: list[Path] = []
-    placed: list[Path] = []
+    placed: list[tuple[Path, Path | None]] = []  # (output, its earlier file kept)
     results: list[Any] = []
     try:
         for out, write in jobs:
@@ -277,16 +315,23 @@ def write_all(jobs: Sequence[tuple[Output, Callable[[Path], Any]]]) -> list[Any]
                 raise UsageError(
                     f"{out.option}: cannot write {shown_path(out.path)}: {_why(exc)}"
                 ) from None
-        for (out, _), temp in zip(jobs, temporaries, strict=True):
+        written = list(temporaries)
+        for (out, _), temp in zip(jobs, written, strict=True):
+            kept = _keep_earlier(out.target)
+            if kept is not None:
+                temporaries.append(kept)  # (removed at the end, as the temporaries)
             try:
                 os.replace(temp, out.target)
             except OSError as exc:
-                for done in placed:  # nothing is claimed as written: take back the others
-                    done.unlink(missing_ok=True)
+                for done, earlier in placed:  # nothing is claimed as written: take them back
+                    if earlier is not None:
+                        os.replace(earlier, done)  # the earlier file, as it was
+                    else:
+                        done.unlink(missing_ok=True)
                 raise UsageError(
                     f"{out.option}: cannot write {shown_path(out.path)}: {_why(exc)}"
                 ) from None
-            placed.append(out.target)
+            placed.append((out.target, kept))
     finally:
         for temp in temporaries:
             try:
@@ -294,3 +339,19 @@ def write_all(jobs: Sequence[tuple[Output, Callable[[Path], Any]]]) -> list[Any]
             except OSError:
                 pass
     return results
+
+
+def _keep_earlier(target: Path) -> Path | None:
+    """A second name for the file ``target`` holds now (a hard link beside it, else a
+    copy), so that a later failed rename can put it back; None when there is none."""
+    if not target.is_file():
+        return None
+    kept = _temporary_name(target)
+    try:
+        os.link(target, kept)
+    except OSError:
+        try:
+            shutil.copy2(target, kept)
+        except OSError:
+            return None
+    return kept
