@@ -222,3 +222,28 @@ def test_progress_lines_off_a_terminal_a_bar_on_one_and_quiet() -> None:
     with quiet():
         Progress(2, "layer", header="x", stream=silent).step()
     assert silent.getvalue() == ""
+
+
+def test_q_and_k_past_float16_s_range_reach_the_page_and_the_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A model whose q and k pass 65504 (float16's largest value): the neuron view's
+    arrays keep them (float32 in the file), and the page's data is strict JSON (an
+    overflowed scale wrote Infinity, which the browser's JSON.parse refuses)."""
+    from transformers import GPT2LMHeadModel
+
+    folder = _gpt2(tmp_path / "big", words=True)
+    model = GPT2LMHeadModel.from_pretrained(folder)
+    with torch.no_grad():
+        model.transformer.h[0].attn.c_attn.bias[:32] += 1e5  # q and k of layer 0
+    model.save_pretrained(folder)
+    page, weights = tmp_path / "p.html", tmp_path / "w.npz"
+    code, _, err = _show(capsys, TEXT, "--model", str(folder), "--quiet", "--no-png",
+                         "--out", str(page), "--save-weights", str(weights))  # fmt: skip
+    assert code == 0, err
+    arrays, _ = load_weights(weights)
+    q = arrays["self.neuron_q"]
+    assert q.dtype == np.float32 and np.isfinite(q).all() and np.abs(q).max() > 65504
+    text = re.search(r'id="attention-data">(.*?)</script>', page.read_text(encoding="utf-8"), re.S)
+    assert text is not None
+    json.loads(text.group(1), parse_constant=lambda name: pytest.fail(f"{name} on the page"))

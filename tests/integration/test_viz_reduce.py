@@ -139,10 +139,10 @@ def test_neuron_view_keeps_every_layer_and_a_window_of_queries() -> None:
     assert out is not None and out["layers"] == [0, 1, 2]
     start, stop = out["query_start"], out["query_stop"]
     assert (start, stop) == (35, 50)  # the last queries: half of what the budget pays for
-    np.testing.assert_array_equal(out["q"], q[:, :, start:stop].half().numpy())
+    np.testing.assert_array_equal(out["q"], q[:, :, start:stop].numpy())  # (float32: exact)
     keys = out["key_index"]
     assert set(range(start, stop)) <= set(keys) and len(keys) <= 30
-    np.testing.assert_array_equal(out["k"], k[:, :, keys].half().numpy())
+    np.testing.assert_array_equal(out["k"], k[:, :, keys].numpy())
 
 
 def test_neuron_window_errors_are_one_clear_line() -> None:

@@ -13,7 +13,7 @@ encoder-decoder):
   (int32) and ``topk_weight`` (float32) (layers, heads, Q, k), the exact top-k
   keys of every query row, best first; the other weights were never kept;
 - either may hold ``rollout`` (Q, K) and the neuron view's ``neuron_q`` and
-  ``neuron_k`` (float16).
+  ``neuron_k`` (float16, or float32 when a value is beyond float16's range).
 
 A comparison (``attnkit show --compare`` or ``--compare-model``) writes both
 sides in one file: ``sets`` is then a mapping of side keys (``"a"``, ``"b"``) to

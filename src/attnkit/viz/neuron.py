@@ -1,7 +1,7 @@
 """q and k for the neuron view: every layer, for every query that fits, else a window.
 
 The neuron view draws, for one query and one key, the per-dimension terms whose
-sum times the scale is the logit. :class:`NeuronStore` keeps q and k in float16
+sum times the scale is the logit. :class:`NeuronStore` keeps q and k in float32
 while the model runs:
 
 - when every layer's q and k of every token fit :attr:`Budget.neuron_values
@@ -40,7 +40,8 @@ def window_capacity(budget: int, n_layers: int, n_heads: int, dim: int) -> int:
 
 
 class NeuronStore:
-    """q and k of the shown layers and heads, in float16.
+    """q and k of the shown layers and heads, in float32 (a model's q and k may pass
+    float16's range).
 
     Args:
         layers: model layers shown (increasing).
@@ -72,8 +73,8 @@ class NeuronStore:
         self.window = window
         self.dim: int | None = None
         self.full = False
-        self.q: torch.Tensor | None = None  # (layers, heads, rows kept, d) float16
-        self.k: torch.Tensor | None = None  # (layers, heads, K, d) float16, token keys
+        self.q: torch.Tensor | None = None  # (layers, heads, rows kept, d) float32
+        self.k: torch.Tensor | None = None  # (layers, heads, K, d) float32, token keys
         self.rows = torch.zeros(0, dtype=torch.long)  # token rows kept, in page order
         self.forms: list[dict[str, Any] | None] = [None] * len(self.layers)
 
@@ -92,8 +93,9 @@ class NeuronStore:
             start, stop = Qp - width, Qp
         self.window = (start, stop)
         self.rows = self.positions[start:stop]
-        self.q = torch.zeros((nL, nH, stop - start, d), dtype=torch.float16)
-        self.k = torch.zeros((nL, nH, self.K, d), dtype=torch.float16)
+        # float32: a model's q and k may pass float16's largest value (65504)
+        self.q = torch.zeros((nL, nH, stop - start, d), dtype=torch.float32)
+        self.k = torch.zeros((nL, nH, self.K, d), dtype=torch.float32)
 
     def add(
         self,
@@ -117,9 +119,9 @@ class NeuronStore:
         inside = (self.rows >= row0) & (self.rows < row0 + r)  # (W,)
         if bool(inside.any()):
             at = torch.nonzero(inside).flatten()
-            picked = q.detach()[src][:, self.rows[at] - row0].to("cpu", torch.float16)
+            picked = q.detach()[src][:, self.rows[at] - row0].to("cpu", torch.float32)
             self.q[li, heads, at[0] : at[-1] + 1] = picked  # (h, n, d)
-        self.k[li, heads, : k.shape[1]] = k.detach()[src].to("cpu", torch.float16)
+        self.k[li, heads, : k.shape[1]] = k.detach()[src].to("cpu", torch.float32)
         self.forms[li] = {
             key: (val.tolist() if isinstance(val, torch.Tensor) else val)
             for key, val in form.items()
@@ -135,7 +137,7 @@ class NeuronStore:
 
         Returns:
             ``layers`` (indices of shown layers), ``q`` (layers, heads, W, d), ``k``
-            (layers, heads, K'', d) float16 arrays, ``forms``, ``query_start`` and
+            (layers, heads, K'', d) float32 arrays, ``forms``, ``query_start`` and
             ``query_stop`` (the window of page queries), ``key_index`` (the K'' page
             keys held, increasing; None = every key).
         """

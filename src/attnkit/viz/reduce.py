@@ -157,7 +157,8 @@ class ReducedSet:
         over ``block``×``block`` blocks, and ``topk_index`` (int32) and ``topk_weight``
         (layers, heads, Q, k), the exact top-k keys of every row, best first. Both:
         ``rollout`` (Q, K) when computed, and the neuron view's ``neuron_q`` (layers,
-        heads, W, d) and ``neuron_k`` (layers, heads, K'', d) when kept.
+        heads, W, d) and ``neuron_k`` (layers, heads, K'', d) when kept (float16, or
+        float32 when a value is beyond float16's range).
         """
         out: dict[str, np.ndarray] = {}
         if self.dense is not None:
@@ -169,9 +170,15 @@ class ReducedSet:
         if self.rollout is not None:
             out["rollout"] = np.ascontiguousarray(self.rollout, np.float32)
         if self.neuron is not None:
-            out["neuron_q"] = np.ascontiguousarray(self.neuron["q"], np.float16)
-            out["neuron_k"] = np.ascontiguousarray(self.neuron["k"], np.float16)
+            out["neuron_q"] = _half_if_it_fits(self.neuron["q"])
+            out["neuron_k"] = _half_if_it_fits(self.neuron["k"])
         return out
+
+
+def _half_if_it_fits(values: np.ndarray) -> np.ndarray:
+    """float16 when every value is within its range (half the file), else float32."""
+    finite = float(np.abs(values).max(initial=0.0)) <= float(np.finfo(np.float16).max)
+    return np.ascontiguousarray(values, np.float16 if finite else np.float32)
 
 
 class SetReducer:
