@@ -394,6 +394,29 @@ def test_a_centre_crop_larger_than_the_picture_pads_it() -> None:
     assert pic[:2].sum() == 0 and pic[2:4].min() == 9 and pic[4:].sum() == 0  # centred rows
 
 
+def test_sixteen_bit_grey_is_scaled_and_32_bit_pictures_are_refused(tmp_path: Path) -> None:
+    """A 16-bit grey PNG is seen with its high bytes (PIL's own conversion clips at 255);
+    a float or 32-bit integer picture has no fixed range and is refused by name."""
+    prep = ImageInput(resize=None, crop=None, rescale=None, mean=None, std=None)
+    values = np.array([[0, 255, 256, 65535], [1000, 32768, 40000, 65280]], dtype=np.uint16)
+    grey = Image.fromarray(values)
+    if grey.mode not in ("I;16", "I;16L"):
+        pytest.skip(f"this Pillow makes mode {grey.mode} of uint16 pixels")
+    path = tmp_path / "grey16.png"
+    grey.save(path)
+    for picture in (prep.picture(grey), prep.picture(viz.image.open_image(path))):
+        np.testing.assert_array_equal(picture[..., 0], values >> 8)
+        assert picture.shape == (2, 4, 3) and (picture == picture[..., :1]).all()
+    for mode, pixels in (("F", values.astype(np.float32) / 65535), ("I", values.astype(np.int32))):
+        image = Image.fromarray(pixels)
+        assert image.mode == mode
+        with pytest.raises(ValueError, match=rf"32-bit .* picture \(mode '{mode}'\)"):
+            prep.picture(image)
+        image.save(tmp_path / f"p{mode}.tiff")
+        with pytest.raises(ValueError, match=r"p[FI]\.tiff: a 32-bit"):
+            viz.image.open_image(tmp_path / f"p{mode}.tiff")
+
+
 def test_every_supported_family_is_tested_here() -> None:
     assert set(FAMILIES) == set(hf_vision.FAMILIES)
     assert not set(hf_vision.NOT_SUPPORTED) & set(hf_vision.FAMILIES)

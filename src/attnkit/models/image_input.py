@@ -26,11 +26,37 @@ import torch
 
 from .config_json import ConfigError, read_json
 
-__all__ = ["PREPROCESSOR_CONFIG", "ImageInput", "read_image_input"]
+__all__ = ["PREPROCESSOR_CONFIG", "ImageInput", "read_image_input", "to_rgb"]
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 _MAX_SIDE = 8192  # pixels: larger model inputs are not a config anyone trained with
 _RESAMPLE = range(6)  # PIL's filters: nearest, lanczos, bilinear, bicubic, box, hamming
+
+
+_SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def to_rgb(image: Any, where: str = "image") -> Any:
+    """A PIL image as the 8-bit RGB picture a model sees: 8-bit modes as PIL converts
+    them; 16-bit grey (``I;16``) scaled to 8 bits (65535 -> 255, where PIL's conversion
+    would clip at 255).
+
+    Raises:
+        ValueError: a 32-bit integer or float picture (modes ``I`` and ``F``), whose
+            range no convention fixes; naming ``where`` and the mode.
+    """
+    if image.mode in _SIXTEEN_BIT:
+        from PIL import Image
+
+        grey = (np.asarray(image, dtype=np.uint16) >> 8).astype(np.uint8)  # (H, W) high bytes
+        return Image.fromarray(grey).convert("RGB")
+    if image.mode in ("I", "F"):
+        kind = "32-bit float" if image.mode == "F" else "32-bit integer"
+        raise ValueError(
+            f"{where}: a {kind} picture (mode {image.mode!r}) has no fixed range for 8-bit "
+            "pixels; convert it to an 8-bit RGB picture first"
+        )
+    return image.convert("RGB")
 
 
 def _side(value: Any, field: str, source: str) -> int:
@@ -141,7 +167,7 @@ class ImageInput:
     def picture(self, image: Any) -> np.ndarray:
         """The picture the model sees: ``image`` (a PIL image) resized and cropped,
         as (H, W, 3) uint8."""
-        img = image.convert("RGB")
+        img = to_rgb(image)
         if self.resize is not None:
             kind, a, b = self.resize
             if kind == "exact":

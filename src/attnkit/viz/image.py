@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..models.image_input import to_rgb
 from .payload import blob, quantize
 from .reduce import ReducedSet, SetReducer
 
@@ -58,12 +59,14 @@ def require_pillow() -> Any:
 
 def open_image(path: str | Path) -> Any:
     """A picture file as an RGB ``PIL.Image``, turned upright by its EXIF orientation and
-    fully read (a truncated file fails here, not later).
+    fully read (a truncated file fails here, not later); 16-bit grey scaled to 8 bits
+    (:func:`attnkit.models.image_input.to_rgb`).
 
     Raises:
         ImportError: Pillow is not installed.
-        ValueError: the file is missing, unreadable, not an image Pillow knows, or larger
-            than Pillow's limit against decompression bombs (one line, naming the file).
+        ValueError: the file is missing, unreadable, not an image Pillow knows, larger
+            than Pillow's limit against decompression bombs, or a 32-bit picture (one
+            line, naming the file).
     """
     Image = require_pillow()
     from PIL import ImageOps, UnidentifiedImageError
@@ -76,8 +79,7 @@ def open_image(path: str | Path) -> Any:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(p) as img:
                 img.load()
-                upright = ImageOps.exif_transpose(img)
-                return upright.convert("RGB")
+                upright = ImageOps.exif_transpose(img)  # (a loaded copy)
     except FileNotFoundError:
         raise ValueError(f"{p}: no such file") from None
     except UnidentifiedImageError:
@@ -86,6 +88,7 @@ def open_image(path: str | Path) -> Any:
         raise ValueError(f"{p}: too large to read safely ({exc})") from None
     except (OSError, SyntaxError, ValueError) as exc:  # truncated or corrupt data
         raise ValueError(f"{p}: cannot read the image ({exc})") from None
+    return to_rgb(upright, str(p))
 
 
 def patch_label(r: int, c: int) -> str:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..models.image_input import to_rgb
 from .html import Page, render_html
 from .image import open_image, require_pillow
 
@@ -32,7 +33,7 @@ def _as_picture(image: Any) -> Any:
     if isinstance(image, (str, Path)):
         return open_image(image)
     if isinstance(image, Image.Image):
-        return image.convert("RGB")
+        return to_rgb(image)
     if (
         isinstance(image, np.ndarray)
         and image.ndim == 3
