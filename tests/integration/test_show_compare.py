@@ -192,6 +192,21 @@ def test_models_of_different_depth_are_side_by_side(
     assert [s["shape"][0] for s in data["sets"]] == [2, 3]
 
 
+def test_the_last_layer_of_models_of_different_depth_is_no_difference(
+    capsys: pytest.CaptureFixture[str], models: dict[str, Path], tmp_path: Path
+) -> None:
+    """--layers=-1 picks layer 1 of A and layer 2 of B: one layer each, but not the same
+    one, so the page draws them side by side without an A − B."""
+    page_path = tmp_path / "last.html"
+    code, out, err = _show(capsys, SAMPLE, "--model", str(models["a"]), "--compare-model",
+                           str(models["deep"]), "--layers=-1", "--out", str(page_path),
+                           "--no-png")  # fmt: skip
+    assert code == 0, err
+    assert "both sides in sync, and A − B" not in out
+    why = _data(page_path)["compare"]["why"]
+    assert why.startswith("A shows layer 1 and B layer 2"), why
+
+
 def test_bad_comparisons_exit_with_one_line(
     capsys: pytest.CaptureFixture[str], models: dict[str, Path], tmp_path: Path
 ) -> None:

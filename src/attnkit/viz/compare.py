@@ -112,6 +112,12 @@ def _why_not(a: ReducedSet, b: ReducedSet) -> str | None:
             f"A shows {a.shape[0]} layers × {a.shape[1]} heads and B {b.shape[0]} × "
             f"{b.shape[1]}; each layer and head is shown side by side where both have it."
         )
+    for mine, theirs in ((a.layer_labels, b.layer_labels), (a.head_labels, b.head_labels)):
+        if mine != theirs:
+            return (
+                f"A shows {', '.join(mine)} and B {', '.join(theirs)}; each is shown side by "
+                "side, and a difference only between the same layers and heads."
+            )
     if a.long != b.long or a.block != b.block:
         return "one side holds every weight and the other a long input's overview."
     return None
