@@ -230,6 +230,22 @@ def test_bad_comparisons_exit_with_one_line(
     assert not Path(out_page).exists()
 
 
+def test_a_layer_the_second_model_lacks_is_refused_before_either_runs(
+    capsys: pytest.CaptureFixture[str], models: dict[str, Path], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    import attnkit.viz.notebook
+
+    def ran(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model ran")
+
+    monkeypatch.setattr(attnkit.viz.notebook, "attend", ran)
+    code, out, err = _show(capsys, SAMPLE, "--model", str(models["deep"]), "--compare-model",
+                           str(models["a"]), "--layers", "2", "--out", str(tmp_path / "x.html"),
+                           "--no-png")  # fmt: skip
+    _error_line(code, out, err, r"--compare-model: tiny-a: --layers: .*")
+
+
 @pytest.mark.parametrize(("suffix", "flag"), [(".npz", "--compare"),
                                               (".safetensors", "--compare-model")])  # fmt: skip
 def test_save_weights_of_a_comparison_holds_both_sides(

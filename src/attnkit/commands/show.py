@@ -215,6 +215,8 @@ def _run(args: argparse.Namespace) -> int:
         )
 
     second = show_compare.open_second(args)
+    if second is not None:  # (its layers and heads too, before either model runs)
+        show_compare.selection(second, layer_sel, head_sel)
     from ..models import bert, hf
     from ..viz.notebook import attend
     from ..viz.options import RunOptions, WindowError

@@ -30,6 +30,7 @@ __all__ = [
     "open_second",
     "prepare",
     "run_second",
+    "selection",
     "subtitle",
 ]
 
@@ -80,6 +81,18 @@ def open_second(args: argparse.Namespace) -> Any:
         return open_source(str(Path(other).expanduser()))
     except UsageError as exc:
         raise UsageError(f"--compare-model: {str(exc).removeprefix('--model: ')}") from None
+
+
+def selection(second: Any, layer_sel: Any, head_sel: Any) -> tuple[list[int], list[int]]:
+    """The layers and heads ``--layers`` and ``--heads`` pick of the second model (sorted
+    layers); one line naming ``--compare-model`` when one is not there. Called before
+    any model runs, and again for side B."""
+    try:
+        layers = sorted(resolve(layer_sel, second.num_layers, "--layers", "layer"))
+        heads = resolve(head_sel, second.num_heads, "--heads", "head")
+    except UsageError as exc:
+        raise UsageError(f"--compare-model: {second.name}: {exc}") from None
+    return layers, heads
 
 
 def _check_same_tokenizer(first: Any, second: Any) -> None:
@@ -220,11 +233,7 @@ def _second_model(source: Any, second: Any, options: RunOptions, *, layer_sel: A
     """The same text on a second model with the same tokenizer (checked by :func:`prepare`)."""
     from ..viz.notebook import attend
 
-    try:
-        layers = sorted(resolve(layer_sel, second.num_layers, "--layers", "layer"))
-        heads = resolve(head_sel, second.num_heads, "--heads", "head")
-    except UsageError as exc:
-        raise UsageError(f"--compare-model: {second.name}: {exc}") from None
+    layers, heads = selection(second, layer_sel, head_sel)
     limit = min(options.max_length, second.max_tokens)
     side = replace(options, max_length=limit, layers=layers, heads=heads, generate=0, seed=None)
     run = attend(second, side)
