@@ -37,14 +37,13 @@ from .attribution_passes import (
     INTEGRATIONS,
     HeadRecorder,
     chefer_relevance,
-    evaluating,
-    gradients_on,
     integrated_gradients,
     on_attnkit,
     recording,
     rollout_matrix,
 )
 from .attribution_records import Attribution, Target
+from .model_modes import evaluating, gradients_on
 
 if TYPE_CHECKING:
     from .options import ExplainOptions

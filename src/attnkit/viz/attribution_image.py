@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .attribution import Attribution, _attribute, _Task
-from .attribution_passes import gradients_on
+from .model_modes import gradients_on
 
 if TYPE_CHECKING:
     from ..models.hf_vision import ImageCheckpoint

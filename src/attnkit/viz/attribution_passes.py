@@ -29,6 +29,7 @@ from torch import nn
 
 from .. import _recording
 from .capture import _exact_weights
+from .model_modes import evaluating
 from .rollout import _lower_product, mix_residual
 
 if TYPE_CHECKING:
@@ -40,8 +41,6 @@ __all__ = [
     "INTEGRATIONS",
     "HeadRecorder",
     "chefer_relevance",
-    "evaluating",
-    "gradients_on",
     "integrated_gradients",
     "integration_points",
     "on_attnkit",
@@ -143,27 +142,6 @@ def recording(recorder: Any) -> Iterator[Any]:
         yield recorder
     finally:
         _recording.ACTIVE.reset(token)
-
-
-@contextmanager
-def evaluating(model: nn.Module) -> Iterator[None]:
-    """Within the block the model runs in eval mode (no dropout); each module's own
-    ``training`` flag is restored after, even on error."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, training in modes:
-            m.training = training
-
-
-@contextmanager
-def gradients_on() -> Iterator[None]:
-    """Within the block autograd records, even inside a caller's ``torch.no_grad()`` or
-    ``torch.inference_mode()``: the gradient methods differentiate the model."""
-    with torch.inference_mode(False), torch.enable_grad():
-        yield
 
 
 @contextmanager

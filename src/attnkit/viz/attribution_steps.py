@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from .attribution import _GRADIENT, METHODS, _attribute, _kind, _load, _Task, check_ids
-from .attribution_passes import gradients_on
 from .attribution_records import GenerationAttribution
+from .model_modes import gradients_on
 from .options import GenerationOptions
 
 __all__ = ["GenerationAttribution", "explain_generation", "explain_generation_with"]

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from ...models.bert.modeling import Bert
+from ..model_modes import evaluating
 from ..options import PageView, ViewOptions
 from ..progress import Progress
 from ..reduce import Budget, SetReducer
@@ -37,7 +38,8 @@ def attend(
     """Run the encoder on ``text`` (and ``pair``) and reduce every layer's attention.
 
     Args:
-        model: a loaded :class:`Bert` with its tokenizer.
+        model: a loaded :class:`Bert` with its tokenizer; it runs in eval mode (no
+            dropout) and each module's ``training`` flag is restored after.
         text, pair: the input, or a sentence pair.
         max_length: truncate to this many tokens (default: the model's positions).
         layers, heads: what to show (default all).
@@ -69,7 +71,7 @@ def attend(
     x = torch.tensor([ids], dtype=torch.long)  # (1, L)
     types = torch.tensor([list(enc.type_ids)], dtype=torch.long)  # (1, L)
     try:
-        with torch.no_grad(), streaming(model, router):
+        with torch.no_grad(), evaluating(model), streaming(model, router):
             model(x, torch.ones_like(x), types)
     finally:
         progress.close()

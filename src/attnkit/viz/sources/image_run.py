@@ -19,6 +19,7 @@ from ...models.hf import first_line
 from ...models.hf_vision import ImageCheckpoint, family_of, image_input_of, patch_size
 from ...models.image_input import ImageInput
 from ..image import ImageLayout, ImageSetReducer
+from ..model_modes import evaluating
 from ..progress import Progress
 from ..reduce import Budget, ReducedSet
 from ..stream import Router
@@ -60,7 +61,8 @@ def attend_image(
     """Run a vision transformer once on a picture and reduce its attention.
 
     Args:
-        model: a transformers vision model (eval mode), base or with a task head.
+        model: a transformers vision model, base or with a task head; it runs in eval
+            mode and each module's ``training`` flag is restored after.
         image_input: how the checkpoint prepares a picture.
         image: an RGB ``PIL.Image``.
         prefix: labels of the non-patch tokens (see :class:`VisionFamily`).
@@ -99,7 +101,8 @@ def attend_image(
     progress = Progress(n_layers, "layer")
     router = Router({"self": reducer}, progress=progress)
     try:
-        _forward(model, router, **inputs)
+        with evaluating(model):  # no dropout; each module's own mode restored after
+            _forward(model, router, **inputs)
     except ValueError as exc:
         if "do not fit" not in str(exc):
             raise
@@ -148,7 +151,6 @@ def attend_model(
         )
     n_layers = int(getattr(cfg, "num_hidden_layers", 0))
     n_heads = int(getattr(cfg, "num_attention_heads", 0))
-    model.eval()
     return attend_image(
         model,
         image_input_of(processor),

@@ -27,7 +27,8 @@ def hf_kind(model: nn.Module) -> str:
 
 
 class ModelSource:
-    """A transformers model the caller built, run as it is (eval mode, its own head).
+    """A transformers model the caller built, run as it is (its own head), in eval mode for
+    each run: every module's ``training`` flag is as it was after.
 
     Args:
         model: a transformers model (``model.config`` names its layers and heads).
@@ -55,8 +56,7 @@ class ModelSource:
         self.max_tokens = int(getattr(cfg, "max_position_embeddings", None) or 512)
 
     def load(self, generate: bool = False, head: bool = False) -> None:
-        """Put the model in eval mode (it is built already)."""
-        self.model.eval()
+        """Nothing to build: the model is built already (each run sets eval mode itself)."""
 
     def explain_model(self, directory: Path) -> tuple[Any, Any]:
         """The model and its tokenizer, as given."""
@@ -80,7 +80,8 @@ class ModelSource:
         """
         from .text_run import run_text
 
-        limit = options.pop("max_length", None) or self.max_tokens
+        limit = options.pop("max_length", None)
+        limit = self.max_tokens if limit is None else limit
         return run_text(self.model, self.tokenizer, self.kind, text, pair, max_length=limit,
                         n_layers=self.num_layers, n_heads=self.num_heads,
                         n_decoder_layers=self.num_decoder_layers, refuse=_not_a_decoder,

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..model_modes import evaluating
 from ..options import PageView, ViewOptions
 from ..progress import Progress
 from ..reduce import Budget, ReducedSet, SetReducer
@@ -374,15 +375,19 @@ def run_text(
         **options: ``layers``, ``heads``, ``budget`` and ``view``, as for :func:`attend`.
 
     Returns:
-        an :class:`AttentionRun`.
+        an :class:`AttentionRun`. The model runs in eval mode (no dropout); each module's
+        ``training`` flag is restored after, even on error.
     """
-    if generate_tokens > 0:
-        if kind != "decoder":
-            raise (refuse or _not_a_decoder)(kind)
-        return generate(model, tokenizer, text, generate_tokens, max_length=max_length,
-                        n_layers=n_layers, n_heads=n_heads, seed=seed, **options)  # fmt: skip
-    return attend(model, tokenizer, kind, text, pair, max_length=max_length, n_layers=n_layers,
-                  n_heads=n_heads, n_decoder_layers=n_decoder_layers, **options)  # fmt: skip
+    if generate_tokens > 0 and kind != "decoder":
+        raise (refuse or _not_a_decoder)(kind)
+    with evaluating(model):
+        if generate_tokens > 0:
+            return generate(model, tokenizer, text, generate_tokens, max_length=max_length,
+                            n_layers=n_layers, n_heads=n_heads, seed=seed,
+                            **options)  # fmt: skip
+        return attend(model, tokenizer, kind, text, pair, max_length=max_length,
+                      n_layers=n_layers, n_heads=n_heads, n_decoder_layers=n_decoder_layers,
+                      **options)  # fmt: skip
 
 
 def _not_a_decoder(kind: str) -> Exception:
