@@ -333,13 +333,14 @@ def show(
         tokenizer: keyword-only, the model's tokenizer (None for an attnkit BERT model
             or a folder); refused with weights.
         pair: with a model, a second sentence (an encoder-decoder's decoder text).
-        include_layers: keep only these layers (bertviz's name); with a model, only
-            these layers are captured (and the layers are labelled by their numbers).
+        include_layers: keep only these layers (bertviz's name; negative numbers count
+            from the end, as ``attnkit show --layers``); with a model, only these layers
+            are captured, in the order they run. Layers are labelled by their numbers.
         sentence_b_start: bertviz's name for ``pair_start``; give one of the two.
-        max_length: with a model, truncate the input to this many tokens (default:
-            the model's positions).
-        generate: with a decoder model, generate this many tokens (default 0) and add
-            a step slider.
+        max_length: with a model, truncate the input to this many tokens, 1 to the
+            model's positions (default: the model's positions).
+        generate: with a decoder model, generate this many tokens (0 to 4096, fewer
+            than ``max_length``; default 0) and add a step slider.
         seed: with ``generate``, sample the tokens with this seed; None (default):
             greedy.
         words: with a model, True: the word view (subword pieces merged); default False.
@@ -368,7 +369,12 @@ def show(
             transformers model without its tokenizer.
         ValueError: ``sentence_b_start`` with ``pair_start``; weights and bertviz's
             arguments together; weights, tokens or labels that do not fit (as for
-            :func:`render_html`); ``generate`` with a model that is not a decoder.
+            :func:`render_html`); ``generate`` with a model that is not a decoder;
+            ``include_layers`` out of range; with a model, before it is built or run
+            (as ``attnkit show`` checks its flags): ``max_length`` below 1, below the
+            special tokens or above the model's positions, ``generate`` below 0, above
+            4096 or leaving no room for the prompt, ``seed`` without ``generate``, and
+            ``generate`` with ``pair``.
 
     Examples:
         >>> import torch
@@ -407,14 +413,20 @@ def show(
             "the tokenizer says where words and special tokens are"
         )
     elif include_layers is not None:
-        attentions = _keep_layers(attentions, include_layers)
+        attentions, kept = _keep_layers(attentions, include_layers)
         if o.layer_labels is None:
-            o = replace(o, layer_labels=[f"layer {i}" for i in include_layers])
+            o = replace(o, layer_labels=[f"layer {i}" for i in kept])
     return Page(render_html(attentions, tokens, options=o))
 
 
-def _keep_layers(attentions: Any, include: Sequence[int]) -> Any:
-    """bertviz's ``include_layers``: the chosen layers of a list or a (layers, ...) array."""
+def _keep_layers(attentions: Any, include: Sequence[int]) -> tuple[Any, list[int]]:
+    """bertviz's ``include_layers``: the chosen layers of a list or a (layers, ...) array,
+    and their numbers (negative numbers count from the end; each layer once)."""
+    from .notebook import layer_numbers
+
     if isinstance(attentions, (list, tuple)):
-        return [attentions[i] for i in include]
-    return as_grid(attentions, name="attentions", batch_of_one=True)[list(include)]
+        kept = layer_numbers(include, len(attentions), "the weights have")
+        return [attentions[i] for i in kept], kept
+    grid = as_grid(attentions, name="attentions", batch_of_one=True)  # (layers, heads, Q, K)
+    kept = layer_numbers(include, grid.shape[0], "the weights have")
+    return grid[kept], kept

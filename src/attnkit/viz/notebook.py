@@ -3,7 +3,8 @@
 :func:`attend` is the one model run of ``attnkit show`` and :func:`attnkit.viz.show`:
 a loaded source and one :class:`~attnkit.viz.options.RunOptions`; :func:`run_model`
 resolves the model the same way as ``attnkit show``
-(:func:`attnkit.viz.sources.open_source`) and runs it there;
+(:func:`attnkit.viz.sources.open_source`), checks the run as ``attnkit show`` checks
+its flags (:func:`check_run`, before the model is built) and runs it there;
 :func:`from_generate` turns what transformers' ``generate(...,
 output_attentions=True, return_dict_in_generate=True)`` returns into one
 page set with a step slider; :func:`from_bertviz` reads bertviz's
@@ -12,7 +13,9 @@ encoder-decoder arguments.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,10 +27,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "attend",
+    "check_run",
     "check_text",
     "from_bertviz",
     "from_generate",
     "is_model",
+    "layer_numbers",
     "run_model",
     "run_options",
 ]
@@ -99,8 +104,88 @@ def run_options(model: Any, tokenizer: Any, options: RunOptions) -> Any:
 
     check_text(options.text)
     source = open_source(model, tokenizer)
+    options = check_run(source, options)
     source.load(generate=bool(options.generate))
     return attend(source, options)
+
+
+def check_run(source: Any, options: RunOptions) -> RunOptions:
+    """``options`` checked against a source opened but not built, as ``attnkit show``
+    checks its flags: the same refusals, each naming the argument of
+    :func:`attnkit.viz.show`, before any model is built or run.
+
+    Args:
+        source: a :class:`~attnkit.viz.sources.TextSource` (its sizes, from the config).
+        options: the run.
+
+    Returns:
+        ``options`` with ``layers`` as the layer numbers the run captures: negative
+        numbers counted from the end, each once, in the order the layers run.
+
+    Raises:
+        ValueError: ``max_length`` not a positive number of tokens, more than the
+            model's positions or fewer than its special tokens; ``generate`` not 0 to
+            4096 tokens, or leaving no room for the prompt; ``seed`` without
+            ``generate``; ``generate`` with ``pair``; ``include_layers`` out of range.
+    """
+    n, limit = options.max_length, source.max_tokens
+    if n is not None and (not _is_int(n) or n < 1):
+        raise ValueError(f"max_length: expected a positive number of tokens, got {n!r}")
+    g = options.generate
+    if not _is_int(g) or not 0 <= g <= 4096:
+        raise ValueError(f"generate: expected 0 to 4096 tokens, got {g!r}")
+    if options.seed is not None and not g:
+        raise ValueError("seed: only with generate=N (it seeds the sampling)")
+    if g and options.pair is not None:
+        raise ValueError("generate, pair: a generated text continues one prompt")
+    layers = options.layers
+    if layers is not None:
+        layers = sorted(layer_numbers(layers, source.num_layers, "the model has"))
+    if n is not None and n > limit:
+        raise ValueError(f"max_length: {n} is more than the model's {limit} positions")
+    n = limit if n is None else n
+    if g and g >= n:
+        raise ValueError(f"generate: {g} tokens leave no room for the prompt in {n} positions")
+    # BERT: [CLS] and [SEP] (and a second [SEP] for a pair); models without special tokens: one.
+    special = source.special_tokens
+    minimum = max(1, special + (1 if options.pair is not None and special else 0))
+    if n < minimum:
+        raise ValueError(f"max_length: expected at least {minimum} (the special tokens), got {n}")
+    return replace(options, layers=layers)
+
+
+def layer_numbers(layers: Any, n: int, holder: str) -> list[int]:
+    """bertviz's ``include_layers`` checked against ``n`` layers, as ``attnkit show --layers``
+    reads them: negative numbers count from the end; each layer once, in the order given.
+
+    Args:
+        layers: the layer numbers (a sequence of ints).
+        n: how many layers there are.
+        holder: who has them, for the message: ``"the model has"``, ``"the weights have"``.
+
+    Raises:
+        ValueError: ``layers`` empty, not integers, or a number outside ``-n .. n - 1``.
+    """
+    given = [layers] if isinstance(layers, (str, bytes)) else list(layers)
+    if not given or not all(_is_int(i) for i in given):
+        raise ValueError(f"include_layers: expected a list of layer numbers, got {layers!r}")
+    picked = [int(i) for i in given]
+    bad = [str(i) for i in picked if not -n <= i < n]
+    if bad:
+        layer_word = "layer" if n == 1 else "layers"
+        raise ValueError(
+            f"include_layers: {', '.join(bad)} out of range; {holder} {n} {layer_word} "
+            f"(0 to {n - 1})"
+        )
+    out: list[int] = []
+    for i in picked:
+        if i % n not in out:
+            out.append(i % n)
+    return out
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def check_text(text: Any) -> str:
