@@ -248,6 +248,34 @@ def test_an_output_in_a_checkpoint_folder_is_refused(
     assert weights.read_bytes() == before and not (gpt2_dir / "new.npz").exists()
 
 
+def test_a_model_whose_attention_is_not_finite_is_one_line(
+    capsys: pytest.CaptureFixture[str], gpt2_dir: Path, tmp_path: Path
+) -> None:
+    """Weights that hold NaN (here from NaN embeddings) have nothing to draw: one line,
+    exit 2, no page (and the Python API raises the same, a ValueError)."""
+    from transformers import GPT2LMHeadModel
+
+    from attnkit import viz
+    from attnkit.viz.reduce import NonFiniteAttention
+
+    folder = tmp_path / "nan-gpt2"
+    model = GPT2LMHeadModel.from_pretrained(gpt2_dir)
+    with torch.no_grad():
+        model.transformer.wte.weight.fill_(float("nan"))
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (gpt2_dir / name).exists():
+            (folder / name).write_bytes((gpt2_dir / name).read_bytes())
+    page = tmp_path / "p.html"
+    capsys.readouterr()  # (transformers' loading bars)
+    code, out, err = _show(capsys, "the cat sat", "--model", str(folder), "--quiet",
+                           "--no-png", "--out", str(page))  # fmt: skip
+    _one_line_error(code, out, err, r"the model's self-attention .* weights hold NaN or infinity")
+    assert not page.exists()
+    with pytest.raises(NonFiniteAttention, match="hold NaN or infinity"):
+        viz.show(str(folder), text="the cat sat")
+
+
 # The campaign ----------------------------------------------------------------------------------
 
 # Each kind of output path: (how to make it in a folder, whether it can be written).

@@ -374,9 +374,11 @@ def _save_weights(path: Path, run: Any, meta: dict[str, str], side_a: str, other
 
 def run(args: argparse.Namespace) -> int:
     """Run ``attnkit show``; bad input gives exit status 2 and one line on stderr."""
+    from ..viz.reduce import NonFiniteAttention  # (torch is imported by the run anyway)
+
     try:
         return _run(args)
-    except UsageError as exc:
+    except (UsageError, NonFiniteAttention) as exc:
         message = " ".join(str(exc).split())
     except OSError as exc:  # a path the checks above did not foresee: still one line
         if exc.filename is None:

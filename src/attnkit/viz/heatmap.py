@@ -12,6 +12,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .grid import as_grid, max_pool, tile
+from .rollout import check_finite
 
 __all__ = [
     "SCALES",
@@ -117,8 +118,12 @@ def heatmaps(
     Returns:
         a ``matplotlib.figure.Figure`` (an :class:`AttentionFigure`, not registered
         with pyplot): a notebook shows it as a picture; save it with ``fig.savefig(path)``.
+
+    Raises:
+        ValueError: ``matrices`` of no grid's shape, or holding NaN or infinity; labels
+            whose number does not fit.
     """
-    grid = as_grid(matrices, name="matrices")  # (rows, cols, Q, K)
+    grid = check_finite(as_grid(matrices, name="matrices"), "matrices")  # (rows, cols, Q, K)
     rows, cols, Q, K = grid.shape
     col_titles = _check_labels("titles", titles, cols, "cols")
     xt = _check_labels("xticklabels", xticklabels, K, "K")

@@ -42,11 +42,17 @@ from .stats import StatsAccumulator
 __all__ = [
     "BLOCK_CELLS",
     "Budget",
+    "NonFiniteAttention",
     "ReducedSet",
     "SetReducer",
     "neuron_budget",
     "torch_threads",
 ]
+
+class NonFiniteAttention(ValueError):
+    """The model's attention weights hold NaN or infinity: there is nothing to draw (its
+    parameters or its input embeddings are not finite)."""
+
 
 # Weights reduced at once: heads × rows × keys at most this many (16 MiB of float32),
 # small enough to stay in the allocator's reused memory (no fresh pages per block).
@@ -424,6 +430,12 @@ class SetReducer:
             out.topk_index = parts["topk_index"].numpy()
             out.topk_weight = parts["topk_weight"].numpy()
             top = parts["topk_index"]
+        held = [out.dense] if out.dense is not None else [out.pooled_max, out.topk_weight]
+        if not all(grid is None or np.isfinite(grid).all() for grid in held):
+            raise NonFiniteAttention(
+                f"the model's {self.name} weights hold NaN or infinity (its "
+                "parameters or its input are not finite); there is nothing to draw"
+            )
         if self.means is not None:
             if self.Qp <= min(self.budget.flow_tokens, FLOW_MAX_TOKENS):
                 out.flow = attention_flow(self.means.unsqueeze(1))

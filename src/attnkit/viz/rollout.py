@@ -28,6 +28,7 @@ __all__ = [
     "FLOW_MAX_TOKENS",
     "attention_flow",
     "attention_rollout",
+    "check_finite",
     "mix_residual",
     "rollout_of_means",
 ]
@@ -36,11 +37,20 @@ FLOW_MAX_TOKENS = 64
 _UNIT = 1e7  # SciPy needs int32 capacities: weights in steps of 1e-7
 
 
+def check_finite(grid: np.ndarray, name: str) -> np.ndarray:
+    """``grid`` when every entry is finite, else the ValueError :func:`attnkit.viz.to_html`
+    raises for such weights, naming the argument ``name``."""
+    if not np.isfinite(grid).all():
+        raise ValueError(f"{name}: contains NaN or infinity")
+    return grid
+
+
 def _layer_means(weights: Any) -> torch.Tensor:
     """(layers, L, L) float64 head means from (layers, heads, L, L) or a list of layers."""
     from .grid import as_grid
 
     grid = as_grid(weights, name="weights", dims="layers, heads")  # (layers, heads, Q, K)
+    check_finite(grid, "weights")
     if grid.shape[2] != grid.shape[3]:
         raise ValueError(
             f"weights: rollout and flow need self-attention (Q == K), got Q={grid.shape[2]}, "
@@ -67,6 +77,10 @@ def attention_rollout(weights: Any, *, residual: bool = True) -> np.ndarray:
 
     Returns:
         (L, L) float32 array: row i is a distribution over input tokens j.
+
+    Raises:
+        ValueError: weights that are not a stack of self-attention, or hold NaN or
+            infinity.
     """
     means = _layer_means(weights)  # (layers, L, L)
     mats = mix_residual(means) if residual else means
@@ -164,7 +178,8 @@ def attention_flow(weights: Any, *, max_tokens: int = FLOW_MAX_TOKENS) -> np.nda
         each row normalized to sum to 1.
 
     Raises:
-        ValueError: more than ``max_tokens`` tokens.
+        ValueError: more than ``max_tokens`` tokens; weights that are not a stack of
+            self-attention, or hold NaN or infinity.
     """
     mats = mix_residual(_layer_means(weights)).numpy()  # (layers, L, L)
     n_layers, L, _ = mats.shape

@@ -241,10 +241,16 @@ def head_statistics(weights: Any, *, positional: bool | None = None) -> dict[str
         rows), ``normEntropy`` (entropy / log of the keys a row sees),
         ``first``; for self-attention ``distance`` (mean attended distance),
         ``prev``, ``self``, ``local``; and ``class`` and ``score``.
+
+    Raises:
+        ValueError: ``weights`` of no (layers, heads, Q, K) shape, or holding NaN or
+            infinity.
     """
     from .grid import as_grid
+    from .rollout import check_finite
 
-    grid = torch.from_numpy(as_grid(weights, name="weights", dims="layers, heads"))
+    arr = as_grid(weights, name="weights", dims="layers, heads")  # (layers, heads, Q, K)
+    grid = torch.from_numpy(check_finite(arr, "weights"))
     n_layers, n_heads, Q, K = grid.shape
     acc = StatsAccumulator(n_layers, n_heads, Q == K if positional is None else positional)
     rows = torch.arange(Q)
