@@ -24,6 +24,7 @@ import torch
 import attnkit
 
 from cases import MASKS, SCORES, check_case, make_case
+from tolerance import FLOAT32_CALL_REL, assert_close_to_scale
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -76,3 +77,18 @@ def test_every_score_and_mask_kind_in_half_precision(dtype: torch.dtype) -> None
     for n, mask in enumerate(MASKS):
         score = SCORES[(n + offset) % len(SCORES)]
         check_case(make_case(score, mask, (1, 2, 1, 3, 17, 12, 8), 700 + n, dtype), "triton")
+
+
+@pytest.mark.parametrize("fill", [torch.finfo(torch.float32).min, -2.5e38, -1e38])
+def test_a_row_of_the_lowest_finite_bias_is_a_uniform_row(fill: float) -> None:
+    """A bias row of finfo(float32).min (an additive padding mask) is finite: the row
+    attends to every key uniformly, as on the other backends. In the kernels' log2 units
+    such a value overflowed to -inf, and the row read as masked (output 0)."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 1, n, 8, generator=gen) for n in (4, 16, 16))
+    bias = torch.zeros(4, 16)
+    bias[3] = fill
+    want = attnkit.attention(q, k, v, mask=attnkit.masks.bias(bias), backend="reference")
+    got = attnkit.attention(q, k, v, mask=attnkit.masks.bias(bias), backend="triton")
+    assert_close_to_scale(got, want, rel=FLOAT32_CALL_REL)
+    assert_close_to_scale(got[0, 0, 3], v[0, 0].mean(0), rel=FLOAT32_CALL_REL)

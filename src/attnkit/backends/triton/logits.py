@@ -15,6 +15,8 @@ from . import bits as _b
 from .kmask import dense_bias, record, tile_keep
 
 LOG2E = tl.constexpr(1.4426950408889634)
+BIAS_FLOOR = tl.constexpr(-2.35e38)
+"""The lowest finite bias the kernels add: its log2 form, -3.39e38, is still finite."""
 LN2 = tl.constexpr(0.6931471805599453)
 ADDITIVE = tl.constexpr(_b.ADDITIVE)
 HAS_KB = tl.constexpr(_b.HAS_KB)
@@ -169,6 +171,9 @@ def logits_tile(
         s += kb.to(tl.float32)[None, :] * LOG2E
     if (_HAS_BIAS & MB) != 0:
         t = dense_bias(BIAS, MB, b, h, H, offs_m, offs_n, L, S)
+        # (a finite bias below -FLT_MAX / LOG2E would turn -inf in log2 units, and its row
+        # read as masked: it is held at BIAS_FLOOR, a uniform row as on the other backends)
+        t = tl.where(t == float("-inf"), t, tl.maximum(t, BIAS_FLOOR))
         s = tl.where(t == float("-inf"), float("-inf"), s + t * LOG2E)
     if state != FULL:
         keep = tile_keep(rec, KEEP, MB, b, h, H, offs_m, offs_n, L, S, LO0, HI0, LO1, HI1)
