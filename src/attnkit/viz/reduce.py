@@ -49,6 +49,7 @@ __all__ = [
     "torch_threads",
 ]
 
+
 class NonFiniteAttention(ValueError):
     """The model's attention weights hold NaN or infinity: there is nothing to draw (its
     parameters or its input embeddings are not finite)."""
