@@ -91,5 +91,5 @@ def test_unshard_names_its_exchange_when_a_rank_is_lost(monkeypatch: pytest.Monk
     with pytest.raises(cp.ContextParallelError) as caught:
         cp.unshard(torch.zeros(1, 3, 2))
     said = str(caught.value)
-    assert "rank 0 lost rank 1 during the shard lengths of unshard" in said
+    assert "rank 0 lost rank 1 during the shard shapes of unshard" in said
     assert "Connection reset by peer" in said
