@@ -156,6 +156,22 @@ class Score(nn.Module):
         return ""
 
 
+def check_bandwidth(sigma: torch.Tensor, owner: str) -> None:
+    """Raise ValueError naming ``owner`` when the 0-d bandwidth ``sigma`` is 0 or not
+    finite, where it is readable for free (:func:`attnkit._host.readable`): a learnable
+    σ can reach a value its constructor refuses (an optimizer step, ``load_state_dict``).
+    A negative σ is a bandwidth of |σ| (the kernels read σ²)."""
+    if not readable(sigma):
+        return
+    value = float(sigma.detach())
+    if value == 0 or not math.isfinite(value):
+        raise ValueError(
+            f"{owner} sigma must be a nonzero finite bandwidth, got {value} (as an optimizer "
+            "step or load_state_dict left it); the kernel is undefined there: set it anew "
+            "(sigma.data.fill_(1.0)) or train with a smaller step"
+        )
+
+
 def _cast_module(module: nn.Module, dtype: torch.dtype) -> nn.Module:
     clone = copy.copy(module)  # a new object sharing the tensors; the dicts are replaced below
     params = {n: (None if p is None else p.to(dtype)) for n, p in module._parameters.items()}
@@ -440,15 +456,7 @@ class Gaussian(Score):
     def check_parameters(self) -> None:
         """σ must be nonzero and finite where it is read (a negative σ is a bandwidth of
         |σ|: the score reads σ², as a learnable σ that crosses 0 in training)."""
-        if not readable(self.sigma):
-            return
-        value = float(self.sigma.detach())
-        if value == 0 or not math.isfinite(value):
-            raise ValueError(
-                f"score: Gaussian sigma must be a nonzero finite bandwidth, got {value} (as an "
-                "optimizer step or load_state_dict left it); the logits -|q - k|²/(2σ²) are "
-                "undefined there"
-            )
+        check_bandwidth(self.sigma, "score: Gaussian")
 
     def _inv_two_var(self, like: torch.Tensor) -> torch.Tensor:
         sigma = self.sigma.to(dtype=like.dtype, device=like.device)

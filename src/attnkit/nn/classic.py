@@ -24,7 +24,7 @@ from .. import masks
 from .._host import readable
 from .._torch_features import check_compiling
 from ..functional import attention
-from ..scores import Additive, Gaussian, Score
+from ..scores import Additive, Gaussian, Score, check_bandwidth
 from ._common import check_dropout, check_param_dtype, check_positive_int, shape_str
 
 __all__ = ["AdditiveAttention", "DotProductAttention", "KernelScore", "NadarayaWatson"]
@@ -448,25 +448,6 @@ class NadarayaWatson(nn.Module):
     def extra_repr(self) -> str:
         return f"kernel={self.kernel!r}"
 
-    def _check_sigma(self) -> None:
-        """Raise if σ is 0 or not finite, where it can be read without a device sync.
-
-        The constructor refuses such a σ; a learnable one can still reach it (an
-        optimizer step, ``load_state_dict``), where every kernel is undefined (the
-        Gaussian's 1/(2σ²) is inf and its weights NaN). A negative σ is a bandwidth
-        of |σ| (every kernel reads σ²), as a learnable σ that crosses 0 in training.
-        """
-        sigma = self.sigma
-        if not readable(sigma):
-            return
-        value = float(sigma.detach())
-        if value == 0 or not math.isfinite(value):
-            raise ValueError(
-                f"NadarayaWatson: sigma must be a nonzero finite bandwidth, got {value} (as "
-                "an optimizer step or load_state_dict left it); every kernel is undefined "
-                "there: set it anew (layer.sigma.data.fill_(1.0)) or train with a smaller step"
-            )
-
     def forward(
         self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     ) -> torch.Tensor:
@@ -481,7 +462,7 @@ class NadarayaWatson(nn.Module):
                 raise TypeError(f"{owner}: {name} must be a floating-point tensor")
             if t.ndim not in (1, 2):
                 raise ValueError(f"{owner}: {name} must be 1-D or 2-D, got {shape_str(t)}")
-        self._check_sigma()
+        check_bandwidth(self.sigma, "NadarayaWatson:")  # (a learnt σ may have reached 0)
         n = queries.shape[0]
         if queries.ndim == 1 and keys.ndim == 2:
             # d2l's training layout: one row of m scalar keys/values per query.

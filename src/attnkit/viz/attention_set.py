@@ -13,10 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
-from .grid import as_grid
+from .grid import as_grid, check_finite
 from .payload import set_payload
 from .reduce import Budget, ReducedSet, SetReducer
 
@@ -106,8 +105,7 @@ def reduce_set(s: AttentionSet, budget: Budget) -> ReducedSet:
         k_tokens = None
     else:
         k_tokens = _tokens("key_tokens", s.key_tokens, K, "key")
-    if not np.isfinite(arr).all():
-        raise ValueError("attentions: contains NaN or infinity")
+    check_finite(arr, "attentions")
     pair_start = _split("pair_start", s.pair_start, Q)
     key_pair = s.key_pair_start
     if key_pair is None and s.key_tokens is None:

@@ -12,7 +12,15 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["as_grid", "max_pool", "tile"]
+__all__ = ["as_grid", "check_finite", "max_pool", "tile"]
+
+
+def check_finite(grid: np.ndarray, name: str) -> np.ndarray:
+    """``grid`` when every entry is finite, else a ValueError naming the argument ``name``
+    (the viewer's one refusal of NaN or infinite weights)."""
+    if not np.isfinite(grid).all():
+        raise ValueError(f"{name}: contains NaN or infinity")
+    return grid
 
 
 def _to_numpy(x: Any) -> np.ndarray:

@@ -11,8 +11,7 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
-from .grid import as_grid, max_pool, tile
-from .rollout import check_finite
+from .grid import as_grid, check_finite, max_pool, tile
 
 __all__ = [
     "SCALES",

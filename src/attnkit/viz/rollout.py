@@ -28,7 +28,6 @@ __all__ = [
     "FLOW_MAX_TOKENS",
     "attention_flow",
     "attention_rollout",
-    "check_finite",
     "mix_residual",
     "rollout_of_means",
 ]
@@ -37,17 +36,9 @@ FLOW_MAX_TOKENS = 64
 _UNIT = 1e7  # SciPy needs int32 capacities: weights in steps of 1e-7
 
 
-def check_finite(grid: np.ndarray, name: str) -> np.ndarray:
-    """``grid`` when every entry is finite, else the ValueError :func:`attnkit.viz.to_html`
-    raises for such weights, naming the argument ``name``."""
-    if not np.isfinite(grid).all():
-        raise ValueError(f"{name}: contains NaN or infinity")
-    return grid
-
-
 def _layer_means(weights: Any) -> torch.Tensor:
     """(layers, L, L) float64 head means from (layers, heads, L, L) or a list of layers."""
-    from .grid import as_grid
+    from .grid import as_grid, check_finite
 
     grid = as_grid(weights, name="weights", dims="layers, heads")  # (layers, heads, Q, K)
     check_finite(grid, "weights")

@@ -246,8 +246,7 @@ def head_statistics(weights: Any, *, positional: bool | None = None) -> dict[str
         ValueError: ``weights`` of no (layers, heads, Q, K) shape, or holding NaN or
             infinity.
     """
-    from .grid import as_grid
-    from .rollout import check_finite
+    from .grid import as_grid, check_finite
 
     arr = as_grid(weights, name="weights", dims="layers, heads")  # (layers, heads, Q, K)
     grid = torch.from_numpy(check_finite(arr, "weights"))
