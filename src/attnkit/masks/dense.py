@@ -55,6 +55,8 @@ class BiasMask(Mask):
 
     kind = "bias"
     additive = True
+    _beyond: tuple[tuple[int, float], bool] | None = None
+    """:meth:`has_bias_beyond`'s last answer, keyed by the tensor's version and the limit."""
 
     def __init__(self, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor):
@@ -81,6 +83,25 @@ class BiasMask(Mask):
 
     def lower(self, L: int, S: int, device: torch.device) -> DNF:
         return [[DenseBias(self.tensor.to(device))]]
+
+    def has_bias_beyond(self, limit: float) -> bool:
+        """Whether the bias holds a finite value beyond ``±limit``: read once per version
+        of the tensor (an in-place update reads it again); True on an accelerator."""
+        t = self.tensor
+        if not readable(t):
+            return True
+        # an inference-mode tensor keeps no version: it is read every time
+        key = None if t.is_inference() else (t._version, limit)
+        if key is not None and self._beyond is not None and self._beyond[0] == key:
+            return self._beyond[1]
+        with torch.no_grad():
+            lo, hi = torch.aminmax(t)
+            if torch.isneginf(lo):  # -inf blocks a key: the finite values' range
+                lo, hi = torch.aminmax(t.masked_fill(torch.isneginf(t), 0.0))
+            beyond = float(hi) > limit or float(lo) < -limit
+        if key is not None:
+            self._beyond = (key, beyond)
+        return beyond
 
     def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
         return self.map_tensors(lambda t, role: slice_last2(t, q0, k0, L, S))
@@ -196,7 +217,9 @@ def bias(tensor: torch.Tensor) -> BiasMask:
     Returns:
         A :class:`BiasMask`. A query row whose bias is ``-inf`` for every key gives
         output 0, weights 0 and lse -inf (no NaN); a row of ``-1e9`` instead is not
-        masked (its keys still share the weights).
+        masked: softmax ignores a value every key of the row carries, so its weights
+        are those of its other logits (each row's largest kept bias is taken off
+        before the kernel and added back to the lse, so ``q·k`` is not rounded away).
 
     Raises:
         TypeError: ``tensor`` is not a torch.Tensor or not floating-point (for bool
