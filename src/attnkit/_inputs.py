@@ -347,7 +347,7 @@ def validate_inputs(
                 f"inputs are {q.dtype} on {q.device}; move the score with .to(...)"
             )
     if not is_shared_score(sc):
-        sc.check_parameters()
+        sc.check_parameters(q.dtype)
 
     batch_shape, groups = _broadcast_batch(tuple(qs[:-2]), tuple(ks[:-2]))
 

@@ -145,10 +145,11 @@ class Score(nn.Module):
             return self
         return _cast_module(self, dtype)  # type: ignore[return-value]
 
-    def check_parameters(self) -> None:
+    def check_parameters(self, dtype: torch.dtype | None = None) -> None:
         """Raise ValueError, naming the parameter and its value, when a parameter holds a
         value at which the score is undefined (training or ``load_state_dict`` can set
-        one that the constructor refuses). Read only where it is free: on the CPU, outside
+        one that the constructor refuses), or, given the call's input ``dtype``, one
+        whose logits overflow it. Read only where it is free: on the CPU, outside
         ``torch.compile``. The default checks nothing; :func:`attnkit.attention` calls it
         for every score object before any compute."""
 
@@ -156,11 +157,13 @@ class Score(nn.Module):
         return ""
 
 
-def check_bandwidth(sigma: torch.Tensor, owner: str) -> None:
+def check_bandwidth(sigma: torch.Tensor, owner: str, dtype: torch.dtype | None = None) -> None:
     """Raise ValueError naming ``owner`` when the 0-d bandwidth ``sigma`` is 0 or not
-    finite, where it is readable for free (:func:`attnkit._host.readable`): a learnable
-    σ can reach a value its constructor refuses (an optimizer step, ``load_state_dict``).
-    A negative σ is a bandwidth of |σ| (the kernels read σ²)."""
+    finite, or (given the call's ``dtype``) so small that ``1 / (2σ²)`` overflows the
+    dtype the logits are computed in (float32 for half inputs), where it is readable for
+    free (:func:`attnkit._host.readable`): a learnable σ can reach a value its
+    constructor refuses (an optimizer step, ``load_state_dict``). A negative σ is a
+    bandwidth of |σ| (the kernels read σ²)."""
     if not readable(sigma):
         return
     value = float(sigma.detach())
@@ -169,6 +172,17 @@ def check_bandwidth(sigma: torch.Tensor, owner: str) -> None:
             f"{owner} sigma must be a nonzero finite bandwidth, got {value} (as an optimizer "
             "step or load_state_dict left it); the kernel is undefined there: set it anew "
             "(sigma.data.fill_(1.0)) or train with a smaller step"
+        )
+    if dtype is None:
+        return
+    computed = torch.promote_types(dtype, torch.float32)
+    square = value * value
+    if square == 0 or 0.5 / square > torch.finfo(computed).max:
+        raise ValueError(
+            f"{owner} sigma {value:g} is too small for {computed} logits: 1 / (2σ²) "
+            f"overflows it (the smallest σ there is about "
+            f"{math.sqrt(0.5 / torch.finfo(computed).max):.1g}); scale the inputs "
+            "up instead, or run in float64"
         )
 
 
@@ -453,10 +467,11 @@ class Gaussian(Score):
         else:
             self.register_buffer("sigma", value)
 
-    def check_parameters(self) -> None:
+    def check_parameters(self, dtype: torch.dtype | None = None) -> None:
         """σ must be nonzero and finite where it is read (a negative σ is a bandwidth of
-        |σ|: the score reads σ², as a learnable σ that crosses 0 in training)."""
-        check_bandwidth(self.sigma, "score: Gaussian")
+        |σ|: the score reads σ², as a learnable σ that crosses 0 in training), and
+        ``1 / (2σ²)`` finite in the logits' dtype."""
+        check_bandwidth(self.sigma, "score: Gaussian", dtype)
 
     def _inv_two_var(self, like: torch.Tensor) -> torch.Tensor:
         sigma = self.sigma.to(dtype=like.dtype, device=like.device)

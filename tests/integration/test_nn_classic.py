@@ -299,6 +299,11 @@ def test_nadaraya_watson_learnable_sigma_at_zero_is_refused(kernel: str) -> None
     with torch.no_grad():
         nw.sigma.fill_(-1.5)
     assert torch.equal(nw(q, k, v), ref)
+    with torch.no_grad():  # 1/(2σ²) beyond float32: refused for float32 inputs only
+        nw.sigma.fill_(1e-20)
+    with pytest.raises(ValueError, match=r"sigma 1e-20 is too small for torch\.float32 logits"):
+        nw(q, k, v)
+    assert torch.isfinite(nw.double()(q.double(), k.double(), v.double())).all()
 
 
 # --------------------------------------------------------------------------- d2l's two forms

@@ -35,6 +35,43 @@ def test_a_learnt_gaussian_sigma_at_zero_or_not_finite_is_refused(bad: float) ->
     assert_close_to_scale(attnkit.attention(q, q, q, score=score), want, rel=FLOAT64_REL)
 
 
+@pytest.mark.parametrize("backend", ["reference", "chunked", "sdpa"])
+def test_a_gaussian_sigma_whose_logits_overflow_is_refused(backend: str) -> None:
+    """A σ so small that 1/(2σ²) overflows float32 (1e-20), or that every key of a row
+    has a logit beyond float32 (5e-20 at distances of order 1), is refused by name:
+    reference and chunked read such rows as masked (output 0) and sdpa gave NaN. float64
+    takes both; 1e-18 keeps the nearest key finite and runs (its row is one-hot)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 2, 5, 4, generator=gen), torch.randn(2, 2, 7, 4, generator=gen)
+    with pytest.raises(ValueError, match=r"^score: Gaussian sigma 1e-20 is too small for "):
+        attnkit.attention(q, k, k, score=scores.Gaussian(1e-20), backend=backend)
+    with pytest.raises(ValueError, match=r"^score: Gaussian sigma 5e-20 is too small for these"):
+        attnkit.attention(q, k, k, score=scores.Gaussian(5e-20), backend=backend)
+    for sigma in (1e-20, 5e-20):
+        score = scores.Gaussian(sigma).double()
+        out = attnkit.attention(q.double(), k.double(), k.double(), score=score)
+        assert torch.isfinite(out).all() and (out != 0).any(-1).all()
+    if backend != "sdpa":  # (sdpa refuses the dot form's cancellation there)
+        out = attnkit.attention(q, k, k, score=scores.Gaussian(1e-18), backend=backend)
+        nearest = torch.cdist(q, k).argmin(-1)  # (2, 2, 5): the one-hot row's key
+        want = torch.gather(k, -2, nearest.unsqueeze(-1).expand(-1, -1, -1, 4))
+        assert_close_to_scale(out, want, rel=FLOAT64_REL)
+
+
+def test_a_kernel_score_checks_its_learnt_sigma() -> None:
+    """KernelScore used directly (not through NadarayaWatson) refuses a learnt σ at 0,
+    which read every key as outside the support (output 0, silently)."""
+    from attnkit.nn import KernelScore
+
+    score = KernelScore("epanechnikov", 2.0, learnable=True)
+    q = torch.randn(1, 3, 2)
+    attnkit.attention(q, q, q, score=score)
+    with torch.no_grad():
+        score.sigma.fill_(0.0)
+    with pytest.raises(ValueError, match=r"^score: epanechnikov sigma must be a nonzero finite"):
+        attnkit.attention(q, q, q, score=score)
+
+
 @pytest.mark.parametrize("tensor", [torch.ones(2, 2, dtype=torch.bool), torch.zeros(2, 2)])
 def test_a_mask_and_a_tensor_says_how_to_wrap_the_tensor(tensor: torch.Tensor) -> None:
     with pytest.raises(TypeError, match=r"masks\.keep\(t\).*masks\.block\(t\)"):

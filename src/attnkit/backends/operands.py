@@ -256,7 +256,15 @@ def _gaussian_form(inputs: AttentionInputs, score: Gaussian) -> str:
             far = far.amin(-1)  # (..., l): min_j ‖k_j - c‖² - 2 (q_i - c)·(k_j - c)
             top = torch.clamp(ni, min=rk)  # (..., l): the dot form's largest terms
             near = (ni + far - eps * top).clamp(min=0)  # (..., l): ‖q_i - k‖² at least
-            rho = g * top / (g * near).clamp(min=1.0)  # (..., l)
+            nearest = g * float(near.amax())  # in float64: the largest -logit of a nearest key
+            if nearest > torch.finfo(cd).max:
+                raise ValueError(
+                    f"score: Gaussian sigma {float(score.sigma):g} is too small for these "
+                    f"inputs: a query's nearest key has logit -‖q - k‖²·scale/(2σ²) = "
+                    f"{-nearest:.3g}, beyond {cd}, so every key of its row would read as "
+                    "masked; scale sigma (or the inputs) up, or run in float64"
+                )
+            rho = (top.double() * g) / (near.double() * g).clamp(min=1.0)  # (..., l)
             if float(rho.amax()) > DOT_FORM_LIMIT:
                 return "distance"
     return "dot"

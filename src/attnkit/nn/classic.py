@@ -373,6 +373,11 @@ class KernelScore(Score):
         else:
             self.register_buffer("sigma", value)
 
+    def check_parameters(self, dtype: torch.dtype | None = None) -> None:
+        """σ must be nonzero and finite where it is read, and ``1 / σ²`` finite in the
+        logits' dtype (a learnt σ at 0 read every key as outside the support: output 0)."""
+        check_bandwidth(self.sigma, f"score: {self.kernel}", dtype)
+
     def logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """log K(‖q - k‖ / σ): q (..., L, E), k (..., S, E) -> (..., L, S); -inf outside."""
         sigma = self.sigma.to(dtype=q.dtype, device=q.device)
@@ -462,7 +467,8 @@ class NadarayaWatson(nn.Module):
                 raise TypeError(f"{owner}: {name} must be a floating-point tensor")
             if t.ndim not in (1, 2):
                 raise ValueError(f"{owner}: {name} must be 1-D or 2-D, got {shape_str(t)}")
-        check_bandwidth(self.sigma, "NadarayaWatson:")  # (a learnt σ may have reached 0)
+        # (a learnt σ may have reached 0, or a value whose 1 / (2σ²) overflows)
+        check_bandwidth(self.sigma, "NadarayaWatson:", queries.dtype)
         n = queries.shape[0]
         if queries.ndim == 1 and keys.ndim == 2:
             # d2l's training layout: one row of m scalar keys/values per query.
