@@ -111,8 +111,9 @@ def test_a_top_left_band_after_the_prefill_is_refused() -> None:
     for placed in ("bottom_right", "offset"):
         cache = layer.new_cache(2, 8)
         steps = [layer(x[:, :3], mask=window, cache=cache)]  # (the prefill: L == S)
-        with pytest.raises(ValueError, match=r"mask holds a top-left band \(WindowMask\)"):
-            layer(x[:, 3:4], mask=window, cache=cache)
+        for wrong in (window, window & masks.valid_lens(torch.tensor([4, 3]))):
+            with pytest.raises(ValueError, match=r"mask holds a top-left band, which places"):
+                layer(x[:, 3:4], mask=wrong, cache=cache)
         assert cache.length == 3
         for i in (3, 4):
             step = (

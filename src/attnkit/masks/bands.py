@@ -114,6 +114,12 @@ class WindowMask(Mask):
     def has_tensor_offsets(self) -> bool:
         return not (isinstance(self.q_offset, int) and isinstance(self.k_offset, int))
 
+    def starts_queries_at_key_zero(self) -> bool:
+        """Top-left at offsets 0 (tensor offsets are data, not read here)."""
+        if self.align != "top_left" or self.has_tensor_offsets():
+            return False
+        return bool(self.q_offset == 0 and self.k_offset == 0)
+
     def static_key(self) -> tuple[object, ...] | None:
         """(class, left, right, align, offsets) while both offsets are ints; None for a
         tensor offset, which is data."""

@@ -247,21 +247,12 @@ class SelfAttention(nn.Module):
                 f"{_OWNER}: the cache holds {cache.batch_size} sequences, x has batch size {B}"
             )
         m = self._mask(mask, B, 0, True, cached=True)
-        if m is not None and cache.length > 0:
-            for part in m.parts():
-                if (
-                    isinstance(part, masks.WindowMask)
-                    and part.align == "top_left"
-                    and not isinstance(part.q_offset, torch.Tensor)  # (a tensor is data)
-                    and not isinstance(part.k_offset, torch.Tensor)
-                    and part.q_offset == part.k_offset == 0
-                ):
-                    raise ValueError(
-                        f"{_OWNER}: mask holds a top-left band ({type(part).__name__}), which "
-                        f"places the new queries at positions 0.. of the {cache.length} cached "
-                        "ones, not after them; give it align='bottom_right' (or "
-                        "q_offset=cache.length)"
-                    )
+        if m is not None and cache.length > 0 and m.starts_queries_at_key_zero():
+            raise ValueError(
+                f"{_OWNER}: mask holds a top-left band, which places the new queries at "
+                f"positions 0.. of the {cache.length} cached ones, not after them; give it "
+                "align='bottom_right' (or q_offset=cache.length)"
+            )
         return m
 
     def _mask(
