@@ -32,7 +32,7 @@ from ._host import readable
 from ._inputs import AttentionInputs
 from .masks import Mask
 
-__all__ = ["FAR", "add_far_rows", "shift_far_rows", "split_far_rows"]
+__all__ = ["FAR", "add_far_rows", "check_given_lse", "shift_far_rows", "split_far_rows"]
 
 FAR = 64.0
 """A bias row whose largest kept value is beyond ±FAR is shifted. float32 keeps an lse
@@ -65,33 +65,50 @@ def _kept_row_max(
     return torch.cat([t.expand(*lead, *t.shape[-2:]) for t in tops], dim=-2)  # (..., L, 1)
 
 
+def _blocks_only(bias: torch.Tensor) -> torch.Tensor:
+    """A bias's blocking part alone: -inf where it blocks a key, else 0."""
+    return torch.zeros((), dtype=bias.dtype, device=bias.device).masked_fill(
+        torch.isneginf(bias.detach()), float("-inf")
+    )  # (the shape of bias)
+
+
 def shift_far_rows(
     mask: Mask | None, L: int, S: int, batch_shape: Sequence[int], device: torch.device
 ) -> tuple[Mask | None, torch.Tensor | None]:
     """``mask`` of a call of (L, S) keys with each far bias row shifted (see the module
-    docstring), and the shift (..., L, 1), broadcastable to (*batch, L, 1); or ``mask``
-    as given and None when no row is far (on the CPU, where that is read first).
+    docstring), and the total shift (..., L, 1), broadcastable to (*batch, L, 1); or
+    ``mask`` as given and None when no row is far (on the CPU, where that is read first).
 
-    A row's shift is its largest bias over the keys it keeps, taken off the mask's first
-    bias tensor, which then grows to (..., L, S) where it was broadcast over the rows."""
+    Each bias tensor of the mask is shifted by its own largest value over the keys the
+    mask keeps, in its own dtype (that value is one of its entries, so the shifted row
+    keeps every other value of it and of the other biases, whatever their order or
+    dtypes); a bias broadcast over the rows then grows to (..., L, S)."""
     if mask is None or L == 0 or S == 0 or not mask.has_bias_beyond(FAR):
         return mask, None  # (without a value beyond ±FAR, no row is far)
-    biases = mask.biases()
-    top = _kept_row_max(mask, L, S, batch_shape, device)  # (..., L, 1)
-    far = torch.isfinite(top) & (top.abs() > FAR)
-    if readable(far) and not bool(far.any()):
+    shifts: dict[int, torch.Tensor] = {}
+    for target in {id(b): b for b in mask.biases()}.values():
+
+        def others_blocking(b: torch.Tensor, t: torch.Tensor = target) -> torch.Tensor:
+            return b if b is t else _blocks_only(b)
+
+        alone = mask.map_biases(others_blocking)
+        top = _kept_row_max(alone, L, S, batch_shape, device)  # (..., L, 1)
+        top = top / sum(b is target for b in mask.biases())  # (the same tensor twice: each half)
+        far = torch.isfinite(top) & (top.abs() > FAR)
+        if readable(far) and not bool(far.any()):
+            continue
+        zero = torch.zeros((), dtype=top.dtype, device=top.device)
+        shifts[id(target)] = torch.where(far, top, zero).to(target.dtype)  # (..., L, 1)
+    if not shifts:
         return mask, None
-    shift = torch.where(far, top, torch.zeros((), dtype=top.dtype, device=top.device))
-    first, done = biases[0], False
 
     def take_off(b: torch.Tensor) -> torch.Tensor:
-        nonlocal done
-        if done or b is not first:
-            return b
-        done = True
-        return b - shift.to(device=b.device, dtype=b.dtype)  # (..., L, S)
+        shift = shifts.get(id(b))
+        return b if shift is None else b - shift.to(b.device)  # (..., L, S)
 
-    return mask.map_biases(take_off), shift
+    total = sum(s.to(device) for s in shifts.values())  # (..., L, 1), broadcast
+    assert isinstance(total, torch.Tensor)
+    return mask.map_biases(take_off), total
 
 
 def split_far_rows(inputs: AttentionInputs) -> tuple[AttentionInputs, torch.Tensor | None]:
@@ -101,12 +118,39 @@ def split_far_rows(inputs: AttentionInputs) -> tuple[AttentionInputs, torch.Tens
     mask, shift = shift_far_rows(inputs.mask, L, S, batch, inputs.device)
     if shift is None:
         return inputs, None
-    rows = shift.to(device=inputs.device, dtype=inputs.compute_dtype)
+    rows = shift.to(device=inputs.device)  # (its own dtype: -1e300 stays finite)
     rows = rows.expand(*batch, L, 1).squeeze(-1)  # (*batch, L)
     return replace(inputs, mask=mask), rows
 
 
 def add_far_rows(lse: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """``lse`` (*batch, L) with each row's shift (*batch, L) added back; a row with no
-    key stays -inf."""
-    return torch.where(torch.isneginf(lse), lse, lse + shift.to(lse.dtype))
+    """``lse`` (*batch, L) with each row's shift (*batch, L) added back, held within the
+    lse dtype's finite range (a float64 bias row of -1e300 has an lse below float32's:
+    the lowest float32, not the -inf of a row with no key); a row with no key stays
+    -inf."""
+    big = torch.finfo(lse.dtype)
+    shifted = (lse + shift).clamp(min=big.min, max=big.max).to(lse.dtype)  # (*batch, L)
+    return torch.where(torch.isneginf(lse), lse, shifted)
+
+
+def check_given_lse(inputs: AttentionInputs, lse: torch.Tensor) -> None:
+    """Raise ValueError when a row of ``attention_backward``'s call has a far bias and a
+    far given ``lse`` (*batch, L): that lse was rounded where the row's log-sum is lost
+    (``-1e30 + log S`` is ``-1e30`` in float32), and the weights ``exp(s - lse)`` of the
+    row cannot be recovered from it. A far bias row whose lse is ordinary (a block of a
+    longer row that other keys dominate) is exact as given. Read on the CPU only."""
+    _, shift = shift_far_rows(inputs.mask, inputs.L, inputs.S, inputs.batch_shape, inputs.device)
+    if shift is None or not readable(lse):
+        return
+    rows = shift.to(lse.device).expand(*inputs.batch_shape, inputs.L, 1).squeeze(-1)  # (*batch, L)
+    lost = (rows != 0) & (lse.detach().abs() > FAR) & torch.isfinite(lse.detach())
+    if bool(lost.any()):
+        where = tuple(int(i) for i in lost.nonzero()[0])
+        raise ValueError(
+            f"lse: {int(lost.sum())} row(s) of the mask's bias are far from 0 and so is their "
+            f"lse (at {where}: largest kept bias {float(rows[where]):.3g}, lse "
+            f"{float(lse[where]):.3g}), where the row's log-sum is lost in rounding and its "
+            "weights exp(s - lse) cannot be recovered; take each such row's largest kept "
+            "bias off the mask and off the lse before the forward, or differentiate "
+            "attnkit.attention() itself, which does so"
+        )

@@ -14,7 +14,7 @@ from torch.compiler import is_compiling
 from . import _plans, _recording
 from . import masks as _masks
 from ._backward_inputs import check_backward_tensors
-from ._far_rows import add_far_rows, split_far_rows
+from ._far_rows import add_far_rows, check_given_lse, split_far_rows
 from ._inputs import AttentionInputs, validate_inputs
 from ._keywords import refuse_unknown, sdpa_mask
 from ._masked_softmax import masked_softmax
@@ -427,7 +427,10 @@ def attention_backward(
 
     Raises:
         TypeError, ValueError: before any compute, naming the argument, what it received
-        and what was expected (as :func:`attention` does for its own arguments).
+        and what was expected (as :func:`attention` does for its own arguments);
+        ValueError also for a row whose bias is far from 0 (``-1e30``) and whose given
+        lse is far too: rounding lost its log-sum (see :mod:`attnkit._far_rows`;
+        :func:`attention` shifts such rows itself).
     """
     with torch.no_grad():
         inputs = validate_inputs(
@@ -436,6 +439,7 @@ def attention_backward(
         out, lse, grad_out, grad_lse, wrt = check_backward_tensors(
             inputs, out, lse, grad_out, grad_lse, params
         )
+        check_given_lse(inputs, lse)
         chosen = select_backend(inputs, normalize_backend_arg(backend))
     return chosen.backward(BackwardCall(inputs, OutputGrads(out, lse, grad_out, grad_lse), wrt))
 

@@ -154,3 +154,69 @@ def test_a_bias_changed_in_place_is_read_again() -> None:
         frozen[1] = -1e30
         got = attnkit.attention(q, k, v, mask=masks.bias(frozen), backend="reference")
     assert_close_to_scale(got, ordinary, what="an inference-mode bias")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("small_dtype", "far_dtype", "far"),
+    [
+        (torch.float32, torch.float32, -1e30),
+        (torch.float16, torch.float32, -1e30),
+        (torch.bfloat16, torch.float32, -10000.3),
+        (torch.float32, torch.float64, -1e300),
+    ],
+    ids=["f32&f32", "f16&f32", "bf16&f32", "f32&f64"],
+)
+def test_two_biases_in_either_order_and_dtype(
+    backend: str, small_dtype: torch.dtype, far_dtype: torch.dtype, far: float
+) -> None:
+    """Each bias of an & is shifted by its own largest kept value, in its own dtype: a
+    far row in the second bias took the first's values away (``small + 1e30`` in
+    float32: relative error 0.87), or turned NaN where the shift did not fit the first
+    bias's dtype (-1e30 in float16). An lse below float32 (-1e300 + ...) is held at
+    the lowest float32, not the -inf of a row with no key."""
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 2, n, E, generator=gen) for n in (L, S, S))
+    small = (3 * torch.randn(L, S, generator=gen)).to(small_dtype)
+    far_bias = torch.zeros(L, S, dtype=far_dtype)
+    far_bias[2] = far
+    want_out, want_lse = attnkit.attention(
+        q.double(), k.double(), v.double(), mask=masks.bias(small.double()), return_lse=True
+    )
+    lowest = torch.finfo(torch.float32).min
+    want_lse[..., 2] = torch.clamp(want_lse[..., 2] + far, min=lowest)
+    for mask in (
+        masks.bias(small) & masks.bias(far_bias),
+        masks.bias(far_bias) & masks.bias(small),
+    ):
+        out, lse = attnkit.attention(q, k, v, mask=mask, backend=backend, return_lse=True)
+        assert_close_to_scale(out, want_out.float(), what="output")
+        for row in range(L):
+            assert_close_to_scale(lse[..., row], want_lse[..., row].float(), what=f"lse {row}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_backward_refuses_an_lse_that_lost_its_row(backend: str) -> None:
+    """attention_backward from (out, lse) of a call with a row of -1e30: the lse is
+    -1e30 in float32, its log S lost, and the gradients were 14x too large; it is
+    refused by name. The same row shifted by the caller (mask and lse) is exact."""
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 2, n, E, generator=gen).requires_grad_() for n in (L, S, S))
+    bias = torch.randn(L, S, generator=gen)
+    bias[1] = -1e30
+    out, lse = attnkit.attention(q, k, v, mask=masks.bias(bias), backend=backend, return_lse=True)
+    d_out = torch.randn(out.shape, generator=gen)
+    want = torch.autograd.grad((out * d_out).sum(), (q, k, v))
+    given = (q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), d_out)
+    with pytest.raises(ValueError, match=r"^lse: 2 row\(s\) of the mask's bias are far from 0"):
+        attnkit.attention_backward(*given, mask=masks.bias(bias), backend=backend)
+    shifted = bias.clone()
+    shifted[1] = 0.0  # the row's largest kept value taken off the mask ...
+    _, lse_shifted = attnkit.attention(
+        q.detach(), k.detach(), v.detach(), mask=masks.bias(shifted), return_lse=True
+    )  # ... and off the lse
+    got = attnkit.attention_backward(
+        *given[:4], lse_shifted, d_out, mask=masks.bias(shifted), backend=backend
+    )
+    for name, g, w in zip(("dq", "dk", "dv"), got[:3], want, strict=True):
+        assert_close_to_scale(g, w, what=name)

@@ -298,7 +298,7 @@ def ring_attention(
         plan = replace(plan, mask=mask)
     out, lse = _RingAttention.apply(plan, q, k, v, *params)
     if shift is not None:
-        lse = add_far_rows(lse, _rank_rows(plan, shift.to(device=lse.device, dtype=lse.dtype)))
+        lse = add_far_rows(lse, _rank_rows(plan, shift.to(device=lse.device)))
     return out, lse
 
 
