@@ -1,30 +1,30 @@
-"""Far bias rows: a bias row whose largest value is far from 0 is shifted by it before a
-backend runs, and that value is added back to the lse.
+"""Far bias rows: rows whose kept bias is all far from 0, whose lse float32 cannot hold.
 
-A row of ``-1e30`` (or ``torch.finfo(torch.float32).min``, the value transformers fills
-with) has logits ``s = q·k + b`` of about ``-1e30``, where float32 (and float64) keep
-nothing of ``q·k``, and an lse of ``-1e30 + log S``, which float32 rounds to ``-1e30``.
-A forward normalizes by its own row maximum and spreads such a row evenly over its
-keys; a backward that takes the lse (torch's fused CPU and Triton kernels, the generic
-backward from (out, lse)) recomputes each weight as ``exp(s - lse) = exp(0) = 1``
-instead of ``1 / S``, and its gradients were ``S`` times too large. A row of ``-1e4``
-loses ``q·k`` below 1e-3 in the same way.
+A row of ``-1e30`` (or ``torch.finfo(torch.float32).min``, the value transformers
+fills with, or TensorFlow's ``-1e9``) has logits ``s = q·k + b`` that round to ``b``:
+softmax spreads it evenly over its keys, as torch's and every peer's softmax does, and
+every backend's forward agrees. Its lse is ``-1e30 + log S``, which float32 rounds to
+``-1e30``: a backward that recomputes each weight as ``exp(s - lse)`` from it (torch's
+fused CPU op, the Triton kernels) gets ``exp(0) = 1`` instead of ``1 / S``, gradients
+``S`` times too large.
 
-Softmax ignores a constant added to a row, so each bias row is shifted by its largest
-value over the keys the mask keeps (held constant): the logits keep ``q·k`` in full, the weights are the exact
-softmax of the call as written, the kernel's lse is near 0, and adding the shift back
-gives the call's lse and its gradient exactly. Every call is shifted, with or without
-a gradient, so a call's numbers do not depend on whether it is differentiated.
+So a call with such a row that needs a gradient is kept off the Triton kernels
+(:func:`far_rows_under_grad`, among dispatch's value-dependent reasons), sdpa runs it as
+differentiable math, and a backward from (out, lse) asks :func:`lost_rows` for the rows
+whose bias is far and whose lse is far too and hands a call that has one to the
+materialized backward, which normalizes those rows by their own sums
+(:func:`attnkit.backends._backward.materialized_backward`). ``attention_backward``,
+given an lse that is not its call's own, refuses such rows (:func:`check_given_lse`):
+their weights cannot be recovered from it. A far row whose lse is ordinary (a block of
+a longer row that other keys dominate) is exact as given.
 
-On the CPU the bias is read first, and a call with no far row runs as given (no copy).
-Elsewhere the values are not read (that would sync): every row is shifted by its far
-part, which is 0 for an ordinary row, whose numbers do not change.
+Rows are read only where that is free (:func:`attnkit._host.readable`); on an
+accelerator they are not detected.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import torch
 
@@ -32,11 +32,11 @@ from ._host import readable
 from ._inputs import AttentionInputs
 from .masks import Mask
 
-__all__ = ["FAR", "add_far_rows", "check_given_lse", "shift_far_rows", "split_far_rows"]
+__all__ = ["FAR", "check_given_lse", "far_rows", "far_rows_under_grad", "lost_rows"]
 
 FAR = 64.0
-"""A bias row whose largest kept value is beyond ±FAR is shifted. float32 keeps an lse
-of size FAR to 4e-6 relative, the error of an ordinary logit."""
+"""A bias row whose largest kept value is beyond ±FAR, with an lse beyond it, is far:
+float32 keeps an lse of that size to 4e-6 relative, the error of an ordinary logit."""
 
 ROW_CHUNK = 1 << 22
 """Pairs read at once when a row's largest kept value is looked for: a row block of
@@ -65,92 +65,60 @@ def _kept_row_max(
     return torch.cat([t.expand(*lead, *t.shape[-2:]) for t in tops], dim=-2)  # (..., L, 1)
 
 
-def _blocks_only(bias: torch.Tensor) -> torch.Tensor:
-    """A bias's blocking part alone: -inf where it blocks a key, else 0."""
-    return torch.zeros((), dtype=bias.dtype, device=bias.device).masked_fill(
-        torch.isneginf(bias.detach()), float("-inf")
-    )  # (the shape of bias)
-
-
-def shift_far_rows(
+def far_rows(
     mask: Mask | None, L: int, S: int, batch_shape: Sequence[int], device: torch.device
-) -> tuple[Mask | None, torch.Tensor | None]:
-    """``mask`` of a call of (L, S) keys with each far bias row shifted (see the module
-    docstring), and the total shift (..., L, 1), broadcastable to (*batch, L, 1); or
-    ``mask`` as given and None when no row is far (on the CPU, where that is read first).
-
-    Each bias tensor of the mask is shifted by its own largest value over the keys the
-    mask keeps, in its own dtype (that value is one of its entries, so the shifted row
-    keeps every other value of it and of the other biases, whatever their order or
-    dtypes); a bias broadcast over the rows then grows to (..., L, S)."""
+) -> torch.Tensor | None:
+    """The rows of a call of (L, S) keys whose largest kept bias is finite and beyond
+    ±FAR, (..., L, 1) bool broadcastable to (*batch, L, 1); None when there is none or
+    the mask's values cannot be read for free."""
     if mask is None or L == 0 or S == 0 or not mask.has_bias_beyond(FAR):
-        return mask, None  # (without a value beyond ±FAR, no row is far)
-    shifts: dict[int, torch.Tensor] = {}
-    for target in {id(b): b for b in mask.biases()}.values():
-
-        def others_blocking(b: torch.Tensor, t: torch.Tensor = target) -> torch.Tensor:
-            return b if b is t else _blocks_only(b)
-
-        alone = mask.map_biases(others_blocking)
-        top = _kept_row_max(alone, L, S, batch_shape, device)  # (..., L, 1)
-        top = top / sum(b is target for b in mask.biases())  # (the same tensor twice: each half)
-        far = torch.isfinite(top) & (top.abs() > FAR)
-        if readable(far) and not bool(far.any()):
-            continue
-        zero = torch.zeros((), dtype=top.dtype, device=top.device)
-        shifts[id(target)] = torch.where(far, top, zero).to(target.dtype)  # (..., L, 1)
-    if not shifts:
-        return mask, None
-
-    def take_off(b: torch.Tensor) -> torch.Tensor:
-        shift = shifts.get(id(b))
-        return b if shift is None else b - shift.to(b.device)  # (..., L, S)
-
-    total = sum(s.to(device) for s in shifts.values())  # (..., L, 1), broadcast
-    assert isinstance(total, torch.Tensor)
-    return mask.map_biases(take_off), total
+        return None  # (without a value beyond ±FAR, no row is far)
+    if not all(readable(t) for t in mask.dense_tensors()):
+        return None
+    top = _kept_row_max(mask, L, S, batch_shape, device)  # (..., L, 1)
+    far = torch.isfinite(top) & (top.abs() > FAR)
+    return far if bool(far.any()) else None
 
 
-def split_far_rows(inputs: AttentionInputs) -> tuple[AttentionInputs, torch.Tensor | None]:
-    """The call a backend runs, each far bias row shifted, and the shift to add to its
-    lse, (*batch, L); or the call as given and None."""
-    batch, L, S = inputs.batch_shape, inputs.L, inputs.S
-    mask, shift = shift_far_rows(inputs.mask, L, S, batch, inputs.device)
-    if shift is None:
-        return inputs, None
-    rows = shift.to(device=inputs.device)  # (its own dtype: -1e300 stays finite)
-    rows = rows.expand(*batch, L, 1).squeeze(-1)  # (*batch, L)
-    return replace(inputs, mask=mask), rows
+def far_rows_under_grad(inputs: AttentionInputs) -> bool:
+    """Whether a call that needs a gradient has a far bias row (see the module docstring):
+    a backend whose backward kernels take the weights from the lse cannot run it. Read
+    once per call (dispatch and the backends' reasons ask)."""
+    if inputs.far_rows_under_grad is None:
+        far = inputs.needs_grad and inputs.mask is not None
+        if far:
+            rows = far_rows(inputs.mask, inputs.L, inputs.S, inputs.batch_shape, inputs.device)
+            far = rows is not None
+        inputs.far_rows_under_grad = far
+    return inputs.far_rows_under_grad
 
 
-def add_far_rows(lse: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """``lse`` (*batch, L) with each row's shift (*batch, L) added back, held within the
-    lse dtype's finite range (a float64 bias row of -1e300 has an lse below float32's:
-    the lowest float32, not the -inf of a row with no key); a row with no key stays
-    -inf."""
-    big = torch.finfo(lse.dtype)
-    shifted = (lse + shift).clamp(min=big.min, max=big.max).to(lse.dtype)  # (*batch, L)
-    return torch.where(torch.isneginf(lse), lse, shifted)
+def lost_rows(inputs: AttentionInputs, lse: torch.Tensor) -> torch.Tensor | None:
+    """The rows (*batch, L) of a call whose bias is far and whose ``lse`` (*batch, L) is
+    far too, so that ``exp(s - lse)`` does not give their weights; None when there is
+    none (or they cannot be read for free)."""
+    if not readable(lse):
+        return None
+    rows = far_rows(inputs.mask, inputs.L, inputs.S, inputs.batch_shape, inputs.device)
+    if rows is None:
+        return None
+    rows = rows.to(lse.device).expand(*inputs.batch_shape, inputs.L, 1).squeeze(-1)
+    lse = lse.detach()
+    lost = rows & (lse.abs() > FAR) & torch.isfinite(lse)  # (*batch, L)
+    return lost if bool(lost.any()) else None
 
 
 def check_given_lse(inputs: AttentionInputs, lse: torch.Tensor) -> None:
-    """Raise ValueError when a row of ``attention_backward``'s call has a far bias and a
-    far given ``lse`` (*batch, L): that lse was rounded where the row's log-sum is lost
-    (``-1e30 + log S`` is ``-1e30`` in float32), and the weights ``exp(s - lse)`` of the
-    row cannot be recovered from it. A far bias row whose lse is ordinary (a block of a
-    longer row that other keys dominate) is exact as given. Read on the CPU only."""
-    _, shift = shift_far_rows(inputs.mask, inputs.L, inputs.S, inputs.batch_shape, inputs.device)
-    if shift is None or not readable(lse):
+    """Raise ValueError when ``attention_backward`` is given an lse (*batch, L) that lost
+    a far row's log-sum (see the module docstring)."""
+    lost = lost_rows(inputs, lse)
+    if lost is None:
         return
-    rows = shift.to(lse.device).expand(*inputs.batch_shape, inputs.L, 1).squeeze(-1)  # (*batch, L)
-    lost = (rows != 0) & (lse.detach().abs() > FAR) & torch.isfinite(lse.detach())
-    if bool(lost.any()):
-        where = tuple(int(i) for i in lost.nonzero()[0])
-        raise ValueError(
-            f"lse: {int(lost.sum())} row(s) of the mask's bias are far from 0 and so is their "
-            f"lse (at {where}: largest kept bias {float(rows[where]):.3g}, lse "
-            f"{float(lse[where]):.3g}), where the row's log-sum is lost in rounding and its "
-            "weights exp(s - lse) cannot be recovered; take each such row's largest kept "
-            "bias off the mask and off the lse before the forward, or differentiate "
-            "attnkit.attention() itself, which does so"
-        )
+    where = tuple(int(i) for i in lost.nonzero()[0])
+    raise ValueError(
+        f"lse: {int(lost.sum())} row(s) have a bias far from 0 for every key they keep, "
+        f"and an lse as far (at {where}: lse {float(lse[where]):.3g}), where float "
+        "rounding lost the row's log-sum: its weights exp(s - lse) cannot be recovered "
+        "from it. Block such keys with -inf or a keep mask, or differentiate "
+        "attnkit.attention() itself, which normalizes those rows by their own sums"
+    )

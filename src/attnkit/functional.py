@@ -14,7 +14,7 @@ from torch.compiler import is_compiling
 from . import _plans, _recording
 from . import masks as _masks
 from ._backward_inputs import check_backward_tensors
-from ._far_rows import add_far_rows, check_given_lse, split_far_rows
+from ._far_rows import check_given_lse
 from ._inputs import AttentionInputs, validate_inputs
 from ._keywords import refuse_unknown, sdpa_mask
 from ._masked_softmax import masked_softmax
@@ -201,7 +201,6 @@ def attention(
     )
     core, sinks = _split_sinks(inputs)
     core, common = _split_common(core)
-    core, far_rows = split_far_rows(core)
     chosen = select_backend(core, normalize_backend_arg(backend))
     empty = inputs.L == 0 or inputs.S == 0 or math.prod(inputs.batch_shape) == 0
     if plan_key is not None and not empty:
@@ -209,8 +208,6 @@ def attention(
     result = _empty_result(core) if empty else chosen.forward(core)
     if common and result.lse is not None and not empty:
         result = replace(result, lse=_add_common(core, result.lse, common))
-    if far_rows is not None and result.lse is not None and not empty:
-        result = replace(result, lse=add_far_rows(result.lse, far_rows))
     if sinks:
         result = _join_sinks(inputs, result, sinks)
     if inputs.weights_mean and (empty or sinks or not chosen.averages_heads):
@@ -429,8 +426,8 @@ def attention_backward(
         TypeError, ValueError: before any compute, naming the argument, what it received
         and what was expected (as :func:`attention` does for its own arguments);
         ValueError also for a row whose bias is far from 0 (``-1e30``) and whose given
-        lse is far too: rounding lost its log-sum (see :mod:`attnkit._far_rows`;
-        :func:`attention` shifts such rows itself).
+        lse is far too: rounding lost its log-sum, so its weights cannot be recovered
+        from it (see :mod:`attnkit._far_rows`; differentiate :func:`attention` instead).
     """
     with torch.no_grad():
         inputs = validate_inputs(

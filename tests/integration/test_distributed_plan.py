@@ -181,3 +181,26 @@ def test_calls_outside_a_process_group_are_refused() -> None:
         cp.shard(x)
     with pytest.raises(TypeError, match=r"layer must be an attnkit\.nn\.SelfAttention"):
         cp.ContextParallel(torch.nn.Linear(2, 2))
+
+
+def test_a_far_bias_row_is_kept_off_the_ring() -> None:
+    """A row whose kept bias is all -1e30: each key block's lse rounds to -1e30 in
+    float32, so the ring's merge weighed unequal blocks equally (and its backward took
+    the weights from that lse); the all-to-all runs one call over the full row. A bias
+    with -1e30 beside ordinary values in every row is fine on the ring."""
+    four = torch.randn(1, 4, 3, 8)  # (B, H, L_r, E): 4 heads over 2 ranks
+    far = torch.zeros(6, 6)
+    far[2] = -1e30
+    ex = cp.explain_context_parallel(four, four, four, world_size=2, mask=masks.bias(far))
+    assert ex.chosen == "all_to_all"
+    assert "far from 0 for every key it keeps" in " ".join(ex.reasons["ring"])
+    with pytest.raises(cp.ContextParallelError, match=r"strategy: 'ring' cannot run .* far from 0"):
+        cp.explain_context_parallel(
+            four, four, four, world_size=2, mask=masks.bias(far), strategy="ring"
+        )
+    padding = torch.zeros(6, 6)
+    padding[:, 4:] = -1e30  # every row keeps ordinary keys too
+    ex = cp.explain_context_parallel(
+        four, four, four, world_size=2, mask=masks.bias(padding), strategy="ring"
+    )
+    assert ex.chosen == "ring"

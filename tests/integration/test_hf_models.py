@@ -323,3 +323,24 @@ def test_importing_attnkit_imports_no_transformers() -> None:
         "sys.exit('transformers' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_a_float_4d_mask_with_a_fully_blocked_row_equals_eager() -> None:
+    """A 4-D float mask in transformers' convention (finfo.min blocks) whose row 0 blocks
+    every key: eager (and sdpa) spread that row evenly over all keys, finfo.min + q·k
+    being finfo.min, and the later rows read it as a key and value. attnkit must give
+    the same row, or every later position moves (25% of the logits when that row was
+    the softmax of q·k instead); with the gradients of the same loss."""
+    eager, ours = _models(FAMILIES["llama"])
+    ids = torch.randint(1, VOCAB, (1, 10), generator=torch.Generator().manual_seed(2))
+    keep = torch.ones(10, 10, dtype=torch.bool).tril()
+    keep[0] = False
+    low = torch.finfo(torch.float32).min
+    mask = torch.zeros(1, 1, 10, 10).masked_fill(~keep, low)
+    got, want = (m(input_ids=ids, attention_mask=mask).logits for m in (ours, eager))
+    assert_close_to_scale(got, want, rel=FLOAT32_REL)
+    got.sum().backward()
+    want.sum().backward()
+    for (name, a), b in zip(ours.named_parameters(), eager.parameters(), strict=True):
+        if a.grad is not None and "k_proj.bias" not in name:
+            assert_close_to_scale(a.grad, b.grad, rel=FLOAT32_REL, what=name)

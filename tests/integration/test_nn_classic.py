@@ -388,3 +388,14 @@ def test_additive_mixed_parameter_dtypes_are_named() -> None:
         layer(q, k, v)
     with pytest.raises(TypeError, match=r"queries is torch\.float32 .* torch\.float64"):
         AdditiveAttention(3, 2, 4, 0.0).double()(q.float(), k, v)
+
+
+def test_mixed_input_dtypes_are_named_by_the_layer() -> None:
+    """Queries, keys and values of different dtypes: the layer names them, in its own
+    words, before attnkit.attention would (with its query/key/value names)."""
+    q64, k, v = torch.randn(4, dtype=torch.float64), torch.randn(3), torch.randn(3)
+    with pytest.raises(TypeError, match=r"^NadarayaWatson: queries, keys and values must "):
+        NadarayaWatson()(q64, k, v)
+    q = torch.randn(2, 3, 4, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"^DotProductAttention: queries, keys and values must"):
+        DotProductAttention()(q, torch.randn(2, 5, 4), torch.randn(2, 5, 4))

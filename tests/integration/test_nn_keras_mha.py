@@ -216,3 +216,20 @@ def test_from_keras_builds_the_keras_shaped_layer(n: int) -> None:
     tk = None if k is None else torch.from_numpy(k)
     out = ours(torch.from_numpy(q), torch.from_numpy(v), key=tk, training=False)
     assert_close_to_scale(out, _t(layer(q, v, key=k, training=False)), what="output")
+
+
+def test_the_lazy_layer_names_itself_and_keeps_its_output_shape() -> None:
+    """Its errors name MultiHeadAttention (not the einsum layer it builds on), and a
+    state_dict whose output kernel does not give the output_shape it was built with is
+    refused by name (a lazy parameter takes any shape: it was taken silently)."""
+    lazy = MultiHeadAttention(2, 3)
+    lazy(torch.randn(2, 5, 6), torch.randn(2, 7, 6))
+    with pytest.raises(ValueError, match=r"^MultiHeadAttention: query has 4 features"):
+        lazy(torch.randn(2, 5, 4), torch.randn(2, 7, 6))
+    einsum = EinsumMultiHeadAttention(2, 3, query_features=6)  # output kernel (2, 3, 6)
+    asked = MultiHeadAttention(2, 3, output_shape=4)
+    with pytest.raises(RuntimeError, match=r"output_kernel: .*output_shape=\(4,\)"):
+        asked.load_state_dict(einsum.state_dict())
+    free = MultiHeadAttention(2, 3)  # no output_shape asked for: the loaded one is taken
+    free.load_state_dict(einsum.state_dict())
+    assert free.output_shape == (6,)

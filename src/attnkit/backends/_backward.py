@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from .. import _lse
+from .._far_rows import lost_rows
 from .._host import readable
 from .._inputs import AttentionInputs
 from ._materialized import materialized
@@ -107,6 +108,13 @@ def materialized_backward(call: BackwardCall) -> InputGrads:
         lse_c = given.lse.detach().to(cd)
         dead = torch.isneginf(lse_c)
         p = torch.exp(logits - _lse.safe_max(lse_c).unsqueeze(-1))  # (*batch, L, S)
+        lost = lost_rows(inputs, lse_c)  # (*batch, L): far rows, their lse rounded away
+        if lost is not None:  # normalized by their own (constant) max and sum instead
+            top = logits.detach().amax(dim=-1, keepdim=True)  # (*batch, L, 1)
+            top = _lse.safe_max(top.squeeze(-1)).unsqueeze(-1)
+            own = torch.exp(logits - top)  # (*batch, L, S)
+            own = own / own.detach().sum(dim=-1, keepdim=True).clamp(min=1.0)
+            p = torch.where(lost.unsqueeze(-1), own, p)
         zero = torch.zeros((), dtype=p.dtype, device=p.device)
         p = torch.where(dead.unsqueeze(-1) | torch.isneginf(logits), zero, p)  # blocked: 0
         if m.reached is not None:  # their gradients are NaN already; drop their d_out

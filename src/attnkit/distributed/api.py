@@ -216,11 +216,13 @@ def explain_context_parallel(
     mask = normalize_mask(mask)  # (a float tensor is a bias, as for the call)
     n_q = seq_len if seq_len is not None else query.shape[-2] * world_size
     n_kv = kv_seq_len if kv_seq_len is not None else key.shape[-2] * world_size
-    chosen, why, reasons = choose_strategy(strategy, query.shape, key.shape, world_size, mask)
     q_segs, kv_segs = segments(n_q, world_size, lay), segments(n_kv, world_size, lay)
     batch_shape = call_batch_shape(query.shape, key.shape)
     check_full_mask(mask, batch_shape, n_q, n_kv,
                     "seq_len, kv_seq_len, or the shard lengths times world_size")  # fmt: skip
+    chosen, why, reasons = choose_strategy(
+        strategy, query.shape, key.shape, world_size, mask, (n_q, n_kv, batch_shape)
+    )
     blocks, last_hop = plan_blocks(mask, q_segs, kv_segs, n_q, n_kv, batch_shape)
     return ContextParallelExplanation(
         chosen=chosen,

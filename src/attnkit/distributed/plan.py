@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .. import masks as _masks
+from .._far_rows import far_rows
 from ..scores import Score
 from .agree import STRATEGIES, agree
 from .blocks import block_is_empty
@@ -142,13 +143,25 @@ def all_to_all_reasons(
     return reasons
 
 
-def ring_reasons(mask: _masks.Mask | None) -> list[str]:
-    """Why the ring cannot run a call with this mask (empty when it can)."""
+def ring_reasons(
+    mask: _masks.Mask | None, sizes: tuple[int, int, Sequence[int]] | None = None
+) -> list[str]:
+    """Why the ring cannot run a call with this mask (empty when it can); ``sizes``
+    (total_L, total_S, batch_shape) of the full call, where known, to read its bias."""
     if mask is not None and torch.is_grad_enabled():
         if any(t.requires_grad for t in mask.tensors()):
             return [
                 "a mask tensor requires grad (a learnable bias), and the ring's backward "
                 "gives the mask no gradient"
+            ]
+    if mask is not None and sizes is not None:
+        total_L, total_S, batch_shape = sizes
+        device = next((t.device for t in mask.tensors()), torch.device("cpu"))
+        if far_rows(mask, total_L, total_S, batch_shape, device) is not None:
+            return [
+                "a bias row is far from 0 for every key it keeps (-1e30, finfo.min): its "
+                "blocks' lse values, which the ring merges, round to the same number in "
+                "float32 and lose each block's share (attnkit._far_rows)"
             ]
     return []
 
@@ -159,11 +172,13 @@ def choose_strategy(
     k_shape: Sequence[int],
     world_size: int,
     mask: _masks.Mask | None = None,
+    sizes: tuple[int, int, Sequence[int]] | None = None,
 ) -> tuple[Strategy, str, dict[str, list[str]]]:
     """(chosen strategy, why, reasons each strategy cannot run); ContextParallelError when
-    the strategy asked for, or both when none is, cannot run the call."""
+    the strategy asked for, or both when none is, cannot run the call. ``sizes``:
+    (total_L, total_S, batch_shape) of the full call, for :func:`ring_reasons`."""
     reasons: dict[str, list[str]] = {
-        "ring": ring_reasons(mask),
+        "ring": ring_reasons(mask, sizes),
         "all_to_all": all_to_all_reasons(q_shape, k_shape, world_size),
     }
     if strategy is not None:
@@ -277,7 +292,8 @@ def prepare(
             )
     batch_shape = call_batch_shape(q.shape, k.shape)
     check_full_mask(m, batch_shape, total_L, total_S, "every rank passes the same mask")
-    chosen, why, _ = choose_strategy(strategy, q.shape, k.shape, P, m)  # type: ignore[arg-type]
+    sizes = (total_L, total_S, batch_shape)
+    chosen, why, _ = choose_strategy(strategy, q.shape, k.shape, P, m, sizes)  # type: ignore[arg-type]
     blocks, last_hop = plan_blocks(m, q_segs, kv_segs, total_L, total_S, batch_shape)
     return CallPlan(
         group=group,

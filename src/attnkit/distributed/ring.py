@@ -31,13 +31,11 @@ to a rank's own tokens.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
 
 from .. import _lse
-from .._far_rows import add_far_rows, shift_far_rows
 from ..backends.records import OutputGrads
 from ..functional import attention, attention_backward
 from ..masks import Mask
@@ -287,23 +285,7 @@ def trainable_params(plan: CallPlan) -> list[torch.Tensor]:
 def ring_attention(
     plan: CallPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out (..., L_r, Ev), lse (..., L_r)) of this rank's queries over the full sequence.
-
-    A bias row far from 0 (see :mod:`attnkit._far_rows`) is shifted by its largest value
-    over the full row first, as a call on one process shifts it: the blocks' lse values
-    then merge near 0, where float32 keeps them, and the shift is added back at the end."""
+    """(out (..., L_r, Ev), lse (..., L_r)) of this rank's queries over the full sequence."""
     params = trainable_params(plan) if torch.is_grad_enabled() else []
-    mask, shift = shift_far_rows(plan.mask, plan.total_L, plan.total_S, plan.batch_shape, q.device)
-    if shift is not None:
-        plan = replace(plan, mask=mask)
     out, lse = _RingAttention.apply(plan, q, k, v, *params)
-    if shift is not None:
-        lse = add_far_rows(lse, _rank_rows(plan, shift.to(device=lse.device)))
     return out, lse
-
-
-def _rank_rows(plan: CallPlan, shift: torch.Tensor) -> torch.Tensor:
-    """The rows (..., L_r) of a (..., total_L, 1) shift that this rank's queries hold."""
-    pieces = [shift.narrow(-2, start, n) for start, n in plan.q_segments[plan.rank]]
-    rows = torch.cat(pieces, dim=-2) if pieces else shift.narrow(-2, 0, 0)  # (..., L_r, 1)
-    return rows.squeeze(-1)  # (..., L_r)

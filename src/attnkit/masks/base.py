@@ -192,23 +192,11 @@ class Mask:
             out += c.dense_tensors()
         return out
 
-    def biases(self) -> tuple[torch.Tensor, ...]:
-        """The additive bias tensors (..., L, S) this mask holds (its own and its
-        children's): the floating-point ones of :meth:`dense_tensors`."""
-        return tuple(t for t in self.dense_tensors() if t.is_floating_point())
-
     def has_bias_beyond(self, limit: float) -> bool:
         """Whether a bias of this mask (or of its children) holds a finite value beyond
         ``±limit``; True where its values cannot be read without a sync (see
         :func:`attnkit._host.readable`)."""
         return any(c.has_bias_beyond(limit) for c in self.children())
-
-    def map_biases(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Mask:
-        """A copy of this mask with every additive bias tensor ``t`` (see :meth:`biases`)
-        replaced by ``fn(t)``, of the same shape; every other tensor kept."""
-        return self.map_tensors(
-            lambda t, role: fn(t) if role == "dense" and t.is_floating_point() else t
-        )
 
     def map_tensors(self, fn: Callable[[torch.Tensor, str], torch.Tensor]) -> Mask:
         """A copy of this mask with every tensor ``t`` replaced by ``fn(t, role)``: role

@@ -217,9 +217,9 @@ def bias(tensor: torch.Tensor) -> BiasMask:
     Returns:
         A :class:`BiasMask`. A query row whose bias is ``-inf`` for every key gives
         output 0, weights 0 and lse -inf (no NaN); a row of ``-1e9`` instead is not
-        masked: softmax ignores a value every key of the row carries, so its weights
-        are those of its other logits (each row's largest kept bias is taken off
-        before the kernel and added back to the lse, so ``q·k`` is not rounded away).
+        masked (its keys still share the weights: evenly, as in torch's own softmax,
+        where ``q·k - 1e9`` rounds to ``-1e9``; with exact gradients on every backend,
+        see the NaN guide).
 
     Raises:
         TypeError: ``tensor`` is not a torch.Tensor or not floating-point (for bool

@@ -30,6 +30,16 @@ from ._common import check_dropout, check_param_dtype, check_positive_int, shape
 __all__ = ["AdditiveAttention", "DotProductAttention", "KernelScore", "NadarayaWatson"]
 
 
+def _check_dtypes(owner: str, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+                  ) -> None:  # fmt: skip
+    """queries, keys and values of one floating dtype, named by the layer."""
+    if not (queries.dtype == keys.dtype == values.dtype):
+        raise TypeError(
+            f"{owner}: queries, keys and values must share a dtype, got {queries.dtype}, "
+            f"{keys.dtype} and {values.dtype}; convert them with .to(dtype)"
+        )
+
+
 def _check_qkv(
     owner: str,
     queries: object,
@@ -166,6 +176,7 @@ class _ValidLensAttention(nn.Module):
         score, q_size, k_size = self._score_and_sizes(queries, keys, values)
         q, k, v = _check_qkv(self._owner, queries, keys, values, q_size, k_size)
         check_param_dtype(self._owner, self, queries=q)
+        _check_dtypes(self._owner, q, k, v)  # (after the parameters, which name the layer's)
         mask = _valid_lens_mask(self._owner, valid_lens, q.shape[0], q.shape[1], k.shape[1])
         p = self.dropout.p if self.training else 0.0
         out, self.attention_weights = attention(
@@ -467,6 +478,7 @@ class NadarayaWatson(nn.Module):
                 raise TypeError(f"{owner}: {name} must be a floating-point tensor")
             if t.ndim not in (1, 2):
                 raise ValueError(f"{owner}: {name} must be 1-D or 2-D, got {shape_str(t)}")
+        _check_dtypes(owner, queries, keys, values)
         # (a learnt σ may have reached 0, or a value whose 1 / (2σ²) overflows)
         check_bandwidth(self.sigma, "NadarayaWatson:", queries.dtype)
         n = queries.shape[0]

@@ -64,13 +64,13 @@ class _Call(NamedTuple):
     scores: bool
 
 
-def _scores_flag(value: object) -> bool:
+def _scores_flag(value: object, owner: str) -> bool:
     """``return_attention_scores`` read as Keras reads it, by its truth value (None and 0
     are False, 1 is True), for the values that are flags: None, a bool or an int."""
     if value is None or isinstance(value, (bool, int, np.bool_, np.integer)):
         return bool(value)
     raise TypeError(
-        f"{_OWNER}: return_attention_scores must be True or False (None, 0 and 1 are read "
+        f"{owner}: return_attention_scores must be True or False (None, 0 and 1 are read "
         f"as Keras reads them), got {type(value).__name__} {value!r}"
     )
 
@@ -112,6 +112,8 @@ class EinsumMultiHeadAttention(nn.Module):
 
     _sizes_from = "as given at construction"
     """Where the feature sizes came from, for errors (a lazy subclass builds them later)."""
+    _owner = _OWNER
+    """The class its errors name (a subclass names itself)."""
 
     def __init__(
         self,
@@ -132,25 +134,27 @@ class EinsumMultiHeadAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        check_factory_dtype(_OWNER, dtype)
-        self.num_heads = check_positive_int(_OWNER, "num_heads", num_heads)
-        self.key_dim = check_positive_int(_OWNER, "key_dim", key_dim)
+        check_factory_dtype(self._owner, dtype)
+        self.num_heads = check_positive_int(self._owner, "num_heads", num_heads)
+        self.key_dim = check_positive_int(self._owner, "key_dim", key_dim)
         self.value_dim = (
-            check_positive_int(_OWNER, "value_dim", value_dim) if value_dim is not None else key_dim
+            check_positive_int(self._owner, "value_dim", value_dim)
+            if value_dim is not None
+            else key_dim
         )
-        self.dropout = check_dropout(_OWNER, dropout)
+        self.dropout = check_dropout(self._owner, dropout)
         self.use_bias = bool(use_bias)
         if query_features is None:
             raise TypeError(
-                f"{_OWNER}: query_features (Fq, the last dim of query) is required, the "
+                f"{self._owner}: query_features (Fq, the last dim of query) is required, the "
                 "parameters' shapes depend on it; to infer the feature sizes from the first "
                 "call, as Keras does, use attnkit.nn.MultiHeadAttention(num_heads, key_dim, ...)"
             )
-        self.query_features = check_positive_int(_OWNER, "query_features", query_features)
+        self.query_features = check_positive_int(self._owner, "query_features", query_features)
         vf = value_features if value_features is not None else query_features
-        self.value_features = check_positive_int(_OWNER, "value_features", vf)
+        self.value_features = check_positive_int(self._owner, "value_features", vf)
         kf = key_features if key_features is not None else self.value_features
-        self.key_features = check_positive_int(_OWNER, "key_features", kf)
+        self.key_features = check_positive_int(self._owner, "key_features", kf)
         if output_shape is None:
             out: tuple[int, ...] = (self.query_features,)
         elif isinstance(output_shape, int) and not isinstance(output_shape, bool):
@@ -159,13 +163,13 @@ class EinsumMultiHeadAttention(nn.Module):
             out = tuple(output_shape)
         else:
             raise TypeError(
-                f"{_OWNER}: output_shape must be None, an int or a tuple of ints, got "
+                f"{self._owner}: output_shape must be None, an int or a tuple of ints, got "
                 f"{output_shape!r}"
             )
         if not out:
-            raise ValueError(f"{_OWNER}: output_shape must not be empty, got {output_shape!r}")
+            raise ValueError(f"{self._owner}: output_shape must not be empty, got {output_shape!r}")
         for d in out:
-            check_positive_int(_OWNER, "output_shape entries", d)
+            check_positive_int(self._owner, "output_shape entries", d)
         self.output_shape = out
         if attention_axes is None:
             self.attention_axes: tuple[int, ...] | None = None
@@ -175,21 +179,23 @@ class EinsumMultiHeadAttention(nn.Module):
             isinstance(a, int) and not isinstance(a, bool) for a in attention_axes
         ):
             if not attention_axes:
-                raise ValueError(f"{_OWNER}: attention_axes must not be empty; use None for all")
+                raise ValueError(
+                    f"{self._owner}: attention_axes must not be empty; use None for all"
+                )
             self.attention_axes = tuple(attention_axes)
         else:
             raise TypeError(
-                f"{_OWNER}: attention_axes must be None, an int or a tuple of ints, got "
+                f"{self._owner}: attention_axes must be None, an int or a tuple of ints, got "
                 f"{attention_axes!r}"
             )
 
         self.sliding_window = (
             None
             if sliding_window is None
-            else check_positive_int(_OWNER, "sliding_window", sliding_window)
+            else check_positive_int(self._owner, "sliding_window", sliding_window)
         )
         if not isinstance(use_gate, bool):
-            raise TypeError(f"{_OWNER}: use_gate must be True or False, got {use_gate!r}")
+            raise TypeError(f"{self._owner}: use_gate must be True or False, got {use_gate!r}")
         self.use_gate = use_gate
 
         H, Dk, Dv = self.num_heads, self.key_dim, self.value_dim
@@ -368,17 +374,19 @@ class EinsumMultiHeadAttention(nn.Module):
         for a in batch_axes:
             if not (query.shape[a] == key.shape[a] == value.shape[a]):
                 raise ValueError(
-                    f"{_OWNER}: query and key/value must agree on the non-attention axis {a} "
+                    f"{self._owner}: query and key/value must agree on the non-attention axis {a} "
                     f"(attention_axes={axes}), got query {shape_str(query)} and value "
                     f"{shape_str(value)}"
                 )
-        scores = _scores_flag(return_attention_scores)
+        scores = _scores_flag(return_attention_scores, self._owner)
         if not isinstance(use_causal_mask, bool):
             raise TypeError(
-                f"{_OWNER}: use_causal_mask must be True or False, got {use_causal_mask!r}"
+                f"{self._owner}: use_causal_mask must be True or False, got {use_causal_mask!r}"
             )
         if training is not None and not isinstance(training, bool):
-            raise TypeError(f"{_OWNER}: training must be None, True or False, got {training!r}")
+            raise TypeError(
+                f"{self._owner}: training must be None, True or False, got {training!r}"
+            )
         t_sizes = tuple(int(query.shape[a]) for a in axes)
         s_sizes = tuple(int(key.shape[a]) for a in axes)
         b_sizes = tuple(int(query.shape[a]) for a in batch_axes)
@@ -401,35 +409,37 @@ class EinsumMultiHeadAttention(nn.Module):
         ):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(
-                    f"{_OWNER}: {name} must be a torch.Tensor of shape {layout}, got "
+                    f"{self._owner}: {name} must be a torch.Tensor of shape {layout}, got "
                     f"{type(t).__name__}"
                 )
             if not t.is_floating_point():
-                raise TypeError(f"{_OWNER}: {name} must be floating point, got dtype {t.dtype}")
+                raise TypeError(
+                    f"{self._owner}: {name} must be floating point, got dtype {t.dtype}"
+                )
             if t.ndim < 3:
                 raise ValueError(
-                    f"{_OWNER}: {name} must have shape {layout} with at least 3 dims, got "
+                    f"{self._owner}: {name} must have shape {layout} with at least 3 dims, got "
                     f"{shape_str(t)}"
                 )
             if features and t.shape[-1] != f:
                 raise ValueError(
-                    f"{_OWNER}: {name} has {t.shape[-1]} features (last dim of {shape_str(t)}), "
+                    f"{self._owner}: {name} has {t.shape[-1]} features (last dim of {shape_str(t)}), "
                     f"expected {f} {self._sizes_from}"
                 )
         assert isinstance(query, torch.Tensor) and isinstance(value, torch.Tensor)
         assert isinstance(key, torch.Tensor)
         if value.ndim != query.ndim:
             raise ValueError(
-                f"{_OWNER}: value must have as many dims as query, got query {shape_str(query)} "
+                f"{self._owner}: value must have as many dims as query, got query {shape_str(query)} "
                 f"and value {shape_str(value)}"
             )
-        check_key_value(_OWNER, key, value)
+        check_key_value(self._owner, key, value)
         if not (query.dtype == key.dtype == value.dtype):
             raise TypeError(
-                f"{_OWNER}: query, key and value must share a dtype, got {query.dtype}, "
+                f"{self._owner}: query, key and value must share a dtype, got {query.dtype}, "
                 f"{key.dtype}, {value.dtype}"
             )
-        check_param_dtype(_OWNER, self, query=query)
+        check_param_dtype(self._owner, self, query=query)
         return query.ndim
 
     def _resolve_axes(self, nd: int) -> tuple[int, ...]:
@@ -440,11 +450,13 @@ class EinsumMultiHeadAttention(nn.Module):
         for given, a in zip(self.attention_axes, axes, strict=True):
             if not 0 <= a <= nd - 2:
                 raise ValueError(
-                    f"{_OWNER}: attention_axes entry {given} does not name a non-feature axis "
+                    f"{self._owner}: attention_axes entry {given} does not name a non-feature axis "
                     f"of a {nd}-D input; expected values in [{-nd}, {nd - 2}] except -1"
                 )
         if len(set(axes)) != len(axes):
-            raise ValueError(f"{_OWNER}: attention_axes has a repeated axis: {self.attention_axes}")
+            raise ValueError(
+                f"{self._owner}: attention_axes has a repeated axis: {self.attention_axes}"
+            )
         return axes
 
     def _build_mask(
@@ -460,7 +472,7 @@ class EinsumMultiHeadAttention(nn.Module):
         if attention_mask is not None:
             if not isinstance(attention_mask, torch.Tensor):
                 raise TypeError(
-                    f"{_OWNER}: attention_mask must be a bool tensor (True = attend), got "
+                    f"{self._owner}: attention_mask must be a bool tensor (True = attend), got "
                     f"{type(attention_mask).__name__}"
                 )
             n = len(t_sizes)
@@ -468,7 +480,7 @@ class EinsumMultiHeadAttention(nn.Module):
             m = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
             if m.ndim < 2 * n or m.ndim > len(full):
                 raise ValueError(
-                    f"{_OWNER}: attention_mask of shape {shape_str(m)} does not fit the scores "
+                    f"{self._owner}: attention_mask of shape {shape_str(m)} does not fit the scores "
                     f"{shape_str(full)} (batch axes..., heads, query attention axes..., key "
                     f"attention axes...)"
                 )
@@ -477,7 +489,7 @@ class EinsumMultiHeadAttention(nn.Module):
             m = m.reshape(*lead, *([1] * (len(full) - m.ndim)), *m.shape[m.ndim - 2 * n :])
             if any(d != 1 and d != f for d, f in zip(m.shape, full, strict=True)):  # (not `in`)
                 raise ValueError(
-                    f"{_OWNER}: attention_mask of shape {shape_str(attention_mask)} does not "
+                    f"{self._owner}: attention_mask of shape {shape_str(attention_mask)} does not "
                     f"broadcast to the scores {shape_str(full)} (batch axes..., heads, query "
                     f"attention axes..., key attention axes...)"
                 )

@@ -63,6 +63,7 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
     """
 
     _sizes_from = "as built at the first call (or loaded)"
+    _owner = _OWNER
 
     cls_to_become = None  # stays this class: its forward takes Keras's ``training``
 
@@ -175,8 +176,32 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
         self.value_features = int(self.value_kernel.shape[0])
         self.output_shape = tuple(int(d) for d in self.output_kernel.shape[2:])
 
-    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
-        super()._load_from_state_dict(*args, **kwargs)
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        """Load as torch does; an ``output_shape`` given at construction must be the
+        loaded ``output_kernel``'s last dims (a lazy parameter takes any shape)."""
+        kernel = state_dict.get(prefix + "output_kernel")
+        want = self._output_shape_arg
+        if want is not None and isinstance(kernel, torch.Tensor):
+            got = tuple(int(d) for d in kernel.shape[2:])
+            if got != tuple(want):
+                error_msgs.append(
+                    f"size mismatch for {prefix}output_kernel: copying a param with shape "
+                    f"{tuple(kernel.shape)}, whose output shape {got} is not the "
+                    f"output_shape={tuple(want)} this {_OWNER} was built with"
+                )
+                return
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
         if not self.has_uninitialized_params():
             self._read_sizes()
 

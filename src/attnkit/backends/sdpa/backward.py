@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..._far_rows import lost_rows
 from ..._host import readable
 from ..._inputs import AttentionInputs
 from .._backward import leaf_call, materialized_backward, pull_back
@@ -63,7 +64,7 @@ def sdpa_backward(call: BackwardCall) -> InputGrads:
     ``call.given`` (see :meth:`attnkit.backends.base.Backend.backward`)."""
     inputs, given = call.inputs, call.given
     out, lse, grad_lse = given.out, given.lse, given.grad_lse
-    if not _usable(inputs):
+    if not _usable(inputs) or lost_rows(inputs, lse) is not None:  # (see attnkit._far_rows)
         return materialized_backward(call)
     cd, batch, L, S = inputs.compute_dtype, inputs.batch_shape, inputs.L, inputs.S
     with torch.enable_grad():

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ... import _torch_features as _features
+from ..._far_rows import FAR
 from ..._host import readable, strict
 from ...kernels import _native_ops
 from ...kernels._ops import LIBRARY, define_op
@@ -601,12 +602,29 @@ def _kernel(
         groups = q.shape[-3] // k.shape[-3] if gqa else 1
         recompute = functools.partial(math_attention, is_causal=is_causal, scale=scale,
                                       groups=groups)  # fmt: skip
+        if _far_bias_rows(attn_mask):
+            # the fused backward would take these rows' weights from an lse float32 rounded
+            # away (attnkit._far_rows): differentiable math instead, the lse apart
+            lse = None
+            if want_lse:
+                with torch.no_grad():
+                    _, lse = run(q, k, v, attn_mask)
+            return recompute(q, k, v, attn_mask), lse
         if not want_lse and q.ndim == 4 and can_flash(q, k, v, attn_mask):
             # torch's fused ops directly: no inner graph, no nested autograd.grad
             flash = FlashCall(is_causal, scale, q.shape[-3] // k.shape[-3], recompute)
             return flash_attention(flash, q, k, v, attn_mask), None
         return fused_twice_differentiable(run, recompute, q, k, v, attn_mask)
     return run(q, k, v, attn_mask)
+
+
+def _far_bias_rows(attn_mask: torch.Tensor | None) -> bool:
+    """Whether a readable float ``attn_mask`` (..., L or 1, S) has a row whose largest
+    kept value is finite and beyond ±FAR (:mod:`attnkit._far_rows`)."""
+    if attn_mask is None or attn_mask.dtype == torch.bool or not readable(attn_mask):
+        return False
+    top = attn_mask.detach().amax(dim=-1)  # (..., L or 1)
+    return bool((torch.isfinite(top) & (top.abs() > FAR)).any())
 
 
 def _fused(

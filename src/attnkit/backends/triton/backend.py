@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import torch
 
 from ... import _torch_features as torch_features
+from ..._far_rows import far_rows_under_grad
 from ..._inputs import AttentionInputs
 from ...scores import Additive, Dot
 from .._backward import leaf_call, pull_back
@@ -67,6 +68,11 @@ class TritonBackend(Backend):
         if score.dot_reducible and max(_dot_dims(inputs)) > MAX_HEAD_DIM:
             reasons.append(
                 f"feature sizes {_dot_dims(inputs)} exceed {MAX_HEAD_DIM} (registers per tile)"
+            )
+        if far_rows_under_grad(inputs):
+            reasons.append(
+                "a bias row far from 0 for every key it keeps, with a gradient: the backward "
+                "kernels would take its weights from an lse that float32 rounds away"
             )
         if inputs.device.type == "cpu" and not interpreting():
             reasons.append("the CPU runs Triton kernels only under TRITON_INTERPRET=1")
