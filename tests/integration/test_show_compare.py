@@ -282,5 +282,9 @@ def test_save_weights_of_a_comparison_holds_both_sides(
     assert len(arrays) == sum(len(a) for a, _ in singles.values())
     sides = {s["key"]: s for s in meta["sides"]}
     assert sides["a"]["text"] == SAMPLE and sides["b"]["text"] == text_b
-    assert sides["b"]["model"] == model_b.name
+    # both sides named alike: name (kind, layers × heads)
+    assert sides["b"]["model"].startswith(f"{model_b.name} (")
+    assert sides["a"]["model"].startswith(f"{models['a'].name} (")
+    assert sides["a"]["model"][sides["a"]["model"].index("(") :].count("×") == 1
+    assert sides["b"]["model"][sides["b"]["model"].index("(") :].count("×") == 1
     assert meta["meta"]["compared"] == ("text" if flag == "--compare" else "model")

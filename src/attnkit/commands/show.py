@@ -280,7 +280,7 @@ def _write(args, source, run, text, pair, layers, heads, outputs: ShowOutputs,
     size = f"{count(source.num_layers, 'layer')} × {count(source.num_heads, 'head')}"
     shown = text if pair is None else f"{text}  ‖  {pair}"
     n_shown = n_prompt if first.view_kind == "words" or first.renormalised else len(run.tokens)
-    meta = {"model": f"{source.name} ({source.kind}, {size})", "tokens": str(n_shown)}
+    meta = {"model": show_compare.describe(source), "tokens": str(n_shown)}
     if first.view_kind == "words" or first.renormalised:
         meta["view"] = (f"{len(run.tokens)} words" if first.view_kind == "words" else "tokens") + (
             ", special tokens left out (rows renormalised)" if first.renormalised else ""
@@ -347,11 +347,10 @@ def _write(args, source, run, text, pair, layers, heads, outputs: ShowOutputs,
 def _holds_line(first: Any, other: Any = None, explained: Any = None) -> str:
     """What a weights file holds, for the closing line."""
     holds = "every weight" if not first.long else "block overviews and exact top-k"
-    if explained is not None:
-        holds += ", and the attribution (explain.*)"
+    explain = ", and the attribution (explain.*)" if explained is not None else ""
     if other is None:
-        return holds
-    return f"{holds} of both sides: a/… for A, b/… for B"
+        return holds + explain
+    return f"{holds} of both sides: a/… for A, b/… for B{explain and explain + ' of A'}"
 
 
 def _save_weights(path: Path, run: Any, meta: dict[str, str], side_a: str, other: Any,
@@ -366,7 +365,7 @@ def _save_weights(path: Path, run: Any, meta: dict[str, str], side_a: str, other
     names = other.names
     side_meta = {
         "a": {"name": names[0], "model": meta["model"], "text": side_a},
-        "b": {"name": names[1], "model": other.model_name, "text": other.text},
+        "b": {"name": names[1], "model": other.model, "text": other.text},
     }
     save_weights({"a": run.sets, "b": other.run.sets}, path, meta={**meta, "compared": other.what},
                  side_meta=side_meta, explain=explained)  # fmt: skip

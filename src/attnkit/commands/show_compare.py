@@ -114,6 +114,13 @@ def _check_same_tokenizer(first: Any, second: Any) -> None:
     )
 
 
+def describe(source: Any) -> str:
+    """A model as the weights file's metadata names it, as ``attnkit show`` names its
+    first model: name (kind, layers × heads)."""
+    size = f"{count(source.num_layers, 'layer')} × {count(source.num_heads, 'head')}"
+    return f"{source.name} ({source.kind}, {size})"
+
+
 @dataclass
 class SecondSide:
     """The second side of a comparison, and what the page and the terminal say of it."""
@@ -123,6 +130,7 @@ class SecondSide:
     what: str  # "text" or "model"
     text: str
     model_name: str
+    model: str  # as the metadata names it (:func:`describe`)
 
     def page_sets(self, first: Any) -> Any:
         """The page's sets: a :class:`~attnkit.viz.compare.Comparison` of both runs."""
@@ -203,7 +211,7 @@ def _second_text(source: Any, options: RunOptions, text2: str, *, layer_sel: Any
                    seed=None)  # fmt: skip
     run = attend(source, side)
     names = (f"“{_side_name(options.text)}”", f"“{_side_name(text2)}”")
-    return SecondSide(run, names, "text", text2, source.name)
+    return SecondSide(run, names, "text", text2, source.name, describe(source))
 
 
 def prepare(source: Any, second: Any) -> None:
@@ -237,7 +245,9 @@ def _second_model(source: Any, second: Any, options: RunOptions, *, layer_sel: A
     limit = min(options.max_length, second.max_tokens)
     side = replace(options, max_length=limit, layers=layers, heads=heads, generate=0, seed=None)
     run = attend(second, side)
-    return SecondSide(run, (source.name, second.name), "model", options.text, second.name)
+    return SecondSide(
+        run, (source.name, second.name), "model", options.text, second.name, describe(second)
+    )
 
 
 def subtitle(side: SecondSide, shown: str) -> str:

@@ -335,7 +335,8 @@ def show(
         pair: with a model, a second sentence (an encoder-decoder's decoder text).
         include_layers: keep only these layers (bertviz's name; negative numbers count
             from the end, as ``attnkit show --layers``); with a model, only these layers
-            are captured, in the order they run. Layers are labelled by their numbers.
+            are captured, in the order they run. Layers are labelled by their numbers,
+            and ``layer=`` names one of them by its number (bertviz's rule).
         sentence_b_start: bertviz's name for ``pair_start``; give one of the two.
         max_length: with a model, truncate the input to this many tokens, 1 to the
             model's positions (default: the model's positions).
@@ -404,6 +405,8 @@ def show(
         )  # fmt: skip
         run = run_options(attentions, tokenizer if tokenizer is not None else tokens, run_opts)
         attentions, tokens = run.sets, None
+        if include_layers is not None:
+            o = replace(o, layer=_opening_layer(o.layer, run.layers))
         o = replace(o, subtitle=o.subtitle or (text or ""), notes=[*o.notes, *run.notes])
     elif text is not None or tokenizer is not None:
         raise TypeError("text, tokenizer: only with a model (show(model, tokenizer, text))")
@@ -416,7 +419,21 @@ def show(
         attentions, kept = _keep_layers(attentions, include_layers)
         if o.layer_labels is None:
             o = replace(o, layer_labels=[f"layer {i}" for i in kept])
+        o = replace(o, layer=_opening_layer(o.layer, kept))
     return Page(render_html(attentions, tokens, options=o))
+
+
+def _opening_layer(layer: int | None, kept: Sequence[int]) -> int | None:
+    """bertviz's ``layer=`` beside ``include_layers``: the number of a layer the page
+    shows (one of ``kept``, the layers' own numbers), as its position on the page."""
+    if layer is None or isinstance(layer, bool) or not isinstance(layer, int):
+        return layer  # (refused by the page's own check, naming it)
+    if layer not in kept:
+        raise ValueError(
+            f"layer: {layer} is not one of the layers shown (include_layers gives "
+            f"{list(kept)}); give the number of the layer to open on, as bertviz does"
+        )
+    return list(kept).index(layer)
 
 
 def _keep_layers(attentions: Any, include: Sequence[int]) -> tuple[Any, list[int]]:

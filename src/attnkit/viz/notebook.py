@@ -106,7 +106,10 @@ def run_options(model: Any, tokenizer: Any, options: RunOptions) -> Any:
     source = open_source(model, tokenizer)
     options = check_run(source, options)
     source.load(generate=bool(options.generate))
-    return attend(source, options)
+    run = attend(source, options)
+    layers = options.layers if options.layers is not None else range(source.num_layers)
+    run.layers = list(layers)
+    return run
 
 
 def check_run(source: Any, options: RunOptions) -> RunOptions:

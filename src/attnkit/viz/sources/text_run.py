@@ -48,6 +48,8 @@ class AttentionRun:
         used_tokens: how many tokens the model ran on (the prompt's, for a generation);
             0 = as many as ``tokens`` (which counts words in a word view).
         ids: a generation's token ids, prompt then generated (empty for other runs).
+        layers: the model's numbers of the layers the sets hold, in their order (empty
+            where not recorded).
     """
 
     sets: list[ReducedSet]
@@ -56,6 +58,7 @@ class AttentionRun:
     notes: list[str] = field(default_factory=list)
     used_tokens: int = 0
     ids: list[int] = field(default_factory=list)
+    layers: list[int] = field(default_factory=list)
 
 
 def kind_of_module(name: str) -> str:
