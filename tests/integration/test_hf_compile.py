@@ -111,3 +111,28 @@ def test_an_encoder_with_a_tokenizer_s_int64_padding_compiles_under_inductor() -
         got = torch.compile(model)(input_ids=ids, attention_mask=padding).last_hidden_state
     kept = padding.bool()
     assert_close_to_scale(got[kept], want[kept], rel=FLOAT32_CALL_REL)
+
+
+@pytest.mark.slow
+def test_sliding_window_static_cache_generation_compiles_with_dynamic_shapes() -> None:
+    """A sliding-window model (Mistral) with left padding, its forward compiled with
+    dynamo's default dynamic shapes: the recompile for the decode steps reads the key
+    padding's strides as symbols, where a Python branch on them failed ("Cannot
+    construct ConstantVariable for value of type torch.SymInt"). Tokens equal sdpa's."""
+    cfg = transformers.MistralConfig(**DECODER, sliding_window=4)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, VOCAB, (2, 11), generator=g)
+    padding = torch.ones_like(ids)
+    padding[1, :3] = 0
+    tokens = []
+    for implementation in ("sdpa", "attnkit"):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        model.set_attn_implementation(implementation)
+        model.forward = torch.compile(model.forward, fullgraph=True, backend="eager")
+        with torch.no_grad():
+            tokens.append(model.generate(input_ids=ids, attention_mask=padding,
+                                         max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                                         pad_token_id=0, cache_implementation="static"))  # fmt: skip
+    assert torch.equal(tokens[1], tokens[0])

@@ -57,6 +57,8 @@ DNF = list[list[Atom]]
 def logical_not(t: torch.Tensor) -> torch.Tensor:
     """``~t`` that keeps broadcast (zero-stride) dims broadcast: an expanded view is
     negated at its compact size, never materialized."""
+    if torch.compiler.is_compiling():  # (strides may be symbols there; the graph fuses ~)
+        return ~t
     compact = t
     for d in range(t.ndim):
         if t.stride(d) == 0 and t.shape[d] > 1:
