@@ -67,19 +67,6 @@ def _check(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...], names:
         assert_close_to_scale(g, w, what=name)
 
 
-@pytest.mark.parametrize("learnable", [False, True], ids=["fixed", "learnable"])
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_far_rows_match_the_peer_forward_and_backward(backend: str, learnable: bool) -> None:
-    if learnable and backend == "chunked":
-        pytest.skip("chunked refuses a learnable bias (its gradient is L×S)")
-    q, k, v, bias = _inputs(1, learnable)
-    wrt = (q, k, v, bias) if learnable else (q, k, v)
-    out = attnkit.attention(q, k, v, mask=masks.bias(bias), backend=backend)
-    want = _peer(q, k, v, bias, torch.ones(L, S, dtype=torch.bool))[0]
-    names = "dq dk dv dbias" if learnable else "dq dk dv"
-    _check((out, *_grads(out, None, wrt)), (want, *_grads(want, None, wrt)), "out " + names)
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_far_rows_with_a_differentiable_lse(backend: str) -> None:
     """The lse's own gradient (sdpa: the fused backward from the lse, handed to the
@@ -92,18 +79,25 @@ def test_far_rows_with_a_differentiable_lse(backend: str) -> None:
         assert_close_to_scale(lse[..., row], want_lse[..., row], what=f"lse row {row}")
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["bias", "bias&causal"])
 @pytest.mark.parametrize("learnable", [False, True], ids=["fixed", "learnable"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_far_rows_under_a_causal_mask(backend: str, learnable: bool) -> None:
-    """Rows 0-2 keep only keys that carry -1e30 (the later keys are ordinary)."""
+def test_far_rows_match_the_peer_forward_and_backward(
+    backend: str, learnable: bool, causal: bool
+) -> None:
+    """Under the causal mask rows 0-2 keep only keys that carry -1e30 (the later keys
+    are ordinary)."""
     if learnable and backend == "chunked":
         pytest.skip("chunked refuses a learnable bias (its gradient is L×S)")
-    q, k, v, bias = _inputs(3, learnable)
-    with torch.no_grad():
-        bias[..., :3] = -1e30
-    keep = torch.ones(L, S, dtype=torch.bool).tril()
+    q, k, v, bias = _inputs(1, learnable)
+    keep = torch.ones(L, S, dtype=torch.bool)
+    mask = masks.bias(bias)
+    if causal:
+        with torch.no_grad():
+            bias[..., :3] = -1e30
+        keep, mask = keep.tril(), mask & masks.causal()
     wrt = (q, k, v, bias) if learnable else (q, k, v)
-    out = attnkit.attention(q, k, v, mask=masks.bias(bias) & masks.causal(), backend=backend)
+    out = attnkit.attention(q, k, v, mask=mask, backend=backend)
     want = _peer(q, k, v, bias, keep)[0]
     names = "dq dk dv dbias" if learnable else "dq dk dv"
     _check((out, *_grads(out, None, wrt)), (want, *_grads(want, None, wrt)), "out " + names)
