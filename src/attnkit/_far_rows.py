@@ -8,8 +8,9 @@ every backend's forward agrees. Its lse is ``-1e30 + log S``, which float32 roun
 fused CPU op, the Triton kernels) gets ``exp(0) = 1`` instead of ``1 / S``, gradients
 ``S`` times too large.
 
-So a call with such a row that needs a gradient is kept off the Triton kernels
-(:func:`far_rows_under_grad`, among dispatch's value-dependent reasons), sdpa runs it as
+So a call with such a row that needs a gradient (or head-mean weights, which the
+Triton kernels also take from the lse) is kept off the Triton kernels
+(:func:`far_rows_at_risk`, among dispatch's value-dependent reasons), sdpa runs it as
 differentiable math, and a backward from (out, lse) asks :func:`lost_rows` for the rows
 whose bias is far and whose lse is far too and hands a call that has one to the
 materialized backward, which normalizes those rows by their own sums
@@ -18,8 +19,8 @@ given an lse that is not its call's own, refuses such rows (:func:`check_given_l
 their weights cannot be recovered from it. A far row whose lse is ordinary (a block of
 a longer row that other keys dominate) is exact as given.
 
-Rows are read only where that is free (:func:`attnkit._host.readable`); on an
-accelerator they are not detected.
+Rows are read only where that is free (:func:`attnkit._host.readable`): on an
+accelerator and under ``torch.compile`` they are not detected.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ._host import readable
 from ._inputs import AttentionInputs
 from .masks import Mask
 
-__all__ = ["FAR", "check_given_lse", "far_rows", "far_rows_under_grad", "lost_rows"]
+__all__ = ["FAR", "check_given_lse", "far_rows", "far_rows_at_risk", "lost_rows"]
 
 FAR = 64.0
 """A bias row whose largest kept value is beyond ±FAR, with an lse beyond it, is far:
@@ -80,17 +81,18 @@ def far_rows(
     return far if bool(far.any()) else None
 
 
-def far_rows_under_grad(inputs: AttentionInputs) -> bool:
-    """Whether a call that needs a gradient has a far bias row (see the module docstring):
-    a backend whose backward kernels take the weights from the lse cannot run it. Read
-    once per call (dispatch and the backends' reasons ask)."""
-    if inputs.far_rows_under_grad is None:
-        far = inputs.needs_grad and inputs.mask is not None
-        if far:
+def far_rows_at_risk(inputs: AttentionInputs) -> bool:
+    """Whether a call has a far bias row (see the module docstring) and asks for what a
+    kernel would take from its lse: a gradient, or weights averaged over the heads
+    (computed without each head's weights, as ``exp(s - lse)``). Read once per call
+    (dispatch and the backends' reasons ask)."""
+    if inputs.far_rows_at_risk is None:
+        risky = inputs.mask is not None and (inputs.needs_grad or inputs.weights_mean)
+        if risky:
             rows = far_rows(inputs.mask, inputs.L, inputs.S, inputs.batch_shape, inputs.device)
-            far = rows is not None
-        inputs.far_rows_under_grad = far
-    return inputs.far_rows_under_grad
+            risky = rows is not None
+        inputs.far_rows_at_risk = risky
+    return inputs.far_rows_at_risk
 
 
 def lost_rows(inputs: AttentionInputs, lse: torch.Tensor) -> torch.Tensor | None:

@@ -69,8 +69,8 @@ class AttentionInputs:
     _plan: BlockPlan | None = field(default=None, init=False, repr=False, compare=False)
     """:meth:`block_plan`'s answer once asked (dispatch, the backend's reasons and its
     kernel each ask); not carried over by ``dataclasses.replace``."""
-    far_rows_under_grad: bool | None = field(default=None, init=False, repr=False, compare=False)
-    """:func:`attnkit._far_rows.far_rows_under_grad`'s answer once asked; None until then."""
+    far_rows_at_risk: bool | None = field(default=None, init=False, repr=False, compare=False)
+    """:func:`attnkit._far_rows.far_rows_at_risk`'s answer once asked; None until then."""
 
     @property
     def mod_kinds(self) -> frozenset[str]:

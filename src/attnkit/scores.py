@@ -157,10 +157,17 @@ class Score(nn.Module):
         return ""
 
 
+BANDWIDTH_HEADROOM = 2.0**10
+"""How far below the dtype's largest value ``1/σ²`` must stay: the Gaussian's dot form
+doubles it, and its gradients multiply it by distances and counts (at a σ of 6e-20 in
+float32, where 1/σ² itself fits, a key's gradient was inf)."""
+
+
 def check_bandwidth(sigma: torch.Tensor, owner: str, dtype: torch.dtype | None = None) -> None:
     """Raise ValueError naming ``owner`` when the 0-d bandwidth ``sigma`` is 0 or not
-    finite, or (given the call's ``dtype``) so small that ``1 / (2σ²)`` overflows the
-    dtype the logits are computed in (float32 for half inputs), where it is readable for
+    finite, or (given the call's ``dtype``) so small that ``1/σ²`` comes within
+    :data:`BANDWIDTH_HEADROOM` of the largest value of the dtype the logits are computed
+    in (float32 for half inputs), where it is readable for
     free (:func:`attnkit._host.readable`): a learnable σ can reach a value its
     constructor refuses (an optimizer step, ``load_state_dict``). A negative σ is a
     bandwidth of |σ| (the kernels read σ²)."""
@@ -176,13 +183,13 @@ def check_bandwidth(sigma: torch.Tensor, owner: str, dtype: torch.dtype | None =
     if dtype is None:
         return
     computed = torch.promote_types(dtype, torch.float32)
-    square = value * value
-    if square == 0 or 0.5 / square > torch.finfo(computed).max:
+    smallest = math.sqrt(BANDWIDTH_HEADROOM / torch.finfo(computed).max)
+    if abs(value) < smallest:
         raise ValueError(
-            f"{owner} sigma {value:g} is too small for {computed} logits: 1 / (2σ²) "
-            f"overflows it (the smallest σ there is about "
-            f"{math.sqrt(0.5 / torch.finfo(computed).max):.1g}); scale the inputs "
-            "up instead, or run in float64"
+            f"{owner} sigma {value:g} is too small for {computed} logits: 1/σ² and the "
+            f"terms its gradients form overflow it below about {smallest:.1g}; scale "
+            "the inputs and sigma up together (the weights do not change), or run in "
+            "float64"
         )
 
 
@@ -474,8 +481,12 @@ class Gaussian(Score):
         check_bandwidth(self.sigma, "score: Gaussian", dtype)
 
     def _inv_two_var(self, like: torch.Tensor) -> torch.Tensor:
+        """``1 / (2σ²)`` in ``like``'s dtype, as ``0.5 · (1/σ)²``: its gradient goes
+        through ``1/σ`` (``-1/σ³`` at most), where ``0.5 / σ²``'s own backward forms
+        ``0.5 / σ⁴``, beyond float32 for σ below 6e-10 (a learnt σ's gradient was inf)."""
         sigma = self.sigma.to(dtype=like.dtype, device=like.device)
-        return 0.5 / (sigma * sigma)
+        inverse = 1.0 / sigma
+        return 0.5 * (inverse * inverse)
 
     @staticmethod
     def _center(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

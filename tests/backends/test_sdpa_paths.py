@@ -19,7 +19,7 @@ from attnkit.backends.sdpa.lse import cuda_lse_op
 from attnkit.backends.sdpa.run import call, has_lower_right
 
 from cases import qkv
-from tolerance import FLOAT32_CALL_REL, assert_close_to_scale
+from tolerance import FLOAT32_CALL_REL, FLOAT64_REL, assert_close_to_scale
 
 
 def _qkv(B: int, H: int, L: int, S: int, E: int = 4, seed: int = 0,
@@ -49,6 +49,44 @@ def test_double_backward_on_every_path(mask: masks.Mask | None, want: str) -> No
         return attnkit.attention(q, k, v, return_weights=want == "weights", **kw)
 
     assert torch.autograd.gradgradcheck(f, (q, k, v), fast_mode=True)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"mask": masks.causal(), "mods": mods.alibi(2, causal=True)}, {"score": "gaussian"}],
+    ids=["plain", "causal+alibi", "gaussian"],
+)
+def test_double_backward_through_the_lse(kw: dict[str, Any]) -> None:
+    """The lse's backward is the fused backward from (out, lse), which has no second
+    derivative: under create_graph it recomputes the call as materialized math. Its
+    gradient had no graph, so a Hessian through the lse was silently 0."""
+    q, k, v = (t.requires_grad_(True) for t in _qkv(1, 2, 2, 3, E=2))
+
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any:
+        out, lse = attnkit.attention(q, k, v, return_lse=True, backend="sdpa", **kw)
+        return out, lse
+
+    assert torch.autograd.gradgradcheck(f, (q, k, v), fast_mode=True)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "chunked", "reference"])
+@pytest.mark.parametrize("return_lse", [False, True], ids=["output", "lse"])
+def test_self_attention_of_one_tensor_under_create_graph(backend: str, return_lse: bool) -> None:
+    """attention(x, x, x): the backward recorded for double backward (create_graph=True)
+    took the gradient of x once per slot, each the whole of it: x's gradient was 3 times
+    the plain backward's (gradgradcheck passes either way: it differentiates that
+    gradient, not checks it)."""
+    (x,) = (t.requires_grad_(True) for t in _qkv(2, 2, 4, 4, E=3)[:1])
+
+    def loss() -> torch.Tensor:
+        res = attnkit.attention(x, x, x, mask=masks.causal(), backend=backend,
+                                return_lse=return_lse)  # fmt: skip
+        return res[0].sum() + res[1].sum() if return_lse else res.sum()
+
+    (plain,) = torch.autograd.grad(loss(), [x])
+    (graphed,) = torch.autograd.grad(loss(), [x], create_graph=True)
+    assert graphed.grad_fn is not None
+    assert_close_to_scale(graphed.detach(), plain, rel=FLOAT64_REL)
 
 
 def test_double_backward_with_grouped_heads() -> None:

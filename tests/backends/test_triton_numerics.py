@@ -112,3 +112,11 @@ def test_a_row_of_a_far_finite_bias_with_a_gradient_is_kept_off_the_kernels(fill
     )
     with torch.no_grad():
         assert attnkit.explain(q, k, v, mask=mask, backend="triton").chosen == "triton"
+        # head-mean weights come from exp(s - lse) too: each of the row's keys got 1
+        mean = attnkit.explain(
+            q, k, v, mask=mask, return_weights="mean", backend=["triton", "reference"]
+        )
+        assert mean.chosen == "reference"
+        _, w = attnkit.attention(q, k, v, mask=mask, return_weights="mean",
+                                 backend=["triton", "reference"])  # fmt: skip
+        assert_close_to_scale(w[0, 1], torch.full((16,), 1 / 16), rel=FLOAT32_CALL_REL)

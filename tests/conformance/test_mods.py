@@ -16,7 +16,7 @@ from attnkit import BackendNotSupportedError, mods
 
 from cases import CPU_BACKENDS, make_case, np_of
 from reference import oracle
-from tolerance import FLOAT64_REL, GRADCHECK_ATOL, assert_close_to_scale
+from tolerance import FLOAT32_REL, FLOAT64_REL, GRADCHECK_ATOL, assert_close_to_scale
 
 H = 4
 SHAPE = (2, H, H, 7, 9, 6, 5)  # (B, H, Hk, L, S, E, Ev)
@@ -188,3 +188,26 @@ def test_bad_modifiers_are_named() -> None:
         mods.softcap(0.0)
     with pytest.raises(ValueError, match="num_buckets"):
         mods.relative_position_bias(torch.ones(16, H), 32, 64)
+
+
+@pytest.mark.parametrize(("dtype", "gap"), [(torch.float32, 20.0), (torch.float64, 40.0)])
+@pytest.mark.parametrize("backend", ["reference", "chunked", "sdpa"])
+def test_a_sink_far_below_the_row_keeps_its_gradient(
+    backend: str, dtype: torch.dtype, gap: float
+) -> None:
+    """The keys' share is sigmoid(lse - sink); with the sink 20 (float32) or 40 (float64)
+    below the lse, sigmoid's own backward s(1 - s) rounded 1 - s to 0: the sink's
+    gradient through the output was exactly 0 (true: about -2e-9 and -4e-18)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, 4, generator=gen) for n in (2, 3, 3))
+    sink = torch.tensor([-gap], dtype=dtype, requires_grad=True)
+    out = attnkit.attention(q.to(dtype), k.to(dtype), v.to(dtype), mods=mods.sinks(sink),
+                            backend=backend)  # fmt: skip
+    (got,) = torch.autograd.grad(out.sum(), sink)
+    s64 = sink.detach().double().requires_grad_()
+    logits = q.double() @ k.double().transpose(-1, -2) / 2.0  # (1, 1, 2, 3)
+    full = torch.cat([logits, s64.view(1, 1, 1, 1).expand(1, 1, 2, 1)], dim=-1)
+    (want,) = torch.autograd.grad((torch.softmax(full, -1)[..., :3] @ v.double()).sum(), s64)
+    assert_close_to_scale(
+        got.double(), want, rel=FLOAT32_REL if dtype == torch.float32 else FLOAT64_REL
+    )

@@ -252,11 +252,32 @@ def _error_cases(rank: int, world: int, failures: list[str]) -> int:
             failures,
             (cp.ContextParallelError,),
         )
+    # a gradient penalty (create_graph=True): exact on the all-to-all, refused by the ring
+    # (its block backwards have no graph: the penalty's terms were dropped silently)
+    gen = torch.Generator().manual_seed(3)  # (the same on every rank: rank 1 drew more above)
+    four = torch.randn(B, 2 * world, n, E, generator=gen, dtype=torch.float64, requires_grad=True)
+    full = attnkit.attention(four, four, four, mask=masks.causal())
+    (d_full,) = torch.autograd.grad(full.sum(), [four], create_graph=True)
+    (want,) = torch.autograd.grad(full.sum() + (d_full**2).sum(), [four])
+    part = cp.shard(four.detach(), rank=rank, world_size=world).requires_grad_()
+    out = cp.context_parallel_attention(part, part, part, mask=masks.causal(),
+                                        strategy="all_to_all")  # fmt: skip
+    (d_part,) = torch.autograd.grad(out.sum(), [part], create_graph=True)
+    (got,) = torch.autograd.grad(out.sum() + (d_part**2).sum(), [part])
+    _close("gradient penalty, all_to_all", cp.unshard(got), want, failures)
+    ring_out = cp.context_parallel_attention(part, part, part, mask=masks.causal(),
+                                             strategy="ring")  # fmt: skip
+    _expect_error_everywhere(
+        "a gradient penalty through the ring",
+        lambda: torch.autograd.grad(ring_out.sum(), [part], create_graph=True),
+        failures,
+        (cp.ContextParallelError,),
+    )
     # the group still works after the errors
     out = cp.context_parallel_attention(mine, mine, mine, mask=masks.causal())
     ref = cp.shard(attnkit.attention(x, x, x, mask=masks.causal()), rank=rank, world_size=world)
     _close("after errors", out, ref, failures)
-    return 6
+    return 8
 
 
 def _layer_cases(rank: int, world: int, failures: list[str]) -> int:
@@ -383,7 +404,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, every: bool) -> None
 def test_context_parallel_matches_single_process(world: int, every: bool, tmp_path: Path) -> None:
     run_ranks(_worker, world, (world, free_port(), str(tmp_path), every), str(tmp_path),
               GROUP_DEADLINE_S)  # fmt: skip
-    expected = len(_plan(world, every)) + (6 + 2 if every else 0)
+    expected = len(_plan(world, every)) + (8 + 2 if every else 0)
     for rank in range(world):
         report = read_report(tmp_path / f"rank{rank}.json", rank)
         assert report["failures"] == [], f"rank {rank}: " + "\n".join(report["failures"][:10])

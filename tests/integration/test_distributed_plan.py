@@ -171,6 +171,12 @@ def test_mask_heads_are_sliced_for_the_head_exchange() -> None:
     assert parts[1].tensor is keep  # type: ignore[attr-defined]
     lens = slice_mask_heads(masks.valid_lens(torch.tensor([1, 2, 3, 4])), (4,), 2, 2)
     assert lens is not None and lens.lens.tolist() == [3, 4]  # type: ignore[attr-defined]
+    # one row of document ids broadcast over the heads (3-D input, heads the batch dim):
+    # every rank keeps it, where ranks past the first got 0 rows (and the exchange hung)
+    ids = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 2, 2]])  # (1, N)
+    doc = slice_mask_heads(masks.document(ids), (4,), 2, 2)
+    assert doc is not None
+    torch.testing.assert_close(doc.tensors()[0], ids, rtol=0, atol=0)
 
 
 def test_calls_outside_a_process_group_are_refused() -> None:

@@ -299,7 +299,7 @@ def test_nadaraya_watson_learnable_sigma_at_zero_is_refused(kernel: str) -> None
     with torch.no_grad():
         nw.sigma.fill_(-1.5)
     assert torch.equal(nw(q, k, v), ref)
-    with torch.no_grad():  # 1/(2σ²) beyond float32: refused for float32 inputs only
+    with torch.no_grad():  # 1/σ² near float32's largest value: refused for float32 only
         nw.sigma.fill_(1e-20)
     with pytest.raises(ValueError, match=r"sigma 1e-20 is too small for torch\.float32 logits"):
         nw(q, k, v)

@@ -8,7 +8,7 @@ import torch
 import attnkit
 from attnkit import masks, scores
 
-from tolerance import FLOAT64_REL, assert_close_to_scale
+from tolerance import FLOAT32_REL, FLOAT64_REL, assert_close_to_scale
 
 
 def test_gaussian_with_a_non_number_sigma_names_the_argument() -> None:
@@ -37,25 +37,46 @@ def test_a_learnt_gaussian_sigma_at_zero_or_not_finite_is_refused(bad: float) ->
 
 @pytest.mark.parametrize("backend", ["reference", "chunked", "sdpa"])
 def test_a_gaussian_sigma_whose_logits_overflow_is_refused(backend: str) -> None:
-    """A σ so small that 1/(2σ²) overflows float32 (1e-20), or that every key of a row
-    has a logit beyond float32 (5e-20 at distances of order 1), is refused by name:
-    reference and chunked read such rows as masked (output 0) and sdpa gave NaN. float64
-    takes both; 1e-18 keeps the nearest key finite and runs (its row is one-hot)."""
+    """A σ so small that 1/σ² comes near float32's largest value (1e-18; at 4e-20 rows
+    read as masked, at 6e-20 a key's gradient was inf), or that every key of a row has
+    a logit beyond float32 (1e-17 at distances of order 1e3), is refused by name:
+    reference and chunked read such rows as masked (output 0) and sdpa gave NaN.
+    float64 takes both; 1e-16 at distances of order 1 runs (each row is one-hot)."""
     gen = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 2, 5, 4, generator=gen), torch.randn(2, 2, 7, 4, generator=gen)
-    with pytest.raises(ValueError, match=r"^score: Gaussian sigma 1e-20 is too small for "):
-        attnkit.attention(q, k, k, score=scores.Gaussian(1e-20), backend=backend)
-    with pytest.raises(ValueError, match=r"^score: Gaussian sigma 5e-20 is too small for these"):
-        attnkit.attention(q, k, k, score=scores.Gaussian(5e-20), backend=backend)
-    for sigma in (1e-20, 5e-20):
+    with pytest.raises(ValueError, match=r"^score: Gaussian sigma 1e-18 is too small for torch"):
+        attnkit.attention(q, k, k, score=scores.Gaussian(1e-18), backend=backend)
+    far_q, far_k = 1e3 * q, 1e3 * k
+    with pytest.raises(ValueError, match=r"^score: Gaussian sigma 1e-17 is too small for these"):
+        attnkit.attention(far_q, far_k, far_k, score=scores.Gaussian(1e-17), backend=backend)
+    for sigma, a, b in ((1e-18, q, k), (1e-17, far_q, far_k)):
         score = scores.Gaussian(sigma).double()
-        out = attnkit.attention(q.double(), k.double(), k.double(), score=score)
+        out = attnkit.attention(a.double(), b.double(), b.double(), score=score)
         assert torch.isfinite(out).all() and (out != 0).any(-1).all()
     if backend != "sdpa":  # (sdpa refuses the dot form's cancellation there)
-        out = attnkit.attention(q, k, k, score=scores.Gaussian(1e-18), backend=backend)
+        out = attnkit.attention(q, k, k, score=scores.Gaussian(1e-16), backend=backend)
         nearest = torch.cdist(q, k).argmin(-1)  # (2, 2, 5): the one-hot row's key
         want = torch.gather(k, -2, nearest.unsqueeze(-1).expand(-1, -1, -1, 4))
         assert_close_to_scale(out, want, rel=FLOAT64_REL)
+
+
+@pytest.mark.parametrize("backend", ["reference", "chunked", "sdpa"])
+def test_a_small_learnt_gaussian_sigma_has_a_finite_gradient(backend: str) -> None:
+    """σ = 1e-10 in float32 over inputs of that scale: 0.5/σ²'s own backward formed
+    0.5/σ⁴, beyond float32, and dσ was inf (reference) or NaN; it is 3.2e11."""
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, n, 3, generator=gen, dtype=torch.float64) for n in (3, 5, 5))
+    grads = []
+    for dtype in (torch.float64, torch.float32):
+        score = scores.Gaussian(1e-10, learnable=True).to(dtype)
+        out = attnkit.attention(
+            (1e-10 * q).to(dtype), (1e-10 * k).to(dtype), v.to(dtype), score=score,
+            backend=backend,
+        )  # fmt: skip
+        (d_sigma,) = torch.autograd.grad(out.sum(), score.sigma)
+        grads.append(d_sigma.double())
+    assert torch.isfinite(grads[1])
+    assert_close_to_scale(grads[1], grads[0], rel=FLOAT32_REL)
 
 
 def test_a_kernel_score_checks_its_learnt_sigma() -> None:

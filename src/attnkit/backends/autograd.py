@@ -19,8 +19,9 @@ fused SDPA kernels return it through private ops) gets a differentiable (out, ls
 :func:`differentiable_lse_forward`: :class:`BackendFunction` runs the forward under
 ``no_grad`` and its backward is the backend's own :meth:`~.base.Backend.backward` from
 (out, lse), given a :class:`.records.BackwardCall`. Gradients reach the query, key,
-value, the score's parameters and the modifiers' parameters (:func:`trainable`). Once
-differentiable (no double backward). The Function keeps the output in the dtype the
+value, the score's parameters and the modifiers' parameters (:func:`trainable`); a
+backward that autograd records (``create_graph=True``) recomputes the call as
+materialized math and differentiates that, so higher derivatives exist. The Function keeps the output in the dtype the
 forward computed it in (float32 for half inputs run upcast) and the cast to the
 inputs' dtype comes after it, so the backward's ``rowsum(d_out * out)`` is not taken
 from an output rounded to half.
@@ -33,10 +34,10 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .._inputs import AttentionInputs
 from ..scores import is_shared_score
+from ._materialized import materialized_attention
 from .base import Backend
 from .records import AttentionResult, BackwardCall, OutputGrads
 
@@ -99,10 +100,17 @@ class KernelFunction(torch.autograd.Function):
         call: KernelCall = ctx.call
         given = OutputGrads(out, lse, d_out, d_lse, weights, d_weights)
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            grads = call.differentiable_backward(operands, given)
+            grads = call.differentiable_backward(_distinct(operands), given)
         else:
             grads = call.backward(operands, replace(given, grad_out=d_out.contiguous()))
         return (None, None, *grads)
+
+
+def _distinct(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """One graph node per slot (a view of each tensor): the gradient of a tensor listed
+    twice is its whole gradient, twice, so the same tensor passed as query, key and value
+    got three times its gradient from a backward with create_graph."""
+    return [None if t is None else t.view_as(t) for t in tensors]
 
 
 def trainable(inputs: AttentionInputs) -> list[torch.Tensor]:
@@ -144,14 +152,36 @@ class BackendFunction(torch.autograd.Function):
         return res.output, res.lse
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, d_out: torch.Tensor, d_lse: torch.Tensor) -> tuple[Any, ...]:
-        out, lse = ctx.saved_tensors
         inputs: AttentionInputs = ctx.inputs
+        if torch.is_grad_enabled():  # create_graph=True: a backward autograd can differentiate
+            return (None, None, None, None, *_recomputed_grads(inputs, ctx.n, d_out, d_lse))
+        out, lse = ctx.saved_tensors
         call = BackwardCall(inputs, OutputGrads(out, lse, d_out, d_lse), trainable(inputs))
         dq, dk, dv, dps = ctx.backend.backward(call)
         grads = [dq, dk, dv, *dps]
         return (None, None, None, None, *grads[: ctx.n])
+
+
+def _recomputed_grads(
+    inputs: AttentionInputs, n: int, d_out: torch.Tensor, d_lse: torch.Tensor
+) -> Grads:
+    """The gradients of (out, lse) with a graph (double backward): the call recomputed as
+    materialized math (:func:`._materialized.materialized_attention`) and differentiated,
+    for the first ``n`` of the query, key, value and :func:`trainable` tensors (the
+    backend's own backward has no second derivative: a Hessian through the lse was 0)."""
+    q, k, v = _distinct([inputs.query, inputs.key, inputs.value])
+    assert q is not None and k is not None and v is not None
+    tensors = [q, k, v, *trainable(inputs)][:n]
+    again = replace(inputs, query=q, key=k, value=v, return_lse=True, return_weights=False)
+    res = materialized_attention(again)
+    assert res.lse is not None
+    lse = torch.where(torch.isfinite(res.lse), res.lse, 0.0)  # (*batch, L): no key, no share
+    loss = (res.output * d_out.to(res.output.dtype)).sum() + (lse * d_lse.to(lse.dtype)).sum()
+    grads = torch.autograd.grad(loss, tensors, create_graph=True, allow_unused=True)
+    return tuple(
+        g if g is not None else torch.zeros_like(t) for g, t in zip(grads, tensors, strict=True)
+    )
 
 
 def differentiable_lse_forward(

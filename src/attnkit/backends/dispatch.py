@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import _host
-from .._far_rows import far_rows_under_grad
+from .._far_rows import far_rows_at_risk
 from .._inputs import AttentionInputs
 from .._per_thread import THREAD
 from .base import Backend
@@ -341,11 +341,12 @@ def _value_forms(inputs: AttentionInputs) -> tuple[object, ...]:
     leaves out: a Gaussian's form (:func:`.operands.gaussian_form`), whether each
     symmetric ALiBi folds, the lowered plan of a mask at a tensor offset (which band
     it keeps decides, say, whether sdpa would build it densely), and whether a call
-    with a gradient has a far bias row (:func:`attnkit._far_rows.far_rows_under_grad`)."""
+    with a gradient or head-mean weights has a far bias row
+    (:func:`attnkit._far_rows.far_rows_at_risk`)."""
     mask = inputs.mask
     plan = inputs.block_plan().signature() if mask is not None and mask.has_tensor_offsets() else ()
     alibi = alibi_forms(inputs) if inputs.mods else ()
-    return (gaussian_form(inputs), alibi, plan, far_rows_under_grad(inputs))
+    return (gaussian_form(inputs), alibi, plan, far_rows_at_risk(inputs))
 
 
 def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = None) -> Backend:

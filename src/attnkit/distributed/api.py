@@ -83,7 +83,9 @@ def context_parallel_attention(
         ``(output, lse)``. Rows with no key to attend give 0 and lse -inf.
         Differentiable in query, key, value and the score's parameters; a score
         parameter's gradient on each rank is that rank's part: sum it across the
-        group (:func:`all_reduce_grads`).
+        group (:func:`all_reduce_grads`). Twice differentiable (``create_graph=True``:
+        a gradient penalty, a Hessian) on the all-to-all; the ring's backward raises
+        ContextParallelError there instead of dropping the second derivatives.
 
     Raises:
         ContextParallelError, the same on every rank and before any block is sent

@@ -101,6 +101,8 @@ def slice_mask_heads(
     def cut(t: torch.Tensor, role: str) -> torch.Tensor:
         if role == "dense":
             return _slice_dim(t, 3, start, size)
-        return t[start : start + size] if heads_are_batch else t
+        if heads_are_batch and t.shape[0] != 1:  # (one row is broadcast over the heads)
+            return t[start : start + size]
+        return t
 
     return mask.map_tensors(cut)

@@ -251,7 +251,9 @@ def exchange_rows(row: torch.Tensor, group: dist.ProcessGroup | None) -> list[li
 
 class AllToAll(torch.autograd.Function):
     """``all_to_all_single`` of a 1-D tensor: ``in_splits[d]`` values go to rank d and
-    ``out_splits[s]`` values come from rank s. Backward runs the inverse exchange."""
+    ``out_splits[s]`` values come from rank s. Backward runs the inverse exchange, as
+    this Function again, so a backward that autograd records (``create_graph=True``)
+    can be differentiated too. ``what`` names the exchange in errors."""
 
     @staticmethod
     def forward(
@@ -267,20 +269,15 @@ class AllToAll(torch.autograd.Function):
         ctx.what = what
         received = flat.new_empty(sum(out_splits))  # (sum(out_splits),)
         sent = flat.contiguous()
-        with guard(group, f"the all_to_all of {what}"), handed(group, received, sent):
+        with guard(group, what), handed(group, received, sent):
             dist.all_to_all_single(received, sent, out_splits, in_splits, group=group)
         return received
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         in_splits, out_splits = ctx.splits
-        back = grad.new_empty(sum(in_splits))  # (sum(in_splits),)
-        sent = grad.contiguous()
-        with (
-            guard(ctx.group, f"the backward all_to_all of {ctx.what}"),
-            handed(ctx.group, back, sent),
-        ):
-            dist.all_to_all_single(back, sent, in_splits, out_splits, group=ctx.group)
+        what = ctx.what.replace("the all_to_all of", "the backward all_to_all of", 1)
+        back = AllToAll.apply(grad, out_splits, in_splits, ctx.group, what)  # (sum(in_splits),)
         return back, None, None, None, None
 
 
@@ -292,7 +289,9 @@ def all_to_all(
     what: str = "a tensor",
 ) -> torch.Tensor:
     """Differentiable :class:`AllToAll` of a 1-D tensor; ``what`` names it in errors."""
-    out: torch.Tensor = AllToAll.apply(flat, in_splits, out_splits, group, what)
+    out: torch.Tensor = AllToAll.apply(
+        flat, in_splits, out_splits, group, f"the all_to_all of {what}"
+    )
     return out
 
 

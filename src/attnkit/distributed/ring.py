@@ -41,6 +41,7 @@ from ..functional import attention, attention_backward
 from ..masks import Mask
 from ..scores import is_shared_score
 from .comm import P2P, in_flight, p2p, wait_all
+from .errors import ContextParallelError
 from .plan import Block, CallPlan
 
 __all__ = ["ring_attention"]
@@ -256,6 +257,12 @@ class _RingAttention(torch.autograd.Function):
     def backward(
         ctx: Any, d_out: torch.Tensor, d_lse: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
+        if torch.is_grad_enabled():  # create_graph=True: its block backwards have no graph
+            raise ContextParallelError(
+                "the ring's backward is differentiable once: a backward with "
+                "create_graph=True (a gradient penalty, a Hessian) would drop every second "
+                "derivative; use strategy='all_to_all', which has them"
+            )
         q, k, v, out, lse = ctx.saved_tensors
         plan: CallPlan = ctx.plan
         params: list[torch.Tensor] = list(ctx.params)

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from .._args import as_float_tensor, as_real
 from .._layout import HeadLayout
@@ -131,15 +132,22 @@ class Sinks(Mod):
     def join(self, out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(out (*batch, L, Ev), lse (*batch, L)) with the sink joined to the softmax."""
         sink = self.per_row(lse)
-        keep = torch.sigmoid(lse - sink)  # (*batch, L): exp(lse) / (exp(lse) + exp(sink))
-        keep = torch.where(torch.isneginf(lse), torch.zeros_like(keep), keep)
+        keep = self._keys_share(lse, sink)  # (*batch, L)
         return out * keep.unsqueeze(-1).to(out.dtype), torch.logaddexp(lse, sink.expand_as(lse))
 
     def weights(self, w: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
         """Weights (*batch, L, S) of the keys once the sink takes its share."""
-        keep = torch.sigmoid(lse - self.per_row(lse))
-        keep = torch.where(torch.isneginf(lse), torch.zeros_like(keep), keep)
+        keep = self._keys_share(lse, self.per_row(lse))  # (*batch, L)
         return w * keep.unsqueeze(-1).to(w.dtype)
+
+    @staticmethod
+    def _keys_share(lse: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
+        """``exp(lse) / (exp(lse) + exp(sink))`` (*batch, L), 0 for a row with no key,
+        as ``exp(-softplus(sink - lse))``: its gradient ``share · sigmoid(sink - lse)``
+        keeps a sink far below the lse (``sigmoid``'s own ``s · (1 - s)`` rounded
+        ``1 - s`` to 0 there: the sink's gradient through the output was 0)."""
+        keep = torch.exp(-F.softplus(sink - lse))  # (*batch, L)
+        return torch.where(torch.isneginf(lse), torch.zeros_like(keep), keep)
 
     def logits(self, s: torch.Tensor, L: int, S: int) -> torch.Tensor:
         return s  # the sink changes the softmax, not the logits (see join)

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import torch
 
 from ... import _torch_features as torch_features
-from ..._far_rows import far_rows_under_grad
+from ..._far_rows import far_rows_at_risk
 from ..._inputs import AttentionInputs
 from ...scores import Additive, Dot
 from .._backward import leaf_call, pull_back
@@ -69,10 +69,11 @@ class TritonBackend(Backend):
             reasons.append(
                 f"feature sizes {_dot_dims(inputs)} exceed {MAX_HEAD_DIM} (registers per tile)"
             )
-        if far_rows_under_grad(inputs):
+        if far_rows_at_risk(inputs):
             reasons.append(
-                "a bias row far from 0 for every key it keeps, with a gradient: the backward "
-                "kernels would take its weights from an lse that float32 rounds away"
+                "a bias row far from 0 for every key it keeps, with a gradient or head-mean "
+                "weights: the kernels would take its weights from an lse that float32 "
+                "rounds away"
             )
         if inputs.device.type == "cpu" and not interpreting():
             reasons.append("the CPU runs Triton kernels only under TRITON_INTERPRET=1")
