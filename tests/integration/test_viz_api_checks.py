@@ -10,6 +10,8 @@ Every model is built here from a config (random weights, a word-level vocabulary
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -225,13 +227,26 @@ def test_show_words_its_refusals_as_the_command_line(
     assert str(raised.value) == cli
 
 
+def _page_data(html: str) -> dict[str, Any]:
+    """The data a page draws from (its embedded JSON)."""
+    found = re.search(r'id="attention-data">(.*?)</script>', html, re.S)
+    assert found is not None
+    return dict(json.loads(found.group(1)))
+
+
 def test_include_layers_counts_from_the_end_and_labels_the_real_layers(tok: Any) -> None:
     w = torch.softmax(torch.randn(3, 2, 4, 4, generator=torch.Generator().manual_seed(0)), -1)
     tokens = ["a", "b", "c", "d"]
+    full = _page_data(viz.show(w, tokens).html)["sets"][0]
     for given in (w, list(w)):
         page = viz.show(given, tokens, include_layers=[-1, 0])
-        want = viz.show(w[[2, 0]], tokens, layer_labels=["layer 2", "layer 0"])
+        # the layers a model would show: in running order, each by its number
+        want = viz.show(viz.AttentionSet("attention", w, tokens, layers=[0, 2]))
         assert page.html == want.html
+        shown = _page_data(page.html)["sets"][0]
+        assert shown["layers"] == ["layer 0", "layer 2"]
+        # rollout (and flow) are the whole stack's, as from a model: not the kept layers'
+        assert shown["rollout"] == full["rollout"]
         with pytest.raises(ValueError, match=r"^include_layers: 5 out of range; the weights have "
                            r"3 layers \(0 to 2\)$"):  # fmt: skip
             viz.show(given, tokens, include_layers=[5])
@@ -264,3 +279,68 @@ def test_non_finite_weights_are_refused(name: str, argument: str, bad: float) ->
     for given in (w, w.numpy(), list(w)):
         with pytest.raises(ValueError, match=rf"^{argument}: contains NaN or infinity$"):
             getattr(viz, name)(given)
+
+
+def test_include_layers_cuts_every_kind_of_an_encoder_decoder() -> None:
+    """bertviz's encoder_attention/decoder_attention/cross_attention with include_layers:
+    every kind keeps the chosen layers. The list of kinds was read as a list of layers
+    (include_layers=[2] kept only the cross-attention, with all its layers)."""
+    gen = torch.Generator().manual_seed(1)
+
+    def stack(q: int, k: int) -> list[torch.Tensor]:
+        return [torch.softmax(torch.randn(1, 2, q, k, generator=gen), -1) for _ in range(3)]
+
+    page = viz.show(None, encoder_attention=stack(5, 5), decoder_attention=stack(4, 4),
+                    cross_attention=stack(4, 5), encoder_tokens=list("abcde"),
+                    decoder_tokens=list("wxyz"), include_layers=[2])  # fmt: skip
+    sets = _page_data(page.html)["sets"]
+    assert len(sets) == 3
+    assert [s["layers"] for s in sets] == [["layer 2"]] * 3
+
+
+def test_an_attribution_of_another_text_or_model_is_refused() -> None:
+    """explain= beside weights it was not made from: its head grid must hold every head
+    the page shows, and it must have as many tokens; the page was built, and a click on a
+    head-importance cell opened a head of another model."""
+    from attnkit.viz.attribution_records import Attribution, Target
+
+    w = torch.softmax(torch.randn(2, 4, 5, 5, generator=torch.Generator().manual_seed(2)), -1)
+    tokens = list("abcde")
+
+    def made(n_tokens: int, grid: tuple[int, int]) -> Attribution:
+        return Attribution(tokens=[f"t{i}" for i in range(n_tokens)], scores=torch.zeros(n_tokens),
+                           method="input_x_gradient", target=Target("class", 0, 0, "a"), target_value=0.0,
+                           head_importance=torch.ones(grid))  # type: ignore[arg-type]  # fmt: skip
+
+    with pytest.raises(ValueError, match=r"^explain: its head importance holds 3 layers × 2 heads"):
+        viz.show(w, tokens, explain=made(5, (3, 2)))
+    with pytest.raises(ValueError, match=r"^explain: an attribution of 8 tokens, and the page"):
+        viz.show(w, tokens, explain=made(8, (2, 4)))
+    assert "explain" in _page_data(viz.show(w, tokens, explain=made(5, (2, 4))).html)
+
+
+def test_viewer_helpers_name_their_bad_arguments(tmp_path: Path) -> None:
+    """Each names the argument and what it expected, where Python's own error spoke of
+    'NoneType' or 'float' objects, or a capture said nothing was recorded though the
+    model ran."""
+    from attnkit.viz import capture
+    from attnkit.viz.export import save_weights
+
+    w = torch.softmax(torch.randn(2, 2, 4, 4, generator=torch.Generator().manual_seed(3)), -1)
+    with pytest.raises(TypeError, match=r"^sets: expected reduced sets .* got Tensor"):
+        save_weights(w, tmp_path / "w.npz")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^titles: expected a list of 2 labels .* single str"):
+        viz.heatmaps(w[0], titles="ab")
+    with pytest.raises(ValueError, match=r"^encoder_tokens: encoder_attention needs them"):
+        viz.show(None, encoder_attention=[w[0]])
+    import attnkit.integrations.transformers  # noqa: F401  (registers "attnkit")
+
+    model = _gpt2().eval()
+    model.set_attn_implementation("attnkit")
+    with pytest.raises(TypeError, match=r"^layers: expected None, layer numbers or module names"):
+        with capture(model, layers=1.5):  # type: ignore[arg-type]
+            pass
+    with capture(model, layers=[10]) as cap:
+        model(torch.tensor([[1, 2, 3]]))
+    with pytest.raises(ValueError, match=r"layers: \[10\] matched none of the 2 attention layers"):
+        cap.stack()

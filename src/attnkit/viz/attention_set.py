@@ -9,6 +9,7 @@ the weights' shape, each problem named by its argument.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from .grid import as_grid, check_finite
 from .payload import set_payload
 from .reduce import Budget, ReducedSet, SetReducer
 
-__all__ = ["AttentionSet", "as_sets", "page_payload", "reduce_set"]
+__all__ = ["AttentionSet", "as_sets", "layer_numbers", "page_payload", "reduce_set", "shown_layers"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class AttentionSet:
         generated_start: the first generated token (rows from it on were
             produced one step at a time); the page gets a step slider.
         raw_tokens: the tokenizer's own spelling of each query token, shown on hover.
+        layers: the layers shown, by number (negative numbers count from the end), in
+            increasing order on the page; None = every layer. Every layer still feeds
+            attention rollout and flow, which are the whole stack's.
     """
 
     name: str
@@ -53,6 +57,7 @@ class AttentionSet:
     key_pair_start: int | None = None
     generated_start: int | None = None
     raw_tokens: Sequence[str] | None = None
+    layers: Sequence[int] | None = None
 
 
 def _labels(name: str, labels: Sequence[Any] | None, n: int, default: str) -> list[str]:
@@ -119,18 +124,60 @@ def reduce_set(s: AttentionSet, budget: Budget) -> ReducedSet:
     gen = s.generated_start
     if gen is not None and (isinstance(gen, bool) or not isinstance(gen, int) or not 0 < gen <= Q):
         raise ValueError(f"generated_start: expected 1..{Q}, got {gen!r}")
-    reducer = SetReducer(str(s.name), n_layers, n_heads, Q, K,
+    shown = None if s.layers is None else shown_layers(s.layers, n_layers)
+    reducer = SetReducer(str(s.name), n_layers, n_heads, Q, K, layers=shown,
                          positional=s.key_tokens is None, budget=budget)  # fmt: skip
     for li in range(n_layers):
         reducer.add(li, 0, torch.from_numpy(arr[li]))
     out = reducer.finish()
-    out.layer_labels = _labels("layer_labels", s.layer_labels, n_layers, "layer")
+    if s.layer_labels is None:
+        out.layer_labels = [f"layer {i}" for i in reducer.layers]
+    else:
+        out.layer_labels = _labels("layer_labels", s.layer_labels, len(reducer.layers), "layer")
     out.head_labels = _labels("head_labels", s.head_labels, n_heads, "head")
     out.tokens, out.key_tokens = q_tokens, k_tokens
     if s.raw_tokens is not None:
         out.raw_tokens = _tokens("raw_tokens", s.raw_tokens, Q, "query")
     out.pair_start, out.key_pair_start, out.generated_start = pair_start, key_pair, gen
     return out
+
+
+def layer_numbers(layers: Any, n: int, holder: str) -> list[int]:
+    """bertviz's ``include_layers`` checked against ``n`` layers, as ``attnkit show --layers``
+    reads them: negative numbers count from the end; each layer once, in the order given.
+
+    Args:
+        layers: the layer numbers (a sequence of ints).
+        n: how many layers there are.
+        holder: who has them, for the message: ``"the model has"``, ``"the weights have"``.
+
+    Raises:
+        ValueError: ``layers`` empty, not integers, or a number outside ``-n .. n - 1``.
+    """
+    given = [layers] if isinstance(layers, (str, bytes)) else list(layers)
+    if not given or not all(
+        isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in given
+    ):
+        raise ValueError(f"include_layers: expected a list of layer numbers, got {layers!r}")
+    picked = [int(i) for i in given]
+    bad = [str(i) for i in picked if not -n <= i < n]
+    if bad:
+        layer_word = "layer" if n == 1 else "layers"
+        raise ValueError(
+            f"include_layers: {', '.join(bad)} out of range; {holder} {n} {layer_word} "
+            f"(0 to {n - 1})"
+        )
+    out: list[int] = []
+    for i in picked:
+        if i % n not in out:
+            out.append(i % n)
+    return out
+
+
+def shown_layers(layers: Sequence[int], n_layers: int) -> list[int]:
+    """bertviz's ``include_layers`` checked against ``n_layers`` (:func:`layer_numbers`),
+    in increasing order: the order the page shows them."""
+    return sorted(layer_numbers(layers, n_layers, "the weights have"))
 
 
 def page_payload(s: ReducedSet) -> dict[str, Any]:

@@ -72,6 +72,9 @@ class Capture:
 
     def __init__(self) -> None:
         self.records: list[AttentionRecord] = []
+        self.unmatched: str | None = None
+        """Why asked-for layers were not recorded (numbers beyond the layers that ran),
+        set when the block ends; None when every asked-for number matched a layer."""
 
     def __len__(self) -> int:
         return len(self.records)
@@ -95,7 +98,8 @@ class Capture:
         for r in reversed(self.records):
             if r.layer == layer or r.index == layer:
                 return r.weights
-        raise KeyError(f"layer {layer!r} was not recorded; recorded: {self.layers}")
+        why = f" ({self.unmatched})" if self.unmatched is not None else ""
+        raise KeyError(f"layer {layer!r} was not recorded; recorded: {self.layers}{why}")
 
     def stack(self, batch_index: int | None = None) -> torch.Tensor:
         """All records as one tensor (n_records, *batch, h, L, S).
@@ -105,6 +109,8 @@ class Capture:
                 (n_records, h, L, S) for weights of shape (B, h, L, S).
         """
         if not self.records:
+            if self.unmatched is not None:
+                raise ValueError(f"stack: nothing was recorded; {self.unmatched}")
             raise ValueError("stack: nothing was recorded; was the model called inside capture()?")
         ws = [r.weights if batch_index is None else r.weights[batch_index] for r in self.records]
         shapes = {tuple(w.shape) for w in ws}
@@ -116,7 +122,7 @@ class Capture:
 def _normalize_layers(layers: LayerSelection) -> tuple[int | str, ...] | None:
     if layers is None:
         return None
-    items = [layers] if isinstance(layers, (int, str)) else list(layers)
+    items: list[Any] = list(layers) if isinstance(layers, (list, tuple, range)) else [layers]
     for item in items:
         if isinstance(item, bool) or not isinstance(item, (int, str)):
             raise TypeError(f"layers: expected None, layer numbers or module names, got {item!r}")
@@ -210,10 +216,19 @@ class _Recorder:
         )
 
     def finish(self) -> None:
-        """Resolve negative layer numbers now that every layer is known."""
-        if not self.deferred or self.layers is None:
+        """Resolve negative layer numbers now that every layer is known, and say which
+        asked-for numbers matched no layer (:attr:`Capture.unmatched`)."""
+        if self.layers is None:
             return
         n = len(self.index)
+        beyond = [x for x in self.layers if isinstance(x, int) and not -n <= x < n]
+        if beyond and n:
+            self.capture.unmatched = (
+                f"layers: {beyond} matched none of the {n} attention layers the model ran "
+                f"(0 to {n - 1}, or -{n} to -1)"
+            )
+        if not self.deferred:
+            return
         wanted_idx = {x % n for x in self.layers if isinstance(x, int) and n and -n <= x < n}
         names = [x for x in self.layers if isinstance(x, str)]
         self.capture.records = [

@@ -106,6 +106,12 @@ def _describe(s: ReducedSet, key: str) -> dict[str, Any]:
 _Sets = Sequence[ReducedSet] | ReducedSet
 
 
+def _items(sets: Any) -> list[Any]:
+    """One side's sets as a list: a list or tuple as it is, anything else one item (a
+    set, or something else, refused by name afterwards)."""
+    return list(sets) if isinstance(sets, (list, tuple)) else [sets]
+
+
 def _side_items(
     sets: _Sets | Mapping[str, _Sets], side_meta: Mapping[str, Mapping[str, str]] | None
 ) -> list[tuple[str | None, list[ReducedSet]]]:
@@ -113,7 +119,7 @@ def _side_items(
     if not isinstance(sets, Mapping):
         if side_meta is not None:
             raise ValueError("side_meta: only with sides (sets given as {side: sets})")
-        return [(None, [sets] if isinstance(sets, ReducedSet) else list(sets))]
+        return [(None, _items(sets))]
     if not sets:
         raise ValueError("sets: expected at least one side, got an empty mapping")
     out: list[tuple[str | None, list[ReducedSet]]] = []
@@ -122,7 +128,7 @@ def _side_items(
             raise ValueError(
                 f"sets: a side's key must be a short name without '/' or '.', got {side!r}"
             )
-        out.append((side, [value] if isinstance(value, ReducedSet) else list(value)))
+        out.append((side, _items(value)))
     unknown = sorted(set(side_meta or {}) - set(sets))
     if unknown:
         raise ValueError(f"side_meta: {', '.join(map(repr, unknown))} is not a side of sets")
@@ -161,6 +167,7 @@ def save_weights(
     Raises:
         ValueError: another suffix, no set, a side key holding '/' or '.', or
             ``side_meta`` without sides.
+        TypeError: ``sets`` holds something other than reduced sets (weights).
     """
     out = Path(path)
     suffix = out.suffix.lower()
@@ -171,6 +178,14 @@ def save_weights(
     sides = _side_items(sets, side_meta)
     if not all(items for _, items in sides):
         raise ValueError("sets: expected at least one reduced set, got none")
+    for _, items in sides:
+        for s in items:
+            if not isinstance(s, ReducedSet):
+                raise TypeError(
+                    "sets: expected reduced sets (an AttentionRun's .sets, what a page "
+                    f"shows), got {type(s).__name__}; for weights, reduce them first "
+                    "(attnkit.viz.attention_set.reduce_set) or save them with numpy"
+                )
     arrays: dict[str, np.ndarray] = {}
     described = []
     for side, items in sides:

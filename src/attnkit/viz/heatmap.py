@@ -72,6 +72,8 @@ def color_norm(scale: str, vmin: float = 0.0, vmax: float = 1.0) -> Any:
 def _check_labels(name: str, labels: Sequence[str] | None, n: int, dim: str) -> list[str] | None:
     if labels is None:
         return None
+    if isinstance(labels, str):
+        raise TypeError(f"{name}: expected a list of {n} labels ({dim} = {n}), got a single str")
     out = [str(t) for t in labels]
     if len(out) != n:
         raise ValueError(f"{name}: expected {n} labels ({dim} = {n}), got {len(out)}")

@@ -36,11 +36,10 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from .attention_set import as_sets, page_payload, reduce_set
+from .attention_set import AttentionSet, as_sets, page_payload, reduce_set, shown_layers
 from .attribution_records import Attribution, GenerationAttribution
 from .compare import Comparison, compare_payload
 from .explain_page import explain_payload
-from .grid import as_grid
 from .image import ImageLayout, image_payload
 from .options import PageOptions
 from .reduce import Budget, ReducedSet
@@ -179,17 +178,43 @@ def render_html(
                 + type(explain).__name__
             )
         first = sets[0]
-        payload["explain"] = explain_payload(
-            explain,
-            layers=_numbered(first.layer_labels, "layer"),
-            heads=_numbered(first.head_labels, "head"),
-        )
+        layers = _numbered(first.layer_labels, "layer")
+        heads = _numbered(first.head_labels, "head")
+        _check_explain(explain, first, layers, heads)
+        payload["explain"] = explain_payload(explain, layers=layers, heads=heads)
     # Inside <script type="application/json">: escape "<" so no token can end the element.
     data = json.dumps(payload, ensure_ascii=False).replace("<", "\\u003c")
     script = "\n".join(_static(name) for name in SCRIPTS)
     parts = {"TITLE": html.escape(title), "STYLE": _static("page.css"), "SCRIPT": script,
              "DATA": data}  # fmt: skip
     return _fill(_static("page.html"), parts)
+
+
+def _check_explain(
+    explain: Attribution | GenerationAttribution,
+    first: ReducedSet,
+    layers: Sequence[int] | None,
+    heads: Sequence[int] | None,
+) -> None:
+    """Refuse an attribution of another input or model than the page's: its head grid
+    must hold every layer and head the page shows, and an attribution of one text (the
+    page's tokens as the model read them) as many tokens as the page."""
+    grid = explain.head_importance
+    if grid is not None:
+        n_layers, n_heads = int(grid.shape[-2]), int(grid.shape[-1])
+        for what, shown, n in (("layer", layers, n_layers), ("head", heads, n_heads)):
+            if shown is not None and shown and max(shown) >= n:
+                raise ValueError(
+                    f"explain: its head importance holds {n_layers} layers × {n_heads} heads, "
+                    f"and the page shows {what} {max(shown)}: an attribution of another model "
+                    "than the weights'"
+                )
+    plain = first.view_kind == "tokens" and not first.renormalised and first.key_tokens is None
+    if isinstance(explain, Attribution) and plain and len(explain.tokens) != first.shape[2]:
+        raise ValueError(
+            f"explain: an attribution of {len(explain.tokens)} tokens, and the page shows "
+            f"{first.shape[2]}: an attribution of another text than the weights'"
+        )
 
 
 def _numbered(labels: Sequence[str], word: str) -> list[int] | None:
@@ -416,11 +441,42 @@ def show(
             "the tokenizer says where words and special tokens are"
         )
     elif include_layers is not None:
-        attentions, kept = _keep_layers(attentions, include_layers)
-        if o.layer_labels is None:
-            o = replace(o, layer_labels=[f"layer {i}" for i in kept])
+        sets = as_sets(attentions, tokens, o.key_tokens, o.layer_labels, o.head_labels,
+                       o.pair_start)  # fmt: skip
+        attentions, kept = _with_layers(sets, include_layers)
+        tokens = None
+        o = replace(o, key_tokens=None, layer_labels=None, head_labels=None, pair_start=None)
         o = replace(o, layer=_opening_layer(o.layer, kept))
     return Page(render_html(attentions, tokens, options=o))
+
+
+def _with_layers(
+    sets: list[AttentionSet | ReducedSet], include: Sequence[int]
+) -> tuple[list[AttentionSet], list[int]]:
+    """bertviz's ``include_layers`` for weights: each set shows only those layers (in
+    increasing order, as from a model), every layer still feeding its rollout; and the
+    numbers of the layers shown."""
+    out: list[AttentionSet] = []
+    kept: list[int] = []
+    for s in sets:
+        if not isinstance(s, AttentionSet):
+            raise TypeError(
+                "include_layers: only with weights or AttentionSet objects (a reduced set "
+                "holds the layers it was reduced with)"
+            )
+        kept = shown_layers(include, _layer_count(s.weights))
+        out.append(replace(s, layers=kept))
+    return out, kept
+
+
+def _layer_count(weights: Any) -> int:
+    """How many layers weights of any form :func:`.grid.as_grid` takes hold, read off
+    their shape (no copy): a list holds one per item, a 4-D or 5-D array one per row of
+    dim 0, a 3-D or 2-D array one."""
+    if isinstance(weights, (list, tuple)):
+        return len(weights)
+    ndim = len(getattr(weights, "shape", ()))
+    return int(weights.shape[0]) if ndim >= 4 else 1
 
 
 def _opening_layer(layer: int | None, kept: Sequence[int]) -> int | None:
@@ -434,16 +490,3 @@ def _opening_layer(layer: int | None, kept: Sequence[int]) -> int | None:
             f"{list(kept)}); give the number of the layer to open on, as bertviz does"
         )
     return list(kept).index(layer)
-
-
-def _keep_layers(attentions: Any, include: Sequence[int]) -> tuple[Any, list[int]]:
-    """bertviz's ``include_layers``: the chosen layers of a list or a (layers, ...) array,
-    and their numbers (negative numbers count from the end; each layer once)."""
-    from .notebook import layer_numbers
-
-    if isinstance(attentions, (list, tuple)):
-        kept = layer_numbers(include, len(attentions), "the weights have")
-        return [attentions[i] for i in kept], kept
-    grid = as_grid(attentions, name="attentions", batch_of_one=True)  # (layers, heads, Q, K)
-    kept = layer_numbers(include, grid.shape[0], "the weights have")
-    return grid[kept], kept

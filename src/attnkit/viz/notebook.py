@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from .attention_set import layer_numbers
+
 if TYPE_CHECKING:
     from .options import RunOptions
 
@@ -157,36 +159,6 @@ def check_run(source: Any, options: RunOptions) -> RunOptions:
     return replace(options, layers=layers)
 
 
-def layer_numbers(layers: Any, n: int, holder: str) -> list[int]:
-    """bertviz's ``include_layers`` checked against ``n`` layers, as ``attnkit show --layers``
-    reads them: negative numbers count from the end; each layer once, in the order given.
-
-    Args:
-        layers: the layer numbers (a sequence of ints).
-        n: how many layers there are.
-        holder: who has them, for the message: ``"the model has"``, ``"the weights have"``.
-
-    Raises:
-        ValueError: ``layers`` empty, not integers, or a number outside ``-n .. n - 1``.
-    """
-    given = [layers] if isinstance(layers, (str, bytes)) else list(layers)
-    if not given or not all(_is_int(i) for i in given):
-        raise ValueError(f"include_layers: expected a list of layer numbers, got {layers!r}")
-    picked = [int(i) for i in given]
-    bad = [str(i) for i in picked if not -n <= i < n]
-    if bad:
-        layer_word = "layer" if n == 1 else "layers"
-        raise ValueError(
-            f"include_layers: {', '.join(bad)} out of range; {holder} {n} {layer_word} "
-            f"(0 to {n - 1})"
-        )
-    out: list[int] = []
-    for i in picked:
-        if i % n not in out:
-            out.append(i % n)
-    return out
-
-
 def _is_int(x: Any) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
@@ -247,6 +219,14 @@ def from_bertviz(attentions: Any, tokens: Any, extra: Mapping[str, Any]) -> tupl
                                  key_tokens=enc_tokens))  # fmt: skip
     if not sets:
         raise ValueError("encoder_attention, decoder_attention, cross_attention: give at least one")
+    needs = (("encoder_tokens", enc_tokens, "encoder_attention", "cross_attention"),
+             ("decoder_tokens", dec_tokens, "decoder_attention", "cross_attention"))  # fmt: skip
+    for name, given, *users in needs:
+        used = [u for u in users if extra.get(u) is not None]
+        if given is None and used:
+            verb = "needs" if len(used) == 1 else "need"
+            raise ValueError(f"{name}: {' and '.join(used)} {verb} them (the tokens of its rows "
+                             "or keys)")  # fmt: skip
     return sets, None
 
 
