@@ -126,3 +126,32 @@ def test_return_weights_mean_equals_the_mean_of_per_head_weights_on_every_backen
         _, mean = attnkit.attention(q, k, v, mask=mask, return_weights="mean", backend=name)
         assert mean.shape == (2, 5, 7)
         assert_close_to_scale(mean, per_head.mean(dim=1), rel=FLOAT64_REL)
+
+
+def test_a_mask_too_complex_to_lower_runs_on_the_reference_backend() -> None:
+    """~ of an | multiplies the clauses out: ~ of 11 windows ORed is 2^11 conjunctions, and
+    three nested ~ over four small masks ran out of memory (chunked, sdpa and automatic
+    dispatch; reference builds masks densely). Past 1,024 conjunctions the symbolic
+    backends decline it by name and the reference backend runs it."""
+    from attnkit.blockplan.atoms import MaskTooComplex
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 1, n, 3, generator=gen, dtype=torch.float64) for n in (7, 8, 8))
+    bands = masks.window(0, 0)
+    for i in range(1, 11):
+        bands = bands | masks.window(i, i)  # (nested bands: nothing simplifies them)
+    mask = ~bands
+    with pytest.raises(MaskTooComplex, match=r"^mask: its & \| ~ lower to 2,048 conjunctions"):
+        mask.lower(7, 8, torch.device("cpu"))
+    assert attnkit.explain(q, k, v, mask=mask).chosen == "reference"
+    want = attnkit.attention(q, k, v, mask=masks.keep(mask.to_dense(7, 8)), backend="chunked")
+    assert_close_to_scale(attnkit.attention(q, k, v, mask=mask), want, rel=FLOAT64_REL)
+    with pytest.raises(attnkit.BackendNotSupportedError, match=r"chunked: .* conjunctions"):
+        attnkit.attention(q, k, v, mask=mask, backend="chunked")
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True])
+def test_to_dense_names_a_bad_length(bad: object) -> None:
+    """torch's arange and ones spoke of step signs and positional arguments."""
+    with pytest.raises(ValueError, match=r"^to_dense: L must be an int >= 0 \(a length\)"):
+        masks.causal().to_dense(bad, 5)  # type: ignore[arg-type]

@@ -73,6 +73,9 @@ class Backend:
     supports_head_scale: ClassVar[bool] = False
     """True when it takes a per-head scale (``scale=`` a (H,) tensor)."""
     gaussian_differences: ClassVar[bool] = False
+    dense_masks: ClassVar[bool] = False
+    """True when it builds every mask densely and never reads it lowered
+    (:meth:`AttentionInputs.block_plan`): a mask too complex to lower runs there."""
     """True when it computes a Gaussian score from the differences ``q - k`` where its dot
     form would cancel (:func:`attnkit.backends.operands.gaussian_form`)."""
     averages_heads: ClassVar[bool] = False

@@ -40,6 +40,7 @@ from .. import _host
 from .._far_rows import far_rows_at_risk
 from .._inputs import AttentionInputs
 from .._per_thread import THREAD
+from ..blockplan.atoms import MaskTooComplex
 from .base import Backend
 from .chunked import ChunkedBackend
 from .operands import alibi_forms, gaussian_form
@@ -289,6 +290,19 @@ def _candidates(inputs: AttentionInputs, forced: tuple[str, ...] | None) -> tupl
     return forced if forced is not None else backends_for(inputs.device.type)
 
 
+def _reasons(backend: Backend, inputs: AttentionInputs) -> list[str]:
+    """``backend.not_supported_reasons(inputs)``, and a mask too complex to lower (see
+    :class:`attnkit.blockplan.atoms.MaskTooComplex`) as its one reason: the backends that
+    read a lowered mask decline it, and the reference backend, whose masks are dense,
+    runs it."""
+    if inputs.mask is not None and not backend.dense_masks:
+        try:
+            inputs.block_plan()
+        except MaskTooComplex as exc:
+            return [str(exc).removeprefix("mask: ")]
+    return backend.not_supported_reasons(inputs)
+
+
 def _preferred(name: str, later: Sequence[str], inputs: AttentionInputs) -> list[str]:
     """Preference reasons to pass over ``name`` (which can run) for a later candidate."""
     backend = _REGISTRY[name]
@@ -301,7 +315,7 @@ def _preferred(name: str, later: Sequence[str], inputs: AttentionInputs) -> list
             cand = _REGISTRY[other]
             if (
                 rule.accepts(cand, inputs)
-                and not cand.not_supported_reasons(inputs)
+                and not _reasons(cand, inputs)
                 and not rule.reasons(cand, inputs)
             ):
                 instead = rule.instead.format(other=other)
@@ -317,8 +331,7 @@ def explain_inputs(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
     reasons: dict[str, list[str]] = {}
     for name in _ORDER:
         be = _REGISTRY[name]
-        why = be.not_supported_reasons(inputs)
-        reasons[name] = why
+        reasons[name] = _reasons(be, inputs)
     chosen: str | None = None
     for pos, name in enumerate(candidates):
         if reasons[name]:
@@ -344,7 +357,12 @@ def _value_forms(inputs: AttentionInputs) -> tuple[object, ...]:
     with a gradient or head-mean weights has a far bias row
     (:func:`attnkit._far_rows.far_rows_at_risk`)."""
     mask = inputs.mask
-    plan = inputs.block_plan().signature() if mask is not None and mask.has_tensor_offsets() else ()
+    plan: tuple[object, ...] = ()
+    if mask is not None and mask.has_tensor_offsets():
+        try:
+            plan = inputs.block_plan().signature()
+        except MaskTooComplex:
+            plan = ("too complex to lower",)
     alibi = alibi_forms(inputs) if inputs.mods else ()
     return (gaussian_form(inputs), alibi, plan, far_rows_at_risk(inputs))
 
@@ -366,7 +384,7 @@ def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
     candidates = _candidates(inputs, forced)
     for pos, name in enumerate(candidates):
         be = _REGISTRY[name]
-        if be.not_supported_reasons(inputs):
+        if _reasons(be, inputs):
             continue
         if forced is None and _preferred(name, candidates[pos + 1 :], inputs):
             continue

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DNF",
+    "MAX_CLAUSES",
     "Atom",
     "Band",
     "DenseBias",
@@ -30,6 +31,7 @@ __all__ = [
     "Document",
     "KeyKeep",
     "KeyRange",
+    "MaskTooComplex",
     "QueryRange",
     "RowRange",
     "conjoin",
@@ -66,8 +68,27 @@ def logical_not(t: torch.Tensor) -> torch.Tensor:
     return (~compact).expand(t.shape) if compact is not t else ~t
 
 
+MAX_CLAUSES = 1024
+"""The most conjunctions a lowered mask may have. ``~`` of an ``|`` multiplies them out
+(``~(x1 | x2 | ...)`` of clauses of k atoms has k^n clauses): three nested ``~`` over four
+small masks reached millions, and lowering ran out of memory."""
+
+
+class MaskTooComplex(ValueError):
+    """A mask whose lowering would exceed :data:`MAX_CLAUSES` conjunctions: backends that
+    keep masks symbolic decline it, and the reference backend builds it densely."""
+
+
 def conjoin(a: DNF, b: DNF) -> DNF:
-    """``a AND b`` distributed into one DNF."""
+    """``a AND b`` distributed into one DNF; :class:`MaskTooComplex` past
+    :data:`MAX_CLAUSES` conjunctions."""
+    if len(a) * len(b) > MAX_CLAUSES:
+        raise MaskTooComplex(
+            f"mask: its & | ~ lower to {len(a) * len(b):,} conjunctions, more than "
+            f"{MAX_CLAUSES:,} (a ~ of an | multiplies them out); the symbolic backends "
+            "decline it and the reference backend builds it densely (or pass the mask as "
+            "masks.keep(mask.to_dense(L, S, batch_shape)))"
+        )
     return [x + y for x in a for y in b]
 
 

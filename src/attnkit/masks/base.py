@@ -282,6 +282,9 @@ class Mask:
         Returns a bool tensor (True = may attend) for pure keep masks, else a float
         additive bias of ``dtype`` with ``-inf`` where a key is blocked.
         """
+        for name, n in (("L", L), ("S", S)):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"to_dense: {name} must be an int >= 0 (a length), got {n!r}")
         dev = torch.device(device) if device is not None else torch.device("cpu")
         batch_shape = tuple(int(d) for d in batch_shape)
         self.validate(batch_shape, L, S)
