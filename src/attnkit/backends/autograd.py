@@ -21,10 +21,10 @@ fused SDPA kernels return it through private ops) gets a differentiable (out, ls
 (out, lse), given a :class:`.records.BackwardCall`. Gradients reach the query, key,
 value, the score's parameters and the modifiers' parameters (:func:`trainable`); a
 backward that autograd records (``create_graph=True``) recomputes the call as
-materialized math and differentiates that, so higher derivatives exist. The Function keeps the output in the dtype the
-forward computed it in (float32 for half inputs run upcast) and the cast to the
-inputs' dtype comes after it, so the backward's ``rowsum(d_out * out)`` is not taken
-from an output rounded to half.
+materialized math and differentiates that, so higher derivatives exist. The Function
+keeps the output in the dtype the forward computed it in (float32 for half inputs run
+upcast) and the cast to the inputs' dtype comes after it, so the backward's
+``rowsum(d_out * out)`` is not taken from an output rounded to half.
 """
 
 from __future__ import annotations
