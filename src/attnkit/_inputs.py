@@ -384,9 +384,12 @@ def validate_inputs(
             check_strided("mask", "a tensor t it holds", t, var="t")
         m.validate(batch_shape, L, S)
         if device.type != "meta" and any(t.device.type == "meta" for t in m.tensors()):
+            kind, shape = _meta_leaf(m)
+            where = "the CPU" if device.type == "cpu" else f"{device} or the CPU"
             raise ValueError(
-                f"mask: holds a tensor on the meta device (shapes only, no values), but the "
-                f"query is on {device}; build the mask from tensors on {device} or the CPU"
+                f"mask: its {kind} part holds a tensor of shape {shape} on the meta device "
+                f"(shapes only, no values), but the query is on {device}; build the mask "
+                f"from tensors on {where}"
             )
         for t in m.dense_tensors():
             if t.device != device:
@@ -416,6 +419,18 @@ def validate_inputs(
         head_scale=head_scale,
         check_finite=_check_flag("check_finite", check_finite),
     )
+
+
+def _meta_leaf(mask: _masks.Mask) -> tuple[str, str]:
+    """The kind of the first mask inside ``mask`` that holds a meta tensor, and that
+    tensor's shape, for the error message."""
+    for t in mask._tensors():
+        if t.device.type == "meta":
+            return mask.kind, _shape(t)
+    for child in mask.children():
+        if any(t.device.type == "meta" for t in child.tensors()):
+            return _meta_leaf(child)
+    raise AssertionError("no meta tensor in the mask")  # pragma: no cover
 
 
 def _check_mods(mods: object, heads: int, device: torch.device) -> tuple[Mod, ...]:

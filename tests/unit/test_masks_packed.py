@@ -106,10 +106,23 @@ def test_a_mask_on_the_meta_device_is_refused_at_the_call(make) -> None:  # type
         attnkit.attention(q, q, q, mask=make())
 
 
+def test_the_meta_message_names_the_part_that_holds_it() -> None:
+    q = torch.randn(2, 1, 4, 8)
+    padding = masks.key_padding(torch.zeros(2, 4, dtype=torch.bool, device="meta"))
+    with pytest.raises(ValueError, match=r"its key_padding part holds a tensor of shape \(2, 4\)"):
+        attnkit.attention(q, q, q, mask=masks.causal() & padding)
+
+
 def test_document_ids_must_cover_the_call() -> None:
     m = masks.document(torch.zeros(1, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="5 positions"):
         m.validate((1,), 4, 4)
+
+
+def test_document_lengths_that_miss_the_call_are_named_as_lengths() -> None:
+    m = masks.document(lengths=[2, 3])
+    with pytest.raises(ValueError, match="lengths add up to 5 positions.* 6 queries"):
+        m.validate((1,), 6, 6)
 
 
 def test_packed_documents_skip_the_keys_of_other_documents() -> None:

@@ -208,6 +208,8 @@ class DocumentMask(Mask):
     """
 
     kind = "document"
+    #: how the caller gave the ids, for messages: "ids", or "lengths" (from_lengths)
+    _given_as = "ids"
 
     def __init__(
         self,
@@ -252,12 +254,21 @@ class DocumentMask(Mask):
         ends = rows.cumsum(dim=1)  # (B, D)
         ids = torch.searchsorted(ends, pos.expand(rows.shape[0], n).contiguous(), right=True)
         ids = torch.where(pos < ends[:, -1:], ids, -1) if rows.shape[1] else -torch.ones_like(ids)
-        return cls(ids if lens.ndim == 2 else ids[0])
+        mask = cls(ids if lens.ndim == 2 else ids[0])
+        mask._given_as = "lengths"
+        return mask
 
     def validate(self, batch_shape: Sequence[int], L: int, S: int) -> None:
         for name, t, n in (("ids", self.q_ids, L), ("key_ids", self.k_ids, S)):
             if t.shape[-1] != n:
                 what = "queries" if name == "ids" else "keys"
+                if self._given_as == "lengths":
+                    raise ValueError(
+                        f"mask: masks.document lengths add up to {t.shape[-1]} positions (the "
+                        f"longest row), but the call has {n} {what}; expected lengths whose "
+                        f"longest row adds up to {n}; to pad the rest, give ids with -1 there: "
+                        f"masks.document(ids)"
+                    )
                 raise ValueError(
                     f"mask: masks.document {name} cover {t.shape[-1]} positions, but the call "
                     f"has {n} {what}; expected shape (N,) or (B, N) with N = {n}"
