@@ -31,12 +31,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..viz.notebook import check_counts, check_length
 from . import show_compare, show_explain, show_image
 from .outputs import Output, ShowOutputs, check_input, show_outputs, shown_path, write_all
 from .show_args import (
     EXAMPLE,
     UsageError,
     count,
+    flag_name,
     parse_selection,
     read_text,
     resolve,
@@ -128,18 +130,12 @@ def _checked(args: argparse.Namespace) -> tuple[str, str | None]:
     pair: str | None = args.pair
     if pair is not None and not pair.strip():
         raise UsageError("--pair: the second text is empty; give a sentence or leave --pair out")
-    if args.max_length is not None and args.max_length < 1:
-        raise UsageError(
-            f"--max-length: expected a positive number of tokens, got {args.max_length}"
-        )
-    if args.generate < 0 or args.generate > 4096:
-        raise UsageError(f"--generate: expected 0 to 4096 tokens, got {args.generate}")
-    if args.seed is not None and args.generate == 0:
-        raise UsageError("--seed: only with --generate N (it seeds the sampling)")
+    try:
+        check_counts(args.max_length, args.generate, args.seed, pair, spell=flag_name)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if not 1 <= args.top_k <= 256:
         raise UsageError(f"--top-k: expected 1 to 256 keys per row, got {args.top_k}")
-    if args.generate and pair is not None:
-        raise UsageError("--generate and --pair: a generated text continues one prompt")
     if args.generate and (args.words or args.no_special):
         flag = "--words" if args.words else "--no-special"
         raise UsageError(
@@ -194,25 +190,10 @@ def _run(args: argparse.Namespace) -> int:
     # Layers are recorded in the order they run, so the labels follow that order.
     layers = sorted(resolve(layer_sel, source.num_layers, "--layers", "layer"))
     heads = resolve(head_sel, source.num_heads, "--heads", "head")
-    limit = source.max_tokens
-    if args.max_length is not None and args.max_length > limit:
-        raise UsageError(
-            f"--max-length: {args.max_length} is more than the model's {limit} positions"
-        )
-    max_length = args.max_length if args.max_length is not None else limit
-    if args.generate and args.generate >= max_length:
-        raise UsageError(
-            f"--generate: {args.generate} tokens leave no room for the prompt in "
-            f"{max_length} positions"
-        )
-    # BERT: [CLS] and [SEP] (and a second [SEP] for a pair); models without special tokens: one.
-    minimum = max(
-        1, source.special_tokens + (1 if pair is not None and source.special_tokens else 0)
-    )
-    if max_length < minimum:
-        raise UsageError(
-            f"--max-length: expected at least {minimum} (the special tokens), got {max_length}"
-        )
+    try:
+        max_length = check_length(source, args.max_length, args.generate, pair, spell=flag_name)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
     second = show_compare.open_second(args)
     if second is not None:  # (its layers and heads too, before either model runs)

@@ -20,6 +20,7 @@ __all__ = [
     "Selection",
     "UsageError",
     "count",
+    "flag_name",
     "parse_selection",
     "picture_format",
     "read_text",
@@ -39,6 +40,12 @@ Selection = list[tuple[int, int]]
 
 class UsageError(Exception):
     """Bad input: reported as one line on stderr with exit status 2."""
+
+
+def flag_name(name: str) -> str:
+    """The ``attnkit show`` flag of a :func:`attnkit.viz.show` argument: ``max_length``
+    -> ``--max-length``."""
+    return "--" + name.replace("_", "-")
 
 
 def parse_selection(spec: str, option: str) -> Selection | None:

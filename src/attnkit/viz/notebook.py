@@ -14,7 +14,7 @@ encoder-decoder arguments.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "attend",
+    "check_counts",
+    "check_length",
     "check_run",
     "check_text",
     "from_bertviz",
@@ -133,30 +135,88 @@ def check_run(source: Any, options: RunOptions) -> RunOptions:
             4096 tokens, or leaving no room for the prompt; ``seed`` without
             ``generate``; ``generate`` with ``pair``; ``include_layers`` out of range.
     """
-    n, limit = options.max_length, source.max_tokens
-    if n is not None and (not _is_int(n) or n < 1):
-        raise ValueError(f"max_length: expected a positive number of tokens, got {n!r}")
-    g = options.generate
-    if not _is_int(g) or not 0 <= g <= 4096:
-        raise ValueError(f"generate: expected 0 to 4096 tokens, got {g!r}")
-    if options.seed is not None and not g:
-        raise ValueError("seed: only with generate=N (it seeds the sampling)")
-    if g and options.pair is not None:
-        raise ValueError("generate, pair: a generated text continues one prompt")
+    check_counts(options.max_length, options.generate, options.seed, options.pair)
     layers = options.layers
     if layers is not None:
         layers = sorted(layer_numbers(layers, source.num_layers, "the model has"))
-    if n is not None and n > limit:
-        raise ValueError(f"max_length: {n} is more than the model's {limit} positions")
-    n = limit if n is None else n
-    if g and g >= n:
-        raise ValueError(f"generate: {g} tokens leave no room for the prompt in {n} positions")
+    check_length(source, options.max_length, options.generate, options.pair)
+    return replace(options, layers=layers)
+
+
+def _same(name: str) -> str:
+    return name
+
+
+def check_counts(
+    max_length: Any, generate: Any, seed: Any, pair: Any, *, spell: Callable[[str], str] = _same
+) -> None:
+    """The run's counts on their own, before any model is opened: ``max_length`` a
+    positive number of tokens (or None), ``generate`` 0 to 4096 tokens, ``seed`` only
+    with ``generate``, and ``generate`` without ``pair``.
+
+    Args:
+        spell: how the caller spells an argument's name in its messages (``attnkit
+            show`` gives its flags); default the Python name.
+
+    Raises:
+        ValueError: the first count that breaks those rules, naming its argument.
+    """
+    if max_length is not None and (not _is_int(max_length) or max_length < 1):
+        raise ValueError(
+            f"{spell('max_length')}: expected a positive number of tokens, got {max_length!r}"
+        )
+    if not _is_int(generate) or not 0 <= generate <= 4096:
+        raise ValueError(f"{spell('generate')}: expected 0 to 4096 tokens, got {generate!r}")
+    if seed is not None and not generate:
+        how = "generate=N" if spell is _same else f"{spell('generate')} N"
+        raise ValueError(f"{spell('seed')}: only with {how} (it seeds the sampling)")
+    if generate and pair is not None:
+        names = f"{spell('generate')}, {spell('pair')}"
+        raise ValueError(f"{names}: a generated text continues one prompt")
+
+
+def check_length(
+    source: Any,
+    max_length: int | None,
+    generate: int,
+    pair: Any,
+    *,
+    spell: Callable[[str], str] = _same,
+) -> int:
+    """The input's length against a source opened but not built (counts already checked
+    by :func:`check_counts`).
+
+    Args:
+        source: its ``max_tokens`` (the model's positions) and ``special_tokens``.
+        max_length: the tokens asked for (None: the model's positions).
+        generate: tokens to generate after the prompt; pair: a second text, or None.
+        spell: as for :func:`check_counts`.
+
+    Returns:
+        The input's length: ``max_length``, or the model's positions.
+
+    Raises:
+        ValueError: ``max_length`` more than the model's positions or fewer than its
+            special tokens; ``generate`` leaving no room for the prompt.
+    """
+    limit = source.max_tokens
+    if max_length is not None and max_length > limit:
+        raise ValueError(
+            f"{spell('max_length')}: {max_length} is more than the model's {limit} positions"
+        )
+    n = limit if max_length is None else max_length
+    if generate and generate >= n:
+        raise ValueError(
+            f"{spell('generate')}: {generate} tokens leave no room for the prompt in {n} positions"
+        )
     # BERT: [CLS] and [SEP] (and a second [SEP] for a pair); models without special tokens: one.
     special = source.special_tokens
-    minimum = max(1, special + (1 if options.pair is not None and special else 0))
+    minimum = max(1, special + (1 if pair is not None and special else 0))
     if n < minimum:
-        raise ValueError(f"max_length: expected at least {minimum} (the special tokens), got {n}")
-    return replace(options, layers=layers)
+        raise ValueError(
+            f"{spell('max_length')}: expected at least {minimum} (the special tokens), got {n}"
+        )
+    return n
 
 
 def _is_int(x: Any) -> bool:
