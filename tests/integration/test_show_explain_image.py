@@ -173,3 +173,71 @@ def test_image_refusals_come_before_any_model(
         err = capsys.readouterr().err.strip()
         assert code == 2 and "\n" not in err and message in err, err
     assert not (tmp_path / "p.html").exists()
+
+
+def _relevance(directory: Path, picture: Any) -> torch.Tensor:
+    """Chefer's R of any image classifier, from the eager model's returned weights and
+    their gradients at its top class."""
+    from attnkit.models import hf_vision
+
+    ck = hf_vision.ImageCheckpoint(directory)
+    pixels = ck.image_input.pixels(ck.image_input.picture(picture))  # (1, 3, 32, 32)
+    model = transformers.AutoModelForImageClassification.from_pretrained(
+        str(directory), attn_implementation="eager"
+    ).eval()
+    out = model(pixel_values=pixels, output_attentions=True)
+    for a in out.attentions:
+        a.retain_grad()
+    out.logits[0, int(out.logits[0].argmax())].backward()
+    n = out.attentions[0].shape[-1]
+    r = torch.eye(n)
+    for a in out.attentions:
+        r = r + (a.grad * a)[0].clamp(min=0).mean(0) @ r  # (n, n)
+    return r
+
+
+def _classifier(directory: Path, model: Any) -> Path:
+    with torch.no_grad():  # sharper attention than a fresh init
+        for name, p in model.named_parameters():
+            if name.endswith(("query.weight", "key.weight")):
+                p.mul_(25)
+    model.save_pretrained(directory)
+    (directory / "preprocessor_config.json").write_text(json.dumps(PREP))
+    return directory
+
+
+def _pooling_cases() -> list[Any]:
+    small = {"image_size": 32, "patch_size": 8, "num_hidden_layers": 2,
+             "num_attention_heads": 2, "hidden_size": 16, "num_labels": 3}  # fmt: skip
+    return [
+        pytest.param(lambda: transformers.DeiTForImageClassificationWithTeacher(
+            transformers.DeiTConfig(intermediate_size=32, **small)),
+            lambda r: 0.5 * (r[0] + r[1]), 0, id="deit-with-teacher"),  # fmt: skip
+        pytest.param(lambda: transformers.Dinov2ForImageClassification(
+            transformers.Dinov2Config(mlp_ratio=2, **small)),
+            lambda r: 0.5 * (r[0] + r[1:].mean(0)), 0, id="dinov2"),  # fmt: skip
+        pytest.param(lambda: transformers.IJepaForImageClassification(
+            transformers.IJepaConfig(intermediate_size=32, **small)),
+            lambda r: r.mean(0), None, id="ijepa"),  # fmt: skip
+    ]
+
+
+@pytest.mark.parametrize(("build", "pooled", "position"), _pooling_cases())
+def test_a_head_that_reads_several_tokens_mixes_their_rows(
+    build: Any, pooled: Any, position: int | None, picture_file: Path, tmp_path: Path
+) -> None:
+    """DeiT's teacher averages [CLS]'s and [DIST]'s logits, DINOv2 joins [CLS] with the
+    patches' mean, I-JEPA means every token: the scores mix the rows those heads read
+    (row 0 alone left DINOv2's patch half and I-JEPA's every token but the first out,
+    and the distilled DeiT was refused as having no head)."""
+    torch.manual_seed(0)
+    directory = _classifier(tmp_path / "classifier", build())
+    picture = Image.open(picture_file).convert("RGB")
+    a = explain_image(directory, picture)
+    r = _relevance(directory, picture)
+    assert a.relevance is not None and a.target.position == position
+    assert_close_to_scale(a.relevance, r, what="R")
+    assert_close_to_scale(a.scores, pooled(r), what="scores: the rows the head reads")
+    roll = explain_image(directory, picture, method="rollout")
+    assert roll.relevance is not None
+    assert_close_to_scale(roll.scores, pooled(roll.relevance), what="rollout's scores")

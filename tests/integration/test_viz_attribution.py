@@ -430,3 +430,51 @@ def test_a_bidirectional_lm_head_is_not_taken_as_causal() -> None:
     a = viz.explain(model, tok, text)
     assert len(a.tokens) == 300  # (every word is one token)
     _close(a.relevance, ref.chefer)
+
+
+def test_integrated_gradients_of_a_decoder_classifier_without_a_pad_id() -> None:
+    """GPT-2's classifier has no pad_token_id by default, and transformers refuses it more
+    than one row: integrated gradients, several points a forward, pools each row's last
+    token all the same, and equals captum's (which runs one point a forward here)."""
+    captum_attr = pytest.importorskip("captum.attr")
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=len(WORDS) + 4,
+                                  n_positions=32, initializer_range=0.3, num_labels=3)  # fmt: skip
+    torch.manual_seed(6)
+    model = transformers.GPT2ForSequenceClassification(cfg).double().eval()
+    assert model.config.pad_token_id is None
+    tok = _tokenizer(False)
+    ig = viz.explain(model, tok, TEXT, method="integrated_gradients", steps=8)
+    assert model.config.pad_token_id is None
+    ids = torch.tensor([tok(TEXT)["input_ids"]])
+    embeds = model.get_input_embeddings()(ids).detach()  # (1, L, D)
+    index = ig.target.index
+    want = captum_attr.IntegratedGradients(
+        lambda e: model(inputs_embeds=e).logits[:, index]
+    ).attribute(embeds, baselines=torch.zeros_like(embeds), n_steps=8,
+                internal_batch_size=1)[0].sum(-1)  # fmt: skip
+    _close(ig.scores, want, FLOAT32_STORED_REL)
+
+
+def test_a_config_that_returns_tuples_is_explained() -> None:
+    """return_dict=False in a model's config: explain asks for its output record."""
+    model, tok = _bert_classifier(), _tokenizer(True)
+    want = viz.explain(model, tok, TEXT, method="input_x_gradient")
+    model.config.return_dict = False
+    got = viz.explain(model, tok, TEXT, method="input_x_gradient")
+    assert got.target == want.target
+    torch.testing.assert_close(got.scores, want.scores, rtol=0, atol=0)
+
+
+def test_integer_like_targets_and_captum_s_riemann_floor() -> None:
+    """A numpy integer or a 0-d tensor (a model's argmax) is a target like an int; a
+    Riemann sum needs 2 points, as in captum."""
+    np = pytest.importorskip("numpy")
+    model, tok = _gpt2(), _tokenizer(False)
+    want = viz.explain(model, tok, TEXT, target=3, method="input_x_gradient")
+    for target in (np.int64(3), torch.tensor(3)):
+        got = viz.explain(model, tok, TEXT, target=target, method="input_x_gradient")
+        assert got.target == want.target
+    for integration in ("riemann_left", "riemann_right", "riemann_middle"):
+        with pytest.raises(ValueError, match=r"^steps: expected an int >= 2, got 1"):
+            viz.explain(model, tok, TEXT, method="integrated_gradients", steps=1,
+                        integration=integration)  # fmt: skip

@@ -25,7 +25,9 @@ and their gradients are read inside :func:`attnkit.attention` (see
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import numbers
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,6 +78,10 @@ class _Task:
     tokenizer: Any = None
     compare: str = ""
     reference: torch.Tensor | None = None  # (D,) the second text's pooled embedding
+    # A head that reads several tokens (some image classifiers): (L,) weights over the rows
+    # of R it reads, and the position its target names (None: every token).
+    pool: torch.Tensor | None = None
+    pool_position: int | None = 0
 
 
 def _kind(model: nn.Module) -> tuple[str, bool]:
@@ -179,6 +185,9 @@ def _check_target(kind: str, model: nn.Module, tokenizer: Any, target: Any, L: i
     """The target as (position or None, token/class index or None); raises before compute."""
     if target is None:
         return (None, None)
+    target = _plain_int(target)
+    if isinstance(target, tuple):
+        target = tuple(_plain_int(t) for t in target)
     if kind == "encoder":
         raise ValueError(
             "target: an encoder without a head explains the similarity with compare=; "
@@ -213,6 +222,21 @@ def _check_target(kind: str, model: nn.Module, tokenizer: Any, target: Any, L: i
     return (None if position is None else position % L, tid)
 
 
+def _plain_int(x: Any) -> Any:
+    """A numpy integer or a 0-d integer tensor as an int (a target given as a model's
+    argmax); anything else as it is."""
+    if (
+        isinstance(x, torch.Tensor)
+        and x.ndim == 0
+        and not x.is_floating_point()
+        and (x.dtype != torch.bool)
+    ):
+        return int(x)
+    if isinstance(x, numbers.Integral) and not isinstance(x, bool):
+        return int(x)
+    return x
+
+
 def _prepare(model: Any, tokenizer: Any, text: Any, target: Any, method: str, steps: int,
              compare: Any, integration: str, max_length: Any = None) -> _Task:  # fmt: skip
     if method not in METHODS:
@@ -221,7 +245,7 @@ def _prepare(model: Any, tokenizer: Any, text: Any, target: Any, method: str, st
         raise ValueError(
             f"integration: expected one of {', '.join(INTEGRATIONS)}, got {integration!r}"
         )
-    least = 2 if integration == "riemann_trapezoid" else 1
+    least = 1 if integration == "gausslegendre" else 2  # (captum's Riemann sums need 2)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < least:
         raise ValueError(f"steps: expected an int >= {least}, got {steps!r}")
     if not isinstance(text, str) or not text.strip():
@@ -269,7 +293,8 @@ def _prepare(model: Any, tokenizer: Any, text: Any, target: Any, method: str, st
             model, other[0].tolist(), "compare: the tokenizer (is it the model's own?) gives ids"
         )
         with torch.no_grad(), evaluating(model):
-            hidden = model(input_ids=other.to(device)).last_hidden_state  # (1, L2, D)
+            out = model(input_ids=other.to(device), return_dict=True)
+        hidden = out.last_hidden_state  # (1, L2, D)
         task.reference = hidden[0].mean(dim=0)  # (D,)
     return task
 
@@ -300,10 +325,12 @@ def _objective(task: _Task, out: Any) -> tuple[torch.Tensor, Target]:
     return logits[:, position, index], Target("next_token", position, index, label)
 
 
-def _pooled_position(task: _Task) -> int:
+def _pooled_position(task: _Task) -> int | None:
     """The token a classifier pools: the first for an encoder; for a decoder the last
     that is not padding (``config.pad_token_id``), as transformers finds it from the ids."""
     L = task.ids.shape[1]
+    if task.pool is not None:
+        return task.pool_position
     if not task.causal:
         return 0
     pad = getattr(task.model.config, "pad_token_id", None)
@@ -326,9 +353,12 @@ def check_ids(model: nn.Module, ids: list[int], argument: str, hint: str = "") -
         )
 
 
-def _row(matrix: torch.Tensor, target: Target) -> torch.Tensor:
+def _row(matrix: torch.Tensor, target: Target, pool: torch.Tensor | None = None) -> torch.Tensor:
     """The row of ``matrix`` (L, L) for the target: its position's, or the mean of all rows
-    for a mean-pooled similarity."""
+    for a mean-pooled similarity; with ``pool`` (L,), the rows weighed as a classifier head
+    that reads several tokens weighs them."""
+    if pool is not None:
+        return pool.to(matrix.dtype) @ matrix  # (L,)
     return matrix.mean(dim=0) if target.position is None else matrix[target.position]
 
 
@@ -365,8 +395,8 @@ def explain(
 
         method: ``"attention_x_gradient"``, ``"input_x_gradient"``,
             ``"integrated_gradients"`` or ``"rollout"`` (see :mod:`attnkit.viz.attribution`).
-        steps: integrated gradients' number of points on the path (>= 1; >= 2 for
-            ``"riemann_trapezoid"``).
+        steps: integrated gradients' number of points on the path (>= 1 for
+            ``"gausslegendre"``; >= 2 for the Riemann sums, as captum has them).
         compare: a second text, for an encoder without a head: y is the cosine similarity
             of the two texts' mean-pooled last hidden states, attributed to ``text``'s tokens.
         integration: where integrated gradients samples the path, as captum's
@@ -437,7 +467,7 @@ def _attribute(task: _Task, method: str, steps: int, integration: str,
             embeds = pixels.to(next(net.parameters()).device)  # (1, 3, H, W)
 
             def run(x: torch.Tensor) -> Any:
-                return net(pixel_values=x, **(extra or {}))
+                return net(pixel_values=x, return_dict=True, **(extra or {}))
         else:
             embed = net.get_input_embeddings()
             with torch.no_grad():
@@ -449,13 +479,34 @@ def _attribute(task: _Task, method: str, steps: int, integration: str,
                 ids = task.ids.expand(x.shape[0], -1)  # (k, L)
                 handle = embed.register_forward_hook(lambda _m, _i, _o: x)
                 try:
-                    return net(input_ids=ids, attention_mask=torch.ones_like(ids))
+                    with _rows_without_padding(task, x.shape[0]):
+                        return net(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                   return_dict=True)  # fmt: skip
                 finally:
                     handle.remove()
 
         if method == "rollout":
             return _rollout(task, run, embeds)
         return _gradient(task, run, embeds, method, steps, integration)
+
+
+@contextmanager
+def _rows_without_padding(task: _Task, rows: int) -> Iterator[None]:
+    """A decoder classifier without ``pad_token_id`` pools each row's last token, and
+    transformers refuses to run it on more than one row (it cannot find padding). The
+    rows here are copies of one input, with no padding: for the block, the pad id is -1,
+    which no id equals, so each row pools its last token as one row would."""
+    config: Any = task.model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if not (task.kind == "classifier" and task.causal and rows > 1
+            and getattr(text, "pad_token_id", 0) is None):  # fmt: skip
+        yield
+        return
+    text.pad_token_id = -1
+    try:
+        yield
+    finally:
+        text.pad_token_id = None
 
 
 def _rollout(task: _Task, run: Callable[[torch.Tensor], Any], embeds: torch.Tensor) -> Attribution:
@@ -471,7 +522,8 @@ def _rollout(task: _Task, run: Callable[[torch.Tensor], Any], embeds: torch.Tens
         out = run(embeds)
     y, tgt = _objective(task, out)
     matrix = rollout_matrix(weights)  # (L, L)
-    return Attribution(task.tokens, _row(matrix, tgt), "rollout", tgt, float(y[0]), None, matrix)
+    scores = _row(matrix, tgt, task.pool)  # (L,)
+    return Attribution(task.tokens, scores, "rollout", tgt, float(y[0]), None, matrix)
 
 
 def _gradient(task: _Task, run: Callable[[torch.Tensor], Any], embeds: torch.Tensor,
@@ -496,4 +548,5 @@ def _gradient(task: _Task, run: Callable[[torch.Tensor], Any], embeds: torch.Ten
         scores, at_zero = integrated_gradients(value_of, embeds, integration, steps)
         return Attribution(task.tokens, scores, method, tgt, value, heads, baseline_value=at_zero)
     relevance = chefer_relevance(recorder.layer_map_stack(), task.causal)  # (L, L)
-    return Attribution(task.tokens, _row(relevance, tgt), method, tgt, value, heads, relevance)
+    scores = _row(relevance, tgt, task.pool)  # (L,)
+    return Attribution(task.tokens, scores, method, tgt, value, heads, relevance)

@@ -22,7 +22,8 @@ class Target:
             (the cosine similarity of the mean-pooled embeddings of the text and ``label``).
         position: the position whose output is explained: the LM's predicting position;
             a classifier's pooled token (0 for an encoder, the last for a decoder);
-            None for a similarity (every position, through the mean).
+            None for a similarity or an image classifier that means every token (every
+            position, through the mean).
         index: the token id or class index; None for a similarity.
         label: the token's text, the class's name, or the second text.
     """
@@ -57,7 +58,9 @@ class Attribution:
         head_importance: (layers, heads) Michel et al.'s ``|Σ o ⊙ ∂y/∂o|``, layers in
             forward order; None for ``"rollout"``.
         relevance: (n_tokens, n_tokens) the whole matrix whose target row gives
-            ``scores``: Chefer's ``R`` (attention × gradient) or the rollout; else None.
+            ``scores`` (for an image classifier whose head reads several tokens, the mix
+            of their rows: :func:`~attnkit.viz.attribution_image.pooled_rows`): Chefer's
+            ``R`` (attention × gradient) or the rollout; else None.
         baseline_value: y at zero embeddings (integrated gradients), else None.
     """
 

@@ -101,6 +101,7 @@ def run_header(tokens: int, n_layers: int, n_heads: int, reducer: SetReducer) ->
 
 def _forward(model: nn.Module, router: Router, **inputs: Any) -> Any:
     """One forward with streaming capture (or, for models that cannot switch, collected weights)."""
+    inputs["return_dict"] = True  # (a config may say False: its outputs are then tuples)
     with torch.no_grad():
         if supports_streaming(model):
             calls = router.calls
