@@ -12,6 +12,7 @@ differs by rounding that depends on the CPU's kernels, not on attnkit.
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -344,3 +345,86 @@ def test_a_float_4d_mask_with_a_fully_blocked_row_equals_eager() -> None:
     for (name, a), b in zip(ours.named_parameters(), eager.parameters(), strict=True):
         if a.grad is not None and "k_proj.bias" not in name:
             assert_close_to_scale(a.grad, b.grad, rel=FLOAT32_REL, what=name)
+
+
+def test_a_t5_like_table_that_buckets_otherwise_keeps_its_own_bias() -> None:
+    """Pix2Struct's text decoder has T5's table, buckets and distance but no is_decoder
+    flag, and buckets one way: its bias must be the model's own, not T5's two-way
+    reading of the table (0.26 of the logits before, 1.15 with a sharper table)."""
+    cfg = transformers.Pix2StructTextConfig(vocab_size=64, hidden_size=32, d_kv=8, d_ff=64,
+                                            num_layers=2, num_heads=4,
+                                            relative_attention_num_buckets=8,
+                                            relative_attention_max_distance=16,
+                                            dropout_rate=0.0)  # fmt: skip
+    cfg.initializer_range = 0.3  # (its init reads it; the config does not set it)
+    torch.manual_seed(0)
+    eager = transformers.Pix2StructTextModel(cfg).double().eval()
+    with torch.no_grad():
+        for m in eager.modules():
+            if getattr(m, "has_relative_attention_bias", False):
+                m.relative_attention_bias.weight.normal_(0, 2.0)
+    ours = copy.deepcopy(eager)
+    eager.set_attn_implementation("eager")
+    try:
+        ours.set_attn_implementation("attnkit")
+    except ValueError:  # (a transformers whose Pix2Struct computes its attention itself)
+        pytest.skip("this transformers' Pix2Struct does not take attention functions")
+    ids = torch.randint(1, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    got, want = (m(input_ids=ids).logits for m in (ours, eager))
+    assert_close_to_scale(got, want, rel=FLOAT32_REL)
+    got.sum().backward()
+    want.sum().backward()
+    for (name, a), b in zip(ours.named_parameters(), eager.parameters(), strict=True):
+        if a.grad is not None:
+            assert_close_to_scale(a.grad, b.grad, rel=FLOAT32_REL, what=name)
+
+
+def test_a_t5_table_with_more_added_keeps_the_model_s_bias() -> None:
+    """UDOP adds layout distances to its first layer's T5 bias: the bias the model passed
+    is not the table's alone, so it stays an additive mask (it was replaced by the
+    table's, 6% of the logits)."""
+    from attnkit.integrations.transformers.position_bias import position_bias_mod
+
+    torch.manual_seed(0)
+    table = torch.nn.Embedding(8, 2)
+    module = torch.nn.Module()
+    module.has_relative_attention_bias = True
+    module.relative_attention_bias = table
+    module.relative_attention_num_buckets = 8
+    module.relative_attention_max_distance = 16
+    module.is_decoder = False
+    from attnkit import mods
+
+    made = mods.relative_position_bias(table.weight, 8, 16, True)
+    own = made.logits(torch.zeros(1, 2, 5, 5), 5, 5).detach()  # (1, H, L, S)
+    mod, mask = position_bias_mod(module, own.clone(), 5, 0, 0)
+    assert mod is not None and mask is None  # T5's own: the modifier
+    more = own + 0.5 * torch.randn(1, 2, 5, 5)  # (1, H, L, S): T5's and the layout's
+    mod, mask = position_bias_mod(module, more, 5, 0, 0)
+    assert mod is None and mask is not None
+    torch.testing.assert_close(mask.tensor, more, rtol=0, atol=0)
+
+
+def test_what_attnkit_cannot_run_is_refused_by_name() -> None:
+    """BLOOM builds its mask through the mask function and adds ALiBi to it; a family
+    passing per-query sinks or sparse key selections: clear errors, not a crash inside
+    transformers or numbers without the sinks (0.93 of Inkling2's logits)."""
+    cfg = transformers.BloomConfig(n_layer=1, hidden_size=16, n_head=2, vocab_size=VOCAB)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="attnkit")
+    ids = torch.randint(1, VOCAB, (1, 5))
+    try:
+        got = model(ids).logits
+    except ValueError as exc:
+        assert re.match(r'BLOOM computes its attention .*="sdpa" or "eager" for it$', str(exc))
+    else:  # (a release whose BLOOM builds its own mask never asks the mask function)
+        model.set_attn_implementation("eager")
+        assert_close_to_scale(got, model(ids).logits, rel=FLOAT32_REL)
+    q = torch.randn(1, 2, 4, 8)
+    module = torch.nn.Module()
+    for name in ("sinks", "indices", "block_indices"):
+        with pytest.raises(ValueError, match=rf"^{name}: Module passes its attention"):
+            hf_attention.attnkit_attention(module, q, q, q, None, **{name: torch.zeros(1)})
+    carried = hf_attnkit.attnkit_mask(1, 4, 4)
+    for use in (lambda m: m[:, :, :1], lambda m: m + 1.0, lambda m: m.to(torch.float32)):
+        with pytest.raises(TypeError, match=r"^attention_mask: this model computes with"):
+            use(carried)

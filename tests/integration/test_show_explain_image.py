@@ -206,23 +206,32 @@ def _classifier(directory: Path, model: Any) -> Path:
     return directory
 
 
-def _pooling_cases() -> list[Any]:
-    small = {"image_size": 32, "patch_size": 8, "num_hidden_layers": 2,
-             "num_attention_heads": 2, "hidden_size": 16, "num_labels": 3}  # fmt: skip
-    return [
-        pytest.param(lambda: transformers.DeiTForImageClassificationWithTeacher(
-            transformers.DeiTConfig(intermediate_size=32, **small)),
-            lambda r: 0.5 * (r[0] + r[1]), 0, id="deit-with-teacher"),  # fmt: skip
-        pytest.param(lambda: transformers.Dinov2ForImageClassification(
-            transformers.Dinov2Config(mlp_ratio=2, **small)),
-            lambda r: 0.5 * (r[0] + r[1:].mean(0)), 0, id="dinov2"),  # fmt: skip
-        pytest.param(lambda: transformers.IJepaForImageClassification(
-            transformers.IJepaConfig(intermediate_size=32, **small)),
-            lambda r: r.mean(0), None, id="ijepa"),  # fmt: skip
-    ]
+def _deit_with_teacher() -> Any:
+    cfg = transformers.DeiTConfig(intermediate_size=32, **SMALL)
+    return transformers.DeiTForImageClassificationWithTeacher(cfg)
 
 
-@pytest.mark.parametrize(("build", "pooled", "position"), _pooling_cases())
+def _dinov2() -> Any:
+    return transformers.Dinov2ForImageClassification(
+        transformers.Dinov2Config(mlp_ratio=2, **SMALL)
+    )
+
+
+def _ijepa() -> Any:
+    cfg = transformers.IJepaConfig(intermediate_size=32, **SMALL)
+    return transformers.IJepaForImageClassification(cfg)
+
+
+SMALL = {"image_size": 32, "patch_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+         "hidden_size": 16, "num_labels": 3}  # fmt: skip
+POOLING = [
+    pytest.param(_deit_with_teacher, lambda r: 0.5 * (r[0] + r[1]), 0, id="deit-with-teacher"),
+    pytest.param(_dinov2, lambda r: 0.5 * (r[0] + r[1:].mean(0)), 0, id="dinov2"),
+    pytest.param(_ijepa, lambda r: r.mean(0), None, id="ijepa"),
+]
+
+
+@pytest.mark.parametrize(("build", "pooled", "position"), POOLING)
 def test_a_head_that_reads_several_tokens_mixes_their_rows(
     build: Any, pooled: Any, position: int | None, picture_file: Path, tmp_path: Path
 ) -> None:

@@ -121,7 +121,7 @@ def test_document_ids_must_cover_the_call() -> None:
 
 def test_document_lengths_that_miss_the_call_are_named_as_lengths() -> None:
     m = masks.document(lengths=[2, 3])
-    with pytest.raises(ValueError, match="lengths add up to 5 positions.* 6 queries"):
+    with pytest.raises(ValueError, match=r"lengths add up to 5 positions.* 6 queries"):
         m.validate((1,), 6, 6)
 
 

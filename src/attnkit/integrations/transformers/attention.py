@@ -33,6 +33,14 @@ from .position_bias import position_bias_mod
 
 __all__ = ["attnkit_attention"]
 
+# Keywords some families pass that change the attention's numbers and that this function
+# does not run: refused by name rather than dropped with the other keywords.
+_NOT_RUN = {
+    "sinks": "a sink logit per query (Inkling2's per-token sinks)",
+    "indices": "a selection of keys per query (sparse attention)",
+    "block_indices": "a selection of key blocks per query (block-sparse attention)",
+}
+
 
 def _wants_weights(module: nn.Module, kwargs: dict[str, Any]) -> bool:
     """Whether the caller asked for this call's weights: ``output_attentions`` as the
@@ -110,6 +118,9 @@ def attnkit_attention(
         softcap: logit softcapping ``c * tanh(s / c)`` (Gemma 2).
         s_aux: (H,) sink logits (gpt-oss).
         position_bias: (1 or B, H, L, >= S) T5's bias, read back as its table.
+        kwargs: ``output_attentions``; the others transformers passes (positions,
+            varlen lengths) are not needed: the mask holds them. ``sinks``, ``indices``
+            and ``block_indices``, which would change the numbers, are refused.
 
     Returns:
         (output (B, L, H, Ev) contiguous, weights (B, H, L, S) in the query's dtype
@@ -121,6 +132,12 @@ def attnkit_attention(
             raise ValueError(
                 f"{name}: expected a 4-D tensor (B, heads, length, head_dim), got "
                 f"{getattr(t, 'shape', type(t).__name__)}"
+            )
+    for name, what in _NOT_RUN.items():
+        if kwargs.get(name) is not None:
+            raise ValueError(
+                f"{name}: {type(module).__name__} passes its attention {what}, which attnkit's "
+                'attention does not take; use attn_implementation="sdpa" or "eager" for it'
             )
     if kwargs.get("cache") is not None:
         raise ValueError(

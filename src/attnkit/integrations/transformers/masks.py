@@ -33,7 +33,7 @@ import torch
 from ... import masks
 from ..._torch_features import check_compiling
 from ...masks.bands import Offset
-from .features import FEATURES
+from .features import FEATURES, family_reason
 from .patterns import Call, Hints, band_mask, recognise
 
 __all__ = ["SymbolicMask", "attnkit_mask"]
@@ -106,6 +106,19 @@ class SymbolicMask:
             f"SymbolicMask({self.mask!r}, shape={self.shape}, q_offset={self.q_offset}, "
             f"kv_offset={self.kv_offset}, symbolic={self.symbolic})"
         )
+
+    # A model that computes with its mask as a tensor (adds ALiBi to it, indexes it, moves
+    # it) cannot take a symbolic one: it gets this error instead of torch's or Python's.
+    def _as_tensor(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            "attention_mask: this model computes with its attention mask as a tensor, "
+            'which attn_implementation="attnkit"\'s symbolic mask is not; its attention '
+            'does not go through attnkit: use attn_implementation="sdpa" or "eager" '
+            "for it"
+        )
+
+    __getitem__ = __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _as_tensor
+    to = masked_fill = float = bool = _as_tensor
 
 
 # ----------------------------------------------------------------------------- the call
@@ -256,6 +269,10 @@ def attnkit_mask(
     check_compiling()
     if isinstance(attention_mask, SymbolicMask):
         return attention_mask
+    model_type = getattr(config, "model_type", None)
+    reason = family_reason(model_type) if isinstance(model_type, str) else None
+    if reason is not None:
+        raise ValueError(f'{reason}; use attn_implementation="sdpa" or "eager" for it')
     import transformers.masking_utils as mu
 
     if kv_length is None or (q_length is None and cache_position is None):

@@ -10,7 +10,11 @@ a module without a table (T5's cross-attention) passes zeros.
 over the module's own table (so the table gets its gradient through attnkit), and
 remembers the answer for that tensor object, so the later layers of the stack,
 given the same object, reuse it without reading the tensor. Zeros become no
-modifier. Any other bias is kept as it is, as an additive ``masks.bias``.
+modifier. Any other bias is kept as it is, as an additive ``masks.bias``: the
+modifier stands in for the tensor only where the module's table, read as T5 reads
+it, gives that tensor (checked once per tensor), so a module that looks like T5's
+but buckets or adds otherwise (Pix2Struct's one-way decoder, UDOP's layout bias)
+keeps its own bias.
 """
 
 from __future__ import annotations
@@ -51,6 +55,23 @@ def _table_mod(module: nn.Module, q0: int, k0: int) -> mods.Mod | None:
     )
 
 
+def _made_by(mod: mods.Mod, bias: torch.Tensor) -> bool:
+    """Whether ``bias`` (1 or B, H, L, S) is the bias ``mod`` makes: a module that looks
+    like T5's (a table, buckets, a distance) may bucket otherwise (one way without an
+    ``is_decoder`` flag: Pix2Struct's text decoder) or add more to the table's bias
+    (UDOP's layout distances); read once per bias tensor."""
+    H, L, S = bias.shape[-3:]
+    with torch.no_grad():
+        zeros = bias.new_zeros((1, H, L, S))  # (1, H, L, S)
+        made = mod.logits(zeros, L, S)  # (1, H, L, S)
+        scale = float(bias.abs().amax()) if bias.numel() else 0.0
+        return (
+            bool((made - bias).abs().amax() <= 1e-6 * max(scale, 1e-30))
+            if scale
+            else (not bool(made.any()))
+        )
+
+
 def position_bias_mod(
     module: nn.Module, position_bias: torch.Tensor, S: int, q0: Offset, k0: Offset
 ) -> tuple[mods.Mod | None, masks.Mask | None]:
@@ -77,6 +98,8 @@ def position_bias_mod(
     if seen is not None and seen[0]() is position_bias:
         return seen[1], None
     mod = _table_mod(module, q0, k0)
+    if mod is not None and not _made_by(mod, position_bias[..., :S]):
+        return None, masks.bias(position_bias[..., :S])  # (1 or B, H, L, S)
     if mod is None:
         with torch.no_grad():
             zero = not bool(position_bias.any())
