@@ -82,16 +82,16 @@ def position_bias_mod(
         position_bias: (1 or B, H, L, >= S) float, what the model passed.
         S: the call's number of keys.
         q0, k0: global positions of the call's first query and key (0-d tensors from a
-            mask prepared for a compiled forward: read here outside torch.compile; inside
-            it the bias is kept as the tensor it is).
+            mask prepared for a compiled forward, read here). Inside torch.compile the
+            bias is kept as the tensor it is (no value is read there).
 
     Returns:
         (modifier, None) for a table-made bias or zeros (modifier None), else
         (None, ``masks.bias`` of the tensor).
     """
+    if torch.compiler.is_compiling():  # (reading the bias would break the graph)
+        return None, masks.bias(position_bias[..., :S])  # (1 or B, H, L, S)
     if isinstance(q0, torch.Tensor) or isinstance(k0, torch.Tensor):
-        if torch.compiler.is_compiling():
-            return None, masks.bias(position_bias[..., :S])  # (1 or B, H, L, S)
         q0, k0 = int(q0), int(k0)
     key = id(position_bias)
     seen = _SEEN.get(key)
