@@ -542,9 +542,10 @@ def resolve_mask(
     prefix = desc["prefix"]
     mask = masks.prefix_lm(prefix, desc["align"], q_offset=q_off, k_offset=k_off)
     causal = _band(L, S, desc["align"], q_off, k_off, None, 0)  # (L, S)
+    at = j + int(k_off)  # (S,) the keys' global positions, which the prefix counts
     if isinstance(prefix, int):
-        return mask, causal | (j[None, :] < prefix), None
-    keep = causal[None] | (j[None, None, :] < prefix.numpy()[:, None, None])  # (B, L, S)
+        return mask, causal | (at[None, :] < prefix), None
+    keep = causal[None] | (at[None, None, :] < prefix.numpy()[:, None, None])  # (B, L, S)
     return mask, per_batch(keep), None
 
 

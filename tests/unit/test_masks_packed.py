@@ -9,6 +9,8 @@ import attnkit
 from attnkit import masks
 from attnkit.blockplan import build_plan
 
+from tolerance import FLOAT64_REL, assert_close_to_scale
+
 
 def test_document_from_lengths_numbers_the_documents_and_pads_the_tail() -> None:
     m = masks.document(lengths=torch.tensor([[2, 3, 0], [1, 1, 1]]))
@@ -111,6 +113,24 @@ def test_the_meta_message_names_the_part_that_holds_it() -> None:
     padding = masks.key_padding(torch.zeros(2, 4, dtype=torch.bool, device="meta"))
     with pytest.raises(ValueError, match=r"its key_padding part holds a tensor of shape \(2, 4\)"):
         attnkit.attention(q, q, q, mask=masks.causal() & padding)
+
+
+@pytest.mark.parametrize("first", [2, torch.tensor(2)], ids=["int", "tensor"])
+def test_prefix_lm_counts_the_prefix_in_global_key_positions(first: object) -> None:
+    """With k_offset, key column c is position k_offset + c, as the causal part reads it
+    and as shard() cuts the full mask; the prefix counted local columns before (every
+    backend 1.14 off)."""
+    full = masks.prefix_lm(3).to_dense(8, 8)  # (L, S)
+    block = masks.prefix_lm(3, k_offset=first).to_dense(8, 6)  # type: ignore[arg-type]
+    assert torch.equal(block, full[:, 2:])
+    assert torch.equal(masks.prefix_lm(3).shard(0, 2, 8, 6, 8, 8).to_dense(8, 6), full[:, 2:])
+    q = torch.randn(1, 2, 8, 16, dtype=torch.float64)
+    k, v = torch.randn(2, 1, 2, 6, 16, dtype=torch.float64)
+    want = attnkit.attention(q, k, v, mask=masks.keep(full[:, 2:]), backend="reference")
+    for backend in ("reference", "chunked", "sdpa"):
+        got = attnkit.attention(q, k, v, mask=masks.prefix_lm(3, k_offset=first),
+                                backend=backend)  # type: ignore[arg-type]  # fmt: skip
+        assert_close_to_scale(got, want, rel=FLOAT64_REL, what=backend)
 
 
 def test_document_ids_must_cover_the_call() -> None:

@@ -258,8 +258,10 @@ class PrefixLMMask(Mask):
     """Prefix LM: key ``j`` is kept for query ``i`` when ``j < prefix`` (the prefix is
     seen by every query, in both directions) or ``j <= i`` (causal after it).
 
-    ``prefix`` is one int or a (B,) tensor of per-batch prefix lengths. ``align`` and
-    the offsets place the causal part as for :func:`attnkit.masks.causal`.
+    ``prefix`` is one int or a (B,) tensor of per-batch prefix lengths, counted in
+    global key positions: with ``k_offset`` the prefix covers the keys at positions
+    ``k_offset + j < prefix``. ``align`` and the offsets place the causal part as for
+    :func:`attnkit.masks.causal`.
     """
 
     kind = "prefix_lm"
@@ -286,6 +288,7 @@ class PrefixLMMask(Mask):
         _check_align("masks.prefix_lm", align)
         self.prefix = lens.to(torch.long)  # (B,) or (1,)
         self.causal = CausalMask(align, q_offset=q_offset, k_offset=k_offset)
+        self.k_offset = k_offset  # global position of key column 0 of the full sequence
         self.k_shift = 0  # keys of a shard start at k_shift of the full sequence
 
     def validate(self, batch_shape: Sequence[int], L: int, S: int) -> None:
@@ -297,7 +300,11 @@ class PrefixLMMask(Mask):
             )
 
     def _prefix_local(self, device: torch.device) -> torch.Tensor:
-        return (self.prefix.to(device) - self.k_shift).clamp(min=0)  # (B or 1,)
+        """The prefix in this mask's own key columns: the keys at global positions below
+        ``prefix``, column 0 sitting at ``k_offset + k_shift``."""
+        first = self.k_offset
+        first = first.to(device) if isinstance(first, torch.Tensor) else first
+        return (self.prefix.to(device) - first - self.k_shift).clamp(min=0)  # (B or 1,)
 
     def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
         causal = self.causal.dense(L, S, batch_shape, device).keep  # (L, S)
@@ -316,6 +323,7 @@ class PrefixLMMask(Mask):
     def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
         shard = PrefixLMMask.__new__(PrefixLMMask)
         shard.prefix = self.prefix
+        shard.k_offset = self.k_offset
         shard.k_shift = self.k_shift + k0
         shard.causal = self.causal._shard(q0, k0, L, S, total_L, total_S)  # type: ignore[assignment]
         return shard
@@ -329,7 +337,7 @@ class PrefixLMMask(Mask):
     def map_tensors(self, fn: Callable[[torch.Tensor, str], torch.Tensor]) -> Mask:
         out = PrefixLMMask.__new__(PrefixLMMask)
         out.prefix = fn(self.prefix, "batch") if self.prefix.shape[0] != 1 else self.prefix
-        out.causal, out.k_shift = self.causal, self.k_shift
+        out.causal, out.k_offset, out.k_shift = self.causal, self.k_offset, self.k_shift
         return out
 
     def signature(self, L: int, S: int) -> tuple[object, ...]:
@@ -431,7 +439,9 @@ def prefix_lm(
 ) -> PrefixLMMask:
     """Prefix LM: keys ``j < prefix`` are seen by every query (a bidirectional prefix),
     and key ``j`` by query ``i`` when ``j <= i`` (causal). ``prefix``: an int or a (B,)
-    tensor of per-batch lengths; ``align`` and the offsets as for :func:`causal`.
+    tensor of per-batch lengths; ``align`` and the offsets as for :func:`causal`. Both
+    count global positions: with ``k_offset``, key column ``c`` is position
+    ``k_offset + c``, in the prefix when that is below ``prefix``.
 
     Args:
         prefix: the prefix length, an int >= 0 for every batch element, or a (B,)
@@ -441,7 +451,8 @@ def prefix_lm(
             sits when L != S, as for :func:`causal`.
         q_offset: keyword-only, global position of query row 0 (default 0): an int or
             a 0-d integer tensor, as for :func:`causal`.
-        k_offset: keyword-only, global position of key column 0 (default 0), likewise.
+        k_offset: keyword-only, global position of key column 0 (default 0), likewise;
+            the prefix is compared with these global positions.
 
     Returns:
         A :class:`PrefixLMMask` (the prefix OR the causal band), kept symbolic.
