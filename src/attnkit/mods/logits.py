@@ -132,8 +132,10 @@ class Sinks(Mod):
     def join(self, out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(out (*batch, L, Ev), lse (*batch, L)) with the sink joined to the softmax."""
         sink = self.per_row(lse)
-        keep = self._keys_share(lse, sink)  # (*batch, L)
-        return out * keep.unsqueeze(-1).to(out.dtype), torch.logaddexp(lse, sink.expand_as(lse))
+        keep = self._keys_share(lse, sink)  # (*batch, L), in the lse's dtype
+        # (in the lse's float32 for half inputs: one rounding to out's dtype, not three)
+        joined = (out.to(keep.dtype) * keep.unsqueeze(-1)).to(out.dtype)  # (*batch, L, Ev)
+        return joined, torch.logaddexp(lse, sink.expand_as(lse))
 
     def weights(self, w: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
         """Weights (*batch, L, S) of the keys once the sink takes its share."""
