@@ -21,7 +21,8 @@ _ = torch.manual_seed(0)  # the same numbers on every run
 # %% [markdown]
 # ## One query, four keys
 #
-# The query matches the third key exactly and the fourth nearly.
+# The query points along the third key; the fourth leans off it in a direction the query
+# does not see, so both give the same dot product, 64, and share the weight.
 
 # %%
 k = torch.tensor([[0.0, 0, 8], [0, 8, 0], [8, 0, 0], [8, 0, 0.1]])
@@ -81,8 +82,11 @@ print(
 # %% [markdown]
 # ## A query with nothing to see
 #
-# With every key hidden, `mask * -1e9` leaves every logit near -1e9 and the softmax
-# spreads the row evenly: the query still gets a mix of the values. attnkit gives 0.
+# With every key hidden, `mask * -1e9` leaves every logit near -1e9, and the softmax
+# still gives the query a mix of the values. Which mix depends on rounding: floats near
+# 1e9 lie 64 apart in float32, so each logit rounds to a multiple of 64, and the keys
+# whose q·k rounds highest take the whole row (here the third and fourth, as without the
+# mask). attnkit gives 0.
 
 # %%
 all_hidden = torch.ones(1, 4)

@@ -66,13 +66,15 @@ print(out3.shape, torch.equal(out3, expanded))
 print(w3[1, 0].round(decimals=3))  # batch 1: two real keys
 
 # %% [markdown]
-# In training mode the dropout zeroes weights at random and rescales the rest:
+# In training mode the dropout zeroes weights at random and rescales the rest before
+# they meet the values, so the output changes from call to call; the weights it returns
+# are those before dropout, the same as in eval mode:
 
 # %%
 v3.train()
 torch.manual_seed(1)
-_, dropped = v3(x3, mask, return_weights=True)
-print(dropped.shape, "weights are returned before dropout")
+trained, dropped = v3(x3, mask, return_weights=True)
+print(torch.equal(dropped, w3), torch.allclose(trained, out3))  # True False
 
 # %% [markdown]
 # ## Version 4: separate projections with dropout, no output projection

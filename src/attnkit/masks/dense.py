@@ -217,9 +217,10 @@ def bias(tensor: torch.Tensor) -> BiasMask:
     Returns:
         A :class:`BiasMask`. A query row whose bias is ``-inf`` for every key gives
         output 0, weights 0 and lse -inf (no NaN); a row of ``-1e9`` instead is not
-        masked (its keys still share the weights: evenly, as in torch's own softmax,
-        where ``q·k - 1e9`` rounds to ``-1e9``; with exact gradients on every backend,
-        see the NaN guide).
+        masked: its keys still share the weights, as in torch's own softmax (in
+        float32 ``q·k - 1e9`` rounds to a multiple of 64, so the keys whose ``q·k``
+        rounds highest share the row; at ``-1e30`` every key rounds alike and the row
+        spreads evenly), with exact gradients on every backend (see the NaN guide).
 
     Raises:
         TypeError: ``tensor`` is not a torch.Tensor or not floating-point (for bool
