@@ -137,3 +137,55 @@ def test_bottom_right_causal_with_more_queries_than_keys_gives_dead_rows(align: 
         dead = 3 if align == "bottom_right" else 0  # rows i < L - S see no key
         assert not out[:, :dead].any() and not w[:, :dead].any()
         assert torch.isinf(lse[:, :dead]).all() and torch.isfinite(lse[:, dead:]).all()
+
+
+@pytest.mark.parametrize("backend", [None, "sdpa"], ids=["auto", "sdpa"])
+@pytest.mark.parametrize("extra", ["lse", "sinks"])
+def test_score_parameters_are_those_of_the_forward(backend: str | None, extra: str) -> None:
+    """A backward from (out, lse) (sdpa with return_lse or sinks) recomputes the logits:
+    with the parameters of the forward, not those the module holds at backward time.
+    Under torch.func.functional_call the module got its own weight back before the
+    backward (dW 0.77 off, dq 0.74); an in-place change before the backward raises, as
+    in torch."""
+    from torch.func import functional_call
+
+    from attnkit import mods, scores
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 4, dtype=torch.float64) for _ in range(3))
+    q.requires_grad_(True)
+    score = scores.Bilinear(4, 4).double()
+    sinks = mods.sinks(torch.zeros(2, dtype=torch.float64))
+
+    def run(module: torch.nn.Module, query: torch.Tensor) -> torch.Tensor:
+        if extra == "lse":
+            out, lse = attnkit.attention(query, k, v, score=module, backend=backend,
+                                         return_lse=True)  # fmt: skip
+            return out.sum(-1) + lse
+        return attnkit.attention(query, k, v, score=module, backend=backend, mods=sinks).sum(-1)
+
+    weight = (score.weight.detach() * 1.5 + 0.3).requires_grad_(True)
+    y = functional_call(_Caller(score, run), {"score.weight": weight}, (q,))
+    d_weight, d_q = torch.autograd.grad((y * y).sum(), [weight, q])
+    reference = scores.Bilinear(4, 4).double()
+    with torch.no_grad():
+        reference.weight.copy_(weight)
+    reference.weight.requires_grad_(True)
+    want_y = run(reference, q)
+    want_w, want_q = torch.autograd.grad((want_y * want_y).sum(), [reference.weight, q])
+    assert_close_to_scale(d_weight, want_w, rel=FLOAT64_REL, what="dW")
+    assert_close_to_scale(d_q, want_q, rel=FLOAT64_REL, what="dq")
+    y = run(score, q)
+    with torch.no_grad():
+        score.weight.mul_(2.0)  # an optimizer step before the backward
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+class _Caller(torch.nn.Module):
+    def __init__(self, score: torch.nn.Module, run) -> None:  # type: ignore[no-untyped-def]
+        super().__init__()
+        self.score, self.run = score, run
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return self.run(self.score, q)

@@ -29,9 +29,10 @@ upcast) and the cast to the inputs' dtype comes after it, so the backward's
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -45,11 +46,14 @@ __all__ = [
     "BackendFunction",
     "KernelCall",
     "KernelFunction",
+    "as_held",
     "differentiable_lse_forward",
+    "held",
     "trainable",
 ]
 
 Grads = tuple[torch.Tensor | None, ...]
+_M = TypeVar("_M", bound=torch.nn.Module)
 
 
 class KernelCall(Protocol):
@@ -126,6 +130,27 @@ def trainable(inputs: AttentionInputs) -> list[torch.Tensor]:
     return out
 
 
+def held(inputs: AttentionInputs) -> AttentionInputs:
+    """The call with its score and modifiers as they are now: copies of the modules that
+    hold the parameter and buffer tensors they hold at this moment, for a backward that
+    runs later. A parameter swapped for the forward alone
+    (``torch.func.functional_call``) is the one the backward differentiates; reading
+    the modules again at backward time gave the gradients of the parameters restored
+    after it."""
+    score = inputs.score if is_shared_score(inputs.score) else as_held(inputs.score)
+    return replace(inputs, score=score, mods=tuple(as_held(m) for m in inputs.mods))
+
+
+def as_held(module: _M) -> _M:
+    """A copy of ``module`` (and of its submodules) holding the parameter and buffer
+    tensors it holds now: see :func:`held`."""
+    clone = copy.copy(module)  # (a new __dict__ sharing its values)
+    clone._parameters = dict(module._parameters)
+    clone._buffers = dict(module._buffers)
+    clone._modules = {n: None if m is None else as_held(m) for n, m in module._modules.items()}
+    return clone
+
+
 Run = Callable[[AttentionInputs], AttentionResult]
 """A backend's forward of validated inputs (with ``return_lse``)."""
 
@@ -147,16 +172,17 @@ class BackendFunction(torch.autograd.Function):
         with torch.no_grad():
             res = run(inputs)
         assert res.lse is not None
-        ctx.backend, ctx.inputs, ctx.n = backend, inputs, n
-        ctx.save_for_backward(res.output, res.lse)
+        ctx.backend, ctx.inputs, ctx.n = backend, held(inputs), n
+        # (the parameters too: an in-place change before the backward raises, as in torch)
+        ctx.save_for_backward(res.output, res.lse, *tensors[3:n])
         return res.output, res.lse
 
     @staticmethod
     def backward(ctx: Any, d_out: torch.Tensor, d_lse: torch.Tensor) -> tuple[Any, ...]:
         inputs: AttentionInputs = ctx.inputs
+        out, lse, *_params = ctx.saved_tensors  # (unpacked: torch checks their versions)
         if torch.is_grad_enabled():  # create_graph=True: a backward autograd can differentiate
             return (None, None, None, None, *_recomputed_grads(inputs, ctx.n, d_out, d_lse))
-        out, lse = ctx.saved_tensors
         call = BackwardCall(inputs, OutputGrads(out, lse, d_out, d_lse), trainable(inputs))
         dq, dk, dv, dps = ctx.backend.backward(call)
         grads = [dq, dk, dv, *dps]

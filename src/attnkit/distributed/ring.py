@@ -31,11 +31,13 @@ to a rank's own tokens.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from .. import _lse
+from ..backends.autograd import as_held
 from ..backends.records import OutputGrads
 from ..functional import attention, attention_backward
 from ..masks import Mask
@@ -248,9 +250,11 @@ class _RingAttention(torch.autograd.Function):
         *params: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out, lse = _forward(plan, q, k, v)
-        ctx.plan = plan
-        ctx.params = params
-        ctx.save_for_backward(q, k, v, out, lse)
+        # the score as it is now (a parameter swapped for the forward alone stays), and
+        # its parameters saved: an in-place change before the backward raises, as in torch
+        score = plan.score if is_shared_score(plan.score) else as_held(plan.score)
+        ctx.plan = replace(plan, score=score)
+        ctx.save_for_backward(q, k, v, out, lse, *params)
         return out, lse
 
     @staticmethod
@@ -263,9 +267,8 @@ class _RingAttention(torch.autograd.Function):
                 "create_graph=True (a gradient penalty, a Hessian) would drop every second "
                 "derivative; use strategy='all_to_all', which has them"
             )
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, *params = ctx.saved_tensors
         plan: CallPlan = ctx.plan
-        params: list[torch.Tensor] = list(ctx.params)
         want = (ctx.needs_input_grad[1], ctx.needs_input_grad[2], ctx.needs_input_grad[3])
         given = OutputGrads(out, lse, d_out, d_lse)
         dq, dk, dv, d_params = _backward(plan, q, k, v, given, params, want)
