@@ -161,3 +161,25 @@ def test_the_chunked_backend_is_refused_under_compile_with_its_reason() -> None:
 
     with pytest.raises(Exception, match="tiles run in a Python loop"):
         torch.compile(call, backend="eager", fullgraph=True)(q, k, v)
+
+
+def test_a_compiled_gaussian_stays_exact_on_inputs_its_trace_never_saw() -> None:
+    """A compiled graph keeps its backend for every later input, and inside the trace the
+    inputs cannot be measured for the Gaussian's dot form: the differences run, so keys
+    moved 1000 bandwidths away after tracing give the eager numbers (the dot form chosen
+    at trace time gave 1.5 of the output's scale)."""
+    score = scores.Gaussian(0.05)
+
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attnkit.attention(q, k, v, score=score)
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 6, 4, generator=g) * 0.05
+    k = q + 0.03 * torch.randn(1, 2, 6, 4, generator=g)
+    v = torch.randn(1, 2, 6, 3, generator=g)
+    compiled = torch.compile(call, backend="eager", fullgraph=True)
+    assert_close_to_scale(compiled(q, k, v), call(q, k, v), rel=FLOAT32_CALL_REL)
+    far = k.clone()
+    far[..., -2:, :] += 1000.0  # (1, 2, 6, 4): two keys far from every query
+    want = attnkit.attention(q.double(), far.double(), v.double(), score=score)
+    assert_close_to_scale(compiled(q, far, v), want, rel=FLOAT32_CALL_REL)

@@ -116,12 +116,21 @@ class Backend:
         if inputs.head_scale is not None and not self.supports_head_scale:
             reasons.append("a per-head scale (scale= a tensor) is not supported")
         if not self.gaussian_differences and not reasons:
-            if gaussian_form(inputs) == "distance":
+            form = gaussian_form(inputs)
+            if form == "distance":
                 reasons.append(
                     "the Gaussian score's dot form q·k/σ² - ‖k‖²/2σ² would cancel: these "
                     "inputs span many bandwidths (its rounding would exceed "
                     f"{DOT_FORM_LIMIT:g}x that of -‖q - k‖²/2σ²); chunked and reference "
                     "form the differences q - k"
+                )
+            elif form == "unknown" and torch.compiler.is_compiling():
+                # (a compiled graph keeps its choice for every later input: one it could
+                # not measure may cancel)
+                reasons.append(
+                    "inside torch.compile the inputs cannot be measured for the Gaussian "
+                    "score's dot form q·k/σ² - ‖k‖²/2σ², which cancels on inputs that span "
+                    "many bandwidths; chunked and reference form the differences q - k"
                 )
         return reasons
 
