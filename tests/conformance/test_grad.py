@@ -189,3 +189,23 @@ class _Caller(torch.nn.Module):
 
     def forward(self, q: torch.Tensor) -> torch.Tensor:
         return self.run(self.score, q)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sinks_second_derivatives_with_a_row_that_keeps_no_key(backend: str) -> None:
+    """A row with no key has lse -inf: the sink's join took derivatives at -inf, and the
+    second derivative of the sink logits through the lse was NaN on every backend."""
+    from attnkit import mods
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 3, dtype=torch.float64) for n in (3, 4, 4))
+    sink = torch.randn(2, dtype=torch.float64)
+    keep = torch.ones(3, 4, dtype=torch.bool)
+    keep[1] = False  # row 1 keeps no key
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: torch.Tensor) -> tuple:  # type: ignore[type-arg]
+        return attnkit.attention(q, k, v, mask=masks.keep(keep), mods=mods.sinks(sink),
+                                 backend=backend, return_lse=True)  # fmt: skip
+
+    inputs = tuple(t.requires_grad_(True) for t in (q, k, v, sink))
+    assert torch.autograd.gradgradcheck(fn, inputs, atol=GRADCHECK_ATOL)

@@ -135,7 +135,12 @@ class Sinks(Mod):
         keep = self._keys_share(lse, sink)  # (*batch, L), in the lse's dtype
         # (in the lse's float32 for half inputs: one rounding to out's dtype, not three)
         joined = (out.to(keep.dtype) * keep.unsqueeze(-1)).to(out.dtype)  # (*batch, L, Ev)
-        return joined, torch.logaddexp(lse, sink.expand_as(lse))
+        sink = sink.expand_as(lse)  # (*batch, L)
+        # a row with no key: its lse is the sink's (logaddexp's derivatives at -inf hold
+        # inf · 0, NaN in a second derivative)
+        empty = torch.isneginf(lse)
+        both = torch.logaddexp(torch.where(empty, sink, lse), sink)  # (*batch, L)
+        return joined, torch.where(empty, sink, both)
 
     def weights(self, w: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
         """Weights (*batch, L, S) of the keys once the sink takes its share."""
@@ -148,8 +153,10 @@ class Sinks(Mod):
         as ``exp(-softplus(sink - lse))``: its gradient ``share · sigmoid(sink - lse)``
         keeps a sink far below the lse (``sigmoid``'s own ``s · (1 - s)`` rounded
         ``1 - s`` to 0 there: the sink's gradient through the output was 0)."""
-        keep = torch.exp(-F.softplus(sink - lse))  # (*batch, L)
-        return torch.where(torch.isneginf(lse), torch.zeros_like(keep), keep)
+        empty = torch.isneginf(lse)  # (*batch, L): rows with no key
+        safe = torch.where(empty, sink, lse)  # (no inf in either branch's derivatives)
+        keep = torch.exp(-F.softplus(sink - safe))  # (*batch, L)
+        return torch.where(empty, torch.zeros_like(keep), keep)
 
     def logits(self, s: torch.Tensor, L: int, S: int) -> torch.Tensor:
         return s  # the sink changes the softmax, not the logits (see join)
