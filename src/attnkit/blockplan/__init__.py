@@ -137,6 +137,19 @@ def build_plan(
     return plan.with_blocks(block_q, block_k)
 
 
+def _counts(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, int]]:
+    """Each tensor of ``tensors`` once, with how many times it appears (identity by
+    ``is``: torch < 2.13 cannot compile id() of a tensor made in the graph)."""
+    out: list[tuple[torch.Tensor, int]] = []
+    for t in tensors:
+        at = next((i for i, (s, _) in enumerate(out) if s is t), None)
+        if at is None:
+            out.append((t, 1))
+        else:
+            out[at] = (t, out[at][1] + 1)
+    return out
+
+
 def _build(
     mask: Mask | None,
     L: int,
@@ -147,19 +160,22 @@ def _build(
 ) -> BlockPlan:
     dnf: DNF = [[]] if mask is None else mask.lower(L, S, device)
     clauses: list[Clause] = []
-    biases: list[torch.Tensor] = []
-    seen: list[torch.Tensor] = []
+    counted: list[tuple[torch.Tensor, int]] = []  # each bias, and how often a clause adds it
     for atoms in dnf:
         clause = Clause()
         for atom in atoms:
             atom.add_to(clause)
-        for t in clause.biases:  # the same bias in every clause of bias & (a | b)
-            # identity by `is`: torch < 2.13 cannot compile id() of a tensor made in the graph
-            if not any(t is s for s in seen):
-                seen.append(t)
-                biases.append(t.to(device=device, dtype=dtype))
+        # The same bias sits in every clause of bias & (a | b): it is added once. A clause
+        # that adds one tensor twice (bias(t) & bias(t)) adds it twice.
+        for t, n in _counts(clause.biases):
+            at = next((i for i, (s, _) in enumerate(counted) if s is t), None)
+            if at is None:
+                counted.append((t, n))
+            else:
+                counted[at] = (t, max(n, counted[at][1]))
         clause.biases = []
         clauses.append(clause)
+    biases = [t.to(device=device, dtype=dtype) for t, n in counted for _ in range(n)]
     B0 = batch[0] if batch else 1
     N = math.prod(batch)
     return BlockPlan(

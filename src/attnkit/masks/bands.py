@@ -46,6 +46,12 @@ def _check_offset(where: str, name: str, val: object) -> Offset:
     return as_int(where, name, val, what="an int or a 0-d integer tensor")
 
 
+def _wide(off: Offset) -> Offset:
+    """A tensor offset in int64 (the arithmetic of an int32 one overflowed near 2**31);
+    an int as it is."""
+    return off.long() if isinstance(off, torch.Tensor) else off
+
+
 def _read(off: Offset) -> int | None:
     """The offset as an int where that costs no host read of a device (else None)."""
     if isinstance(off, int):
@@ -145,7 +151,7 @@ class WindowMask(Mask):
         when ``i + offset - left <= j <= i + offset + right``. ``S - L`` for
         bottom_right, plus ``q_offset - k_offset`` (a 0-d tensor when an offset is one)."""
         base = S - L if self.align == "bottom_right" else 0
-        return base + self.q_offset - self.k_offset
+        return base + _wide(self.q_offset) - _wide(self.k_offset)
 
     def bounds(self, L: int, S: int) -> tuple[Offset | None, Offset | None]:
         """(lo, hi): query i keeps key j when i + lo <= j <= i + hi (None: unbounded)."""
@@ -288,8 +294,9 @@ class PrefixLMMask(Mask):
         _check_align("masks.prefix_lm", align)
         self.prefix = lens.to(torch.long)  # (B,) or (1,)
         self.causal = CausalMask(align, q_offset=q_offset, k_offset=k_offset)
-        self.k_offset = k_offset  # global position of key column 0 of the full sequence
-        self.k_shift = 0  # keys of a shard start at k_shift of the full sequence
+        # the global position of this mask's key column 0, which the prefix counts from:
+        # k_offset, plus a shard's first key
+        self._k_first: Offset = self.causal.k_offset
 
     def validate(self, batch_shape: Sequence[int], L: int, S: int) -> None:
         n = self.prefix.shape[0]
@@ -302,9 +309,9 @@ class PrefixLMMask(Mask):
     def _prefix_local(self, device: torch.device) -> torch.Tensor:
         """The prefix in this mask's own key columns: the keys at global positions below
         ``prefix``, column 0 sitting at ``k_offset + k_shift``."""
-        first = self.k_offset
+        first = _wide(self._k_first)
         first = first.to(device) if isinstance(first, torch.Tensor) else first
-        return (self.prefix.to(device) - first - self.k_shift).clamp(min=0)  # (B or 1,)
+        return (self.prefix.to(device) - first).clamp(min=0)  # (B or 1,)
 
     def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
         causal = self.causal.dense(L, S, batch_shape, device).keep  # (L, S)
@@ -323,8 +330,7 @@ class PrefixLMMask(Mask):
     def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:
         shard = PrefixLMMask.__new__(PrefixLMMask)
         shard.prefix = self.prefix
-        shard.k_offset = self.k_offset
-        shard.k_shift = self.k_shift + k0
+        shard._k_first = self._k_first + k0
         shard.causal = self.causal._shard(q0, k0, L, S, total_L, total_S)  # type: ignore[assignment]
         return shard
 
@@ -332,16 +338,22 @@ class PrefixLMMask(Mask):
         return self.causal.has_tensor_offsets()
 
     def _tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.prefix, *self.causal._tensors())  # with the causal part's tensor offsets
+        # with the causal part's tensor offsets, and a shard's own first key
+        own = self.causal._tensors()
+        first = self._k_first
+        if isinstance(first, torch.Tensor) and not any(first is t for t in own):
+            own = (*own, first)
+        return (self.prefix, *own)
 
     def map_tensors(self, fn: Callable[[torch.Tensor, str], torch.Tensor]) -> Mask:
         out = PrefixLMMask.__new__(PrefixLMMask)
         out.prefix = fn(self.prefix, "batch") if self.prefix.shape[0] != 1 else self.prefix
-        out.causal, out.k_offset, out.k_shift = self.causal, self.k_offset, self.k_shift
+        out.causal, out._k_first = self.causal, self._k_first
         return out
 
     def signature(self, L: int, S: int) -> tuple[object, ...]:
-        return (*super().signature(L, S), self.causal.signature(L, S), self.k_shift)
+        first = None if isinstance(self._k_first, torch.Tensor) else self._k_first  # (data)
+        return (*super().signature(L, S), self.causal.signature(L, S), first)
 
 
 # ------------------------------------------------------------------ constructors

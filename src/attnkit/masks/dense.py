@@ -55,8 +55,9 @@ class BiasMask(Mask):
 
     kind = "bias"
     additive = True
-    _beyond: tuple[tuple[int, float], bool] | None = None
-    """:meth:`has_bias_beyond`'s last answer, keyed by the tensor's version and the limit."""
+    _beyond: tuple[torch.Tensor, int, float, bool] | None = None
+    """:meth:`has_bias_beyond`'s last answer: the tensor it read, its version, the limit
+    and the answer."""
 
     def __init__(self, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor):
@@ -90,17 +91,19 @@ class BiasMask(Mask):
         t = self.tensor
         if not readable(t):
             return True
-        # an inference-mode tensor keeps no version: it is read every time
-        key = None if t.is_inference() else (t._version, limit)
-        if key is not None and self._beyond is not None and self._beyond[0] == key:
-            return self._beyond[1]
+        # an inference-mode tensor keeps no version: it is read every time; a tensor set
+        # anew (mask.tensor = other) is read as well, whatever its version
+        seen = self._beyond
+        if (seen is not None and not t.is_inference() and seen[0] is t
+                and seen[1:3] == (t._version, limit)):  # fmt: skip
+            return seen[3]
         with torch.no_grad():
             lo, hi = torch.aminmax(t)
             if torch.isneginf(lo):  # -inf blocks a key: the finite values' range
                 lo, hi = torch.aminmax(t.masked_fill(torch.isneginf(t), 0.0))
             beyond = float(hi) > limit or float(lo) < -limit
-        if key is not None:
-            self._beyond = (key, beyond)
+        if not t.is_inference():
+            self._beyond = (t, t._version, limit, beyond)
         return beyond
 
     def _shard(self, q0: int, k0: int, L: int, S: int, total_L: int, total_S: int) -> Mask:

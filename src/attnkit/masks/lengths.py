@@ -49,8 +49,8 @@ class ValidLensMask(Mask):
     Attributes:
         lens: (B,) or (B, L) long, the key lengths.
         queries: True when query rows past a length are padding too.
-        query_lens: (B,) long, the query lengths when ``queries`` (equal to ``lens``
-            unless the mask is a shard of a longer sequence), else None.
+        query_lens: (B,) long, the query lengths when ``queries`` (``lens`` unless the
+            mask is a shard of a longer sequence), else None; read only.
     """
 
     kind = "valid_lens"
@@ -71,7 +71,15 @@ class ValidLensMask(Mask):
             )
         self.lens = lens.to(torch.long)
         self.queries = queries
-        self.query_lens: torch.Tensor | None = self.lens if queries else None
+        self._shard_query_lens: torch.Tensor | None = None  # a shard's own, else ``lens``
+
+    @property
+    def query_lens(self) -> torch.Tensor | None:
+        """(B,) long, the query lengths when ``queries`` (``lens``, read anew when the
+        field is set anew, unless the mask is a shard of a longer sequence), else None."""
+        if not self.queries:
+            return None
+        return self.lens if self._shard_query_lens is None else self._shard_query_lens
 
     def validate(self, batch_shape: Sequence[int], L: int, S: int) -> None:
         B = _needs_batch("masks.valid_lens", batch_shape)
@@ -126,9 +134,9 @@ class ValidLensMask(Mask):
         shard = ValidLensMask.__new__(ValidLensMask)
         shard.lens = (lens - k0).clamp(0, S)  # (B,) or (B, L): keys left in this shard
         shard.queries = self.queries
-        shard.query_lens = None
+        shard._shard_query_lens = None
         if self.query_lens is not None:
-            shard.query_lens = (self.query_lens - q0).clamp(0, L)  # (B,)
+            shard._shard_query_lens = (self.query_lens - q0).clamp(0, L)  # (B,)
         return shard
 
     def _tensors(self) -> tuple[torch.Tensor, ...]:
@@ -138,11 +146,8 @@ class ValidLensMask(Mask):
         out = ValidLensMask.__new__(ValidLensMask)
         out.lens = fn(self.lens, "batch")
         out.queries = self.queries
-        out.query_lens = None
-        if self.query_lens is not None:
-            out.query_lens = (
-                out.lens if self.query_lens is self.lens else fn(self.query_lens, "batch")
-            )
+        own = self._shard_query_lens
+        out._shard_query_lens = None if own is None else fn(own, "batch")
         return out
 
     def signature(self, L: int, S: int) -> tuple[object, ...]:

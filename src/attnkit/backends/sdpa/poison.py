@@ -135,8 +135,8 @@ def rows_using(
 
     Args:
         addend: (..., S) NaN-or-0 per key (already per query head).
-        attn_mask: None, or SDPA's mask (..., L or 1, S): bool (True keeps) or float
-            (``-inf`` removes).
+        attn_mask: None, or SDPA's mask (..., L or 1, S or 1): bool (True keeps) or
+            float (``-inf`` removes).
         is_causal: a causal mask: row i keeps keys 0 .. i + ``causal_offset`` (0: SDPA's
             top-left ``is_causal``; S - L: torch's lower-right causal bias).
         L: number of query rows.
@@ -144,6 +144,7 @@ def rows_using(
     S = addend.shape[-1]
     if attn_mask is not None:
         keep = attn_mask if attn_mask.dtype == torch.bool else attn_mask > float("-inf")
+        keep = keep.expand(*keep.shape[:-1], S)  # (..., L or 1, S): a mask of (L, 1) too
         bad = torch.isnan(addend).to(torch.float32).unsqueeze(-1)  # (..., S, 1)
         hits = torch.matmul(keep.to(torch.float32), bad).squeeze(-1)  # (..., L or 1)
         return torch.where(hits > 0, float("nan"), 0.0)
