@@ -33,7 +33,7 @@ from ._host import readable
 from ._inputs import AttentionInputs
 from .masks import Mask
 
-__all__ = ["FAR", "check_given_lse", "far_rows", "far_rows_at_risk", "lost_rows"]
+__all__ = ["FAR", "check_given_lse", "far_limit", "far_rows", "far_rows_at_risk", "lost_rows"]
 
 FAR = 64.0
 """A bias row whose largest kept value is beyond ±FAR, with an lse beyond it, is far:
@@ -66,18 +66,31 @@ def _kept_row_max(
     return torch.cat([t.expand(*lead, *t.shape[-2:]) for t in tops], dim=-2)  # (..., L, 1)
 
 
+def far_limit(dtype: torch.dtype) -> float:
+    """How far from 0 a row's bias may lie before its lse loses the row's log-sum in
+    ``dtype``'s compute dtype as float32 loses it beyond ±FAR: FAR for float32 and the
+    half dtypes (computed in float32), FAR · 2**29 (3.4e10) for float64."""
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    return FAR * torch.finfo(torch.float32).eps / torch.finfo(compute).eps
+
+
 def far_rows(
-    mask: Mask | None, L: int, S: int, batch_shape: Sequence[int], device: torch.device
+    mask: Mask | None,
+    L: int,
+    S: int,
+    batch_shape: Sequence[int],
+    device: torch.device,
+    limit: float = FAR,
 ) -> torch.Tensor | None:
     """The rows of a call of (L, S) keys whose largest kept bias is finite and beyond
-    ±FAR, (..., L, 1) bool broadcastable to (*batch, L, 1); None when there is none or
-    the mask's values cannot be read for free."""
-    if mask is None or L == 0 or S == 0 or not mask.has_bias_beyond(FAR):
-        return None  # (without a value beyond ±FAR, no row is far)
+    ±``limit`` (default FAR), (..., L, 1) bool broadcastable to (*batch, L, 1); None when
+    there is none or the mask's values cannot be read for free."""
+    if mask is None or L == 0 or S == 0 or not mask.has_bias_beyond(limit):
+        return None  # (without a value beyond ±limit, no row is far)
     if not all(readable(t) for t in mask.dense_tensors()):
         return None
     top = _kept_row_max(mask, L, S, batch_shape, device)  # (..., L, 1)
-    far = torch.isfinite(top) & (top.abs() > FAR)
+    far = torch.isfinite(top) & (top.abs() > limit)
     return far if bool(far.any()) else None
 
 

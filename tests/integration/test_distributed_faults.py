@@ -104,13 +104,28 @@ def mask_values_differ(g: Group) -> None:
         keep, bias = keep.clone(), bias.clone()
         keep[0, 0, 3, 1] = ~keep[0, 0, 3, 1]
         bias[1, 2, 5, 0] += 0.5
-    for m in (masks.keep(keep), masks.bias(bias)):
+    pad = torch.zeros(B, n, dtype=torch.bool)
+    pad[:, -2:] = True
+    if g.rank == 2:
+        pad = pad.clone()
+        pad[1, 0] = True
+    # inside | and ~ too (only the parts of a top-level & were compared: 0.18 off, or
+    # ranks planning different ring steps until the timeout)
+    inner = (masks.window(0, 0) | masks.key_padding(pad), ~masks.keep(keep))
+    for m in (masks.keep(keep), masks.bias(bias), *inner):
         _refused(
             g,
             lambda m=m: cp.context_parallel_attention(mine, mine, mine, mask=m),
             ranks=(2,),
             words=("mask: the values", "rank 2"),
         )
+    offsets = {"q_offset": 2, "k_offset": 2} if g.rank == 2 else {}
+    _refused(  # the prefix counts from k_offset, which the causal part's offset hid
+        g,
+        lambda: cp.context_parallel_attention(mine, mine, mine, mask=masks.prefix_lm(4, **offsets)),
+        ranks=(2,),
+        words=("mask: rank 2 passes another mask",),
+    )
     _still_works(g)
 
 
@@ -162,6 +177,15 @@ def backend_fails_on_one_rank(g: Group) -> None:
         lambda: cp.context_parallel_attention(mine, mine, mine, backend=cannot),
         ranks=(1,),
         words=("rank 1 cannot make this call", "backend=['triton'] cannot run", "float64"),
+    )
+    # a Gaussian on a dot-form backend alone: declined or not by every rank's data, so
+    # refused on every rank before the call (rank 0 raised mid-ring, rank 1 returned)
+    gaussian = scores.Gaussian(5.0)  # (its dot form holds on each rank's own shards)
+    _refused(
+        g,
+        lambda: cp.context_parallel_attention(mine, mine, mine, score=gaussian, backend="sdpa"),
+        ranks=tuple(range(g.world)),
+        words=("runs the Gaussian score in its dot form", "'chunked'"),
     )
     # sdpa forced on every rank with gradients: the ring's backward is sdpa's own backward
     # from the global (out, lse), so the call runs (it used to be refused)

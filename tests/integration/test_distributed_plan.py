@@ -199,8 +199,8 @@ def test_a_far_bias_row_is_kept_off_the_ring() -> None:
     far[2] = -1e30
     ex = cp.explain_context_parallel(four, four, four, world_size=2, mask=masks.bias(far))
     assert ex.chosen == "all_to_all"
-    assert "far from 0 for every key it keeps" in " ".join(ex.reasons["ring"])
-    with pytest.raises(cp.ContextParallelError, match=r"strategy: 'ring' cannot run .* far from 0"):
+    assert "lies beyond ±64 for every key it keeps" in " ".join(ex.reasons["ring"])
+    with pytest.raises(cp.ContextParallelError, match=r"strategy: 'ring' cannot run .* beyond ±64"):
         cp.explain_context_parallel(
             four, four, four, world_size=2, mask=masks.bias(far), strategy="ring"
         )
@@ -210,3 +210,21 @@ def test_a_far_bias_row_is_kept_off_the_ring() -> None:
         four, four, four, world_size=2, mask=masks.bias(padding), strategy="ring"
     )
     assert ex.chosen == "ring"
+
+
+def test_the_ring_s_far_row_limit_follows_the_dtype() -> None:
+    """float64 keeps an lse of -100 (or -1e9) to its log-sum: the ring runs such rows
+    there (it refused them in float64 too, and a row at -100 in float32 as well, whose
+    lse float32 keeps to 7e-7)."""
+    one = torch.randn(1, 1, 3, 8)  # (B, H, L_r, E): one head, so no all-to-all
+    for value, dtype in ((-100.0, torch.float64), (-1e9, torch.float64), (-60.0, torch.float32)):
+        row = torch.zeros(6, 6, dtype=dtype)
+        row[2] = value
+        x = one.to(dtype)
+        ex = cp.explain_context_parallel(x, x, x, world_size=2, mask=masks.bias(row))
+        assert ex.chosen == "ring", (value, dtype)
+    row = torch.zeros(6, 6, dtype=torch.float64)
+    row[2] = -1e12
+    x = one.double()
+    with pytest.raises(cp.ContextParallelError, match=r"beyond ±3\.44e\+10 .* float64"):
+        cp.explain_context_parallel(x, x, x, world_size=2, mask=masks.bias(row))

@@ -38,9 +38,9 @@ import torch.distributed as dist
 
 from .. import masks as _masks
 from .._inputs import normalize_mask as normalize_call_mask
-from ..backends.dispatch import Explanation
+from ..backends.dispatch import Explanation, get_backend
 from ..functional import explain as _explain
-from ..scores import Score, is_shared_score, resolve_score
+from ..scores import Gaussian, Score, is_shared_score, resolve_score
 from .blocks import mask_fingerprint, stable_hash
 from .checksum import combine, tensor_checksum
 from .comm import exchange_rows, metadata_device
@@ -114,9 +114,12 @@ def _score_tensors(score: Score) -> list[torch.Tensor]:
 
 
 def _mask_tensors(mask: _masks.Mask | None) -> list[torch.Tensor]:
+    """Every tensor the mask holds, those inside ``|`` and ``~`` too (only the parts of
+    its top-level ``&`` were compared: a different padding inside ``window | padding``
+    went unseen, 0.18 off, or left the ranks planning different ring steps)."""
     if mask is None:
         return []
-    return [t for part in mask.parts() for t in part._tensors()]
+    return list(mask.tensors())
 
 
 def _encode_message(text: str) -> list[int]:
@@ -207,6 +210,16 @@ def _backend_problem(
         if ex.chosen is None:
             return _cannot_run(ex, phase), ex
     assert ex is not None
+    if isinstance(score, Gaussian) and ex.forced and not any(
+        get_backend(name).gaussian_differences for name in ex.forced
+    ):
+        return (
+            f"backend: backend={list(ex.forced)} runs the Gaussian score in its dot form, "
+            "which it declines where the inputs span many bandwidths; that depends on "
+            "the other ranks' queries and keys, so a block could be declined on one rank "
+            "in the middle of the call: add 'chunked' or 'reference' (which form the "
+            "differences q - k), or leave backend=None"
+        ), ex
     return None, ex
 
 

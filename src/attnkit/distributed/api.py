@@ -223,7 +223,13 @@ def explain_context_parallel(
     check_full_mask(mask, batch_shape, n_q, n_kv,
                     "seq_len, kv_seq_len, or the shard lengths times world_size")  # fmt: skip
     chosen, why, reasons = choose_strategy(
-        strategy, query.shape, key.shape, world_size, mask, (n_q, n_kv, batch_shape)
+        strategy,
+        query.shape,
+        key.shape,
+        world_size,
+        mask,
+        (n_q, n_kv, batch_shape),
+        query.dtype,
     )
     blocks, last_hop = plan_blocks(mask, q_segs, kv_segs, n_q, n_kv, batch_shape)
     return ContextParallelExplanation(

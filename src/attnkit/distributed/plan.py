@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .. import masks as _masks
-from .._far_rows import far_rows
+from .._far_rows import far_limit, far_rows
 from ..scores import Score
 from .agree import STRATEGIES, agree
 from .blocks import block_is_empty
@@ -144,10 +144,13 @@ def all_to_all_reasons(
 
 
 def ring_reasons(
-    mask: _masks.Mask | None, sizes: tuple[int, int, Sequence[int]] | None = None
+    mask: _masks.Mask | None,
+    sizes: tuple[int, int, Sequence[int]] | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> list[str]:
     """Why the ring cannot run a call with this mask (empty when it can); ``sizes``
-    (total_L, total_S, batch_shape) of the full call, where known, to read its bias."""
+    (total_L, total_S, batch_shape) of the full call, where known, to read its bias;
+    ``dtype`` the inputs' (how far a bias row may lie, :func:`attnkit._far_rows.far_limit`)."""
     if mask is not None and torch.is_grad_enabled():
         if any(t.requires_grad for t in mask.tensors()):
             return [
@@ -157,11 +160,13 @@ def ring_reasons(
     if mask is not None and sizes is not None:
         total_L, total_S, batch_shape = sizes
         device = next((t.device for t in mask.tensors()), torch.device("cpu"))
-        if far_rows(mask, total_L, total_S, batch_shape, device) is not None:
+        limit = far_limit(dtype)
+        if far_rows(mask, total_L, total_S, batch_shape, device, limit) is not None:
+            compute = "float64" if dtype == torch.float64 else "float32"
             return [
-                "a bias row is far from 0 for every key it keeps (-1e30, finfo.min): its "
-                "blocks' lse values, which the ring merges, round to the same number in "
-                "float32 and lose each block's share (attnkit._far_rows)"
+                f"a bias row lies beyond ±{limit:.3g} for every key it keeps (-1e30, "
+                f"finfo.min): its blocks' lse values, which the ring merges, round alike "
+                f"in {compute} and lose each block's share (attnkit._far_rows)"
             ]
     return []
 
@@ -173,12 +178,14 @@ def choose_strategy(
     world_size: int,
     mask: _masks.Mask | None = None,
     sizes: tuple[int, int, Sequence[int]] | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[Strategy, str, dict[str, list[str]]]:
     """(chosen strategy, why, reasons each strategy cannot run); ContextParallelError when
     the strategy asked for, or both when none is, cannot run the call. ``sizes``:
-    (total_L, total_S, batch_shape) of the full call, for :func:`ring_reasons`."""
+    (total_L, total_S, batch_shape) of the full call and ``dtype`` the inputs', for
+    :func:`ring_reasons`."""
     reasons: dict[str, list[str]] = {
-        "ring": ring_reasons(mask, sizes),
+        "ring": ring_reasons(mask, sizes, dtype),
         "all_to_all": all_to_all_reasons(q_shape, k_shape, world_size),
     }
     if strategy is not None:
@@ -293,7 +300,7 @@ def prepare(
     batch_shape = call_batch_shape(q.shape, k.shape)
     check_full_mask(m, batch_shape, total_L, total_S, "every rank passes the same mask")
     sizes = (total_L, total_S, batch_shape)
-    chosen, why, _ = choose_strategy(strategy, q.shape, k.shape, P, m, sizes)  # type: ignore[arg-type]
+    chosen, why, _ = choose_strategy(strategy, q.shape, k.shape, P, m, sizes, q.dtype)  # type: ignore[arg-type]
     blocks, last_hop = plan_blocks(m, q_segs, kv_segs, total_L, total_S, batch_shape)
     return CallPlan(
         group=group,
