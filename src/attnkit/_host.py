@@ -10,22 +10,50 @@ as unreadable in this thread, so tests run the accelerator paths on the CPU.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 
 from ._per_thread import THREAD
 
-__all__ = ["device_semantics", "readable", "strict"]
+__all__ = ["device_semantics", "in_transform", "readable", "strict"]
 
 # This thread's host-read setting is THREAD.strict, :func:`strict`'s answer (see
 # attnkit._per_thread); only :func:`device_semantics` sets it.
 
 
 def readable(t: torch.Tensor) -> bool:
-    """True when ``t``'s values may be read on the host without a device sync."""
-    return t.device.type == "cpu" and not THREAD.strict and not torch.compiler.is_compiling()
+    """True when ``t``'s values may be read on the host without a device sync: a CPU
+    tensor, outside ``torch.compile`` and outside torch.func's transforms (whose
+    wrapped tensors cannot be read either)."""
+    return (
+        t.device.type == "cpu"
+        and not THREAD.strict
+        and not torch.compiler.is_compiling()
+        and not _transforming()
+    )
+
+
+def in_transform() -> bool:
+    """True inside a torch.func transform (``vmap``, ``grad``, ``jvp``, ...) or a
+    forward-mode AD level (``torch.autograd.forward_ad.dual_level``), outside
+    ``torch.compile`` (which traces its own)."""
+    return not torch.compiler.is_compiling() and _transforming()
+
+
+def _transforming() -> bool:
+    if _forward_ad._current_level >= 0:
+        return True
+    return _peek is not None and _peek() is not None
+
+
+_forward_ad = torch.autograd.forward_ad
+_peek: Callable[[], object] | None
+try:  # (torch's own probe of its transforms' stack; absent: no transform is seen)
+    from torch._C._functorch import peek_interpreter_stack as _peek
+except ImportError:  # pragma: no cover
+    _peek = None
 
 
 def strict() -> bool:

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from . import masks as _masks
-from ._host import strict
+from ._host import in_transform, strict
 from ._inputs import SCALE_READ_ABOVE, AttentionInputs, validate_inputs
 from ._per_thread import THREAD as _CALL_SETTINGS
 from ._torch_features import INSTALLED, TRACED_ONE_OP_FLOOR, constant_under_compile
@@ -112,6 +112,7 @@ def plan_key(
     """
     if (
         torch.compiler.is_compiling()
+        or in_transform()  # (torch.func's wrapped tensors: the full path, on reference)
         or not _plain(score, scale, dropout_p, backend, check_finite)
         or not (mask is None or isinstance(mask, _masks.Mask))
         or not (

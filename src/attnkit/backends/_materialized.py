@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .._host import readable
+from .._host import in_transform, readable
 from .._inputs import AttentionInputs
 from ._common import all_finite, dense_mask, masked_softmax, score_logits
 from .records import AttentionResult
@@ -66,12 +66,18 @@ class Materialized:
 class _Zeroed(torch.autograd.Function):
     """Forward: ``t`` (..., N, D) with the rows ``bad`` (..., N) zeroed. Backward: the
     gradient passes unchanged (a zeroed row still receives what its uses send it), plus
-    ``addend`` (..., N), NaN where a row's gradient is to be NaN."""
+    ``addend`` (..., N), NaN where a row's gradient is to be NaN. (Its context is set
+    apart and its vmap rule generated: it runs inside torch.func's transforms too.)"""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx: Any, t: torch.Tensor, bad: torch.Tensor, addend: torch.Tensor | None) -> Any:
-        ctx.addend = addend
+    def forward(t: torch.Tensor, bad: torch.Tensor, addend: torch.Tensor | None) -> Any:
         return torch.where(bad.unsqueeze(-1), torch.zeros((), dtype=t.dtype, device=t.device), t)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.bad, ctx.addend = inputs[1], inputs[2]
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
@@ -80,17 +86,51 @@ class _Zeroed(torch.autograd.Function):
         return g, None, None
 
 
-class _NanGrad(torch.autograd.Function):
-    """Identity forward; backward adds ``addend`` (NaN where the gradient is to be NaN)."""
+class _ZeroedForward(_Zeroed):
+    """:class:`_Zeroed` with forward mode, for torch.func's transforms and forward-mode
+    AD (dynamo traces no Function that defines ``jvp``: compiled calls take the other)."""
 
     @staticmethod
-    def forward(ctx: Any, t: torch.Tensor, addend: torch.Tensor) -> Any:
-        ctx.addend = addend
+    def jvp(ctx: Any, t_dot: torch.Tensor, *_: Any) -> torch.Tensor:
+        """The tangent with the same rows zeroed."""
+        zero = torch.zeros((), dtype=t_dot.dtype, device=t_dot.device)
+        return torch.where(ctx.bad.unsqueeze(-1), zero, t_dot)
+
+
+class _NanGrad(torch.autograd.Function):
+    """Identity forward; backward adds ``addend`` (NaN where the gradient is to be NaN).
+    (Runs inside torch.func's transforms too, as :class:`_Zeroed`.)"""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(t: torch.Tensor, addend: torch.Tensor) -> Any:
         return t.view_as(t)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.addend = inputs[1]
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         return g + ctx.addend.to(g.dtype), None
+
+
+class _NanGradForward(_NanGrad):
+    """:class:`_NanGrad` with forward mode (see :class:`_ZeroedForward`)."""
+
+    @staticmethod
+    def jvp(ctx: Any, t_dot: torch.Tensor, *_: Any) -> torch.Tensor:
+        """The tangent as it is (the NaN is the backward's)."""
+        return t_dot.view_as(t_dot)
+
+
+def _zeroed(t: torch.Tensor, bad: torch.Tensor, addend: torch.Tensor | None) -> torch.Tensor:
+    return (_ZeroedForward if in_transform() else _Zeroed).apply(t, bad, addend)
+
+
+def _nan_grad(t: torch.Tensor, addend: torch.Tensor) -> torch.Tensor:
+    return (_NanGradForward if in_transform() else _NanGrad).apply(t, addend)
 
 
 def _nan_where(flags: torch.Tensor) -> torch.Tensor:
@@ -155,8 +195,8 @@ def materialized(inputs: AttentionInputs, extra_rows: torch.Tensor | None = None
     far = _far_keys(inputs, k, k_bad)  # (..., Hk, S) or None
     if far is not None:
         k_bad = k_bad & ~far
-    qc = _Zeroed.apply(q, q_bad, None)
-    kc = _Zeroed.apply(k, _bad_rows(k), None)
+    qc = _zeroed(q, q_bad, None)
+    kc = _zeroed(k, _bad_rows(k), None)
     clean = _scored(inputs, qc, layout.query_heads(kc, 2))  # (..., L, S), differentiable
     k_bad = layout.query_heads(k_bad, 1)  # (..., Hq, S)
     v_bad = _bad_rows(v)  # (..., Hq, S)
@@ -171,9 +211,9 @@ def materialized(inputs: AttentionInputs, extra_rows: torch.Tensor | None = None
     if extra_rows is not None:
         reached = reached | extra_rows
     by_reached = used & reached.unsqueeze(-1)  # (*batch, L, S)
-    logits = _NanGrad.apply(logits, _nan_where(by_reached))
+    logits = _nan_grad(logits, _nan_where(by_reached))
     keys = by_reached.any(dim=-2)  # (*batch, S): keys a reached row uses
-    value = _Zeroed.apply(v.expand(*keys.shape, v.shape[-1]), v_bad.expand_as(keys),
+    value = _zeroed(v.expand(*keys.shape, v.shape[-1]), v_bad.expand_as(keys),
                           _nan_where(keys))  # fmt: skip
     return Materialized(logits=logits, value=value, reached=reached)
 

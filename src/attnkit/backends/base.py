@@ -13,6 +13,7 @@ from typing import ClassVar, TypeAlias
 
 import torch
 
+from .._host import in_transform
 from .._inputs import AttentionInputs
 from ..masks.base import mask_kinds
 from ..mods.base import backend_mod_kinds
@@ -73,11 +74,14 @@ class Backend:
     supports_head_scale: ClassVar[bool] = False
     """True when it takes a per-head scale (``scale=`` a (H,) tensor)."""
     gaussian_differences: ClassVar[bool] = False
+    """True when it computes a Gaussian score from the differences ``q - k`` where its dot
+    form would cancel (:func:`attnkit.backends.operands.gaussian_form`)."""
     dense_masks: ClassVar[bool] = False
     """True when it builds every mask densely and never reads it lowered
     (:meth:`AttentionInputs.block_plan`): a mask too complex to lower runs there."""
-    """True when it computes a Gaussian score from the differences ``q - k`` where its dot
-    form would cancel (:func:`attnkit.backends.operands.gaussian_form`)."""
+    supports_transforms: ClassVar[bool] = False
+    """True when it runs inside torch.func's transforms (``vmap``, ``grad``, ``jvp``):
+    plain torch operations only, no autograd Function of its own."""
     averages_heads: ClassVar[bool] = False
     """True when the backend itself returns head-averaged weights for
     ``return_weights="mean"`` (else attention() averages the per-head weights)."""
@@ -93,6 +97,12 @@ class Backend:
         unavailable = self.is_available()
         if unavailable is not None:
             reasons.append(unavailable)
+        if not self.supports_transforms and in_transform():
+            reasons.append(
+                "inside a torch.func transform (vmap, grad, jvp, ...): its autograd "
+                "Functions do not run there; the reference backend's plain torch "
+                "operations do"
+            )
         if inputs.dtype not in self.dtypes:
             reasons.append(f"dtype {inputs.dtype} is not supported")
         if inputs.device.type not in self.device_types:

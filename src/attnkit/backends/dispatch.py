@@ -377,7 +377,8 @@ def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
     forced = backend if backend is not None else forced_backends()
     key: tuple[object, ...] | None = None
     if not torch.compiler.is_compiling():  # (a traced dict lookup would guard on the dict)
-        key = (forced, _host.strict(), inputs.signature(), _value_forms(inputs))
+        key = (forced, _host.strict(), _host.in_transform(), inputs.signature(),
+               _value_forms(inputs))  # fmt: skip
         hit = _CHOICES.get(key)
         if hit is not None:
             return hit

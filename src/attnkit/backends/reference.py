@@ -38,6 +38,7 @@ class ReferenceBackend(Backend):
     mod_kinds: ClassVar[frozenset[str]] = ALL_MOD_KINDS
     supports_head_scale: ClassVar[bool] = True
     gaussian_differences: ClassVar[bool] = True
+    supports_transforms: ClassVar[bool] = True
     dense_masks: ClassVar[bool] = True
 
     def forward(self, inputs: AttentionInputs) -> AttentionResult:

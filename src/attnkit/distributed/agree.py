@@ -210,8 +210,10 @@ def _backend_problem(
         if ex.chosen is None:
             return _cannot_run(ex, phase), ex
     assert ex is not None
-    if isinstance(score, Gaussian) and ex.forced and not any(
-        get_backend(name).gaussian_differences for name in ex.forced
+    if (
+        isinstance(score, Gaussian)
+        and ex.forced
+        and not any(get_backend(name).gaussian_differences for name in ex.forced)
     ):
         return (
             f"backend: backend={list(ex.forced)} runs the Gaussian score in its dot form, "

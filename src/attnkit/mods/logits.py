@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from .._args import as_float_tensor, as_real
+from .._host import in_transform
 from .._layout import HeadLayout
 from .base import Mod
 
@@ -60,7 +61,7 @@ class Softcap(Mod):
         return math.isinf(self.cap)
 
     def logits(self, s: torch.Tensor, L: int, S: int) -> torch.Tensor:
-        return _SoftcapFunction.apply(s, self.cap)
+        return (_SoftcapForward if in_transform() else _SoftcapFunction).apply(s, self.cap)
 
     def signature(self) -> tuple[object, ...]:
         return (type(self), self.cap)
@@ -70,19 +71,37 @@ class _SoftcapFunction(torch.autograd.Function):
     """``cap * tanh(s / cap)`` whose backward is ``1 - tanh²(s / cap)`` as it is: the
     chain rule through ``tanh(...) * cap`` would multiply the gradient by the cap first,
     which overflows for a cap near the dtype's largest value. The backward is made of
-    differentiable operations, so a second derivative works too."""
+    differentiable operations, so a second derivative works too; its context is set apart
+    and its vmap rule generated, so it runs inside torch.func's transforms as well."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx: Any, s: torch.Tensor, cap: float) -> torch.Tensor:
-        ctx.save_for_backward(s)
-        ctx.cap = cap
+    def forward(s: torch.Tensor, cap: float) -> torch.Tensor:
         return torch.tanh(s / cap) * cap
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.save_for_backward(inputs[0])
+        ctx.save_for_forward(inputs[0])
+        ctx.cap = inputs[1]
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (s,) = ctx.saved_tensors
         t = torch.tanh(s / ctx.cap)
         return grad * (1 - t * t), None
+
+
+class _SoftcapForward(_SoftcapFunction):
+    """:class:`_SoftcapFunction` with forward mode, for torch.func's transforms and
+    forward-mode AD (dynamo traces no Function that defines ``jvp``)."""
+
+    @staticmethod
+    def jvp(ctx: Any, s_dot: torch.Tensor, _cap_dot: Any) -> torch.Tensor:
+        (s,) = ctx.saved_tensors
+        t = torch.tanh(s / ctx.cap)
+        return s_dot * (1 - t * t)
 
 
 class Sinks(Mod):
