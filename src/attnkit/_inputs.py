@@ -134,6 +134,10 @@ class AttentionInputs:
             return False
         if self.query.requires_grad or self.key.requires_grad or self.value.requires_grad:
             return True
+        if self.head_scale is not None and self.head_scale.requires_grad:
+            return True  # (a learnt per-head scale: its gradient goes through the lse too)
+        if any(t.requires_grad for m in self.mods for t in m.tensors()):
+            return True  # (ALiBi slopes, a T5 table, sink logits)
         return not is_shared_score(self.score) and any(
             p.requires_grad for p in self.score.parameters()
         )

@@ -244,7 +244,13 @@ def explain(*args: Any, **kwargs: Any) -> Explanation:
     - attention sinks (:func:`attnkit.mods.sinks`) are left out of the call the
       backends are asked about: they join the softmax after any backend, from its
       (out, lse), so the call described also returns the lse;
-    - the ``torch.compile`` version check of :func:`attention` is not made.
+    - the ``torch.compile`` version check of :func:`attention` is not made, and called
+      outside a compiled function it describes the eager call: inside one, chunked
+      declines (its tiles do not trace) and a Gaussian score runs from the differences
+      q - k (the inputs cannot be measured there), so a compiled call may run another
+      backend than the one named here;
+    - with an empty query or key (L or S of 0) it names the backend that would be
+      chosen, though :func:`attention` returns the empty result without running one.
 
     Args:
         query: (..., L, E), as for :func:`attention`.

@@ -209,3 +209,27 @@ def test_sinks_second_derivatives_with_a_row_that_keeps_no_key(backend: str) -> 
 
     inputs = tuple(t.requires_grad_(True) for t in (q, k, v, sink))
     assert torch.autograd.gradgradcheck(fn, inputs, atol=GRADCHECK_ATOL)
+
+
+@pytest.mark.parametrize("backend", [None, "sdpa"], ids=["auto", "sdpa"])
+@pytest.mark.parametrize("learnt", ["head_scale", "alibi_slopes"])
+def test_an_lse_differentiates_a_learnt_scale_or_slopes_alone(backend: str | None,
+                                                              learnt: str) -> None:  # fmt: skip
+    """With q, k and v constant, a call still needs its gradient when a per-head scale or
+    ALiBi slopes require grad: sdpa's lse had no grad_fn for the scale and gave the
+    slopes [-3, -3] for [-5.55, -6.44]."""
+    from attnkit import mods
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 4, dtype=torch.float64) for _ in range(3))
+    p = torch.tensor([0.5, 1.2] if learnt == "head_scale" else [0.5, 0.25],
+                     dtype=torch.float64, requires_grad=True)  # fmt: skip
+    kw: dict = (  # type: ignore[type-arg]
+        {"scale": p} if learnt == "head_scale"
+        else {"mods": mods.alibi(p, causal=True), "mask": masks.causal()}
+    )  # fmt: skip
+    _, lse = attnkit.attention(q, k, v, return_lse=True, backend=backend, **kw)
+    (got,) = torch.autograd.grad(lse.sum(), p)
+    _, want_lse = attnkit.attention(q, k, v, return_lse=True, backend="reference", **kw)
+    (want,) = torch.autograd.grad(want_lse.sum(), p)
+    assert_close_to_scale(got, want, rel=FLOAT64_REL)

@@ -244,3 +244,13 @@ def test_half_scores_on_cuda_go_to_half_tiles(score_name: str) -> None:
         full = _OnDevice(validate_inputs(q.float(), q.float(), q.float(), score=score), "cuda")
         with _host.device_semantics():
             assert _choose(full) == "sdpa"
+
+
+def test_the_reference_backend_is_not_taken_for_keeping_masks_symbolic() -> None:
+    """It builds every mask densely: a window beside a learnt bias (which chunked
+    declines) passed sdpa over for it, with the reason "reference keeps it symbolic"."""
+    q = torch.randn(1, 2, 64, 8)
+    bias = torch.zeros(64, 64, requires_grad=True)
+    ex = attnkit.explain(q, q, q, mask=masks.window(3, 0) & masks.bias(bias))
+    assert ex.chosen == "sdpa", ex
+    assert not any("reference keeps" in r for r in ex.reasons.get("sdpa", []))

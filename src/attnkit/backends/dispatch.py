@@ -100,8 +100,10 @@ def _materialized(backend: Backend, inputs: AttentionInputs) -> list[str]:
 
 
 def _keeps_masks_symbolic(later: Backend, inputs: AttentionInputs) -> bool:
-    # On an accelerator a Python-tiled backend never beats a fused kernel.
-    return later.fused or inputs.device.type == "cpu"
+    # A backend that builds every mask densely keeps none symbolic (the reference backend
+    # was taken for one: a window with a learnt bias went there, 3x slower than sdpa);
+    # on an accelerator a Python-tiled backend never beats a fused kernel.
+    return not later.dense_masks and (later.fused or inputs.device.type == "cpu")
 
 
 def _upcasts(backend: Backend, inputs: AttentionInputs) -> list[str]:
