@@ -11,7 +11,7 @@ import attnkit
 from attnkit import _host, masks
 
 from cases import matrix_backends
-from tolerance import FLOAT64_REL, assert_close_to_scale
+from tolerance import FLOAT32_CALL_REL, FLOAT64_REL, assert_close_to_scale
 
 BACKENDS = matrix_backends("cpu")
 
@@ -96,3 +96,19 @@ def test_offsets_of_one_element_and_int32_offsets() -> None:
     top = torch.tensor(2**31 - 1, dtype=torch.int32)
     wide = masks.causal(q_offset=top, k_offset=torch.tensor(-1, dtype=torch.int32))
     assert bool(wide.to_dense(2, 3).all())
+
+
+def test_a_gaussian_key_far_enough_to_overflow_its_measure_runs_from_the_differences() -> None:
+    """A padded key at 1e20 (float32) overflowed the measure of the Gaussian's dot form
+    to NaN, which read as "the dot form holds": chunked gave NaN rows and sdpa zeros."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, 4, generator=g) for n in (4, 8, 8))
+    k[..., 6, :] = 1e20  # (a padded key)
+    mask = masks.valid_lens(torch.tensor([5]))
+    ex = attnkit.explain(q, k, v, score="gaussian", mask=mask)
+    assert ex.chosen in ("chunked", "reference") and "would cancel" in " ".join(ex.reasons["sdpa"])
+    want = attnkit.attention(q.double(), k[..., :5, :].double(), v[..., :5, :].double(),
+                             score="gaussian", backend="reference")  # fmt: skip
+    for backend in (None, "chunked", "reference"):
+        got = attnkit.attention(q, k, v, score="gaussian", mask=mask, backend=backend)
+        assert_close_to_scale(got, want, rel=FLOAT32_CALL_REL, what=str(backend))

@@ -245,6 +245,8 @@ def _gaussian_form(inputs: AttentionInputs, score: Gaussian) -> str:
         nk = torch.linalg.vecdot(kc, kc)  # (..., S)
         rk = float(nk.amax())
         inputs.gaussian_terms = g * max(float(nq.amax()), rk)
+        if not math.isfinite(inputs.gaussian_terms):
+            return "distance"  # (a key so far, masked or not, that its terms overflow)
         if inputs.gaussian_terms <= DOT_FORM_LIMIT:
             return "dot"
         size = torch.broadcast_shapes(qc.shape[:-2], kc.shape[:-2])
@@ -265,7 +267,7 @@ def _gaussian_form(inputs: AttentionInputs, score: Gaussian) -> str:
                     "masked; scale sigma (or the inputs) up, or run in float64"
                 )
             rho = (top.double() * g) / (near.double() * g).clamp(min=1.0)  # (..., l)
-            if float(rho.amax()) > DOT_FORM_LIMIT:
+            if not float(rho.amax()) <= DOT_FORM_LIMIT:  # (NaN too: an overflowing key)
                 return "distance"
     return "dot"
 
