@@ -20,8 +20,9 @@ reads nothing on the host.
 from __future__ import annotations
 
 import math
+import operator
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -137,17 +138,16 @@ def build_plan(
     return plan.with_blocks(block_q, block_k)
 
 
-def _counts(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, int]]:
-    """Each tensor of ``tensors`` once, with how many times it appears (identity by
-    ``is``: torch < 2.13 cannot compile id() of a tensor made in the graph)."""
-    out: list[tuple[torch.Tensor, int]] = []
-    for t in tensors:
-        at = next((i for i, (s, _) in enumerate(out) if s is t), None)
-        if at is None:
-            out.append((t, 1))
-        else:
-            out[at] = (t, out[at][1] + 1)
-    return out
+def _merge(
+    counted: list[tuple[torch.Tensor, int]], t: torch.Tensor, n: int, how: Callable[[int, int], int]
+) -> None:
+    """Count ``t`` ``n`` times into ``counted`` (identity by ``is``: torch < 2.13 cannot
+    compile id() of a tensor made in the graph), ``how`` joining an existing count."""
+    at = next((i for i, (s, _) in enumerate(counted) if s is t), None)
+    if at is None:
+        counted.append((t, n))
+    else:
+        counted[at] = (t, how(counted[at][1], n))
 
 
 def _build(
@@ -167,12 +167,11 @@ def _build(
             atom.add_to(clause)
         # The same bias sits in every clause of bias & (a | b): it is added once. A clause
         # that adds one tensor twice (bias(t) & bias(t)) adds it twice.
-        for t, n in _counts(clause.biases):
-            at = next((i for i, (s, _) in enumerate(counted) if s is t), None)
-            if at is None:
-                counted.append((t, n))
-            else:
-                counted[at] = (t, max(n, counted[at][1]))
+        here: list[tuple[torch.Tensor, int]] = []
+        for t in clause.biases:
+            _merge(here, t, 1, operator.add)
+        for t, n in here:
+            _merge(counted, t, n, max)
         clause.biases = []
         clauses.append(clause)
     biases = [t.to(device=device, dtype=dtype) for t, n in counted for _ in range(n)]

@@ -308,7 +308,8 @@ class PrefixLMMask(Mask):
 
     def _prefix_local(self, device: torch.device) -> torch.Tensor:
         """The prefix in this mask's own key columns: the keys at global positions below
-        ``prefix``, column 0 sitting at ``k_offset + k_shift``."""
+        ``prefix``, column 0 sitting at ``_k_first`` (``k_offset``, plus a shard's first
+        key)."""
         first = _wide(self._k_first)
         first = first.to(device) if isinstance(first, torch.Tensor) else first
         return (self.prefix.to(device) - first).clamp(min=0)  # (B or 1,)

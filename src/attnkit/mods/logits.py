@@ -151,28 +151,28 @@ class Sinks(Mod):
     def join(self, out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(out (*batch, L, Ev), lse (*batch, L)) with the sink joined to the softmax."""
         sink = self.per_row(lse)
-        keep = self._keys_share(lse, sink)  # (*batch, L), in the lse's dtype
+        empty = torch.isneginf(lse)  # (*batch, L): rows with no key
+        keep = self._keys_share(lse, sink, empty)  # (*batch, L), in the lse's dtype
         # (in the lse's float32 for half inputs: one rounding to out's dtype, not three)
         joined = (out.to(keep.dtype) * keep.unsqueeze(-1)).to(out.dtype)  # (*batch, L, Ev)
         sink = sink.expand_as(lse)  # (*batch, L)
         # a row with no key: its lse is the sink's (logaddexp's derivatives at -inf hold
         # inf · 0, NaN in a second derivative)
-        empty = torch.isneginf(lse)
         both = torch.logaddexp(torch.where(empty, sink, lse), sink)  # (*batch, L)
         return joined, torch.where(empty, sink, both)
 
     def weights(self, w: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
         """Weights (*batch, L, S) of the keys once the sink takes its share."""
-        keep = self._keys_share(lse, self.per_row(lse))  # (*batch, L)
+        keep = self._keys_share(lse, self.per_row(lse), torch.isneginf(lse))  # (*batch, L)
         return w * keep.unsqueeze(-1).to(w.dtype)
 
     @staticmethod
-    def _keys_share(lse: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
+    def _keys_share(lse: torch.Tensor, sink: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
         """``exp(lse) / (exp(lse) + exp(sink))`` (*batch, L), 0 for a row with no key,
         as ``exp(-softplus(sink - lse))``: its gradient ``share · sigmoid(sink - lse)``
         keeps a sink far below the lse (``sigmoid``'s own ``s · (1 - s)`` rounded
-        ``1 - s`` to 0 there: the sink's gradient through the output was 0)."""
-        empty = torch.isneginf(lse)  # (*batch, L): rows with no key
+        ``1 - s`` to 0 there: the sink's gradient through the output was 0). ``empty``
+        (*batch, L): the rows with no key (lse -inf)."""
         safe = torch.where(empty, sink, lse)  # (no inf in either branch's derivatives)
         keep = torch.exp(-F.softplus(sink - safe))  # (*batch, L)
         return torch.where(empty, torch.zeros_like(keep), keep)
