@@ -204,6 +204,17 @@ def test_row_top_k_is_a_stable_sort_s_first_k(keys: int, k: int) -> None:
     assert torch.equal(vals, want_vals[..., :k])
 
 
+def test_row_top_k_fills_with_nan_keys_only_past_the_rest() -> None:
+    """Where fewer than k keys are not NaN, the NaN keys fill the slots left, with weight
+    -1, after the padding's weight 0 (as its docstring says)."""
+    _kernel_or_skip()
+    w = torch.tensor([[0.5, float("nan"), 0.25], [float("nan")] * 3])  # (r, S), S < k
+    got = row_top_k(w, 5, 64)
+    assert got is not None
+    assert got[0].tolist() == [[0.5, 0.25, 0.0, 0.0, -1.0], [0.0, 0.0, -1.0, -1.0, -1.0]]
+    assert got[1].tolist() == [[0, 2, 3, 4, 1], [3, 4, 0, 1, 2]]
+
+
 # ------------------------------------------------------------------ rows_settled
 
 

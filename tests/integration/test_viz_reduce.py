@@ -68,6 +68,22 @@ def test_overview_blocks_are_exact_for_any_row_blocks() -> None:
     assert_close_to_scale(got["pooled_mean"][0], blocks.sum((2, 4)) / count, rel=FLOAT32_ULPS_REL)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_long_page_refuses_one_non_finite_weight(bad: float) -> None:
+    """One NaN (or inf) weight in a row of a long page is refused, as on a dense page,
+    though neither the block maxima nor the top-k choose a NaN: the block sums hold it."""
+    from attnkit.viz.reduce import NonFiniteAttention
+
+    Q = K = 300
+    reducer = SetReducer("self-attention", 1, 2, Q, K, budget=Budget(dense_cells=1000))
+    assert reducer.long
+    w = _weights(2, Q, K, 1)
+    w[1, 5, 17] = bad  # inside a block, neither its first key nor a row's best
+    reducer.add(0, 0, w)
+    with pytest.raises(NonFiniteAttention, match="hold NaN or infinity"):
+        reducer.finish()
+
+
 def _stats_oracle(w: np.ndarray) -> dict[str, np.ndarray]:
     """Per head, row by row in float64: the statistics' definitions written out."""
     H, Q, K = w.shape

@@ -23,7 +23,8 @@ def row_top_k(
     Args:
         w: (..., S) weights (>= 0), float32 on the CPU.
         k: keys kept per row (>= 1); a row of fewer keys is padded with weight 0 at
-            keys S .. k - 1.
+            keys S .. k - 1. NaN is never chosen while k keys are not NaN; past that,
+            NaN keys fill the slots left with weight -1.
         b: keys per block of the maxima (>= 1).
 
     Returns:

@@ -431,7 +431,9 @@ class SetReducer:
             out.topk_index = parts["topk_index"].numpy()
             out.topk_weight = parts["topk_weight"].numpy()
             top = parts["topk_index"]
-        held = [out.dense] if out.dense is not None else [out.pooled_max, out.topk_weight]
+        # the block sums (pooled_mean) hold every weight: a NaN that the maxima and the
+        # top-k pass over (neither chooses a NaN) still reaches them
+        held = [out.dense] if out.dense is not None else [out.pooled_mean, out.pooled_max]
         if not all(grid is None or np.isfinite(grid).all() for grid in held):
             raise NonFiniteAttention(
                 f"the model's {self.name} weights hold NaN or infinity (its "
