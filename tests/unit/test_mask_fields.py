@@ -45,6 +45,21 @@ def test_one_bias_tensor_twice_is_added_twice(backend: str) -> None:
         assert_close_to_scale(got, _dense(mask, q, k, v), rel=FLOAT64_REL, what=backend)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float32_biases_of_a_float64_call_add_in_float64(backend: str) -> None:
+    """bias(a) & bias(b) of float32 tensors on a float64 call: the dense form added them
+    in float32 (the reference backend rounded their sum to float32, 1e-8 off), while the
+    block plan casts each to the call's dtype first. Every backend now adds them exactly."""
+    q, k, v = _qkv()
+    g = torch.Generator().manual_seed(3)
+    a, b = (torch.randn(4, 8, generator=g) * 1e3 for _ in range(2))  # float32, (L, S)
+    mask = masks.bias(a) & masks.bias(b)
+    s = q @ k.transpose(-1, -2) / 2.0 + a.double() + b.double()  # (1, 2, L, S), exact
+    want = torch.softmax(s, -1) @ v
+    got = attnkit.attention(q, k, v, mask=mask, backend=backend)
+    assert_close_to_scale(got, want, rel=FLOAT64_REL, what=backend)
+
+
 def test_a_bias_tensor_set_anew_is_read_anew() -> None:
     """has_bias_beyond cached its answer by the tensor's version alone: a new tensor at
     version 0 set as the mask's tensor read as the old one (far rows unseen: dq 1.35 off

@@ -144,7 +144,7 @@ def restore_nonfinite_keys(
 def dense_mask(inputs: AttentionInputs) -> DenseMask:
     """The call's mask as keep/bias tensors broadcastable to (*batch, L, S)."""
     if inputs.mask is None:
-        return DenseMask(keep=None, bias=None)
+        return DenseMask(keep=None)
     return inputs.mask.dense(inputs.L, inputs.S, inputs.batch_shape, inputs.device)
 
 

@@ -172,8 +172,8 @@ def _scored(inputs: AttentionInputs, q: torch.Tensor, k: torch.Tensor) -> torch.
 def _masked(inputs: AttentionInputs, logits: torch.Tensor) -> torch.Tensor:
     """The mask applied: -inf where blocked, whatever the logit; (*batch, L, S)."""
     dm = dense_mask(inputs)
-    if dm.bias is not None:
-        bias = dm.bias.to(logits.dtype)
+    bias = dm.bias_in(logits.dtype)
+    if bias is not None:
         logits = (logits + bias).masked_fill(bias == float("-inf"), float("-inf"))
     if dm.keep is not None:
         logits = logits.masked_fill(~dm.keep, float("-inf"))

@@ -161,7 +161,7 @@ class WindowMask(Mask):
         return lo, hi
 
     def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
-        return DenseMask(keep=_band_keep(L, S, *self.bounds(L, S), device), bias=None)
+        return DenseMask(keep=_band_keep(L, S, *self.bounds(L, S), device))
 
     def lower(self, L: int, S: int, device: torch.device) -> DNF:
         off = self.offset(L, S)
@@ -321,9 +321,9 @@ class PrefixLMMask(Mask):
         prefix = j.view(1, 1, S) < self._prefix_local(device).view(-1, 1, 1)  # (B or 1, 1, S)
         keep = causal | prefix  # (B or 1, L, S)
         if self.prefix.shape[0] == 1:
-            return DenseMask(keep=keep[0], bias=None)  # (L, S)
+            return DenseMask(keep=keep[0])  # (L, S)
         keep = keep.view(keep.shape[0], *([1] * (len(batch_shape) - 1)), L, S)  # (B, 1.., L, S)
-        return DenseMask(keep=keep, bias=None)
+        return DenseMask(keep=keep)
 
     def lower(self, L: int, S: int, device: torch.device) -> DNF:
         return [*self.causal.lower(L, S, device), [KeyRange(None, self._prefix_local(device))]]

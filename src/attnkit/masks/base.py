@@ -15,6 +15,7 @@ about itself, and nothing outside ``attnkit.masks`` asks it by type:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -33,16 +34,47 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class DenseMask:
-    """A materialized mask: ``keep`` (bool, True = may attend) and/or ``bias`` (float).
+    """A materialized mask: ``keep`` (bool, True = may attend) and/or additive biases.
 
-    Each is ``None`` (keeps every pair / adds nothing) or a tensor broadcastable to
-    ``batch_shape + (L, S)``.
+    Args:
+        keep: None (keeps every pair) or a bool tensor broadcastable to
+            ``batch_shape + (L, S)``.
+        bias: None or one float tensor, broadcastable so, added to the logits.
+        biases: further such tensors (a combination's parts): kept apart, so that a
+            backend adds them in its compute dtype with :meth:`bias_in`, each cast
+            first, as the block plan does.
     """
 
     keep: torch.Tensor | None
-    bias: torch.Tensor | None
+    biases: tuple[torch.Tensor, ...]
+
+    def __init__(
+        self,
+        keep: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        *,
+        biases: tuple[torch.Tensor, ...] = (),
+    ) -> None:
+        object.__setattr__(self, "keep", keep)
+        object.__setattr__(self, "biases", ((bias,) if bias is not None else ()) + tuple(biases))
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        """The biases' sum in their promoted dtype (None without a bias)."""
+        if not self.biases:
+            return None
+        return self.bias_in(functools.reduce(torch.promote_types, (t.dtype for t in self.biases)))
+
+    def bias_in(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """The biases' sum in ``dtype``, each cast to it first (None without a bias)."""
+        if not self.biases:
+            return None
+        out = self.biases[0].to(dtype)
+        for t in self.biases[1:]:
+            out = out + t.to(dtype)
+        return out
 
 
 def check_broadcast_to(
@@ -290,10 +322,11 @@ class Mask:
         self.validate(batch_shape, L, S)
         d = self.dense(L, S, batch_shape, dev)
         full = (*batch_shape, L, S)
-        if d.bias is None:
+        bias = d.bias_in(dtype)
+        if bias is None:
             keep_t = d.keep if d.keep is not None else torch.ones((), dtype=torch.bool)
             return keep_t.to(dev).expand(full).clone()
-        out = d.bias.to(device=dev, dtype=dtype).expand(full).clone()
+        out = bias.to(dev).expand(full).clone()
         if d.keep is not None:
             out = out.masked_fill(~d.keep.to(dev).expand(full), float("-inf"))
         return out

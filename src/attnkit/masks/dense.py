@@ -32,7 +32,7 @@ class KeepMask(Mask):
         check_broadcast_to(f"masks.{self.source}(...)", self.tensor.shape, (*batch_shape, L, S))
 
     def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
-        return DenseMask(keep=self.tensor.to(device), bias=None)
+        return DenseMask(keep=self.tensor.to(device))
 
     def lower(self, L: int, S: int, device: torch.device) -> DNF:
         return [[DenseKeep(self.tensor.to(device))]]

@@ -118,7 +118,7 @@ class ValidLensMask(Mask):
                 keep_t = keep_t & (i.view(1, L, 1) < q_lens.view(-1, 1, 1))  # (B, L, S)
         else:
             keep_t = j.view(1, 1, S) < lens.unsqueeze(-1)  # (B, L, S)
-        return DenseMask(keep=_per_batch(keep_t, batch_shape), bias=None)  # (B, 1.., L|1, S)
+        return DenseMask(keep=_per_batch(keep_t, batch_shape))  # (B, 1.., L|1, S)
 
     def lower(self, L: int, S: int, device: torch.device) -> DNF:
         lens = self.lens.to(device)
@@ -186,7 +186,7 @@ class KeyPaddingMask(Mask):
 
     def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
         keep_t = ~self.padding.to(device)  # (B, S)
-        return DenseMask(keep=_per_batch(keep_t.unsqueeze(1), batch_shape), bias=None)
+        return DenseMask(keep=_per_batch(keep_t.unsqueeze(1), batch_shape))
 
     def lower(self, L: int, S: int, device: torch.device) -> DNF:
         return [[KeyKeep(logical_not(self.padding.to(device)))]]
@@ -301,8 +301,8 @@ class DocumentMask(Mask):
         q, k = self._ids(device)  # (B or 1, L), (B or 1, S)
         keep = (q.unsqueeze(-1) == k.unsqueeze(-2)) & (q.unsqueeze(-1) >= 0)  # (B or 1, L, S)
         if keep.shape[0] == 1 and self.q_ids.ndim == 1 and self.k_ids.ndim == 1:
-            return DenseMask(keep=keep[0], bias=None)  # (L, S)
-        return DenseMask(keep=_per_batch(keep, batch_shape), bias=None)  # (B, 1.., L, S)
+            return DenseMask(keep=keep[0])  # (L, S)
+        return DenseMask(keep=_per_batch(keep, batch_shape))  # (B, 1.., L, S)
 
     def lower(self, L: int, S: int, device: torch.device) -> DNF:
         return [[Document.numbered(*self._ids(device))]]

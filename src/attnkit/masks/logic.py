@@ -77,14 +77,13 @@ class AndMask(_Combination):
 
     def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
         keep_t: torch.Tensor | None = None
-        bias_t: torch.Tensor | None = None
+        biases: tuple[torch.Tensor, ...] = ()
         for p in self._parts:
             d = p.dense(L, S, batch_shape, device)
             if d.keep is not None:
                 keep_t = d.keep if keep_t is None else keep_t & d.keep
-            if d.bias is not None:
-                bias_t = d.bias if bias_t is None else bias_t + d.bias
-        return DenseMask(keep=keep_t, bias=bias_t)
+            biases += d.biases  # added by the reader, in its compute dtype
+        return DenseMask(keep=keep_t, biases=biases)
 
     def lower(self, L: int, S: int, device: torch.device) -> DNF:
         out: DNF = [[]]
@@ -115,9 +114,9 @@ class OrMask(_Combination):
         for p in self._parts:
             d = p.dense(L, S, batch_shape, device)
             if d.keep is None:  # this part keeps everything
-                return DenseMask(keep=None, bias=None)
+                return DenseMask(keep=None)
             keep_t = d.keep if keep_t is None else keep_t | d.keep
-        return DenseMask(keep=keep_t, bias=None)
+        return DenseMask(keep=keep_t)
 
     def lower(self, L: int, S: int, device: torch.device) -> DNF:
         out: DNF = []
@@ -145,8 +144,8 @@ class NotMask(Mask):
     def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
         d = self.inner.dense(L, S, batch_shape, device)
         if d.keep is None:
-            return DenseMask(keep=torch.zeros((), dtype=torch.bool, device=device), bias=None)
-        return DenseMask(keep=~d.keep, bias=None)
+            return DenseMask(keep=torch.zeros((), dtype=torch.bool, device=device))
+        return DenseMask(keep=~d.keep)
 
     def lower(self, L: int, S: int, device: torch.device) -> DNF:
         return negate(self.inner.lower(L, S, device))

@@ -207,7 +207,7 @@ class SDPABackend(Backend):
             attn_mask = layout.query_heads(key_bias, 2) * inputs.scale  # (..., Hq, 1, S)
         elif (mask is not None and not is_causal) or key_bias is not None:
             dm = dense_mask(inputs)
-            if dm.bias is None and key_bias is None:
+            if not dm.biases and key_bias is None:
                 keep = dm.keep
                 assert keep is not None
                 if keep.ndim < 2:  # a (S,) row: SDPA and the lse op need (..., L or 1, S)
@@ -218,8 +218,9 @@ class SDPABackend(Backend):
                 bias = torch.zeros((), dtype=q.dtype, device=q.device)
                 if key_bias is not None:
                     bias = bias + layout.query_heads(key_bias, 2) * inputs.scale  # (..., 1, S)
-                if dm.bias is not None:
-                    bias = bias + dm.bias.to(q.dtype)
+                mask_bias = dm.bias_in(q.dtype)
+                if mask_bias is not None:
+                    bias = bias + mask_bias
                 if dm.keep is not None:
                     bias = bias.masked_fill(~dm.keep, float("-inf"))
                 bias = bias.expand(*bias.shape[:-2], L, S) if bias.ndim >= 2 else bias.expand(L, S)

@@ -109,8 +109,9 @@ def sdpa_backward(call: BackwardCall) -> InputGrads:
     if inputs.mask is not None and shift != 0:
         dm = dense_mask(inputs)
         bias = torch.zeros((), dtype=cd)
-        if dm.bias is not None:
-            bias = bias + dm.bias.to(cd)
+        mask_bias = dm.bias_in(cd)
+        if mask_bias is not None:
+            bias = bias + mask_bias
         if dm.keep is not None:
             bias = bias.masked_fill(~dm.keep, float("-inf"))
         attn_mask = bias.expand(*batch, L, S).reshape(-1, 1, L, S).contiguous()
