@@ -272,6 +272,40 @@ def shards_of_another_dtype_or_shape(g: Group) -> None:
     assert torch.equal(cp.unshard(mine), _data(g)[0])
 
 
+def a_bad_shard_on_one_rank(g: Group) -> None:
+    """unshard of something that is not a tensor, or with a dim the shard does not
+    have, on rank 1 alone: rank 1 raised before the first all_gather, and the others
+    waited in it for the group's timeout. Now every rank raises at once."""
+    _, mine = _data(g)
+    for what, shard, dim, own in (
+        ("not a tensor", mine.tolist() if g.rank == 1 else mine, -2, "expected a torch.Tensor"),
+        ("a dim", mine, 7 if g.rank == 1 else -2, "dim: expected an int in"),
+    ):
+        start = time.monotonic()
+        try:
+            cp.unshard(shard, dim=dim)  # type: ignore[arg-type]
+        except (TypeError, ValueError) as exc:
+            words = own if g.rank == 1 else "rank 1 passed a shard unshard cannot take"
+            assert words in str(exc), (what, exc)
+        else:
+            raise AssertionError(f"{what} on rank 1: no error on rank {g.rank}")
+        assert time.monotonic() - start < 20, (what, "waited for the timeout")
+    assert torch.equal(cp.unshard(mine), _data(g)[0])
+
+
+def a_layer_refuses_one_rank_s_input(g: Group) -> None:
+    """A wrapped layer that refuses rank 1's input (a wrong feature size) before its
+    attention raised there alone, while the others waited in the agreement for the
+    group's timeout. Now every rank raises at once, naming rank 1 and its reason."""
+    torch.manual_seed(4)
+    layer = SelfAttention(8, num_heads=2, causal=True, dtype=torch.float64)
+    width = 9 if g.rank == 1 else 8
+    x_r = torch.randn(B, 3, width, dtype=torch.float64)
+    words = ("SelfAttention: x must have shape",)
+    _refused(g, lambda: cp.ContextParallel(layer)(x_r), ranks=(1,), words=words)
+    _still_works(g)
+
+
 def a_parameter_frozen_on_one_rank(g: Group) -> None:
     """all_reduce_grads over modules whose parameters requiring grad differ (one frozen
     on rank 1) raises on every rank before any sum, instead of adding one parameter's
@@ -300,6 +334,8 @@ ROWS = [
     one_layer_in_training,
     a_cache_through_the_wrapper,
     shards_of_another_dtype_or_shape,
+    a_bad_shard_on_one_rank,
+    a_layer_refuses_one_rank_s_input,
     a_parameter_frozen_on_one_rank,
 ]
 

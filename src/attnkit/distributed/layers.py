@@ -27,6 +27,7 @@ from ..nn import self_attention as _self_attention
 from ..nn._common import attention_override
 from .agree import refuse
 from .api import attend
+from .errors import ContextParallelError
 from .layout import Layout, check_layout
 
 __all__ = ["ContextParallel"]
@@ -88,6 +89,11 @@ class ContextParallel(nn.Module):
     shape, such as ``key_padding_mask``, would describe the shard only and are
     refused). ``MultiheadAttention`` needs ``need_weights=False``. A KV cache is refused:
     prefill through the wrapper, decode with the unwrapped layer on one process.
+
+    Raises:
+        ContextParallelError: on every rank, naming the ranks at fault, when a rank's
+            call is refused (by this wrapper, by the layer before its attention, or by
+            the attention's agreement), before any block is computed or sent.
     """
 
     def __init__(
@@ -147,5 +153,19 @@ class ContextParallel(nn.Module):
                 ),
                 self._route.group,
             )
-        with attention_override(self._route.attend):
-            return self.layer(*args, **kwargs)
+        reached = False
+
+        def marked(*a: Any, **k: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+            nonlocal reached
+            reached = True
+            return self._route.attend(*a, **k)
+
+        try:
+            with attention_override(marked):
+                return self.layer(*args, **kwargs)
+        except (TypeError, ValueError) as exc:
+            if reached or isinstance(exc, ContextParallelError):
+                raise
+            # the layer refused this rank's call before its attention (a shape, a
+            # dtype): the other ranks wait in the agreement, so this rank joins it
+            refuse(exc, self._route.group)

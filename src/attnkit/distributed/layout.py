@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..blockplan import stable_hash
-from .comm import all_gather
+from .comm import all_gather, metadata_device
 
 __all__ = [
     "LAYOUTS",
@@ -289,10 +289,11 @@ def unshard(
         ``dim`` of the total length, in global order.
 
     Raises:
-        TypeError: ``x`` is not a torch.Tensor.
+        TypeError: ``x`` is not a torch.Tensor (on that rank; every other rank raises a
+            ValueError naming it).
         ValueError: a shard's length does not match the layout (see :func:`assemble`);
             the ranks' shards differ in dtype or in a dim other than ``dim`` (on every
-            rank); ``dim`` is not a dim of ``x``.
+            rank); ``dim`` is not a dim of ``x`` (on that rank; the others name it).
         ContextParallelError: an all_gather failed (a rank died or timed out).
 
     Example::
@@ -300,16 +301,37 @@ def unshard(
         out_local = cp.context_parallel_attention(q_local, k_local, v_local)
         out = cp.unshard(out_local)         # every rank: (B, H, N, Ev)
     """
+    # this rank's own error travels in the first all_gather, so that every rank raises
+    # (the others would wait in it until the group's timeout)
+    own: Exception | None = None
+    d = 0
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+        own = TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    else:
+        try:
+            d = _seq_dim(x, dim)
+        except ValueError as exc:
+            own = exc
     p = dist.get_world_size(group)
-    d = _seq_dim(x, dim)
-    # each rank's length along d, and a hash of all the rest of its shape and its dtype:
-    # shards that differ there would be gathered as bytes of another size or type
-    rest = stable_hash([x.ndim, d, str(x.dtype), [*x.shape[:d], *x.shape[d + 1 :]]])
-    head = torch.tensor([x.shape[d], rest], dtype=torch.long, device=x.device)  # (2,)
+    if own is None:
+        # its length along d, and a hash of all the rest of its shape and its dtype:
+        # shards that differ there would be gathered as bytes of another size or type
+        rest = stable_hash([x.ndim, d, str(x.dtype), [*x.shape[:d], *x.shape[d + 1 :]]])
+        fields = [x.shape[d], rest, 0]
+    else:
+        fields = [0, 0, 1]
+    where = metadata_device(group, x)
+    head = torch.tensor(fields, dtype=torch.long, device=where)  # (3,): length, rest, failed
     heads = [torch.zeros_like(head) for _ in range(p)]
     all_gather(heads, head, group, "the shard shapes of unshard")
+    if own is not None:
+        raise own
+    failed = [r for r, h in enumerate(heads) if int(h[2])]
+    if failed:
+        raise ValueError(
+            f"x, dim: rank {failed[0]} passed a shard unshard cannot take (its own error "
+            "says why), so no rank gathers"
+        )
     differ = [r for r, h in enumerate(heads) if int(h[1]) != int(heads[0][1])]
     if differ:  # (every rank sees every head: each raises the same)
         raise ValueError(
