@@ -117,6 +117,41 @@ def test_attention_mask_in_keras_polarity_with_causal() -> None:
     assert_close_to_scale(a, _t(ref))  # type: ignore[arg-type]
 
 
+def test_keras_call_order_and_its_key_masks() -> None:
+    """Keras's call, in Keras's order: query, value, key, query_mask, value_mask,
+    key_mask, attention_mask, ... The layer had no value_mask/key_mask (a TypeError where
+    Keras runs) and read a fourth positional argument as attention_mask, where Keras reads
+    query_mask and drops it: 1.09 off. value_mask and key_mask now mask keys as Keras's
+    do; a query_mask, which Keras does not read, is refused."""
+    gen = np.random.default_rng(11)
+    q = gen.standard_normal((2, 4, 6)).astype(np.float32)
+    v = gen.standard_normal((2, 5, 6)).astype(np.float32)
+    k = gen.standard_normal((2, 5, 7)).astype(np.float32)
+    keras.utils.set_random_seed(11)
+    layer = keras.layers.MultiHeadAttention(num_heads=2, key_dim=3)
+    layer(q, v, k)
+    _randomize(layer, gen)
+    ours = MultiHeadAttention.from_keras(layer).eval()
+    value_mask = np.ones((2, 5), dtype=bool)
+    value_mask[1, 3:] = False
+    key_mask = np.ones((2, 5), dtype=np.int32)
+    key_mask[0, 0] = 0
+    keep = gen.random((2, 4, 5)) < 0.8
+    for kw in ({"value_mask": value_mask}, {"key_mask": key_mask},
+               {"value_mask": value_mask, "key_mask": key_mask, "attention_mask": keep},
+               {"value_mask": value_mask, "use_causal_mask": True}):  # fmt: skip
+        ref = layer(q, v, k, training=False, **kw)
+        mine = {n: torch.from_numpy(x) if isinstance(x, np.ndarray) else x for n, x in kw.items()}
+        out = ours(torch.from_numpy(q), torch.from_numpy(v), torch.from_numpy(k), **mine)
+        assert_close_to_scale(out, _t(ref), what=str(sorted(kw)))
+    tq, tv, tk = torch.from_numpy(q), torch.from_numpy(v), torch.from_numpy(k)
+    positional = (tq, tv, tk, None, torch.from_numpy(value_mask), None, torch.from_numpy(keep))
+    ref = layer(q, v, k, value_mask=value_mask, attention_mask=keep, training=False)
+    assert_close_to_scale(ours(*positional), _t(ref), what="positional")
+    with pytest.raises(TypeError, match="query_mask is not read"):
+        ours(tq, tv, tk, torch.from_numpy(keep))
+
+
 def test_training_flag_and_module_mode() -> None:
     ours = MultiHeadAttention(num_heads=2, key_dim=2, dropout=0.5)
     x = torch.randn(2, 4, 3)
@@ -172,6 +207,12 @@ def test_refused_first_call_builds_nothing() -> None:
         (TypeError, "use_causal_mask", {"use_causal_mask": 1}),
         (TypeError, "training must be", {"training": "yes"}),
         (TypeError, r"forward\(\): got an unexpected keyword argument 'mask'", {"mask": None}),
+        (TypeError, "query_mask is not read", {"query_mask": torch.ones(2, 5) > 0}),
+        (
+            ValueError,
+            r"value_mask must have the value's shape",
+            {"value_mask": torch.ones(2, 5) > 0},
+        ),
     ]
     for error, match, kw in refused:
         call = {"query": q4, "value": v4, **kw}

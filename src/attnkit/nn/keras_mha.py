@@ -136,11 +136,15 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
         if not self.has_uninitialized_params():  # built, or loaded from a state_dict
             self._read_sizes()
             return
+        attention_mask = self._keras_masks(
+            query, value, arg["query_mask"], arg["value_mask"], arg["key_mask"],
+            arg["attention_mask"],
+        )  # fmt: skip
         self._check_call(
             query,
             value,
             key,
-            arg["attention_mask"],
+            attention_mask,
             arg["return_attention_scores"],
             arg["use_causal_mask"],
             arg["training"],
@@ -242,15 +246,26 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
         query: torch.Tensor,
         value: torch.Tensor,
         key: torch.Tensor | None = None,
+        query_mask: torch.Tensor | None = None,
+        value_mask: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         return_attention_scores: bool = False,
         training: bool | None = None,
         use_causal_mask: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Keras's call: attend from ``query`` to ``key``/``value``.
+        """Keras's call, its arguments in Keras's order: attend from ``query`` to
+        ``key``/``value``.
 
         Args:
             query: (B, *T, Fq); value: (B, *S, Fv); key: (B, *S, Fk), default ``value``.
+            query_mask: refused unless None. Keras 3 drops this argument for the query's
+                own Keras mask, which a torch tensor does not have (so a mask passed
+                here is ignored there); mask query rows with ``attention_mask``.
+            value_mask, key_mask: (B, *S) bool or 0/1 numbers, True (nonzero) = a key
+                that may be attended, as Keras reads them: combined with
+                ``attention_mask`` by "and", over every query. One attention axis only
+                (Keras's own expansion of them is defined for one).
             attention_mask: Keras's polarity: bool True (or 1) = may attend, broadcastable
                 to (B, H, *T, *S) under Keras's rule (a (B, T, S) mask fits 3-D inputs).
                 A query row it masks entirely gives 0 (Keras 3.15: a uniform average
@@ -263,6 +278,8 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
         Returns:
             output (B, *T, *O), or ``(output, scores)``.
         """
+        attention_mask = self._keras_masks(query, value, query_mask, value_mask, key_mask,
+                                           attention_mask)  # fmt: skip
         return super().forward(
             query,
             value,
@@ -272,3 +289,56 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
             use_causal_mask,
             training=training,
         )
+
+    def _keras_masks(
+        self,
+        query: torch.Tensor,
+        value: torch.Tensor,
+        query_mask: torch.Tensor | None,
+        value_mask: torch.Tensor | None,
+        key_mask: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """``attention_mask`` and the (B, *S) key masks as one bool mask, as Keras
+        combines them (each key mask expanded to (B, 1, S)); unchanged without them.
+        A ``query_mask`` is refused (see :meth:`forward`)."""
+        if query_mask is not None:
+            raise TypeError(
+                f"{_OWNER}: query_mask is not read: Keras 3 replaces it with the query's "
+                "own Keras mask (a torch tensor has none, so Keras ignores what is passed "
+                "here); mask query rows with attention_mask, (B, T, S) with False rows"
+            )
+        given = [(n, m) for n, m in (("value_mask", value_mask), ("key_mask", key_mask))
+                 if m is not None]  # fmt: skip
+        if not given:
+            return attention_mask
+        if not isinstance(value, torch.Tensor) or not isinstance(query, torch.Tensor):
+            return attention_mask  # (the call's own check names them)
+        nd = value.ndim
+        axes = self.attention_axes if self.attention_axes is not None else range(1, nd - 1)
+        if len(tuple(axes)) != 1:
+            raise ValueError(
+                f"{_OWNER}: {given[0][0]} masks keys of one attention axis (B, S), as Keras "
+                f"expands it; with attention_axes={self.attention_axes} and inputs of "
+                f"{nd} dims pass the keys' mask in attention_mask instead"
+            )
+        auto: torch.Tensor | None = None
+        for name, m in given:
+            if not isinstance(m, torch.Tensor):
+                raise TypeError(f"{_OWNER}: {name} must be a torch.Tensor, got {type(m).__name__}")
+            if tuple(m.shape) != tuple(value.shape[:-1]):
+                raise ValueError(
+                    f"{_OWNER}: {name} must have the value's shape but its features, "
+                    f"{tuple(value.shape[:-1])} (B, *S), got {shape_str(m)}"
+                )
+            if m.is_complex():
+                raise TypeError(f"{_OWNER}: {name} must be bool or 0/1 numbers, got {m.dtype}")
+            keep = (m if m.dtype == torch.bool else m != 0).unsqueeze(-2)  # (B, ..., 1, S)
+            auto = keep if auto is None else auto & keep
+        assert auto is not None
+        if attention_mask is None:
+            return auto
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.is_complex():
+            return attention_mask  # (the call's own check names it)
+        given_keep = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
+        return given_keep & auto  # Keras's "and", broadcast as numpy broadcasts
