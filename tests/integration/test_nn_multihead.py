@@ -390,6 +390,11 @@ def test_bad_forward_inputs() -> None:
         layer(q, k, v, attn_mask=torch.zeros(5, 6, dtype=torch.int64))
     with pytest.raises(ValueError, match="query should be unbatched 2D or batched 3D"):
         layer(torch.randn(1, 5, 2, 4), k, v)
+    inf_at = torch.zeros(5, 6).index_fill(1, torch.tensor([2]), float("inf"))  # (L, S)
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(5, 6\): .* NaN or \+inf"):
+        layer(q, k, v, attn_mask=inf_at)
+    with pytest.raises(ValueError, match=r"key_padding_mask of shape \(2, 6\): .* NaN or \+inf"):
+        layer(q, k, v, key_padding_mask=torch.full((2, 6), float("nan")))
     with pytest.raises(
         TypeError, match=r"query is torch\.float64 .* parameters are torch\.float32"
     ):

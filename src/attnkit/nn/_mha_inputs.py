@@ -180,7 +180,8 @@ def build_mask(
         if kpm.dtype == torch.bool:
             parts.append(masks.key_padding(kpm))
         else:
-            parts.append(masks.bias(kpm.view(N, 1, 1, S + extra)))  # (N, 1, 1, S')
+            kpm = kpm.view(N, 1, 1, S + extra)  # (N, 1, 1, S')
+            parts.append(_named_bias("key_padding_mask", kpm, key_padding_mask))
 
     if attn_mask is not None:
         if isinstance(attn_mask, masks.Mask):
@@ -198,7 +199,11 @@ def build_mask(
             am = _attn_mask_4d(layer, am, batched, N, L, S)  # (N or 1, H or 1, L, S)
             if extra:
                 am = F.pad(am, (0, extra))  # (.., L, S'): False / 0.0 = visible
-            parts.append(masks.block(am) if am.dtype == torch.bool else masks.bias(am))
+            parts.append(
+                masks.block(am)
+                if am.dtype == torch.bool
+                else _named_bias("attn_mask", am, attn_mask)
+            )
 
     if is_causal:
         if extra:
@@ -280,6 +285,14 @@ def _check_mask_tensor(name: str, value: object, layer: MhaLayer) -> torch.Tenso
             f"masks on the query's device (move it with .to({str(device)!r}))"
         )
     return value
+
+
+def _named_bias(name: str, bias: torch.Tensor, given: torch.Tensor) -> masks.Mask:
+    """``masks.bias(bias)``, its refusal (NaN or +inf) naming the argument ``given``."""
+    try:
+        return masks.bias(bias)
+    except ValueError as exc:
+        raise ValueError(f"{OWNER}: {name} of shape {shape_str(given)}: {exc}") from None
 
 
 def _padded(dense: torch.Tensor, extra: int) -> masks.Mask:
