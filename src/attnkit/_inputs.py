@@ -364,6 +364,8 @@ def validate_inputs(
     elif isinstance(scale, torch.Tensor):
         head_scale = _check_head_scale(scale, heads, device)
         scale_f = 1.0
+        if readable(head_scale):  # its largest multiplier, as a float scale is checked
+            _check_scale_range(float(head_scale.max()), q, k, sc)
     else:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
             raise TypeError(

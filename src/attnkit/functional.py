@@ -106,6 +106,8 @@ def attention(
             use ``masks.keep`` (True = attend) or ``masks.block`` (True = masked).
         scale: multiplier of the logits; None = the score's default
             (1/sqrt(E) for scaled_dot, 1 otherwise); a (H,) tensor: one per query head.
+            A scale whose logits would overflow the compute dtype is refused (a tensor
+            by its largest value, where it can be read on the host).
         dropout_p: dropout on the attention weights, in [0, 1).
         return_weights: also return the weights (..., L, S) the output used
             (before dropout), in float32 for half inputs; ``"mean"``: the weights

@@ -69,6 +69,19 @@ def test_scale_1e38_is_refused_on_every_backend(score_name: str, dtype: torch.dt
                     attnkit.attention(q, k, v, score=score, scale=1e38, backend=backend)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_per_head_scale_is_checked_as_a_float_scale(backend: str) -> None:
+    """A (H,) tensor scale of 1e38 gave NaN outputs where a float 1e38 is refused: where
+    it can be read, its largest multiplier now goes through the float scale's checks."""
+    q, k, v = _inputs(torch.float32)
+    with pytest.raises(ValueError, match=r"scale: expected at most 1\.84e\+19 .*got 1e\+38"):
+        attnkit.attention(q, k, v, scale=torch.tensor([1.0, 1e38]), backend=backend)
+    with pytest.raises(ValueError, match=r"scale: 1e\+18 would overflow the logits"):
+        attnkit.attention(q * 1e10, k * 1e10, v, scale=torch.full((2,), 1e18), backend=backend)
+    fine = attnkit.attention(q, k, v, scale=torch.tensor([0.5, 2.0]), backend=backend)
+    assert torch.isfinite(fine).all()
+
+
 def test_float64_takes_the_scale_its_range_allows() -> None:
     """float64 logits have room for ``scale=1e38`` with unit-size inputs: it runs, finite
     (hard attention), on every backend; 1e160 is past float64's ceiling."""
