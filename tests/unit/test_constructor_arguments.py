@@ -18,6 +18,8 @@ from attnkit import masks, mods
 
 TABLE = torch.zeros(32, 4)
 
+REL = torch.arange(-40, 41, 10)  # (9,) relative positions j - i
+
 BAD: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     # T5's bucketing divides by the exact buckets of each direction
     ("2 buckets", lambda: mods.relative_position_bias(torch.zeros(2, 4), 2, 8), ValueError,
@@ -44,6 +46,20 @@ BAD: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
      ValueError, "table must hold finite values"),
     ("relpos offset", lambda: mods.relative_position_bias(TABLE, 32, 128, k_offset=2**63),
      ValueError, "mods.relative_position_bias: k_offset must be an int"),
+    # t5_buckets checks what relative_position_bias checks: 8 and 4 gave buckets of -2**63
+    # and -10, 0 and 1 buckets a ZeroDivisionError, a float relative float buckets
+    ("buckets max_distance = exact", lambda: mods.t5_buckets(REL, 32, 8, True), ValueError,
+     "mods.t5_buckets: max_distance must exceed the exact buckets"),
+    ("buckets max_distance < exact", lambda: mods.t5_buckets(REL, 32, 4, True), ValueError,
+     "max_distance must exceed the exact buckets"),
+    ("no buckets", lambda: mods.t5_buckets(REL, 0, 128, True), ValueError,
+     "mods.t5_buckets: num_buckets must be an int >= 4"),
+    ("max_distance 0", lambda: mods.t5_buckets(REL, 32, 0, False), ValueError,
+     "mods.t5_buckets: max_distance must be an int >= 2"),
+    ("float relative", lambda: mods.t5_buckets(REL.float(), 32, 128, True), TypeError,
+     "mods.t5_buckets: relative must be an integer tensor (j - i), got torch.float32"),
+    ("list relative", lambda: mods.t5_buckets([1, 2], 32, 128, True), TypeError,
+     "relative must be an integer tensor (j - i), got list"),
     # ALiBi
     ("alibi q_offset 2**63", lambda: mods.alibi(8, q_offset=2**63), ValueError,
      "mods.alibi: q_offset must be an int; got 9223372036854775808, expected a value in "

@@ -164,6 +164,28 @@ class ALiBi(PositionMod):
         return (*super().signature(), self.causal)
 
 
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def _bucketing(
+    where: str, num_buckets: object, max_distance: object, bidirectional: object
+) -> tuple[int, int, bool]:
+    """T5's bucketing arguments, checked: each direction needs an exact bucket (the
+    logarithmic ones divide by their count), and ``max_distance`` must exceed the exact
+    buckets (it divides by the log of their ratio)."""
+    bidirectional = as_bool(where, "bidirectional", bidirectional)
+    least = 4 if bidirectional else 2
+    why = f"an int >= {least}" + (" (half the buckets per direction)" if bidirectional else "")
+    n = as_int(where, "num_buckets", num_buckets, low=least, what=why)
+    far = as_int(where, "max_distance", max_distance, low=2, what="an int >= 2")
+    if (n // (2 if bidirectional else 1)) // 2 >= far:
+        raise ValueError(
+            f"{where}: max_distance must exceed the exact buckets "
+            f"(num_buckets={n}, max_distance={far})"
+        )
+    return n, far, bidirectional
+
+
 def t5_buckets(
     relative: torch.Tensor, num_buckets: int, max_distance: int, bidirectional: bool
 ) -> torch.Tensor:
@@ -192,6 +214,13 @@ def t5_buckets(
         ...                 bidirectional=True)
         tensor([2, 2, 2, 1, 0, 5, 6, 6, 6])
     """
+    where = "mods.t5_buckets"
+    if not isinstance(relative, torch.Tensor) or relative.dtype not in _INT_DTYPES:
+        got = relative.dtype if isinstance(relative, torch.Tensor) else type(relative).__name__
+        raise TypeError(f"{where}: relative must be an integer tensor (j - i), got {got}")
+    num_buckets, max_distance, bidirectional = _bucketing(
+        where, num_buckets, max_distance, bidirectional
+    )
     out = torch.zeros_like(relative)
     n = num_buckets
     if bidirectional:
@@ -251,21 +280,13 @@ class RelativePositionBias(PositionMod):
         super().__init__(align, q_offset, k_offset, where)
         table = as_float_tensor(where, "table", table, ndim=2, layout="(num_buckets, heads)",
                                 convert=False)  # fmt: skip
-        bidirectional = as_bool(where, "bidirectional", bidirectional)
-        # each direction needs an exact bucket (T5's bucketing divides by their count)
-        least = 4 if bidirectional else 2
-        why = f"an int >= {least}" + (" (half the buckets per direction)" if bidirectional else "")
-        num_buckets = as_int(where, "num_buckets", num_buckets, low=least, what=why)
-        max_distance = as_int(where, "max_distance", max_distance, low=2, what="an int >= 2")
+        num_buckets, max_distance, bidirectional = _bucketing(
+            where, num_buckets, max_distance, bidirectional
+        )
         if table.shape[0] != num_buckets:
             raise ValueError(
                 f"mods.relative_position_bias: table has {table.shape[0]} rows, expected "
                 f"num_buckets={num_buckets}"
-            )
-        if (num_buckets // (2 if bidirectional else 1)) // 2 >= max_distance:
-            raise ValueError(
-                "mods.relative_position_bias: max_distance must exceed the exact buckets "
-                f"(num_buckets={num_buckets}, max_distance={max_distance})"
             )
         self.table = table
         self.num_buckets = num_buckets

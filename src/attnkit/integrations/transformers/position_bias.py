@@ -50,9 +50,12 @@ def _table_mod(module: nn.Module, q0: int, k0: int) -> mods.Mod | None:
     if not isinstance(buckets, int) or not isinstance(distance, int):
         return None
     bidirectional = not bool(getattr(module, "is_decoder", False))
-    return mods.relative_position_bias(
-        table.weight, buckets, distance, bidirectional, q_offset=q0, k_offset=k0
-    )
+    try:
+        return mods.relative_position_bias(
+            table.weight, buckets, distance, bidirectional, q_offset=q0, k_offset=k0
+        )
+    except (TypeError, ValueError):  # settings T5's bucketing cannot take: the model's bias
+        return None
 
 
 def _made_by(mod: mods.Mod, bias: torch.Tensor) -> bool:
