@@ -161,6 +161,7 @@ def build_mask(
 
     if key_padding_mask is not None:
         kpm = _check_mask_tensor("key_padding_mask", key_padding_mask, layer)
+        kpm_given = kpm
         want = (N, S) if batched else (S,)
         if kpm.ndim != len(want):
             raise InputShapeError(
@@ -181,7 +182,7 @@ def build_mask(
             parts.append(masks.key_padding(kpm))
         else:
             kpm = kpm.view(N, 1, 1, S + extra)  # (N, 1, 1, S')
-            parts.append(_named_bias("key_padding_mask", kpm, key_padding_mask))
+            parts.append(_named_bias("key_padding_mask", kpm, kpm_given))
 
     if attn_mask is not None:
         if isinstance(attn_mask, masks.Mask):
@@ -196,13 +197,14 @@ def build_mask(
                 parts.append(attn_mask)
         else:
             am = _check_mask_tensor("attn_mask", attn_mask, layer)
+            am_given = am
             am = _attn_mask_4d(layer, am, batched, N, L, S)  # (N or 1, H or 1, L, S)
             if extra:
                 am = F.pad(am, (0, extra))  # (.., L, S'): False / 0.0 = visible
             parts.append(
                 masks.block(am)
                 if am.dtype == torch.bool
-                else _named_bias("attn_mask", am, attn_mask)
+                else _named_bias("attn_mask", am, am_given)
             )
 
     if is_causal:
