@@ -380,6 +380,15 @@ def test_kv_cache_on_its_own() -> None:
     assert cache.length == 0 and cache.max_len == 5
     with pytest.raises(TypeError, match="dtype must be a floating-point"):
         KVCache(1, 1, 2, 2, dtype=torch.int32)
+    # advance(-3) set length -3, and the next write of 2 returned 5 positions; 2.5 was kept
+    for count in (-3, 2.5, 6, True):
+        with pytest.raises(ValueError, match=r"KVCache.advance: count must be an int from 0"):
+            cache.advance(count)  # type: ignore[arg-type]
+        assert cache.length == 0
+    with pytest.raises(ValueError, match=r"the new keys must be a tensor \(batch_size"):
+        cache.append(k[0, 0], v[0, 0])
+    with pytest.raises(TypeError, match=r"the new keys must be a tensor .* got list"):
+        cache.append(k.tolist(), v)  # type: ignore[arg-type]
 
 
 def test_attention_override_routes_every_layer_inside_the_block_only() -> None:

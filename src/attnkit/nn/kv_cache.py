@@ -126,6 +126,13 @@ class KVCache:
 
     def check_write(self, owner: str, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Raise, naming ``owner``, unless ``keys``/``values`` fit at the fill position."""
+        for name, t in (("keys", keys), ("values", values)):
+            if not isinstance(t, torch.Tensor) or t.ndim != 4:
+                got = shape_str(t) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise (ValueError if isinstance(t, torch.Tensor) else TypeError)(
+                    f"{owner}: the new {name} must be a tensor (batch_size, num_kv_heads, T, "
+                    f"head size), got {got}"
+                )
         want_k = (*self.keys.shape[:2], keys.shape[2], self.keys.shape[3])
         want_v = (*self.values.shape[:2], keys.shape[2], self.values.shape[3])
         if tuple(keys.shape) != want_k or tuple(values.shape) != want_v:
@@ -186,7 +193,14 @@ class KVCache:
         return filled
 
     def advance(self, count: int) -> None:
-        """Count ``count`` more positions as filled (after :meth:`write`)."""
+        """Count ``count`` more positions as filled (after :meth:`write`): an int from 0
+        to the positions left (``max_len - length``)."""
+        left = self.max_len - self.length
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= left:
+            raise ValueError(
+                f"{_OWNER}.advance: count must be an int from 0 to the {left} positions left "
+                f"(length {self.length} of max_len {self.max_len}), got {count!r}"
+            )
         self.length += count
         pending, self._pending = self._pending, None
         if pending is not None and pending[0].shape[2] == self.length:
