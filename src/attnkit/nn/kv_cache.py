@@ -196,7 +196,9 @@ class KVCache:
         """Count ``count`` more positions as filled (after :meth:`write`): an int from 0
         to the positions left (``max_len - length``)."""
         left = self.max_len - self.length
-        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= left:
+        if torch.compiler.is_compiling():  # (a traced length: the write checked it)
+            pass
+        elif isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= left:
             raise ValueError(
                 f"{_OWNER}.advance: count must be an int from 0 to the {left} positions left "
                 f"(length {self.length} of max_len {self.max_len}), got {count!r}"
