@@ -53,7 +53,7 @@ from .._host import readable
 from .._inputs import AttentionInputs
 from .._layout import ONE_HEAD, HeadLayout
 from ..mods import ALiBi, PositionMod, Softcap
-from ..scores import Additive, Dot, Gaussian
+from ..scores import Additive, Dot, Gaussian, is_shared_score
 from ._common import (
     all_finite,
     clean_keys,
@@ -68,6 +68,7 @@ __all__ = [
     "ScoreOperands",
     "alibi_folds",
     "alibi_forms",
+    "dot_form_grads_at_risk",
     "gaussian_dot_terms",
     "gaussian_form",
     "lower_score",
@@ -222,6 +223,24 @@ def gaussian_dot_terms(inputs: AttentionInputs) -> float:
     inputs not readable on the host, empty or not finite)."""
     gaussian_form(inputs)
     return inputs.gaussian_terms or 0.0
+
+
+def dot_form_grads_at_risk(inputs: AttentionInputs) -> bool:
+    """True for a Gaussian call whose dot form has terms beyond
+    :data:`DOT_FORM_GRAD_TERMS` (:func:`gaussian_dot_terms`) and whose logits' operands
+    need a gradient (the query, the key, σ, a per-head scale or a modifier's tensors):
+    a fused backward's row term, rounded at ``eps * |dO| |v|``, would reach them
+    multiplied by those terms. Measured on the host only (elsewhere False)."""
+    if not isinstance(inputs.score, Gaussian) or not torch.is_grad_enabled():
+        return False
+    if gaussian_dot_terms(inputs) <= DOT_FORM_GRAD_TERMS:
+        return False
+    tensors = [inputs.query, inputs.key, *(t for m in inputs.mods for t in m.tensors())]
+    if inputs.head_scale is not None:
+        tensors.append(inputs.head_scale)
+    if not is_shared_score(inputs.score):
+        tensors += list(inputs.score.parameters())
+    return any(t.requires_grad for t in tensors)
 
 
 def _gaussian_form(inputs: AttentionInputs, score: Gaussian) -> str:

@@ -11,12 +11,11 @@ from ..._host import readable
 from ..._inputs import AttentionInputs
 from ...blockplan import RaggedSeq
 from ...mods import ALiBi
-from ...scores import Gaussian, is_shared_score
 from .. import varlen
 from .._common import all_finite, dense_mask, graph_link
 from ..autograd import differentiable_lse_forward
 from ..base import Backend, PlainRunner, TracedCall
-from ..operands import DOT_FORM_GRAD_TERMS, alibi_folds, gaussian_dot_terms, lower_score
+from ..operands import alibi_folds, dot_form_grads_at_risk, lower_score
 from ..records import AttentionResult, BackwardCall, InputGrads
 from . import plan
 from .backward import BACKWARD_OP, sdpa_backward
@@ -70,8 +69,8 @@ class SDPABackend(Backend):
         for m in inputs.mods:
             if isinstance(m, ALiBi) and not alibi_folds(inputs, m):
                 reasons.append(
-                    "symmetric ALiBi without a causal mask is not a dot product (chunked and "
-                    "triton compute it per tile)"
+                    "symmetric ALiBi without a causal mask is not a dot product (chunked computes "
+                    "it per tile)"
                 )
             elif isinstance(m, ALiBi) and inputs.groups > 1:
                 reasons.append("ALiBi with grouped-query heads (its key bias is per query head)")
@@ -472,19 +471,6 @@ class _KernelValue(torch.autograd.Function):
         return None, grad
 
 
-def _logits_need_grad(inputs: AttentionInputs) -> bool:
-    """True when a gradient reaches the logits' operands: the query, the key, the score's
-    parameters, a per-head scale or a modifier's tensors (not only the values)."""
-    if not torch.is_grad_enabled():
-        return False
-    tensors = [inputs.query, inputs.key, *(t for m in inputs.mods for t in m.tensors())]
-    if inputs.head_scale is not None:
-        tensors.append(inputs.head_scale)
-    if not is_shared_score(inputs.score):
-        tensors += list(inputs.score.parameters())
-    return any(t.requires_grad for t in tensors)
-
-
 def _tile_gradients(inputs: AttentionInputs, tiles: Backend) -> bool:
     """True when the call's gradients come from the chunked tiles, not the fused
     backward: a Gaussian whose dot form has terms beyond :data:`DOT_FORM_GRAD_TERMS`
@@ -493,9 +479,7 @@ def _tile_gradients(inputs: AttentionInputs, tiles: Backend) -> bool:
     weights (whose own path already differentiates the softmax of the recomputed logits,
     see :func:`_with_weights`), on a call the tiles run. Measured on the host with the
     Gaussian's form (:func:`attnkit.backends.operands.gaussian_form`): elsewhere 0."""
-    if inputs.return_weights or inputs.dropout_p > 0 or not isinstance(inputs.score, Gaussian):
-        return False
-    if gaussian_dot_terms(inputs) <= DOT_FORM_GRAD_TERMS or not _logits_need_grad(inputs):
+    if inputs.return_weights or inputs.dropout_p > 0 or not dot_form_grads_at_risk(inputs):
         return False
     return not tiles.not_supported_reasons(inputs)
 

@@ -14,7 +14,13 @@ from ...scores import Additive, Dot
 from .._backward import leaf_call, pull_back
 from .._common import clean_values, unit_stride
 from ..base import Backend
-from ..operands import ScoreOperands, lower_score
+from ..operands import (
+    DOT_FORM_GRAD_TERMS,
+    ScoreOperands,
+    dot_form_grads_at_risk,
+    gaussian_dot_terms,
+    lower_score,
+)
 from ..records import AttentionResult, BackwardCall, InputGrads
 from .layout import bh_shape, bh_view, kv_lead
 from .maskargs import pack_mask, plan_reason, spec_from_plan
@@ -68,6 +74,13 @@ class TritonBackend(Backend):
         if score.dot_reducible and max(_dot_dims(inputs)) > MAX_HEAD_DIM:
             reasons.append(
                 f"feature sizes {_dot_dims(inputs)} exceed {MAX_HEAD_DIM} (registers per tile)"
+            )
+        if dot_form_grads_at_risk(inputs):
+            reasons.append(
+                f"a Gaussian whose dot form has terms of {gaussian_dot_terms(inputs):.3g} "
+                f"logits (beyond {DOT_FORM_GRAD_TERMS:g}) with a gradient of q, k or σ: the "
+                "kernels' backward would round their row term at that size (chunked's "
+                "tiles keep it)"
             )
         if far_rows_at_risk(inputs):
             reasons.append(

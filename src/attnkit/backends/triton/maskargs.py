@@ -152,6 +152,12 @@ def _clause_record(c: Clause, L: int, S: int) -> tuple[int, list[torch.Tensor]]:
     return bits, pieces
 
 
+def _within(bound: int, L: int, S: int) -> int:
+    """A band bound (key minus query index) held to [-L, S]: the same band over L rows
+    and S keys."""
+    return max(-L, min(S, bound))
+
+
 def pack_mask(
     spec: MaskSpec, L: int, S: int, batch_shape: tuple[int, ...], device: torch.device
 ) -> PackedMask:
@@ -172,8 +178,11 @@ def pack_mask(
     for n, c in enumerate(clauses):
         bits, parts = _clause_record(c, L, S)
         mb |= bits << (_b.CLAUSE_WIDTH * n)
-        bands[2 * n] = c.lo if c.lo is not None else 0
-        bands[2 * n + 1] = c.hi if c.hi is not None else 0
+        # a band bound past -L or S keeps what -L or S keeps (rows + bound < 0 or >= S
+        # for every row), and held there its sums with row indices never leave int32,
+        # as Triton types an argument that fits it (a bound near 2**31 wrapped: rows of 0)
+        bands[2 * n] = _within(c.lo, L, S) if c.lo is not None else 0
+        bands[2 * n + 1] = _within(c.hi, L, S) if c.hi is not None else 0
         pieces += parts
         if c.dense_keep:
             dense = c.dense_keep[0]

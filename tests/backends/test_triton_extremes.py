@@ -1,0 +1,93 @@
+"""The triton backend at the edges of its arguments' ranges, under the interpreter.
+
+- Band bounds (window sides, causal offsets) just under 2**31 fit int32, so Triton typed
+  them int32 and their sums with row indices wrapped: every row came back 0 (lse -inf)
+  with nonzero value gradients. The host now holds each bound to [-L, S].
+- A Gaussian whose dot form has terms beyond DOT_FORM_GRAD_TERMS gave rounding noise
+  (1e5x the true gradient) where dq and dk vanish; triton now declines it, as sdpa hands
+  such gradients to chunked's tiles.
+- The additive score's tanh cancelled for small arguments (1.8e-3 off at 1e-5).
+"""
+
+from __future__ import annotations
+
+from interpreted_triton import interpreted_triton  # first: sets TRITON_INTERPRET=1
+
+# isort: split
+
+import copy
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import attnkit
+from attnkit import masks, scores
+
+from tolerance import FLOAT32_CALL_REL, assert_close_to_scale
+
+
+@pytest.fixture(scope="module", autouse=True)
+def triton_registered() -> Iterator[None]:
+    """The backend under the interpreter for this module only (tests/interpreted_triton.py)."""
+    with interpreted_triton():
+        yield
+
+
+NEAR = 2**31 - 3  # fits int32; its sums with row indices do not
+
+
+BANDS = {
+    "window_right": masks.window(2, NEAR),
+    "window_open": masks.window(None, NEAR + 2),
+    "causal_offset": masks.causal(q_offset=NEAR),
+    "window_left": masks.window(NEAR, 0),
+}
+
+
+@pytest.mark.parametrize("mask", list(BANDS.values()), ids=list(BANDS))
+def test_band_bounds_near_2_31_keep_their_band(mask: masks.Mask) -> None:
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 20, n, generator=g, dtype=torch.float64) for n in (4, 4, 3))
+    want = {}
+    for backend, dtype in (("reference", torch.float64), ("triton", torch.float32)):
+        qq, kk, vv = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+        out, lse = attnkit.attention(qq, kk, vv, mask=mask, return_lse=True, backend=backend)
+        out.backward(torch.ones_like(out))
+        got = (out, lse, qq.grad, kk.grad, vv.grad)
+        if backend == "reference":
+            want = dict(enumerate(got))
+            continue
+        for i, name in enumerate(("out", "lse", "dq", "dk", "dv")):
+            assert_close_to_scale(got[i], want[i], rel=FLOAT32_CALL_REL * 8, what=name)
+
+
+def test_a_gaussian_with_large_dot_form_terms_and_gradients_is_declined() -> None:
+    g = torch.Generator().manual_seed(2)
+    q, k = (torch.randn(5, 5, generator=g) * 30 for _ in "qk")  # terms of thousands of logits
+    v = torch.randn(5, 4, generator=g)
+    q.requires_grad_()
+    with pytest.raises(attnkit.BackendNotSupportedError, match="dot form has terms of"):
+        attnkit.attention(q, k, v, score=scores.Gaussian(1.0), backend="triton")
+    with torch.no_grad():  # without a gradient the forward is exact: it runs
+        out = attnkit.attention(q, k, v, score=scores.Gaussian(1.0), backend="triton")
+        want = attnkit.attention(q.double(), k.double(), v.double(), score=scores.Gaussian(1.0))
+    assert_close_to_scale(out, want, rel=FLOAT32_CALL_REL * 8)
+
+
+@pytest.mark.parametrize("size", [1e-2, 1e-5])
+def test_the_additive_score_keeps_small_pre_activations_exact(size: float) -> None:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, 8, generator=g, dtype=torch.float64) for n in (8, 24, 24))
+    torch.manual_seed(0)
+    score = scores.Additive(8, 8, 16).double()
+    q, k = q * size, k * size
+    want, w_want = attnkit.attention(
+        q, k, v, score=score, scale=1 / size, return_weights=True, backend="reference"
+    )
+    out, w = attnkit.attention(
+        q.float(), k.float(), v.float(), score=copy.deepcopy(score).float(), scale=1 / size,
+        return_weights=True, backend="triton",
+    )  # fmt: skip
+    assert_close_to_scale(out, want, rel=FLOAT32_CALL_REL * 2, what="output")
+    assert_close_to_scale(w, w_want, rel=FLOAT32_CALL_REL * 2, what="weights")
