@@ -91,3 +91,13 @@ def test_the_additive_score_keeps_small_pre_activations_exact(size: float) -> No
     )  # fmt: skip
     assert_close_to_scale(out, want, rel=FLOAT32_CALL_REL * 2, what="output")
     assert_close_to_scale(w, w_want, rel=FLOAT32_CALL_REL * 2, what="weights")
+
+
+def test_more_rows_than_a_grid_axis_holds_are_declined() -> None:
+    """The kernels' grids hold the (batch × head) rows on an axis CUDA limits to 65535
+    blocks: a call with more is declined (by its shapes alone), not launched to fail."""
+    q = torch.zeros(1, 1, 1, 4).expand(65536, 1, 2, 4)  # (B, H, L, E), no memory
+    reasons = attnkit.explain(q, q, q, backend="triton").reasons["triton"]
+    assert any("65536 (batch × head) rows" in r for r in reasons), reasons
+    fits = torch.zeros(1, 1, 1, 4).expand(65535, 1, 2, 4)
+    assert not any("rows" in r for r in attnkit.explain(fits, fits, fits).reasons["triton"])

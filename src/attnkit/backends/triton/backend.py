@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -30,6 +31,10 @@ __all__ = ["MAX_HEAD_DIM", "TritonBackend"]
 
 MAX_HEAD_DIM = 256
 """Largest query/key and value feature size of the dot-form kernels (registers per tile)."""
+
+MAX_GRID_ROWS = 65535
+"""Most (batch × head) rows of a call: the kernels' grids put them on their second or
+third axis, which CUDA holds to 65535 blocks (the first axis allows 2**31 - 1)."""
 
 
 def _device_types() -> frozenset[str]:
@@ -97,6 +102,12 @@ class TritonBackend(Backend):
                 reasons.append(why)
         if inputs.mask_needs_grad:
             reasons.append("a mask tensor that requires grad (its gradient is L×S)")
+        rows = math.prod(inputs.batch_shape)
+        if rows > MAX_GRID_ROWS:
+            reasons.append(
+                f"{rows} (batch × head) rows: the kernels' grids put them on one axis, which "
+                f"CUDA holds to {MAX_GRID_ROWS} blocks"
+            )
         why = plan_reason(inputs.block_plan())
         if why is not None:
             reasons.append(why)
