@@ -446,6 +446,10 @@ def attention_backward(
         )
         check_given_lse(inputs, lse)
         chosen = select_backend(inputs, normalize_backend_arg(backend))
+        if inputs.L == 0 or inputs.S == 0 or math.prod(inputs.batch_shape) == 0:
+            # no pair: every gradient is 0, as attention()'s empty result gives
+            zeros = [torch.zeros_like(t) for t in (query, key, value)]
+            return zeros[0], zeros[1], zeros[2], [torch.zeros_like(p) for p in wrt]
     return chosen.backward(BackwardCall(inputs, OutputGrads(out, lse, grad_out, grad_lse), wrt))
 
 

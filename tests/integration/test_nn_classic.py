@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import attnkit
 from attnkit.nn import AdditiveAttention, DotProductAttention, KernelScore, NadarayaWatson
 
 from tolerance import (
@@ -399,3 +400,14 @@ def test_mixed_input_dtypes_are_named_by_the_layer() -> None:
     q = torch.randn(2, 3, 4, dtype=torch.float64)
     with pytest.raises(TypeError, match=r"^DotProductAttention: queries, keys and values must"):
         DotProductAttention()(q, torch.randn(2, 5, 4), torch.randn(2, 5, 4))
+
+
+def test_masked_softmax_over_no_key_is_empty() -> None:
+    """Logits (..., 0): empty weights (amax raised on an empty dim), with or without
+    valid_lens, and a gradient of the input's shape."""
+    x = torch.randn(2, 3, 0, requires_grad=True)
+    for lens in (None, torch.tensor([0, 0])):
+        w = attnkit.masked_softmax(x, lens)
+        assert w.shape == (2, 3, 0)
+    attnkit.masked_softmax(x).sum().backward()
+    assert x.grad is not None and x.grad.shape == (2, 3, 0)

@@ -230,3 +230,19 @@ def test_a_valid_call_gives_the_gradients_of_attention(backend: str) -> None:
     got = _run(args, backend=backend)
     for a, b in zip(got[:3], want, strict=True):
         assert_close_to_scale(a, b, rel=FLOAT64_REL)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize(("b", "lq", "sk"), [(1, 0, 5), (1, 3, 0), (0, 3, 4)])
+def test_an_empty_call_gives_zero_gradients(backend: str, b: int, lq: int, sk: int) -> None:
+    """No pair (L, S or the batch 0): zero gradients of each input's shape, as the
+    forward's empty result gives. sdpa and chunked reshaped tensors of 0 elements."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(b, 2, lq, 8, generator=g)
+    k, v = torch.randn(b, 2, sk, 8, generator=g), torch.randn(b, 2, sk, 6, generator=g)
+    out, lse = attnkit.attention(q, k, v, return_lse=True)
+    dq, dk, dv, _ = attnkit.attention_backward(
+        q, k, v, out, lse, torch.ones_like(out), backend=backend
+    )
+    for got, want in ((dq, q), (dk, k), (dv, v)):
+        assert got.shape == want.shape and not got.any()

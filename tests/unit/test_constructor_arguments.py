@@ -60,6 +60,20 @@ BAD: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
      "mods.t5_buckets: relative must be an integer tensor (j - i), got torch.float32"),
     ("list relative", lambda: mods.t5_buckets([1, 2], 32, 128, True), TypeError,
      "relative must be an integer tensor (j - i), got list"),
+    # combinations and masks built by their class take only masks (an empty AndMask
+    # reached an AssertionError in sdpa, AndMask([1, 2]) an AttributeError when used)
+    ("AndMask of none", lambda: masks.AndMask([]), ValueError,
+     "masks.AndMask: expected at least one mask, got none"),
+    ("OrMask of none", lambda: masks.OrMask([]), ValueError, "masks.OrMask: expected at least"),
+    ("AndMask of ints", lambda: masks.AndMask([1, 2]), TypeError,
+     "masks.AndMask: every part must be an attnkit mask, got 1"),
+    ("OrMask of an int", lambda: masks.OrMask([1]), TypeError, "every part must be an attnkit"),
+    ("AndMask of a number", lambda: masks.AndMask(3), TypeError,
+     "masks.AndMask: expected a list of masks, got 3"),
+    ("NotMask of None", lambda: masks.NotMask(None), TypeError,
+     "masks.NotMask: expected an attnkit mask, got None"),
+    ("KeepMask of ints", lambda: masks.KeepMask(torch.ones(4, 5, dtype=torch.int64)), TypeError,
+     "masks.keep: expected a bool tensor (True = may attend), got dtype torch.int64"),
     # ALiBi
     ("alibi q_offset 2**63", lambda: mods.alibi(8, q_offset=2**63), ValueError,
      "mods.alibi: q_offset must be an int; got 9223372036854775808, expected a value in "

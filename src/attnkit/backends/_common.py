@@ -163,8 +163,11 @@ def masked_softmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Returns weights (..., L, S) and lse (..., L). A row with every entry ``-inf``
     gets weights 0 and lse ``-inf``, with zero gradients. A NaN logit makes its row's
     weights NaN on every pair that is not blocked, and its lse NaN (a used NaN
-    propagates); a blocked pair keeps weight 0 and passes no gradient.
+    propagates); a blocked pair keeps weight 0 and passes no gradient. With no key
+    (S = 0) every row is such a row.
     """
+    if logits.shape[-1] == 0:  # (amax has nothing to reduce)
+        return logits.clone(), logits.sum(dim=-1) + float("-inf")  # (..., L, 0), (..., L)
     m = logits.amax(dim=-1, keepdim=True).detach()  # (..., L, 1)
     m = torch.where(torch.isinf(m), torch.zeros((), dtype=m.dtype, device=m.device), m)
     e = torch.exp(logits - m)  # (..., L, S)

@@ -25,6 +25,12 @@ class KeepMask(Mask):
             raise ValueError(
                 f"masks.{source}: expected a tensor of shape (..., L, S) or (S,), got a 0-d tensor"
             )
+        if tensor.dtype != torch.bool:
+            raise TypeError(
+                f"masks.{source}: expected a bool tensor (True = may attend), got dtype "
+                f"{tensor.dtype}; for 0/1 TensorFlow masks use masks.tf, for additive floats "
+                "masks.bias"
+            )
         self.tensor = tensor
         self.source = source
 

@@ -47,7 +47,17 @@ class _Combination(Mask):
     kind_reported = False  # not a kind: its subclasses name theirs
 
     def __init__(self, parts: Sequence[Mask]) -> None:
-        self._parts = tuple(parts)
+        where = f"masks.{type(self).__name__}"
+        try:
+            parts = tuple(parts)
+        except TypeError:
+            raise TypeError(f"{where}: expected a list of masks, got {parts!r:.60}") from None
+        if not parts:
+            raise ValueError(f"{where}: expected at least one mask, got none")
+        for p in parts:
+            if not isinstance(p, Mask):
+                raise TypeError(f"{where}: every part must be an attnkit mask, got {p!r:.60}")
+        self._parts = parts
 
     def children(self) -> tuple[Mask, ...]:
         return self._parts
@@ -99,8 +109,8 @@ class OrMask(_Combination):
     kind_reported = True
 
     def __init__(self, parts: Sequence[Mask]) -> None:
-        _no_bias("|", parts)
         super().__init__(parts)
+        _no_bias("|", self._parts)
 
     @classmethod
     def of(cls, a: Mask, b: Mask) -> OrMask:
@@ -131,6 +141,8 @@ class NotMask(Mask):
     kind = "not"
 
     def __init__(self, inner: Mask) -> None:
+        if not isinstance(inner, Mask):
+            raise TypeError(f"masks.NotMask: expected an attnkit mask, got {inner!r:.60}")
         _no_bias("~", [inner])
         self.inner = inner
 
