@@ -128,6 +128,21 @@ def test_an_unavailable_backend_gives_its_reason_and_never_runs() -> None:
     assert attnkit.explain(q, q, q).chosen == "sdpa"
 
 
+def test_registering_takes_only_names_it_knows() -> None:
+    """device_types="cpu" registered the backend for device types 'c', 'p' and 'u', and
+    before="sdpaa" was dropped without a word; both are refused before any change, and
+    unregister_backend names itself."""
+    before = {dev: list(names) for dev, names in dispatch.PRIORITY.items()}
+    with pytest.raises(TypeError, match=r"device_types: expected a list .* got 'cpu'"):
+        attnkit.register_backend(_Unavailable(), device_types="cpu")
+    with pytest.raises(ValueError, match=r"before: unknown backend 'sdpaa'"):
+        attnkit.register_backend(_Unavailable(), before="sdpaa")
+    with pytest.raises(ValueError, match=r"unregister_backend: unknown backend 'spda'"):
+        attnkit.unregister_backend("spda")
+    assert "test-unavailable" not in attnkit.available_backends()
+    assert {dev: list(names) for dev, names in dispatch.PRIORITY.items()} == before
+
+
 def test_no_backend_module_imports_another() -> None:
     import ast
     import pathlib

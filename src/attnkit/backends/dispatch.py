@@ -171,11 +171,27 @@ def register_backend(
     """Add (or replace) a backend.
 
     It joins the ranking of each device type it declares (``backend.device_types``,
-    or ``device_types``): placed before ``before`` when given, else where
-    :data:`PRIORITY` names it, else last.
+    or ``device_types``, a list of names such as ``["cpu"]``): placed before ``before``
+    (a backend name) when given, else where :data:`PRIORITY` names it, else last.
+
+    Raises:
+        TypeError: ``backend`` is not a Backend; ``device_types`` is not a list of names.
+        ValueError: ``before`` names no backend.
     """
     if not isinstance(backend, Backend):
         raise TypeError(f"backend: expected an attnkit Backend, got {type(backend).__name__}")
+    if device_types is not None and (
+        isinstance(device_types, str) or not all(isinstance(d, str) for d in device_types)
+    ):
+        raise TypeError(
+            f"device_types: expected a list of device type names such as ['cpu'], got "
+            f"{device_types!r}"
+        )
+    known = set(_REGISTRY) | {n for ranking in PRIORITY.values() for n in ranking}
+    if before is not None and (not isinstance(before, str) or before not in known):
+        raise ValueError(
+            f"before: unknown backend {before!r}; expected one of {sorted(known)} or None"
+        )
     if backend.name not in _REGISTRY:
         _ORDER.append(backend.name)
     _REGISTRY[backend.name] = backend
@@ -229,7 +245,11 @@ def unregister_backend(name: str) -> Backend:
     ``register_backend(unregister_backend(name))`` puts a backend back where it was.
     Cached choices and call plans are forgotten.
     """
-    be = get_backend(name)
+    be = _REGISTRY.get(name) if isinstance(name, str) else None
+    if be is None:
+        raise ValueError(
+            f"unregister_backend: unknown backend {name!r}; expected one of {list(_ORDER)}"
+        )
     del _REGISTRY[name]
     _ORDER.remove(name)
     _registry_changed()
