@@ -159,6 +159,23 @@ def test_explain_and_shard_name_their_bad_arguments() -> None:
         cp.explain_context_parallel(q, q, q, world_size=2, seq_len=10.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"^dim: expected an int in \[-4, 4\)"):
         cp.shard(q, rank=0, world_size=2, dim=7)
+    # calls attention() refuses, and lengths no rank holds, were said to "can run"
+    for k, v, words in (
+        (torch.zeros(1, 2, 4, 5), q, "needs equal feature dims"),
+        (q, torch.zeros(1, 2, 3, 8), "the same number of keys S"),
+        (q, q.int(), "value: expected a floating-point tensor"),
+    ):
+        with pytest.raises((TypeError, ValueError), match=words):
+            cp.explain_context_parallel(q, k, v, world_size=2)
+    with pytest.raises(ValueError, match=r"^query: 4 positions is no rank's shard of 5"):
+        cp.explain_context_parallel(q, q, q, world_size=2, seq_len=5)
+    # shards assembled without a group are checked as unshard checks them
+    with pytest.raises(ValueError, match=r"rank 1's shard \(1, 2, 4, 9\) differs from rank 0's"):
+        cp.assemble([q, torch.zeros(1, 2, 4, 9)])
+    with pytest.raises(TypeError, match=r"shards: expected a list of tensors, one per rank"):
+        cp.assemble(torch.zeros(2, 1, 2, 4, 8))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"shards: rank 0's shard is a int, not a tensor"):
+        cp.assemble([1, 2])  # type: ignore[list-item]
 
 
 def test_mask_heads_are_sliced_for_the_head_exchange() -> None:
@@ -185,6 +202,12 @@ def test_calls_outside_a_process_group_are_refused() -> None:
         cp.context_parallel_attention(x, x, x)
     with pytest.raises(ValueError, match="pass rank= and world_size="):
         cp.shard(x)
+    with pytest.raises(ValueError, match=r"^unshard: torch\.distributed is not initialized"):
+        cp.unshard(x)
+    with pytest.raises(ValueError, match=r"^all_reduce_grads: torch\.distributed is not"):
+        cp.all_reduce_grads(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match=r"module: expected a torch\.nn\.Module, got int"):
+        cp.all_reduce_grads(3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"layer must be an attnkit\.nn\.SelfAttention"):
         cp.ContextParallel(torch.nn.Linear(2, 2))
 

@@ -84,6 +84,7 @@ def test_unshard_names_its_exchange_when_a_rank_is_lost(monkeypatch: pytest.Monk
     def lost(*args: object, **kwargs: object) -> None:
         raise RuntimeError("Connection reset by peer")
 
+    monkeypatch.setattr(layout.dist, "is_initialized", lambda: True)
     monkeypatch.setattr(layout.dist, "get_world_size", lambda group=None: 2)
     monkeypatch.setattr(comm.dist, "get_rank", lambda group=None: 0)
     monkeypatch.setattr(comm.dist, "all_gather", lost)

@@ -18,11 +18,12 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import masks as _masks
+from .._inputs import validate_inputs
 from ..blockplan import stable_hash
 from ..scores import Score
 from .agree import normalize_mask
 from .all_to_all import all_to_all_attention
-from .comm import all_reduce, exchange_rows, metadata_device
+from .comm import all_reduce, exchange_rows, metadata_device, require_group
 from .errors import ContextParallelError
 from .layout import Layout, check_layout, segments
 from .plan import (
@@ -215,10 +216,22 @@ def explain_context_parallel(
     for name, n in (("seq_len", seq_len), ("kv_seq_len", kv_seq_len)):
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
             raise ValueError(f"{name}: expected None or an int >= 0, got {n!r}")
+    # the call's own checks of shapes and dtypes (attention()'s), on stand-ins of no memory
+    validate_inputs(
+        *(torch.empty(t.shape, dtype=t.dtype, device="meta") for t in (query, key, value))
+    )
     mask = normalize_mask(mask)  # (a float tensor is a bias, as for the call)
     n_q = seq_len if seq_len is not None else query.shape[-2] * world_size
     n_kv = kv_seq_len if kv_seq_len is not None else key.shape[-2] * world_size
     q_segs, kv_segs = segments(n_q, world_size, lay), segments(n_kv, world_size, lay)
+    for name, t, n, segs in (("query", query, n_q, q_segs), ("key", key, n_kv, kv_segs)):
+        held = sorted({sum(length for _, length in rank) for rank in segs})
+        if t.shape[-2] not in held:
+            raise ValueError(
+                f"{name}: {t.shape[-2]} positions is no rank's shard of {n} positions over "
+                f"{world_size} ranks ({lay}: {', '.join(map(str, held))}); check "
+                f"{'seq_len' if name == 'query' else 'kv_seq_len'}"
+            )
     batch_shape = call_batch_shape(query.shape, key.shape)
     check_full_mask(mask, batch_shape, n_q, n_kv,
                     "seq_len, kv_seq_len, or the shard lengths times world_size")  # fmt: skip
@@ -274,6 +287,9 @@ def all_reduce_grads(module: nn.Module, group: dist.ProcessGroup | None = None) 
         out.sum().backward()
         cp.all_reduce_grads(score)          # every rank: the full gradient
     """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
+    require_group("all_reduce_grads")
     summed = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
     # the ranks first agree on which gradients they sum: a list that differs (a parameter
     # frozen on one rank) would add one parameter's gradient to another's

@@ -72,6 +72,7 @@ __all__ = [
     "in_flight",
     "metadata_device",
     "p2p",
+    "require_group",
     "settle",
     "wait_all",
 ]
@@ -81,6 +82,16 @@ P2P = tuple[str, torch.Tensor, int, int]
 
 _LOST = ("connection reset", "closed by peer", "broken pipe", "connection refused", "eof")
 _TIMEOUT = ("timed out", "timeout")
+
+
+def require_group(where: str) -> None:
+    """Raise ValueError, naming ``where``, unless torch.distributed has a process group
+    (before any collective, which would raise torch's own message)."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError(
+            f"{where}: torch.distributed is not initialized; call "
+            "torch.distributed.init_process_group first (torchrun sets up the environment)"
+        )
 
 
 def metadata_device(group: dist.ProcessGroup | None, like: object) -> torch.device:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..blockplan import stable_hash
-from .comm import all_gather, metadata_device
+from .comm import all_gather, metadata_device, require_group
 
 __all__ = [
     "LAYOUTS",
@@ -232,7 +232,9 @@ def assemble(
         The full tensor, of the shards' shape with ``dim`` of the total length.
 
     Raises:
-        ValueError: no shards, a shard's length is not what the layout gives its rank,
+        TypeError: ``shards`` is not a list of tensors.
+        ValueError: no shards, shards that differ in a dim other than ``dim``, ``dim``
+            not a dim of them, a shard's length is not what the layout gives its rank,
             or an unknown ``layout``.
 
     Examples:
@@ -245,8 +247,27 @@ def assemble(
         >>> torch.equal(cp.assemble(shards), x)
         True
     """
+    if isinstance(shards, torch.Tensor) or not isinstance(shards, (list, tuple)):
+        raise TypeError(
+            f"shards: expected a list of tensors, one per rank, got {type(shards).__name__}"
+        )
     if not shards:
         raise ValueError("shards: expected one tensor per rank, got none")
+    for r, s in enumerate(shards):
+        if not isinstance(s, torch.Tensor):
+            raise TypeError(f"shards: rank {r}'s shard is a {type(s).__name__}, not a tensor")
+    d = _seq_dim(shards[0], dim)
+    first = shards[0]
+    for r, s in enumerate(shards):
+        if (
+            s.ndim != first.ndim
+            or s.shape[:d] != first.shape[:d]
+            or s.shape[d + 1 :] != (first.shape[d + 1 :])
+        ):
+            raise ValueError(
+                f"shards: rank {r}'s shard {tuple(s.shape)} differs from rank 0's "
+                f"{tuple(first.shape)} in a dim other than dim {dim}, which every shard shares"
+            )
     p = len(shards)
     n = sum(int(s.shape[dim]) for s in shards)
     segs = segments(n, p, layout)
@@ -301,6 +322,7 @@ def unshard(
         out_local = cp.context_parallel_attention(q_local, k_local, v_local)
         out = cp.unshard(out_local)         # every rank: (B, H, N, Ev)
     """
+    require_group("unshard")
     # this rank's own error travels in the first all_gather, so that every rank raises
     # (the others would wait in it until the group's timeout)
     own: Exception | None = None
