@@ -1,4 +1,4 @@
-"""One checker for the arguments of the mask and modifier constructors.
+"""One checker for the arguments of the constructors (masks, modifiers, scores, layers).
 
 Every constructor of :mod:`attnkit.masks` and :mod:`attnkit.mods` takes its plain
 arguments through these functions, so one class of mistake gets one answer
@@ -14,7 +14,9 @@ everywhere, at construction, naming the constructor and the argument:
   that fit in int64, the expected number of dims;
 - float tensors (or lists of floats): a floating dtype, the expected number of dims,
   not empty, finite where that is required (read only where reading is free: CPU
-  tensors outside ``torch.compile``).
+  tensors outside ``torch.compile``);
+- the ``device`` and ``dtype`` of a module's parameters: a device this torch has, a
+  floating-point dtype.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from ._host import readable
 __all__ = [
     "MAX_POSITION",
     "as_bool",
+    "as_factory_device",
+    "as_factory_dtype",
     "as_float_tensor",
     "as_int",
     "as_int_tensor",
@@ -173,3 +177,42 @@ def as_float_tensor(
     if finite and readable(t) and not bool(torch.isfinite(t.detach()).all()):
         raise ValueError(f"{where}: {name} must hold finite values, got {t.detach().flatten()[:4]}")
     return t
+
+
+def as_factory_dtype(owner: str, dtype: object) -> torch.dtype | None:
+    """``dtype`` if it is None or a floating-point ``torch.dtype``, else a TypeError
+    naming ``owner``: at construction, not inside a weight initializer."""
+    if dtype is None:
+        return None
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(
+            f"{owner}: dtype must be a floating-point torch.dtype or None, got "
+            f"{type(dtype).__name__} {dtype!r}"
+        )
+    if not dtype.is_floating_point:
+        raise TypeError(
+            f"{owner}: dtype must be a floating-point torch.dtype (float16, bfloat16, float32, "
+            f"float64) or None, got {dtype}"
+        )
+    return dtype
+
+
+def as_factory_device(owner: str, device: object) -> torch.device | None:
+    """``device`` as a ``torch.device`` (None stays None) if this torch has it, else a
+    ValueError naming ``owner``: a misspelt name (``"gpu"``), or a device type this
+    build or machine lacks (``"cuda"`` on a CPU-only torch)."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)  # type: ignore[call-overload]
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(
+            f"{owner}: device must be a torch.device or a name such as 'cpu' or 'cuda:0', "
+            f"got {device!r}"
+        ) from None
+    if dev.type not in ("cpu", "meta"):
+        try:
+            torch.empty(0, device=dev)
+        except (AssertionError, RuntimeError) as exc:
+            raise ValueError(f"{owner}: device {dev} is not available here ({exc})") from None
+    return dev

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ._args import as_bool, as_factory_device, as_factory_dtype
 from ._host import readable
 
 __all__ = [
@@ -310,6 +311,8 @@ class Bilinear(Score):
         super().__init__()
         _check_dim("Bilinear", "query_dim", query_dim)
         _check_dim("Bilinear", "key_dim", key_dim)
+        dtype = as_factory_dtype("scores.Bilinear", dtype)
+        device = as_factory_device("scores.Bilinear", device)
         self.weight = nn.Parameter(torch.empty(query_dim, key_dim, device=device, dtype=dtype))
         nn.init.xavier_uniform_(self.weight)
 
@@ -384,6 +387,8 @@ class Additive(Score):
         _check_dim("Additive", "query_dim", query_dim)
         _check_dim("Additive", "key_dim", key_dim)
         _check_dim("Additive", "hidden_dim", hidden_dim)
+        dtype = as_factory_dtype("scores.Additive", dtype)
+        device = as_factory_device("scores.Additive", device)
         kw = {"device": device, "dtype": dtype, "bias": False}
         self.W_q = nn.Linear(query_dim, hidden_dim, **kw)  # type: ignore[arg-type]
         self.W_k = nn.Linear(key_dim, hidden_dim, **kw)  # type: ignore[arg-type]
@@ -460,6 +465,7 @@ class Gaussian(Score):
 
     def __init__(self, sigma: float | torch.Tensor = 1.0, *, learnable: bool = False) -> None:
         super().__init__()
+        learnable = as_bool("Gaussian", "learnable", learnable)
         # A fixed bandwidth is kept in float64 so float64 inputs see it exactly.
         dtype = torch.get_default_dtype() if learnable else torch.float64
         if isinstance(sigma, bool) or not isinstance(sigma, (int, float, torch.Tensor)):

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import attnkit
-from attnkit import masks, mods
+import attnkit.nn as ann
+from attnkit import masks, mods, scores
 
 TABLE = torch.zeros(32, 4)
 
@@ -74,6 +75,24 @@ BAD: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
      "masks.NotMask: expected an attnkit mask, got None"),
     ("KeepMask of ints", lambda: masks.KeepMask(torch.ones(4, 5, dtype=torch.int64)), TypeError,
      "masks.keep: expected a bool tensor (True = may attend), got dtype torch.int64"),
+    # parameters' device and dtype, and the Gaussian's flag, at construction (a
+    # misspelt device reached torch's own error, an int dtype a weight initializer's)
+    ("Bilinear on 'gpu'", lambda: scores.Bilinear(8, 8, device="gpu"), ValueError,
+     "scores.Bilinear: device must be a torch.device or a name such as 'cpu'"),
+    ("Bilinear of ints", lambda: scores.Bilinear(8, 8, dtype=torch.int64), TypeError,
+     "scores.Bilinear: dtype must be a floating-point torch.dtype"),
+    ("Additive of ints", lambda: scores.Additive(8, 8, 4, dtype=torch.int64), TypeError,
+     "scores.Additive: dtype must be a floating-point torch.dtype"),
+    ("Gaussian learnable 'no'", lambda: scores.Gaussian(1.0, learnable="no"), TypeError,
+     "Gaussian: learnable must be True or False, got 'no'"),
+    ("MHA on 'gpu'", lambda: ann.MultiheadAttention(8, 2, device="gpu"), ValueError,
+     "MultiheadAttention: device must be a torch.device"),
+    ("SelfAttention on 'gpu'", lambda: ann.SelfAttention(8, 2, device="gpu"), ValueError,
+     "SelfAttention: device must be a torch.device"),
+    ("KVCache on 'gpu'", lambda: ann.KVCache(1, 1, 4, 8, device="gpu"), ValueError,
+     "KVCache: device must be a torch.device"),
+    ("Keras MHA on 'gpu'", lambda: ann.MultiHeadAttention(2, 4, device="gpu"), ValueError,
+     "MultiHeadAttention: device must be a torch.device"),
     # ALiBi
     ("alibi q_offset 2**63", lambda: mods.alibi(8, q_offset=2**63), ValueError,
      "mods.alibi: q_offset must be an int; got 9223372036854775808, expected a value in "
@@ -207,3 +226,11 @@ def test_good_arguments_are_taken_and_the_call_runs(what: str, make: Callable[[]
     kw = {"mods": made} if isinstance(made, mods.Mod) else {"mask": made}
     out = attnkit.attention(q, q, q, **kw)
     assert out.shape == q.shape and torch.isfinite(out).all()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_a_device_this_torch_lacks_is_named_at_construction() -> None:
+    """device="cuda" on a torch without CUDA: torch's AssertionError from inside a weight
+    factory before; now a ValueError naming the layer and the device."""
+    with pytest.raises(ValueError, match=r"MultiheadAttention: device cuda is not available"):
+        ann.MultiheadAttention(8, 2, device="cuda")

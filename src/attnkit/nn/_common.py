@@ -17,6 +17,8 @@ import torch
 from torch import nn
 
 from .. import masks
+from .._args import as_factory_device as check_factory_device
+from .._args import as_factory_dtype as check_factory_dtype
 from .._args import shape_text as shape_str
 from ..functional import attention
 
@@ -27,6 +29,7 @@ __all__ = [
     "attend",
     "attention_override",
     "check_dropout",
+    "check_factory_device",
     "check_factory_dtype",
     "check_key_value",
     "check_not_nested",
@@ -65,27 +68,6 @@ def check_dropout(owner: str, value: object) -> float:
     if not 0.0 <= float(value) < 1.0:
         raise ValueError(f"{owner}: dropout must be a float in [0, 1), got {value}")
     return float(value)
-
-
-def check_factory_dtype(owner: str, dtype: object) -> torch.dtype | None:
-    """Return ``dtype`` if it is None or a floating-point ``torch.dtype``, else raise.
-
-    Checked at construction, so an integer layer is refused with a message that
-    names ``dtype`` instead of failing inside a weight initializer.
-    """
-    if dtype is None:
-        return None
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(
-            f"{owner}: dtype must be a floating-point torch.dtype or None, got "
-            f"{type(dtype).__name__} {dtype!r}"
-        )
-    if not dtype.is_floating_point:
-        raise TypeError(
-            f"{owner}: dtype must be a floating-point torch.dtype (float16, bfloat16, float32, "
-            f"float64) or None, got {dtype}"
-        )
-    return dtype
 
 
 def check_not_nested(owner: str, name: str, value: object, hint: str) -> None:

@@ -38,6 +38,7 @@ from .._torch_features import check_compiling
 from ._common import (
     attend,
     check_dropout,
+    check_factory_device,
     check_factory_dtype,
     check_key_value,
     check_param_dtype,
@@ -135,6 +136,7 @@ class EinsumMultiHeadAttention(nn.Module):
     ) -> None:
         super().__init__()
         check_factory_dtype(self._owner, dtype)
+        check_factory_device(self._owner, device)
         self.num_heads = check_positive_int(self._owner, "num_heads", num_heads)
         self.key_dim = check_positive_int(self._owner, "key_dim", key_dim)
         self.value_dim = (

@@ -19,7 +19,7 @@ import torch
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.parameter import UninitializedParameter
 
-from ._common import check_factory_dtype, shape_str
+from ._common import check_factory_device, check_factory_dtype, shape_str
 from .einsum import EinsumMultiHeadAttention
 
 __all__ = ["MultiHeadAttention"]
@@ -83,6 +83,7 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
         dtype: torch.dtype | None = None,
     ) -> None:
         check_factory_dtype(_OWNER, dtype)
+        check_factory_device(_OWNER, device)
         # Every argument is checked by EinsumMultiHeadAttention; its parameters are built
         # on the meta device (nothing allocated) with placeholder feature sizes, then
         # replaced by uninitialized ones until the first call gives the sizes.

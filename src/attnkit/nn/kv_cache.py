@@ -35,7 +35,7 @@ import os
 
 import torch
 
-from ._common import check_positive_int, shape_str
+from ._common import check_factory_device, check_factory_dtype, check_positive_int, shape_str
 
 __all__ = ["KVCache"]
 
@@ -83,10 +83,8 @@ class KVCache:
         n = check_positive_int(_OWNER, "max_len", max_len)
         D = check_positive_int(_OWNER, "head_dim", head_dim)
         Dv = D if value_dim is None else check_positive_int(_OWNER, "value_dim", value_dim)
-        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise TypeError(f"{_OWNER}: dtype must be a floating-point torch.dtype, got {dtype!r}")
-        dt = dtype if dtype is not None else torch.get_default_dtype()
-        where = torch.device(device) if device is not None else torch.empty(0).device
+        dt = check_factory_dtype(_OWNER, dtype) or torch.get_default_dtype()
+        where = check_factory_device(_OWNER, device) or torch.empty(0).device
         size = B * H * n * (D + Dv) * dt.itemsize  # bytes of keys and values together
         shapes = f"keys {shape_str((B, H, n, D))} and values {shape_str((B, H, n, Dv))} {dt}"
         limit = _device_memory(where)

@@ -57,6 +57,7 @@ from .._torch_features import check_compiling
 from ._common import (
     attend,
     check_dropout,
+    check_factory_device,
     check_factory_dtype,
     check_positive_int,
     shape_str,
@@ -122,6 +123,7 @@ class MultiheadAttention(nn.Module):
         if vdim is not None:
             check_positive_int(_OWNER, "vdim", vdim)
         check_factory_dtype(_OWNER, dtype)
+        check_factory_device(_OWNER, device)
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.embed_dim = embed_dim
         self.kdim = kdim if kdim is not None else embed_dim

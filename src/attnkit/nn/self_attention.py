@@ -32,6 +32,7 @@ from .._torch_features import check_compiling
 from ._common import (
     attend,
     check_dropout,
+    check_factory_device,
     check_factory_dtype,
     check_param_dtype,
     check_positive_int,
@@ -95,6 +96,7 @@ class SelfAttention(nn.Module):
             raise TypeError(f"{_OWNER}: causal must be True or False, got {causal!r}")
         self.causal = causal
         check_factory_dtype(_OWNER, dtype)
+        check_factory_device(_OWNER, device)
         self.head_dim = hidden_dim // num_heads
         self.kv_dim = self.num_kv_heads * self.head_dim
         self.dropout = check_dropout(_OWNER, dropout)
