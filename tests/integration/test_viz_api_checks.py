@@ -344,3 +344,24 @@ def test_viewer_helpers_name_their_bad_arguments(tmp_path: Path) -> None:
         model(torch.tensor([[1, 2, 3]]))
     with pytest.raises(ValueError, match=r"layers: \[10\] matched none of the 2 attention layers"):
         cap.stack()
+    # a name pattern that matched nothing was asked "was the model called inside capture()?"
+    with capture(model, layers=["encoder.*"]) as cap:
+        model(torch.tensor([[1, 2, 3]]))
+    with pytest.raises(ValueError, match=r"\['encoder\.\*'\] matched none of the names"):
+        cap.stack()
+    with capture(model) as cap:
+        model(torch.tensor([[1, 2, 3]]))
+    with pytest.raises(IndexError, match=r"^batch_index: expected an int in \[-1, 1\)"):
+        cap.stack(batch_index=5)
+    # a colormap name matplotlib lacks, weights that are not numbers, negative weights for
+    # a rollout, and a page into a missing folder, each named (matplotlib's KeyError,
+    # numpy's "could not convert", a rollout of ±1e29, pathlib's bare error before)
+    for draw in (viz.heatmaps, viz.attention_grid):
+        with pytest.raises(ValueError, match=r"^cmap: expected a matplotlib colormap name"):
+            draw(w, cmap="Redz")
+    with pytest.raises(TypeError, match=r"^weights: expected attention weights"):
+        viz.attention_rollout("abc")
+    with pytest.raises(ValueError, match=r"^weights: attention weights are >= 0"):
+        viz.attention_rollout([torch.randn(3, 4, 4)])
+    with pytest.raises(FileNotFoundError, match=r"^path: the folder .* does not exist"):
+        viz.to_html(list(w), list("abcd"), tmp_path / "missing" / "x.html")

@@ -112,6 +112,18 @@ class Capture:
             if self.unmatched is not None:
                 raise ValueError(f"stack: nothing was recorded; {self.unmatched}")
             raise ValueError("stack: nothing was recorded; was the model called inside capture()?")
+        if batch_index is not None:
+            sizes = {int(r.weights.shape[0]) for r in self.records if r.weights.ndim > 3}
+            n = min(sizes) if sizes else 0
+            if (
+                isinstance(batch_index, bool)
+                or not isinstance(batch_index, int)
+                or not (-n <= batch_index < n)
+            ):
+                raise IndexError(
+                    f"batch_index: expected an int in [-{n}, {n}) (the records' batch of "
+                    f"{n}), got {batch_index!r}"
+                )
         ws = [r.weights if batch_index is None else r.weights[batch_index] for r in self.records]
         shapes = {tuple(w.shape) for w in ws}
         if len(shapes) != 1:
@@ -222,11 +234,26 @@ class _Recorder:
             return
         n = len(self.index)
         beyond = [x for x in self.layers if isinstance(x, int) and not -n <= x < n]
+        missed = [
+            p
+            for p in self.layers
+            if isinstance(p, str)
+            and not any(m == p or fnmatch.fnmatchcase(m, p) for m in self.index)
+        ]
+        said = []
         if beyond and n:
-            self.capture.unmatched = (
+            said.append(
                 f"layers: {beyond} matched none of the {n} attention layers the model ran "
                 f"(0 to {n - 1}, or -{n} to -1)"
             )
+        if missed and n:
+            shown = list(self.index)[:6]
+            said.append(
+                f"layers: {missed} matched none of the names of the {n} attention layers the "
+                f"model ran ({', '.join(shown)}{', ...' if n > len(shown) else ''})"
+            )
+        if said:
+            self.capture.unmatched = "; ".join(said)
         if not self.deferred:
             return
         wanted_idx = {x % n for x in self.layers if isinstance(x, int) and n and -n <= x < n}

@@ -23,10 +23,18 @@ def check_finite(grid: np.ndarray, name: str) -> np.ndarray:
     return grid
 
 
-def _to_numpy(x: Any) -> np.ndarray:
+def _to_numpy(x: Any, name: str) -> np.ndarray:
     if isinstance(x, torch.Tensor):
+        if x.is_complex():
+            raise TypeError(f"{name}: expected real attention weights, got a {x.dtype} tensor")
         return x.detach().to("cpu", torch.float32).numpy()
-    return np.asarray(x, dtype=np.float32)
+    try:
+        return np.asarray(x, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{name}: expected attention weights (a tensor, an array or a list of them), "
+            f"got {type(x).__name__} {x!r:.40}"
+        ) from None
 
 
 def as_grid(
@@ -56,7 +64,7 @@ def as_grid(
             raise ValueError(
                 f"{name}: expected at least one row, got an empty {type(matrices).__name__}"
             )
-        rows = [_to_numpy(m) for m in matrices]
+        rows = [_to_numpy(m, name) for m in matrices]
         rows = [r[0] if r.ndim == 4 and r.shape[0] == 1 else r for r in rows]  # each (cols, Q, K)
         shapes = {r.shape for r in rows}
         if len(shapes) != 1 or next(iter(shapes)).__len__() != 3:
@@ -66,7 +74,7 @@ def as_grid(
             )
         arr = np.stack(rows)  # (rows, cols, Q, K)
     else:
-        arr = _to_numpy(matrices)
+        arr = _to_numpy(matrices, name)
         if batch_of_one and arr.ndim == 5 and arr.shape[1] == 1:
             arr = arr[:, 0]  # (rows, cols, Q, K): a batch of one
         elif arr.ndim == 3:

@@ -20,6 +20,7 @@ __all__ = [
     "attention_grid",
     "color_norm",
     "heatmaps",
+    "named_colormap",
     "page_colormap",
 ]
 
@@ -51,6 +52,22 @@ def page_colormap() -> Any:
     from matplotlib.colors import LinearSegmentedColormap
 
     return LinearSegmentedColormap.from_list("attnkit", PAGE_RAMP)
+
+
+def named_colormap(cmap: object) -> Any:
+    """The matplotlib colormap called ``cmap`` (or ``cmap`` itself, a Colormap), else a
+    ValueError naming the argument."""
+    from matplotlib.colors import Colormap
+
+    if isinstance(cmap, Colormap):
+        return cmap
+    try:
+        return matplotlib.colormaps[cmap]  # type: ignore[index]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"cmap: expected a matplotlib colormap name such as 'Reds', 'Blues' or 'viridis', "
+            f"got {cmap!r}"
+        ) from None
 
 
 def color_norm(scale: str, vmin: float = 0.0, vmax: float = 1.0) -> Any:
@@ -125,6 +142,7 @@ def heatmaps(
             whose number does not fit.
     """
     grid = check_finite(as_grid(matrices, name="matrices"), "matrices")  # (rows, cols, Q, K)
+    cmap = named_colormap(cmap)
     rows, cols, Q, K = grid.shape
     col_titles = _check_labels("titles", titles, cols, "cols")
     xt = _check_labels("xticklabels", xticklabels, K, "K")
@@ -192,7 +210,9 @@ def attention_grid(
 
     Args:
         matrices: (rows, cols, Q, K) weights, e.g. (layers, heads, L, L), or a
-            list of per-row weights (see :func:`attnkit.viz.grid.as_grid`).
+            list of per-row weights (see :func:`attnkit.viz.grid.as_grid`). A NaN is
+            drawn white, as no cell (how panels of fewer heads or tokens are padded),
+            where :func:`heatmaps` refuses it.
         tokens: Q query labels (also the key labels when ``key_tokens`` is None).
         key_tokens: K key labels when keys differ from queries.
         row_labels: one label per row (e.g. ``"layer 0"``).
@@ -212,7 +232,8 @@ def attention_grid(
         saved (no tight bounding box).
     """
     norm = color_norm(scale)
-    grid = as_grid(matrices, name="matrices")  # (rows, cols, Q, K)
+    base = page_colormap() if cmap is None else named_colormap(cmap)
+    grid = as_grid(matrices, name="matrices")  # (rows, cols, Q, K); NaN: no cell (white)
     rows, cols, Q, K = grid.shape
     yt = _check_labels("tokens", tokens, Q, "Q")
     xt = _check_labels("key_tokens", key_tokens, K, "K") if key_tokens is not None else None
@@ -257,7 +278,6 @@ def attention_grid(
     fig_h = round(bottom + H * cell + top, 2)
     fig = AttentionFigure(figsize=(fig_w, fig_h))
     ax = fig.add_axes((left / fig_w, bottom / fig_h, W * cell / fig_w, H * cell / fig_h))
-    base = page_colormap() if cmap is None else matplotlib.colormaps[cmap]
     colormap = base.with_extremes(bad="white")
     shown = ax.imshow(image, cmap=colormap, norm=norm, interpolation="nearest", aspect="auto")
     for side in ax.spines.values():

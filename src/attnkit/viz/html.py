@@ -300,8 +300,13 @@ def to_html(
         ValueError/TypeError: shapes and labels disagree; OSError: the file
         cannot be written.
     """
-    page = show(attentions, tokens, **options)
     out = Path(path)
+    if not out.parent.is_dir():
+        raise FileNotFoundError(
+            f"path: the folder {str(out.parent)!r} does not exist; create it first "
+            f"(the page would be {str(out)!r})"
+        )
+    page = show(attentions, tokens, **options)
     out.write_text(page.html, encoding="utf-8")
     return out
 

@@ -42,6 +42,11 @@ def _layer_means(weights: Any) -> torch.Tensor:
 
     grid = as_grid(weights, name="weights", dims="layers, heads")  # (layers, heads, Q, K)
     check_finite(grid, "weights")
+    if (grid < 0).any():
+        raise ValueError(
+            f"weights: attention weights are >= 0 (rows of a softmax), got a minimum of "
+            f"{float(grid.min()):.3g}"
+        )
     if grid.shape[2] != grid.shape[3]:
         raise ValueError(
             f"weights: rollout and flow need self-attention (Q == K), got Q={grid.shape[2]}, "
@@ -70,8 +75,8 @@ def attention_rollout(weights: Any, *, residual: bool = True) -> np.ndarray:
         (L, L) float32 array: row i is a distribution over input tokens j.
 
     Raises:
-        ValueError: weights that are not a stack of self-attention, or hold NaN or
-            infinity.
+        ValueError: weights that are not a stack of self-attention, or hold NaN,
+            infinity or a negative value.
     """
     means = _layer_means(weights)  # (layers, L, L)
     mats = mix_residual(means) if residual else means
