@@ -365,7 +365,7 @@ def validate_inputs(
         head_scale = _check_head_scale(scale, heads, device)
         scale_f = 1.0
         if readable(head_scale):  # its largest multiplier, as a float scale is checked
-            _check_scale_range(float(head_scale.max()), q, k, sc)
+            _check_scale_range(float(head_scale.detach().max()), q, k, sc)
     else:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
             raise TypeError(

@@ -170,3 +170,44 @@ def test_torch_varlen_passes_only_the_options_its_torch_takes(
 def test_torch_varlen_route_needs_cuda() -> None:
     inputs = _inputs(masks.valid_lens(torch.tensor([2, 3, 4])))
     assert not varlen.torch_varlen_route(inputs)  # a CPU call keeps the unpadded path
+
+
+def _as_cuda(inputs):  # type: ignore[no-untyped-def]
+    """``inputs`` reporting a CUDA device (its plan built on the CPU): the route's
+    decision alone, without a GPU."""
+    import dataclasses
+
+    from attnkit._inputs import AttentionInputs
+
+    @dataclasses.dataclass(slots=True)
+    class OnCuda(AttentionInputs):
+        @property
+        def device(self) -> torch.device:  # type: ignore[override]
+            return torch.device("cuda")
+
+    plan = inputs.block_plan()
+    fields = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs) if f.init}
+    moved = OnCuda(**fields)
+    moved._plan = plan
+    return moved
+
+
+def test_torch_varlen_route_leaves_modifiers_head_scales_and_broadcasts_to_sdpa(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CUDA route computes plain softmax(scale·q·k) over one batch: ALiBi (0.13 off),
+    a per-head scale (0.53 off) were dropped there, and a key batch of 1 failed to
+    reshape. Those calls now take sdpa's other paths."""
+    monkeypatch.setattr(varlen, "torch_varlen", lambda: lambda *a, **k: None)
+    monkeypatch.setattr(varlen, "VARLEN_OPTIONS", frozenset({"window_size", "enable_gqa"}))
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 6, 16, generator=g).bfloat16()
+    k1 = torch.randn(1, 4, 6, 16, generator=g).bfloat16()
+    mask = masks.valid_lens(torch.tensor([4, 6]), queries=True) & masks.causal()
+    assert varlen.torch_varlen_route(_as_cuda(validate_inputs(q, q, q, mask=mask)))
+    for call in (
+        validate_inputs(q, q, q, mask=mask, mods=attnkit.mods.alibi(4, causal=True)),
+        validate_inputs(q, q, q, mask=mask, scale=torch.tensor([0.05, 0.5, 2.0, 4.0])),
+        validate_inputs(q, k1, k1, mask=mask),
+    ):
+        assert not varlen.torch_varlen_route(_as_cuda(call))

@@ -140,13 +140,21 @@ def torch_varlen() -> Any:
 
 def torch_varlen_route(inputs: AttentionInputs) -> bool:
     """True when a ragged call runs on torch's variable-length attention: CUDA, half
-    precision, 4-D (B, H, L, E) inputs of one head size (a multiple of 8 up to 256), a
-    dot score, one 1-D ``valid_lens`` mask (with a top-left causal mask only when
-    ``queries=True`` and L == S, so each kept block is square), no weights, lse or
-    dropout."""
+    precision, 4-D (B, H, L, E) inputs of one head size (a multiple of 8 up to 256) and
+    one batch (query, key and value: no broadcast one; grouped key heads where the kernel
+    takes them), a dot score with no modifier and one float scale, one 1-D
+    ``valid_lens`` mask (with a top-left causal mask only when ``queries=True`` and
+    L == S, so each kept block is square), no weights, lse or dropout."""
     if inputs.device.type != "cuda" or inputs.dtype not in _VARLEN_DTYPES:
         return False
     if inputs.query.ndim != 4 or inputs.E != inputs.Ev or inputs.E % 8 or inputs.E > 256:
+        return False
+    if inputs.mods or inputs.head_scale is not None:  # (the kernel adds no bias, one scale)
+        return False
+    q, k, v = inputs.query, inputs.key, inputs.value
+    if k.shape[:-2] != v.shape[:-2] or q.shape[0] != k.shape[0]:
+        return False
+    if q.shape[1] != k.shape[1] and inputs.groups <= 1:
         return False
     if inputs.return_weights or inputs.return_lse or inputs.dropout_p > 0:
         return False
