@@ -425,6 +425,10 @@ def test_what_attnkit_cannot_run_is_refused_by_name() -> None:
         with pytest.raises(ValueError, match=rf"^{name}: Module passes its attention"):
             hf_attention.attnkit_attention(module, q, q, q, None, **{name: torch.zeros(1)})
     carried = hf_attnkit.attnkit_mask(1, 4, 4)
-    for use in (lambda m: m[:, :, :1], lambda m: m + 1.0, lambda m: m.to(torch.float32)):
+    for use in (lambda m: m[:, :, :1], lambda m: m + 1.0, lambda m: m.to(torch.float32),
+                lambda m: m.size(), lambda m: m.dtype, lambda m: m.device):  # fmt: skip
         with pytest.raises(TypeError, match=r"^attention_mask: this model computes with"):
             use(carried)
+    # (XGLM, TrOCR, MVP, LED read .size(), Doge .dtype: an AttributeError before; it still
+    # is one, so that hasattr answers)
+    assert not hasattr(carried, "dtype") and carried.shape == (1, 1, 4, 4)

@@ -36,7 +36,7 @@ from ...masks.bands import Offset
 from .features import FEATURES, family_reason
 from .patterns import Call, Hints, band_mask, recognise
 
-__all__ = ["SymbolicMask", "attnkit_mask"]
+__all__ = ["SymbolicMask", "TensorUseError", "attnkit_mask"]
 
 
 class SymbolicMask:
@@ -108,17 +108,32 @@ class SymbolicMask:
         )
 
     # A model that computes with its mask as a tensor (adds ALiBi to it, indexes it, moves
-    # it) cannot take a symbolic one: it gets this error instead of torch's or Python's.
+    # it, reads its size or dtype) cannot take a symbolic one: it gets this error instead
+    # of torch's or Python's.
     def _as_tensor(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError(
-            "attention_mask: this model computes with its attention mask as a tensor, "
-            'which attn_implementation="attnkit"\'s symbolic mask is not; its attention '
-            'does not go through attnkit: use attn_implementation="sdpa" or "eager" '
-            "for it"
-        )
+        raise TensorUseError(_TENSOR_USE)
 
     __getitem__ = __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _as_tensor
     to = masked_fill = float = bool = _as_tensor
+
+    def __getattr__(self, name: str) -> Any:
+        """Any other tensor attribute (``size``, ``dtype``, ``device``, ``dim``, ...): the
+        same error, an AttributeError too (``hasattr`` answers False)."""
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise TensorUseError(f"{_TENSOR_USE} (it read .{name})")
+
+
+_TENSOR_USE = (
+    "attention_mask: this model computes with its attention mask as a tensor, "
+    'which attn_implementation="attnkit"\'s symbolic mask is not; its attention '
+    'does not go through attnkit: use attn_implementation="sdpa" or "eager" for it'
+)
+
+
+class TensorUseError(TypeError, AttributeError):
+    """A model used the symbolic mask as a tensor (a TypeError; an AttributeError too, so
+    that ``hasattr(mask, name)`` answers False)."""
 
 
 # ----------------------------------------------------------------------------- the call
