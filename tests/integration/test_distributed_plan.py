@@ -8,6 +8,7 @@ import torch
 from attnkit import distributed as cp
 from attnkit import masks
 from attnkit.distributed.blocks import block_is_empty, slice_mask_heads
+from attnkit.scores import Additive
 
 
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
@@ -167,6 +168,9 @@ def test_explain_and_shard_name_their_bad_arguments() -> None:
     ):
         with pytest.raises((TypeError, ValueError), match=words):
             cp.explain_context_parallel(q, k, v, world_size=2)
+    five = torch.zeros(1, 2, 4, 5)  # key features of an Additive score's own size
+    explained = cp.explain_context_parallel(q, five, q, world_size=2, score=Additive(8, 5, 16))
+    assert explained.chosen is not None
     with pytest.raises(ValueError, match=r"^query: 4 positions is no rank's shard of 5"):
         cp.explain_context_parallel(q, q, q, world_size=2, seq_len=5)
     # shards assembled without a group are checked as unshard checks them

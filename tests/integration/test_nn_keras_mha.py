@@ -150,6 +150,16 @@ def test_keras_call_order_and_its_key_masks() -> None:
     assert_close_to_scale(ours(*positional), _t(ref), what="positional")
     with pytest.raises(TypeError, match="query_mask is not read"):
         ours(tq, tv, tk, torch.from_numpy(keep))
+    # a bad attention_mask beside a value_mask is named by the layer, not by torch's
+    # broadcast; a value_mask over an attention axis that is not the last is refused
+    with pytest.raises(ValueError, match=r"attention_mask of shape \(2, 4, 7\) does not"):
+        ours(
+            tq, tv, tk, value_mask=torch.from_numpy(value_mask), attention_mask=torch.ones(2, 4, 7)
+        )
+    axis1 = MultiHeadAttention(num_heads=2, key_dim=3, attention_axes=(1,))
+    x = torch.randn(2, 5, 3, 4)
+    with pytest.raises(ValueError, match=r"value_mask masks the keys of one attention axis, the"):
+        axis1(x, x, value_mask=torch.ones(2, 5, 3, dtype=torch.bool))
 
 
 def test_training_flag_and_module_mode() -> None:

@@ -6,6 +6,7 @@ import itertools
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -385,6 +386,9 @@ def test_kv_cache_on_its_own() -> None:
         with pytest.raises(ValueError, match=r"KVCache.advance: count must be an int from 0"):
             cache.advance(count)  # type: ignore[arg-type]
         assert cache.length == 0
+    cache.advance(np.int64(2))  # type: ignore[arg-type]
+    assert cache.length == 2 and type(cache.length) is int
+    cache.reset()
     with pytest.raises(ValueError, match=r"the new keys must be a tensor \(batch_size"):
         cache.append(k[0, 0], v[0, 0])
     with pytest.raises(TypeError, match=r"the new keys must be a tensor .* got list"):

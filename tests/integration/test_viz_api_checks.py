@@ -353,6 +353,8 @@ def test_viewer_helpers_name_their_bad_arguments(tmp_path: Path) -> None:
         model(torch.tensor([[1, 2, 3]]))
     with pytest.raises(IndexError, match=r"^batch_index: expected an int in \[-1, 1\)"):
         cap.stack(batch_index=5)
+    assert cap.stack(batch_index=np.int64(0)).shape == cap.stack()[:, 0].shape
+    viz.heatmaps(w, cmap=None)  # matplotlib's default colormap
     # a colormap name matplotlib lacks, weights that are not numbers, negative weights for
     # a rollout, and a page into a missing folder, each named (matplotlib's KeyError,
     # numpy's "could not convert", a rollout of ±1e29, pathlib's bare error before)

@@ -141,6 +141,11 @@ def test_registering_takes_only_names_it_knows() -> None:
         attnkit.unregister_backend("spda")
     assert "test-unavailable" not in attnkit.available_backends()
     assert {dev: list(names) for dev, names in dispatch.PRIORITY.items()} == before
+    attnkit.register_backend(_Unavailable(), device_types=(d for d in ["cpu"]))  # read twice
+    try:
+        assert "test-unavailable" in dispatch.PRIORITY["cpu"]
+    finally:
+        attnkit.unregister_backend("test-unavailable")
 
 
 def test_no_backend_module_imports_another() -> None:

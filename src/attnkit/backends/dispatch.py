@@ -180,6 +180,8 @@ def register_backend(
     """
     if not isinstance(backend, Backend):
         raise TypeError(f"backend: expected an attnkit Backend, got {type(backend).__name__}")
+    if device_types is not None and not isinstance(device_types, str):
+        device_types = tuple(device_types)  # (read twice below: a generator once)
     if device_types is not None and (
         isinstance(device_types, str) or not all(isinstance(d, str) for d in device_types)
     ):

@@ -194,6 +194,7 @@ def explain_context_parallel(
     mask: _masks.Mask | torch.Tensor | None = None,
     layout: Layout = "zigzag",
     strategy: str | None = None,
+    score: str | Score = "scaled_dot",
 ) -> ContextParallelExplanation:
     """What :func:`context_parallel_attention` would do, on any process (no collective).
 
@@ -202,8 +203,13 @@ def explain_context_parallel(
         world_size: the number of ranks.
         seq_len, kv_seq_len: full query / key lengths (default: the shard length
             times ``world_size``).
-        mask: the full-sequence mask (a float tensor is a bias); layout, strategy: as
-            for the call.
+        mask: the full-sequence mask (a float tensor is a bias); layout, strategy,
+            score: as for the call (the score for its checks of the feature sizes).
+
+    Raises:
+        TypeError, ValueError: what the call would refuse of these shapes and dtypes
+            (:func:`attnkit.attention`'s checks), or a shard length that no rank holds
+            of ``seq_len`` / ``kv_seq_len``.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
         raise ValueError(f"world_size: expected an int >= 2, got {world_size!r}")
@@ -217,9 +223,11 @@ def explain_context_parallel(
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
             raise ValueError(f"{name}: expected None or an int >= 0, got {n!r}")
     # the call's own checks of shapes and dtypes (attention()'s), on stand-ins of no memory
-    validate_inputs(
-        *(torch.empty(t.shape, dtype=t.dtype, device="meta") for t in (query, key, value))
+    # (zeros expanded, on the inputs' devices: a score's parameters are checked there)
+    stand_ins = (
+        torch.zeros((), dtype=t.dtype, device=t.device).expand(t.shape) for t in (query, key, value)
     )
+    validate_inputs(*stand_ins, score=score)
     mask = normalize_mask(mask)  # (a float tensor is a bias, as for the call)
     n_q = seq_len if seq_len is not None else query.shape[-2] * world_size
     n_kv = kv_seq_len if kv_seq_len is not None else key.shape[-2] * world_size

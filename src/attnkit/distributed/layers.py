@@ -163,9 +163,10 @@ class ContextParallel(nn.Module):
         try:
             with attention_override(marked):
                 return self.layer(*args, **kwargs)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RuntimeError) as exc:
             if reached or isinstance(exc, ContextParallelError):
                 raise
-            # the layer refused this rank's call before its attention (a shape, a
-            # dtype): the other ranks wait in the agreement, so this rank joins it
+            # the layer refused or failed this rank's call before its attention (a
+            # shape, a dtype, torch's own error): the other ranks wait in the agreement,
+            # so this rank joins it
             refuse(exc, self._route.group)

@@ -317,11 +317,15 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
             return attention_mask  # (the call's own check names them)
         nd = value.ndim
         axes = self.attention_axes if self.attention_axes is not None else range(1, nd - 1)
-        if len(tuple(axes)) != 1:
+        axes = tuple(a % nd for a in axes)
+        if axes != (nd - 2,):
+            # Keras expands such a mask to (..., 1, S) over the last axis before the
+            # features: over any other attention axis it would mask the wrong keys
             raise ValueError(
-                f"{_OWNER}: {given[0][0]} masks keys of one attention axis (B, S), as Keras "
-                f"expands it; with attention_axes={self.attention_axes} and inputs of "
-                f"{nd} dims pass the keys' mask in attention_mask instead"
+                f"{_OWNER}: {given[0][0]} masks the keys of one attention axis, the last "
+                f"before the features (as Keras expands it); with attention_axes="
+                f"{self.attention_axes} and inputs of {nd} dims pass the keys' mask in "
+                "attention_mask instead"
             )
         auto: torch.Tensor | None = None
         for name, m in given:
@@ -342,4 +346,7 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.is_complex():
             return attention_mask  # (the call's own check names it)
         given_keep = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
-        return given_keep & auto  # Keras's "and", broadcast as numpy broadcasts
+        try:
+            return given_keep & auto  # Keras's "and", broadcast as numpy broadcasts
+        except RuntimeError:
+            return attention_mask  # shapes that do not broadcast: the call's check names them

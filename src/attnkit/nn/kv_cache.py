@@ -31,6 +31,7 @@ positions.
 
 from __future__ import annotations
 
+import numbers
 import os
 
 import torch
@@ -196,12 +197,16 @@ class KVCache:
         left = self.max_len - self.length
         if torch.compiler.is_compiling():  # (a traced length: the write checked it)
             pass
-        elif isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= left:
+        elif (
+            isinstance(count, bool)
+            or not isinstance(count, numbers.Integral)
+            or not 0 <= int(count) <= left
+        ):
             raise ValueError(
                 f"{_OWNER}.advance: count must be an int from 0 to the {left} positions left "
                 f"(length {self.length} of max_len {self.max_len}), got {count!r}"
             )
-        self.length += count
+        self.length += int(count)
         pending, self._pending = self._pending, None
         if pending is not None and pending[0].shape[2] == self.length:
             self._graph = pending

@@ -19,6 +19,7 @@ in the order the modules first call it during the capture.
 from __future__ import annotations
 
 import fnmatch
+import numbers
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -117,14 +118,15 @@ class Capture:
             n = min(sizes) if sizes else 0
             if (
                 isinstance(batch_index, bool)
-                or not isinstance(batch_index, int)
-                or not (-n <= batch_index < n)
+                or not isinstance(batch_index, numbers.Integral)
+                or not -n <= int(batch_index) < n
             ):
                 raise IndexError(
                     f"batch_index: expected an int in [-{n}, {n}) (the records' batch of "
                     f"{n}), got {batch_index!r}"
                 )
-        ws = [r.weights if batch_index is None else r.weights[batch_index] for r in self.records]
+        pick = None if batch_index is None else int(batch_index)
+        ws = [r.weights if pick is None else r.weights[pick] for r in self.records]
         shapes = {tuple(w.shape) for w in ws}
         if len(shapes) != 1:
             raise ValueError(f"stack: records have different shapes {sorted(shapes)}")

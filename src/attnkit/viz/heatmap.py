@@ -55,11 +55,11 @@ def page_colormap() -> Any:
 
 
 def named_colormap(cmap: object) -> Any:
-    """The matplotlib colormap called ``cmap`` (or ``cmap`` itself, a Colormap), else a
-    ValueError naming the argument."""
+    """The matplotlib colormap called ``cmap`` (``cmap`` itself for a Colormap or None,
+    matplotlib's default), else a ValueError naming the argument."""
     from matplotlib.colors import Colormap
 
-    if isinstance(cmap, Colormap):
+    if cmap is None or isinstance(cmap, Colormap):
         return cmap
     try:
         return matplotlib.colormaps[cmap]  # type: ignore[index]

@@ -175,7 +175,7 @@ def attention_flow(weights: Any, *, max_tokens: int = FLOW_MAX_TOKENS) -> np.nda
 
     Raises:
         ValueError: more than ``max_tokens`` tokens; weights that are not a stack of
-            self-attention, or hold NaN or infinity.
+            self-attention, or hold NaN, infinity or a negative value.
     """
     mats = mix_residual(_layer_means(weights)).numpy()  # (layers, L, L)
     n_layers, L, _ = mats.shape

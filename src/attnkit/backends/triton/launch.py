@@ -208,7 +208,7 @@ def run_weights(op: Operands, lse: torch.Tensor, *, mean: bool) -> torch.Tensor:
     shape = (B, L, S) if mean else (B, H, L, S)
     out = torch.empty(shape, dtype=torch.float32, device=op.q.device)
     args.update(LSE=lse.contiguous(), OUT=out)
-    grid = (_cdiv(L, tiles.block_m), _cdiv(S, tiles.block_n), B if mean else B * H)
+    grid = (_cdiv(S, tiles.block_n), _cdiv(L, tiles.block_m), B if mean else B * H)
     launch(attention_weights_kernel, grid, args)
     return out
 

@@ -1,7 +1,8 @@
 """The weights kernel: exact weights exp(s - lse) written tile by tile.
 
-Grid: (cdiv(L, BLOCK_M), cdiv(S, BLOCK_N), B * H) for per-head weights, or
-(cdiv(L, BLOCK_M), cdiv(S, BLOCK_N), B) with ``MEAN``: the program loops over the H
+Grid: (cdiv(S, BLOCK_N), cdiv(L, BLOCK_M), B * H) for per-head weights, or
+(cdiv(S, BLOCK_N), cdiv(L, BLOCK_M), B) with ``MEAN`` (the key tiles on the first axis,
+which CUDA allows 2**31 - 1 blocks, the others 65,535): the program loops over the H
 heads of its tile and writes their average once, so per-head weights are never
 held. Every tile is written (zeros where the mask leaves nothing), so the output
 needs no separate clearing pass.
@@ -24,8 +25,8 @@ def attention_weights_kernel(
     OPS: tl.constexpr, MB: tl.constexpr, E_P2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
     pid_z = tl.program_id(2)
     i0 = pid_m * BLOCK_M
     j0 = pid_n * BLOCK_N
