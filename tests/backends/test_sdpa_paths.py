@@ -234,3 +234,20 @@ def test_the_kernel_refuses_scores_it_cannot_apply_instead_of_dropping_them(
     backend = SDPABackend()
     with pytest.raises(RuntimeError, match="position table or a softcap"):
         backend.forward(inputs)
+
+
+def test_the_cuda_lse_kernels_keep_the_call_s_alignment_and_dtype() -> None:
+    """FlashAttention aligns a causal mask with L != S to the bottom-right corner, where
+    attnkit's causal() is top-left: half-precision calls with an lse (weights, sinks)
+    took flash there (outputs 1.4 off). The efficient kernel, top-left, takes them now.
+    No CUDA kernel returns a float64 lse: such calls are left to the other backends
+    (they raised inside sdpa)."""
+    from attnkit.backends.sdpa import lse
+
+    if lse.CUDA_FLASH_OP is None or lse.CUDA_EFFICIENT_OP is None:
+        pytest.skip("this torch has no CUDA lse kernels")
+    assert lse.cuda_lse_op(torch.float16, 64, has_mask=False, square=True) == "flash"
+    assert lse.cuda_lse_op(torch.float16, 64, has_mask=False, square=False) == "efficient"
+    assert lse.cuda_lse_op(torch.float64, 64, has_mask=False) is None
+    cuda = torch.device("cuda")
+    assert lse.has_lse_kernel(cuda, torch.bfloat16) and not lse.has_lse_kernel(cuda, torch.float64)

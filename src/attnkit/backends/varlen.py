@@ -144,12 +144,17 @@ def torch_varlen_route(inputs: AttentionInputs) -> bool:
     one batch (query, key and value: no broadcast one; grouped key heads where the kernel
     takes them), a dot score with no modifier and one float scale, one 1-D
     ``valid_lens`` mask (with a top-left causal mask only when ``queries=True`` and
-    L == S, so each kept block is square), no weights, lse or dropout."""
+    L == S, so each kept block is square), no weights, lse or dropout, and finite inputs
+    guaranteed by the caller (``check_finite=False``): the kernel gets no cleaning of
+    non-finite values, so a masked NaN value would reach the rows before it and an inf
+    key would give finite rows where the policy says NaN."""
     if inputs.device.type != "cuda" or inputs.dtype not in _VARLEN_DTYPES:
         return False
     if inputs.query.ndim != 4 or inputs.E != inputs.Ev or inputs.E % 8 or inputs.E > 256:
         return False
     if inputs.mods or inputs.head_scale is not None:  # (the kernel adds no bias, one scale)
+        return False
+    if inputs.check_finite:  # (values unread on the device: the policy needs the other paths)
         return False
     q, k, v = inputs.query, inputs.key, inputs.value
     if k.shape[:-2] != v.shape[:-2] or q.shape[0] != k.shape[0]:

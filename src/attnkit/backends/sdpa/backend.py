@@ -46,8 +46,13 @@ class SDPABackend(Backend):
 
     def not_supported_reasons(self, inputs: AttentionInputs) -> list[str]:
         reasons = super().not_supported_reasons(inputs)
-        if (inputs.return_lse or inputs.return_weights) and not has_lse_kernel(inputs.device):
-            reasons.append("no kernel returning the log-sum-exp on this device (weights/lse)")
+        if (inputs.return_lse or inputs.return_weights) and not has_lse_kernel(
+            inputs.device, inputs.dtype
+        ):
+            reasons.append(
+                f"no kernel returning the log-sum-exp on {inputs.device.type} for "
+                f"{inputs.dtype} (weights/lse)"
+            )
         if inputs.return_lse and inputs.needs_grad:
             if BACKWARD_OP is None or inputs.device.type != "cpu":
                 reasons.append(

@@ -61,24 +61,37 @@ _FLASH_DTYPES = (torch.float16, torch.bfloat16)
 _EFFICIENT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def has_lse_kernel(device: torch.device) -> bool:
-    """True when SDPA can also give the log-sum-exp on this device."""
+def has_lse_kernel(device: torch.device, dtype: torch.dtype) -> bool:
+    """True when SDPA can also give the log-sum-exp on this device, for this dtype."""
     if device.type == "cpu":
         return LSE_OP is not None
     if device.type == "cuda":
-        return CUDA_FLASH_OP is not None or CUDA_EFFICIENT_OP is not None
+        return cuda_lse_op(dtype, 8, has_mask=True, square=True) is not None or (
+            cuda_lse_op(dtype, 8, has_mask=False, square=True) is not None
+        )
     return False
 
 
-def cuda_lse_op(dtype: torch.dtype, head_size: int, has_mask: bool) -> str | None:
+def cuda_lse_op(
+    dtype: torch.dtype, head_size: int, has_mask: bool, square: bool = True
+) -> str | None:
     """Which CUDA op returns the lse of a call: "flash", "efficient" or None (none can).
 
     Flash takes half precision with no mask and a head size that is a multiple of 8
     up to 256; the efficient kernel takes float32 too and an additive mask. Head sizes
-    are zero-padded to a multiple of 8 before the call (:func:`lse_call`).
+    are zero-padded to a multiple of 8 before the call (:func:`lse_call`). ``square``:
+    False for a causal call with L != S, which flash would align to the bottom-right
+    corner (FlashAttention-2's convention) where attnkit's is top-left, as the
+    efficient kernel's.
     """
     padded = -(-head_size // 8) * 8
-    if CUDA_FLASH_OP is not None and dtype in _FLASH_DTYPES and not has_mask and padded <= 256:
+    if (
+        CUDA_FLASH_OP is not None
+        and dtype in _FLASH_DTYPES
+        and not has_mask
+        and padded <= 256
+        and square
+    ):
         return "flash"
     if CUDA_EFFICIENT_OP is not None and dtype in _EFFICIENT_DTYPES:
         return "efficient"
@@ -130,7 +143,7 @@ def _cuda_lse_call(
     pad = -E % 8
     if pad:
         q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))  # (B, H, N, E + pad)
-    choice = cuda_lse_op(q.dtype, q.shape[-1], bias is not None)
+    choice = cuda_lse_op(q.dtype, q.shape[-1], bias is not None, square=not is_causal or L == S)
     if choice == "flash":
         res = CUDA_FLASH_OP(q, k, v, 0.0, is_causal, False, scale=scale)
         out, lse = res[0], res[1]
