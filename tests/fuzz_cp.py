@@ -104,7 +104,8 @@ def run_case(rank: int, world: int, seed: int, index: int) -> tuple[str, list[st
     ex = cp.explain_context_parallel(*shards, world_size=world, seq_len=d.q_shape[-2],
                                      kv_seq_len=d.k_shape[-2],
                                      mask=b.kwargs["mask"], layout=layout,  # type: ignore[arg-type]
-                                     strategy=strategy)  # fmt: skip
+                                     strategy=strategy,
+                                     score=b.kwargs.get("score", "scaled_dot"))  # fmt: skip
     out, lse = cp.context_parallel_attention(*shards, **b.kwargs, layout=layout,  # type: ignore[arg-type]
                                              strategy=strategy, return_lse=True)  # fmt: skip
     g_lse_r = mine(g_lse.unsqueeze(-1)).squeeze(-1)
