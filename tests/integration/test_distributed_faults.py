@@ -490,6 +490,9 @@ DEATHS = [dies_in_ring_forward, dies_in_ring_backward, dies_in_all_to_all, dies_
 # ---- the harness ------------------------------------------------------------------------
 
 
+RELEASE = "release"  # written by the harness once every living rank has finished
+
+
 def _worker(
     rank: int, world: int, port: int, out_dir: str, names: list[str], timeout_s: float
 ) -> None:
@@ -511,6 +514,13 @@ def _worker(
         except Exception:
             verdicts[name] = traceback.format_exc()
         out.write_text(json.dumps(verdicts))
+    # Leaving closes this rank's connections. A survivor still inside the call would see
+    # that closure before (or instead of) the dead rank's, and name the wrong rank: wait
+    # until the harness releases every rank at once.
+    Path(out_dir, f"rank{rank}.done").touch()
+    deadline = time.monotonic() + 2 * timeout_s + 30
+    while not Path(out_dir, RELEASE).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     # A group that lost a rank cannot be torn down cleanly: leave without tearing it down.
     os._exit(0)
 
@@ -527,6 +537,11 @@ def run_group(
     deadline = time.monotonic() + 60 + 3 * timeout_s * len(names)
     try:
         while any(p.is_alive() for p in ctx.processes):
+            if all(
+                not proc.is_alive() or (tmp_path / f"rank{rank}.done").exists()
+                for rank, proc in enumerate(ctx.processes)
+            ):
+                (tmp_path / RELEASE).touch()
             if time.monotonic() > deadline:
                 pytest.fail(f"the {world}-process group did not finish: {names}")
             time.sleep(0.2)
