@@ -162,8 +162,11 @@ class SDPABackend(Backend):
         ).dot_products_only(self.name)
         q, k, key_bias, excluded = ops.q, ops.k, ops.key_bias, ops.excluded
         v, layout = inputs.value, inputs.layout
-        if key_bias is not None and inputs.mask is not None:
-            # q'·k' + b == [q', 1]·[k', b]: one more feature instead of an (L, S) bias mask
+        if key_bias is not None and (inputs.mask is not None or key_bias.requires_grad):
+            # q'·k' + b == [q', 1]·[k', b]: one more feature instead of an (L, S) bias mask.
+            # Alone, the bias is a (..., 1, S) mask the fused kernels broadcast; one that
+            # needs a gradient sends torch's CPU kernel to its math path, and the CUDA
+            # kernel to an (L, S) gradient of it: both build the matrix.
             q, k = ops.with_key_bias_feature()
             key_bias = None
             if layout.has_query_heads(k, 2):  # the bias was per query head: so are the keys
@@ -227,8 +230,11 @@ class SDPABackend(Backend):
                     bias = bias + mask_bias
                 if dm.keep is not None:
                     bias = bias.masked_fill(~dm.keep, float("-inf"))
-                bias = bias.expand(*bias.shape[:-2], L, S) if bias.ndim >= 2 else bias.expand(L, S)
-                alive = (bias > float("-inf")).any(dim=-1, keepdim=True)  # (..., L, 1)
+                if bias.ndim < 2:
+                    bias = bias.reshape((1,) * (2 - bias.ndim) + tuple(bias.shape))  # (1, S|1)
+                # no copy over the queries: a key bias stays (..., 1, S)
+                bias = bias.expand(*bias.shape[:-1], S)  # (..., L or 1, S)
+                alive = (bias > float("-inf")).any(dim=-1, keepdim=True)  # (..., L or 1, 1)
                 attn_mask = bias.masked_fill(~alive, 0.0)  # dead rows: zeroed below
 
         gqa = inputs.groups > 1 and HAS_GQA

@@ -47,12 +47,17 @@ def can_flash(
 
 
 def _mask4(mask: torch.Tensor | None, q: torch.Tensor, S: int) -> torch.Tensor | None:
-    """SDPA's mask as the ops take it: additive in q's dtype, (B, H, L, S), contiguous."""
+    """SDPA's mask as the ops take it: additive in q's dtype, 4-D, each dim the call's
+    (B, H, L, S) or 1. The ops read a dim of size 1 with stride 0, so a key mask
+    (B, 1, 1, S) stays that size instead of becoming an (L, S) copy per head."""
     if mask is None:
         return None
     if mask.dtype == torch.bool:
         mask = torch.where(mask, torch.zeros((), dtype=q.dtype), float("-inf"))
-    return mask.to(q.dtype).expand(*q.shape[:3], S).contiguous()  # (B, H, L, S)
+    mask = mask.to(q.dtype)
+    lead = max(mask.ndim - 4, 0)  # extra leading dims broadcast to the call's: all 1
+    mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape[lead:]))  # (b, h, l, s)
+    return mask if mask.shape[-1] == 1 or mask.stride(-1) == 1 else mask.contiguous()
 
 
 @dataclass(frozen=True)
