@@ -26,12 +26,14 @@ __all__ = ["device_semantics", "in_transform", "readable", "strict"]
 def readable(t: torch.Tensor) -> bool:
     """True when ``t``'s values may be read on the host without a device sync: a CPU
     tensor, outside ``torch.compile`` and outside torch.func's transforms (whose
-    wrapped tensors cannot be read either)."""
+    wrapped tensors cannot be read either), and not a fake tensor (shapes only: a
+    ``FakeTensorMode`` propagating shapes has no values to read)."""
     return (
         t.device.type == "cpu"
         and not THREAD.strict
         and not torch.compiler.is_compiling()
         and not _transforming()
+        and not isinstance(t, _FakeTensor)
     )
 
 
@@ -49,6 +51,11 @@ def _transforming() -> bool:
 
 
 _forward_ad = torch.autograd.forward_ad
+_FakeTensor: type | tuple[type, ...]
+try:  # (torch's shape-only tensor; absent: none is seen)
+    from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
+except ImportError:  # pragma: no cover
+    _FakeTensor = ()
 _peek: Callable[[], object] | None
 try:  # (torch's own probe of its transforms' stack; absent: no transform is seen)
     from torch._C._functorch import peek_interpreter_stack as _peek

@@ -69,6 +69,13 @@ def _sdpa_keywords(
     return sdpa_mask(query, key, mask, is_causal, attn_mask, enable_gqa)  # type: ignore[return-value]
 
 
+_TRACE_REFUSED = (
+    "attention: torch.jit.trace is not supported: a trace keeps one call's host reads (the "
+    "lengths of a mask, the backend chosen for these shapes) as constants, and would give "
+    "wrong numbers for other inputs; use torch.compile or torch.export instead"
+)
+
+
 def attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -162,7 +169,11 @@ def attention(
     Raises:
         attnkit.FeatureUnavailableError: under ``torch.compile`` on a torch older than
             the compile floor (:mod:`attnkit._torch_features`), with one line naming it.
+        RuntimeError: under ``torch.jit.trace``, which would keep this call's host
+            reads (mask lengths, the backend chosen) as constants of the trace.
     """
+    if not is_compiling() and torch.jit.is_tracing():
+        raise RuntimeError(_TRACE_REFUSED)
     if is_causal is not False or attn_mask is not None or enable_gqa is not None or unexpected:
         mask = _sdpa_keywords(
             "attention", query, key, mask, is_causal, attn_mask, enable_gqa, unexpected

@@ -76,3 +76,32 @@ def test_every_layer_compiles_fullgraph_without_recompiles(compiler: str) -> Non
             compiled(torch.randn(B, L, E, generator=g))
     assert counters["stats"]["unique_graphs"] == graphs
     assert not counters["graph_break"]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_mha_with_an_attn_mask_compiles_once_for_every_length() -> None:
+    """The drop-in layer with a dense ``attn_mask`` under ``dynamic=True``: one graph over
+    several (L, S), as torch's own layer. Its error messages were formatted on every
+    call, which fixed L and S to the first call's values: a graph per length, and a
+    hard failure at the recompile limit under ``fullgraph=True``."""
+    torch.manual_seed(0)
+    mha = MultiheadAttention(E, 2).eval()
+
+    def call(q: torch.Tensor, kv: torch.Tensor, am: torch.Tensor) -> torch.Tensor:
+        return mha(q, kv, kv, attn_mask=am)[0]
+
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    compiled = torch.compile(call, dynamic=True, fullgraph=True, backend="eager")
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n in range(4, 8):
+            q, kv = torch.randn(n, B, E, generator=g), torch.randn(n + 1, B, E, generator=g)
+            bool_mask = torch.rand(n, n + 1, generator=g) < 0.3  # (L, S), True = blocked
+            bool_mask[:, 0] = False
+            float_mask = torch.randn(B * 2, n, n + 1, generator=g)  # (N·H, L, S)
+            for am in (bool_mask, float_mask):
+                assert_close_to_scale(compiled(q, kv, am), call(q, kv, am))
+    assert counters["stats"]["unique_graphs"] <= 2  # one per mask dtype
+    assert not counters["graph_break"]

@@ -52,11 +52,14 @@ def _wide(off: Offset) -> Offset:
     return off.long() if isinstance(off, torch.Tensor) else off
 
 
-def _read(off: Offset) -> int | None:
-    """The offset as an int where that costs no host read of a device (else None)."""
+def _read(off: Offset | torch.SymInt) -> int | None:
+    """The offset as an int where that costs no host read of a device (else None; a
+    symbolic size of torch.export or torch.compile, too: it stays a tensor)."""
     if isinstance(off, int):
         return off
-    return int(off) if readable(off) else None
+    if isinstance(off, torch.Tensor) and readable(off):
+        return int(off)
+    return None
 
 
 def _check_align(where: str, align: object) -> None:
@@ -171,7 +174,8 @@ class WindowMask(Mask):
             hi = None if self.right is None else shift + self.right
             return [[Band(lo, hi)]]
         # An offset that cannot be read for free: each query's key range, on the device.
-        assert isinstance(off, torch.Tensor)
+        if not isinstance(off, torch.Tensor):  # a symbolic size (S - L under torch.export)
+            off = torch.scalar_tensor(off, dtype=torch.long, device=device)  # ()
         rows = torch.arange(L, device=device) + off.to(device)  # (L,) key column of row i
         row_lo = None if self.left is None else (rows - self.left).view(1, L)  # (1, L)
         row_hi = None if self.right is None else (rows + self.right + 1).view(1, L)  # (1, L)

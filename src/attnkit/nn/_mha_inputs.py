@@ -228,17 +228,26 @@ def _attn_mask_4d(
 ) -> torch.Tensor:
     """Reshape every accepted ``attn_mask`` layout to (N or 1, H or 1, L, S)."""
     H = layer.num_heads
-    if batched:
-        accepted = (
-            f"(L, S), (N·H, L, S), (N, L, S) or (N, H, L, S) = ({L}, {S}), "
-            f"({N * H}, {L}, {S}), ({N}, {L}, {S}) or ({N}, {H}, {L}, {S})"
+
+    def accepted() -> str:
+        # built only to raise: formatting a dynamic size under torch.compile or
+        # torch.export would fix it to this call's value
+        if batched:
+            return (
+                f"(L, S), (N·H, L, S), (N, L, S) or (N, H, L, S) = ({L}, {S}), "
+                f"({N * H}, {L}, {S}), ({N}, {L}, {S}) or ({N}, {H}, {L}, {S})"
+            )
+        return f"(L, S) or (H, L, S) = ({L}, {S}) or ({H}, {L}, {S}) for unbatched inputs"
+
+    def bad() -> InputShapeError:
+        return InputShapeError(
+            f"{OWNER}: attn_mask must have shape {accepted()}, got {shape_str(am)}"
         )
-    else:
-        accepted = f"(L, S) or (H, L, S) = ({L}, {S}) or ({H}, {L}, {S}) for unbatched inputs"
+
     if am.ndim not in ((2, 3, 4) if batched else (2, 3)):
         raise InputShapeError(
             f"{OWNER}: expected `attn_mask` to be `None`, 2-D or 3-D but found {am.ndim}-D "
-            f"tensor instead; accepted shapes {accepted}, "
+            f"tensor instead; accepted shapes {accepted()}, "
             f"got {shape_str(am)}"
         )
     if not batched and am.ndim == 3 and tuple(am.shape) != (H, L, S) and am.shape[0] != 1:
@@ -246,9 +255,8 @@ def _attn_mask_4d(
             f"{OWNER}: Expected `attn_mask` shape to be ({H}, {L}, {S}) (H, L, S) or "
             f"({L}, {S}) (L, S) for unbatched inputs, got {shape_str(am)}"
         )
-    bad = InputShapeError(f"{OWNER}: attn_mask must have shape {accepted}, got {shape_str(am)}")
     if am.shape[-2:] != (L, S):
-        raise bad
+        raise bad()
     if am.ndim == 2:
         return am.view(1, 1, L, S)  # (1, 1, L, S)
     if am.ndim == 3:
@@ -259,11 +267,11 @@ def _attn_mask_4d(
             return am.view(N, 1, L, S)  # (N, 1, L, S)
         if lead == 1:
             return am.view(1, 1, L, S)  # (1, 1, L, S)
-        raise bad
+        raise bad()
     # (==, not `in`: dynamo's `in` misses a dynamic size equal to an int)
     if (am.shape[0] == 1 or am.shape[0] == N) and (am.shape[1] == 1 or am.shape[1] == H):
         return am  # (N or 1, H or 1, L, S)
-    raise bad
+    raise bad()
 
 
 def _check_mask_tensor(name: str, value: object, layer: MhaLayer) -> torch.Tensor:

@@ -143,7 +143,23 @@ def _check_same(
         )
 
 
-class _ValidLensAttention(nn.Module):
+class _KeepsWeights(nn.Module):
+    """A layer that keeps its last call's weights in ``.attention_weights``."""
+
+    attention_weights: torch.Tensor | None
+
+    def __getstate__(self) -> dict[str, object]:
+        """The module's state with the kept weights detached: a copy (``copy.deepcopy``,
+        pickle) takes their values, not the graph of the call that made them (which
+        ``deepcopy`` refuses)."""
+        state = self.__dict__.copy()
+        kept = state.get("attention_weights")
+        if isinstance(kept, torch.Tensor) and kept.grad_fn is not None:
+            state["attention_weights"] = kept.detach()
+        return state
+
+
+class _ValidLensAttention(_KeepsWeights):
     """What d2l's two layers share: ``forward(queries, keys, values, valid_lens)``,
     dropout on the weights, and the weights of the last call in ``.attention_weights``."""
 
@@ -410,7 +426,7 @@ class KernelScore(Score):
 _KERNELS = ("gaussian", "boxcar", "epanechnikov")
 
 
-class NadarayaWatson(nn.Module):
+class NadarayaWatson(_KeepsWeights):
     """Nadaraya–Watson kernel regression as attention: f(q) = Σ_j K(q, k_j) v_j / Σ_j K(q, k_j).
 
     Args:

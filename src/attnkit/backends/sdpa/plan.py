@@ -136,10 +136,13 @@ def materialized_masks(inputs: AttentionInputs) -> list[str]:
             out.append("a causal mask combined with another mask")
         if c.docs and not ragged:
             out.append("a document mask")
-    for c in plan.clauses if not ragged else ():
+    for c in plan.clauses if not ragged and L > DECODE_ROWS else ():
         # a (B0, L) key bound, or query and key bounds together, keep an (L, S) pattern
         if c.row_lo is not None or c.row_hi is not None:
-            out.append("per-query key lengths (valid_lens of shape (B, L))")
+            out.append(
+                "per-query key ranges (valid_lens of shape (B, L), or a causal or window "
+                "offset that is a tensor)"
+            )
         elif (c.query_lo is not None or c.query_hi is not None) and any(
             t is not None for t in (c.key_lo, c.key_hi, c.key_keep)
         ):
