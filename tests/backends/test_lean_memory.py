@@ -88,4 +88,4 @@ def test_per_query_lengths_go_to_a_backend_that_keeps_them_symbolic() -> None:
     q, k, v = (torch.randn(B, H, L, E, generator=g) for _ in range(3))
     ex = attnkit.explain(q, k, v, mask=masks.valid_lens(lens))
     assert ex.chosen == "chunked"
-    assert any("per-query key lengths" in r for r in ex.reasons["sdpa"]), ex.reasons["sdpa"]
+    assert any("per-query key ranges" in r for r in ex.reasons["sdpa"]), ex.reasons["sdpa"]
