@@ -251,3 +251,16 @@ def test_the_cuda_lse_kernels_keep_the_call_s_alignment_and_dtype() -> None:
     assert lse.cuda_lse_op(torch.float64, 64, has_mask=False) is None
     cuda = torch.device("cuda")
     assert lse.has_lse_kernel(cuda, torch.bfloat16) and not lse.has_lse_kernel(cuda, torch.float64)
+
+
+def test_sdpa_s_reasons_for_alibi_name_what_stops_it() -> None:
+    """A causal ALiBi with a softcap was refused as "symmetric ALiBi without a causal
+    mask", as was a symmetric one under a causal mask combined with another: the
+    softcap has its own reason, and the symmetric form's says what it needs."""
+    q = torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(0))
+    capped = attnkit.explain(q, q, q, mods=[mods.alibi(2, causal=True), mods.softcap(5.0)])
+    assert capped.reasons["sdpa"] == ["score modifier(s) softcap not supported"]
+    mask = masks.causal() & masks.valid_lens(torch.tensor([6]))
+    (why,) = attnkit.explain(q, q, q, mods=[mods.alibi(2)], mask=mask).reasons["sdpa"]
+    assert why.startswith("symmetric ALiBi is not a dot product unless the call's whole mask")
+    assert attnkit.explain(q, q, q, mods=[mods.alibi(2)], mask=masks.causal()).chosen == "sdpa"

@@ -72,10 +72,12 @@ class SDPABackend(Backend):
                 "no gradient to the bias)"
             )
         for m in inputs.mods:
-            if isinstance(m, ALiBi) and not alibi_folds(inputs, m):
+            softcap = any(other.kind == "softcap" for other in inputs.mods)  # its own reason
+            if isinstance(m, ALiBi) and not softcap and not alibi_folds(inputs, m):
                 reasons.append(
-                    "symmetric ALiBi without a causal mask is not a dot product (chunked computes "
-                    "it per tile)"
+                    "symmetric ALiBi is not a dot product unless the call's whole mask is a "
+                    "causal band that keeps no key after its query (chunked computes it per "
+                    "tile)"
                 )
             elif isinstance(m, ALiBi) and inputs.groups > 1:
                 reasons.append("ALiBi with grouped-query heads (its key bias is per query head)")
