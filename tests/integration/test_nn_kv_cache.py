@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -46,6 +48,27 @@ def test_decoding_under_autograd_gives_the_full_forwards_gradients(fused: bool) 
         layer(x, cache=ref)
     assert_close_to_scale(cache.keys, ref.keys, rel=FLOAT64_REL)
     assert_close_to_scale(cache.values, ref.values, rel=FLOAT64_REL)
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_setting_the_length_back_rolls_the_cache_back(mode: Any) -> None:
+    """Decoded with gradients to 5, rolled back to 3 and rewritten (without gradients,
+    then with them): the next steps see the new tokens. The differentiable copy of the
+    first steps kept the old ones (0.13 off), and gradients still reach the first 3."""
+    layer, x = _decoder(32, fused=False)
+    other = torch.randn_like(x)
+    seq = torch.cat([x[:, :3], other[:, 3:]], dim=1)  # (B, 5, hidden)
+    cache = layer.new_cache(2, 8)
+    layer(x, cache=cache)  # positions 0..4 from x, with gradients
+    cache.length = 3
+    with mode():
+        fourth = layer(seq[:, 3:4].detach(), cache=cache)
+    fifth = layer(seq[:, 4:5], cache=cache)
+    full = layer(seq)
+    assert_close_to_scale(torch.cat([fourth, fifth], dim=1), full[:, 3:], rel=FLOAT64_REL)
+    (got,) = torch.autograd.grad(fifth.sum(), [x])
+    (want,) = torch.autograd.grad(full[:, 4].sum(), [x])
+    assert_close_to_scale(got[:, :3], want[:, :3], rel=FLOAT64_REL)
 
 
 def test_a_no_grad_step_between_grad_steps_keeps_the_earlier_gradients() -> None:
@@ -111,7 +134,14 @@ def test_a_top_left_band_after_the_prefill_is_refused() -> None:
     for placed in ("bottom_right", "offset"):
         cache = layer.new_cache(2, 8)
         steps = [layer(x[:, :3], mask=window, cache=cache)]  # (the prefill: L == S)
-        for wrong in (window, window & masks.valid_lens(torch.tensor([4, 3]))):
+        wrongs = (
+            window,
+            window & masks.valid_lens(torch.tensor([4, 3])),
+            masks.prefix_lm(2),  # its causal part is the band
+            masks.window(1) | masks.prefix_lm(2),  # under | and ~ too: 0.5 to 1.5 off before
+            ~masks.window(1, 0),
+        )
+        for wrong in wrongs:
             with pytest.raises(ValueError, match=r"mask holds a top-left band, which places"):
                 layer(x[:, 3:4], mask=wrong, cache=cache)
         assert cache.length == 3

@@ -302,6 +302,10 @@ class PrefixLMMask(Mask):
         # k_offset, plus a shard's first key
         self._k_first: Offset = self.causal.k_offset
 
+    def starts_queries_at_key_zero(self) -> bool:
+        """Whether its causal part is top-left at offsets 0."""
+        return self.causal.starts_queries_at_key_zero()
+
     def validate(self, batch_shape: Sequence[int], L: int, S: int) -> None:
         n = self.prefix.shape[0]
         if n != 1 and (not batch_shape or batch_shape[0] != n):

@@ -194,10 +194,11 @@ class Mask:
         return ()
 
     def starts_queries_at_key_zero(self) -> bool:
-        """Whether this mask (or a part of its ``&``) is a band that puts the first query
-        at the first key's position: top-left, at offsets 0. Such a band misplaces
-        queries that follow cached keys (they belong after them, bottom-right)."""
-        return any(p is not self and p.starts_queries_at_key_zero() for p in self.parts())
+        """Whether this mask holds a band (anywhere under its ``&``, ``|`` or ``~``) that
+        puts the first query at the first key's position: top-left, at offsets 0. Such
+        a band misplaces queries that follow cached keys (they belong after them,
+        bottom-right)."""
+        return any(c.starts_queries_at_key_zero() for c in self.children())
 
     def kinds(self) -> frozenset[str]:
         """Every kind in this mask: the leaves' kinds, plus "or"/"not" where those appear."""

@@ -55,7 +55,9 @@ class KVCache:
         device, dtype: of the buffers; they must match the layer's parameters.
 
     ``length`` is the number of positions filled so far; :meth:`reset` empties
-    the cache (the buffers are kept and overwritten by the next writes).
+    the cache (the buffers are kept and overwritten by the next writes). Setting
+    ``length`` back to an earlier count rolls the cache back: the next write
+    overwrites the positions from there on.
     Inference decoding runs under ``torch.no_grad()`` or ``torch.inference_mode()``
     (writes in place, no autograd graph across steps); a cache made under
     ``torch.inference_mode()`` and written outside it copies its buffers once. With gradients enabled the
@@ -107,6 +109,7 @@ class KVCache:
         # With gradients enabled: the filled part as a differentiable tensor (see the module
         # docstring), its length, and the one a write made before advance() commits it.
         self._graph: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._graph_end = 0  # the positions of _graph still valid (fewer after a roll-back)
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
@@ -176,6 +179,12 @@ class KVCache:
             self.keys, self.values = self.keys.clone(), self.values.clone()
         start = self.length
         end = start + int(keys.shape[2])
+        if self._graph is not None and self._graph_end > start:
+            # ``length`` was set back: positions from ``start`` on are written again, and
+            # only the earlier steps' differentiable copy before them stays (cut when a
+            # step with gradients reads it: a view taken here under no_grad or inference
+            # mode would carry no gradient)
+            self._graph_end = start
         grad = torch.is_grad_enabled()
         self.keys[:, :, start:end] = keys.detach() if grad else keys  # (B, Hkv, T, D)
         self.values[:, :, start:end] = values.detach() if grad else values  # (B, Hkv, T, Dv)
@@ -209,7 +218,7 @@ class KVCache:
         self.length += int(count)
         pending, self._pending = self._pending, None
         if pending is not None and pending[0].shape[2] == self.length:
-            self._graph = pending
+            self._graph, self._graph_end = pending, self.length
 
     def _filled_before(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys (B, Hkv, start, D) and values (B, Hkv, start, Dv) filled before ``start``.
@@ -217,10 +226,11 @@ class KVCache:
         The differentiable tensor of earlier steps taken with gradients enabled, and
         after it whatever later no-grad steps wrote to the buffers (constants).
         """
-        graph = self._graph
-        if graph is None or graph[0].shape[2] > start:
+        graph, have = self._graph, self._graph_end
+        if graph is None or have == 0 or have > start:
             return self.keys[:, :, :start], self.values[:, :, :start]
-        have = int(graph[0].shape[2])
+        if have < graph[0].shape[2]:  # rolled back: its valid part
+            graph = (graph[0][:, :, :have], graph[1][:, :, :have])  # (B, Hkv, have, D|Dv)
         if have == start:
             return graph
         return (
