@@ -71,8 +71,8 @@ class SDPABackend(Backend):
                 "an lse with a bias mask that requires grad (the fused kernel's lse carries "
                 "no gradient to the bias)"
             )
+        softcap = any(m.kind == "softcap" for m in inputs.mods)  # (a reason of its own)
         for m in inputs.mods:
-            softcap = any(other.kind == "softcap" for other in inputs.mods)  # its own reason
             if isinstance(m, ALiBi) and not softcap and not alibi_folds(inputs, m):
                 reasons.append(
                     "symmetric ALiBi is not a dot product unless the call's whole mask is a "
