@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+from torch.nn.utils import parametrizations, parametrize, prune
 
 from attnkit import masks
 from attnkit.nn import MultiheadAttention
@@ -653,3 +654,47 @@ def test_num_heads_set_after_construction_splits_the_heads_as_torch_does(
     ours.num_heads = 3
     with pytest.raises(ValueError, match="num_heads=3 must divide embed_dim=16"):
         ours(x, kv, kv)
+
+
+class _Shift(torch.nn.Module):
+    """A parametrization that moves a tensor by one (its value differs from the
+    stored one, so a layer that reads the stored tensor gives other numbers)."""
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return t + 1
+
+
+_MOVED = [
+    (how, where)
+    for how in ("parametrize", "prune")
+    for where in ("in_proj_bias", "out_proj.bias", "out_proj.weight")
+] + [("weight_norm", "out_proj.weight")]
+
+
+@pytest.mark.parametrize(("how", "where"), _MOVED)
+def test_parametrized_or_pruned_projections_are_read_in_self_attention(
+    how: str, where: str
+) -> None:
+    # torch's layer reads its projections as attributes, so a parametrization or a
+    # pruning mask applies; self-attention calls must see it too (they once read the
+    # stored parameters: a bias was dropped, an output weight raised KeyError).
+    owner_name, _, name = where.rpartition(".")
+    theirs, ours = _pair(5, embed_dim=8, num_heads=2, batch_first=True)
+    for layer in (theirs, ours):
+        owner = layer.get_submodule(owner_name) if owner_name else layer
+        if how == "parametrize":
+            parametrize.register_parametrization(owner, name, _Shift())
+        elif how == "prune":
+            torch.manual_seed(1)  # the same random mask on both sides
+            prune.random_unstructured(owner, name, amount=0.5)
+        else:
+            parametrizations.weight_norm(owner, name)
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 8)
+    for train in (True, False):
+        theirs.train(train)
+        ours.train(train)
+        want = theirs(x, x, x)
+        got = ours(x, x, x)
+        assert_close_to_scale(got[0], want[0], rel=FLOAT32_CHAIN_REL)
+        assert_close_to_scale(got[1], want[1], rel=FLOAT32_CHAIN_REL)

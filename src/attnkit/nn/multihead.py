@@ -317,18 +317,27 @@ class MultiheadAttention(nn.Module):
         with ``embed_dim`` features, the parameters the computation reads are in its
         dtype and on its device, and there is no ``bias_k`` or zero key. Any other
         case returns None and takes the checked path, which raises the errors.
-        The parameters are read once, straight from the modules' dicts.
+        The parameters are read once, straight from the modules' dicts; one that is
+        not there as a plain parameter (``torch.nn.utils.parametrize`` or ``prune``
+        moved it, and its value comes from the attribute) also takes the checked path.
         """
-        params = self._parameters
+        params, out_params = self._parameters, self.out_proj._parameters
+        if (
+            "in_proj_bias" not in params
+            or "weight" not in out_params
+            or "bias" not in out_params
+            or self.bias_k is not None
+            or self.add_zero_attn
+        ):
+            return None
         w = params.get("in_proj_weight")
-        if w is None or params.get("bias_k") is not None or self.add_zero_attn:
+        if w is None:
             return None
         dt, dev = x.dtype, x.device
         if x.shape[-1] != self.embed_dim or w.dtype != dt or w.device != dev:
             return None
-        b = params.get("in_proj_bias")
-        out_params = self.out_proj._parameters
-        ow, ob = out_params["weight"], out_params.get("bias")
+        b = params["in_proj_bias"]
+        ow, ob = out_params["weight"], out_params["bias"]
         for t in (b, ow, ob):
             if t is not None and (t.dtype != dt or t.device != dev):
                 return None
