@@ -668,7 +668,7 @@ _MOVED = [
     (how, where)
     for how in ("parametrize", "prune")
     for where in ("in_proj_bias", "out_proj.bias", "out_proj.weight")
-] + [("weight_norm", "out_proj.weight")]
+] + [("weight_norm", "out_proj.weight"), ("parametrize", "bias_k")]
 
 
 @pytest.mark.parametrize(("how", "where"), _MOVED)
@@ -679,7 +679,8 @@ def test_parametrized_or_pruned_projections_are_read_in_self_attention(
     # pruning mask applies; self-attention calls must see it too (they once read the
     # stored parameters: a bias was dropped, an output weight raised KeyError).
     owner_name, _, name = where.rpartition(".")
-    theirs, ours = _pair(5, embed_dim=8, num_heads=2, batch_first=True)
+    kv = where == "bias_k"
+    theirs, ours = _pair(5, embed_dim=8, num_heads=2, batch_first=True, add_bias_kv=kv)
     for layer in (theirs, ours):
         owner = layer.get_submodule(owner_name) if owner_name else layer
         if how == "parametrize":
@@ -691,10 +692,11 @@ def test_parametrized_or_pruned_projections_are_read_in_self_attention(
             parametrizations.weight_norm(owner, name)
     torch.manual_seed(0)
     x = torch.randn(2, 5, 8)
-    for train in (True, False):
+    for train, grad in ((True, True), (False, True), (False, False)):  # the last: fused
         theirs.train(train)
         ours.train(train)
-        want = theirs(x, x, x)
-        got = ours(x, x, x)
+        with torch.set_grad_enabled(grad):
+            want = theirs(x, x, x)
+            got = ours(x, x, x)
         assert_close_to_scale(got[0], want[0], rel=FLOAT32_CHAIN_REL)
         assert_close_to_scale(got[1], want[1], rel=FLOAT32_CHAIN_REL)

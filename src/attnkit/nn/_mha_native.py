@@ -132,7 +132,7 @@ def metadata_blocker(
     w, b = params.get("in_proj_weight"), params.get("in_proj_bias")
     if w is None or b is None:
         return "no in_proj_weight or no in_proj_bias (kdim/vdim differ, or bias=False)"
-    if params.get("bias_k") is not None or layer.add_zero_attn:
+    if layer.bias_k is not None or layer.add_zero_attn:  # (a parametrized one too)
         return "add_bias_kv or add_zero_attn"
     out_params = layer._modules["out_proj"]._parameters  # type: ignore[union-attr]
     ow, ob = out_params.get("weight"), out_params.get("bias")
