@@ -364,7 +364,8 @@ def validate_inputs(
     elif isinstance(scale, torch.Tensor):
         head_scale = _check_head_scale(scale, heads, device)
         scale_f = 1.0
-        if readable(head_scale):  # its largest multiplier, as a float scale is checked
+        if readable(head_scale) and head_scale.numel():  # its largest multiplier, as a
+            # float scale is checked (no heads: nothing to check)
             _check_scale_range(float(head_scale.detach().max()), q, k, sc)
     else:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):

@@ -181,6 +181,24 @@ def test_empty_batch_dim(backend: str) -> None:
     assert q.grad is not None and q.grad.shape == q.shape
 
 
+
+@pytest.mark.parametrize("empty", [(0, 2), (2, 0)], ids=["no_batch", "no_heads"])
+def test_empty_batch_dims_with_a_bias_and_a_head_scale(
+    backend: str, empty: tuple[int, int]
+) -> None:
+    # a bias with no value, and a (0,) per-head scale, once read with min/max and failed
+    q = torch.randn(*empty, 3, 5, requires_grad=True)  # (B, H, L, E)
+    k = torch.randn(*empty, 4, 5, requires_grad=True)  # (B, H, S, E)
+    v = torch.randn(*empty, 4, 6, requires_grad=True)  # (B, H, S, Ev)
+    bias = torch.zeros(*empty, 3, 4)  # (B, H, L, S)
+    scale = torch.ones(empty[1])  # (H,)
+    for kwargs in ({"mask": bias}, {"mask": attnkit.masks.bias(bias)}, {"scale": scale}):
+        out = attnkit.attention(q, k, v, backend=backend, **kwargs)  # type: ignore[arg-type]
+        assert out.shape == (*empty, 3, 6)
+        out.sum().backward()
+        assert q.grad is not None and q.grad.shape == q.shape
+
+
 @pytest.mark.parametrize("mask_name", MASKS)
 def test_every_cpu_backend_takes_every_mask_kind(mask_name: str) -> None:
     """No CPU backend declines a mask kind: a decline would let the oracle tests above pass

@@ -97,6 +97,8 @@ class BiasMask(Mask):
         t = self.tensor
         if not readable(t):
             return True
+        if t.numel() == 0:  # no value at all (an empty batch or no heads)
+            return False
         # an inference-mode tensor keeps no version: it is read every time; a tensor set
         # anew (mask.tensor = other) is read as well, whatever its version
         seen = self._beyond
