@@ -181,7 +181,6 @@ def test_empty_batch_dim(backend: str) -> None:
     assert q.grad is not None and q.grad.shape == q.shape
 
 
-
 @pytest.mark.parametrize("empty", [(0, 2), (2, 0)], ids=["no_batch", "no_heads"])
 def test_empty_batch_dims_with_a_bias_and_a_head_scale(
     backend: str, empty: tuple[int, int]
