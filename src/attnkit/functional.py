@@ -13,6 +13,7 @@ from torch.compiler import is_compiling
 
 from . import _plans, _recording
 from . import masks as _masks
+from ._autocast import any_autocast, autocast_dtype, cast, cast_score
 from ._backward_inputs import check_backward_tensors
 from ._far_rows import check_given_lse
 from ._inputs import AttentionInputs, validate_inputs
@@ -157,6 +158,11 @@ def attention(
     ``dropout_p``, ``scale``    the same
     ==========================  ==============================================
 
+    Under ``torch.autocast``, as SDPA under it: float32, float16 and bfloat16 query,
+    key and value (and a learned score's parameters) are used in autocast's dtype, and
+    the call runs with autocast off, as for inputs given in that dtype (see the
+    environments guide, "Mixed precision").
+
     A keyword ``attention()`` does not take raises TypeError naming the close ones
     (``is_casual`` -> ``is_causal``) and, for other libraries' names (``causal``,
     ``softmax_scale``, ``key_padding_mask``, ...), attnkit's equivalent.
@@ -174,6 +180,17 @@ def attention(
     """
     if not is_compiling() and torch.jit.is_tracing():
         raise RuntimeError(_TRACE_REFUSED)
+    if any_autocast():
+        low = autocast_dtype(query)
+        if low is not None:  # the call in autocast's dtype, run with autocast off
+            with torch.autocast(query.device.type, enabled=False):
+                return attention(
+                    cast(query, low), cast(key, low), cast(value, low),  # type: ignore[arg-type]
+                    score=cast_score(score, low), mask=mask, scale=scale, dropout_p=dropout_p,
+                    return_weights=return_weights, return_lse=return_lse, backend=backend,
+                    mods=mods, check_finite=check_finite, is_causal=is_causal,
+                    attn_mask=attn_mask, enable_gqa=enable_gqa, **unexpected,
+                )  # fmt: skip
     if is_causal is not False or attn_mask is not None or enable_gqa is not None or unexpected:
         mask = _sdpa_keywords(
             "attention", query, key, mask, is_causal, attn_mask, enable_gqa, unexpected
@@ -328,7 +345,11 @@ def explain(*args: Any, **kwargs: Any) -> Explanation:
             "explain", query, key, mask, is_causal, attn_mask, enable_gqa, unexpected
         )
     options = {name: a[name] for name in _VALIDATED}
-    inputs = validate_inputs(query, key, a["value"], **{**options, "mask": mask})
+    value, low = a["value"], autocast_dtype(query)
+    if low is not None:  # described as attention() runs it: in autocast's dtype
+        query, key, value = cast(query, low), cast(key, low), cast(value, low)
+        options["score"] = cast_score(options["score"], low)
+    inputs = validate_inputs(query, key, value, **{**options, "mask": mask})
     core = _split_common(_split_sinks(inputs)[0])[0]
     return explain_inputs(core, normalize_backend_arg(a["backend"]))
 

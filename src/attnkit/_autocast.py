@@ -1,0 +1,72 @@
+"""Attention under ``torch.autocast``: the call as for inputs of autocast's dtype.
+
+torch puts ``scaled_dot_product_attention`` on autocast's lower-precision list: its
+float32, float16 and bfloat16 inputs are cast to autocast's dtype and it runs there.
+:func:`attnkit.attention` does the same (:func:`autocast_call`), then runs with
+autocast off for that device, so every backend computes as it does for inputs given
+in that dtype (the case the oracle tests check): the output, weights and lse have the
+dtypes they have then, whichever backend runs, eager or compiled, with gradients or
+without, and a backward called after the autocast block (torch's recommended loop)
+replays the same computation.
+
+- query, key and value that autocast would cast (float32, float16, bfloat16; float64
+  is left alone, as autocast leaves it) are cast differentiably: their gradients come
+  back in their own dtypes;
+- a learned score's parameters are used in that dtype too, as autocast's matmuls would
+  use them (:meth:`attnkit.scores.Score.cast`: a copy for the call whose parameters
+  are cast views of the score's own): the gradients reach the score's parameters in
+  their dtype, and the score itself is not changed;
+- a float bias mask, a per-head scale and the mods keep their dtypes, as in a call
+  without autocast (the backends take a bias in another float dtype).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+from .scores import Score
+
+any_autocast: Callable[[], bool] = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+"""Whether autocast may be on for some device: one C call (always True on a torch
+without it, where :func:`autocast_dtype` asks the device)."""
+
+_CASTABLE = (torch.float32, torch.float16, torch.bfloat16)
+"""The dtypes autocast casts to its lower precision (float64 it leaves alone)."""
+
+ScoreT = TypeVar("ScoreT")
+
+
+def autocast_dtype(query: object) -> torch.dtype | None:
+    """Autocast's dtype on ``query``'s device when autocast is on there, else None
+    (also for anything but a tensor, and a device type autocast has no mode for, such
+    as ``meta``). When autocast is off everywhere: one C call."""
+    if not any_autocast():
+        return None
+    if not isinstance(query, torch.Tensor):
+        return None
+    device_type = query.device.type
+    if not torch.amp.is_autocast_available(device_type):
+        return None
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
+def cast(t: object, dtype: torch.dtype) -> object:
+    """``t`` in ``dtype`` (differentiably) when it is a tensor autocast would cast;
+    anything else as it is, for validation to judge."""
+    if isinstance(t, torch.Tensor) and t.dtype in _CASTABLE and t.dtype != dtype:
+        return t.to(dtype)
+    return t
+
+
+def cast_score(score: ScoreT, dtype: torch.dtype) -> ScoreT:
+    """``score`` for one call under autocast: a score name as it is; a score object
+    with its parameters in ``dtype`` (:meth:`attnkit.scores.Score.cast`: a shallow copy
+    whose parameters are cast views of the score's own, gradients flowing back)."""
+    if isinstance(score, Score):
+        return score.cast(dtype)  # type: ignore[return-value]
+    return score
