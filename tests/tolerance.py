@@ -245,6 +245,13 @@ def half_rel(dtype: torch.dtype) -> float:
     return {torch.float16: FLOAT16_REL, torch.bfloat16: BFLOAT16_REL}.get(dtype, FLOAT32_REL)
 
 
+def half_rounded_weights_rel(dtype: torch.dtype) -> float:
+    """A result in a half dtype against float64 math on the rounded inputs, when a learned
+    score's weights were rounded to that dtype as well (autocast uses them there): two
+    roundings, the weights' and the output's."""
+    return 2 * half_rel(dtype)
+
+
 def half_grad_rel(dtype: torch.dtype) -> float:
     """A gradient through one attention call in ``dtype`` against float64 math: in a half
     dtype, the forward's rounding to it (one ``half_rel``) carried through the backward

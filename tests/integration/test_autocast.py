@@ -21,7 +21,7 @@ from attnkit.nn import MultiheadAttention
 
 from cases import make_case, matrix_backends
 from reference import oracle
-from tolerance import assert_close_to_scale, half_grad_rel, half_rel
+from tolerance import assert_close_to_scale, half_grad_rel, half_rel, half_rounded_weights_rel
 
 CPU_BACKENDS = matrix_backends("cpu")
 SCORES = ("dot", "scaled_dot", "bilinear", "additive", "gaussian")
@@ -80,11 +80,10 @@ def test_a_call_under_autocast_is_the_call_in_autocast_s_dtype(
     for (name, p), p_low in zip(score.named_parameters(), score_low.parameters(), strict=True):
         assert p.grad is not None and p_low.grad is not None, name
         assert p.grad.dtype == torch.float32 and torch.equal(p.grad, p_low.grad.float()), name
-    # and against the float64 oracle on the rounded inputs: the output's rounding to the
-    # half dtype, and the learned score's weights rounded to it (two roundings)
+    # and against the float64 oracle on the rounded inputs
     ref, _, _ = oracle(*(t.detach().double().numpy() for t in (q_low, k_low, v_low)),
                        score=case.score_spec, mask=case.mask_spec)  # fmt: skip
-    assert_close_to_scale(out.double(), torch.from_numpy(ref), rel=2 * half_rel(low))
+    assert_close_to_scale(out.double(), torch.from_numpy(ref), rel=half_rounded_weights_rel(low))
 
 
 def test_mixed_dtypes_under_autocast_run_as_sdpa_runs_them() -> None:
