@@ -3,6 +3,7 @@ keras.layers.MultiHeadAttention on the torch backend, weights copied."""
 
 from __future__ import annotations
 
+import math
 import os
 
 os.environ["KERAS_BACKEND"] = "torch"  # before any keras import
@@ -223,6 +224,15 @@ def test_refused_first_call_builds_nothing() -> None:
             r"value_mask must have the value's shape",
             {"value_mask": torch.ones(2, 5) > 0},
         ),
+        # a float mask that is not 0/1 (torch's additive -inf, NaN) once read as "attend"
+        (
+            ValueError,
+            r"float attention_mask must hold 0 \(masked\) and 1 \(attend\) only, got -inf",
+            {"attention_mask": torch.zeros(2, 5, 7).index_fill_(2, torch.tensor([0]), -math.inf)},
+        ),
+        (ValueError, "float value_mask must hold 0", {"value_mask": torch.full((2, 7), math.nan)}),
+        # no features: a layer built from it would be degenerate for good
+        (ValueError, "F >= 1", {"query": torch.randn(2, 5, 0)}),
     ]
     for error, match, kw in refused:
         call = {"query": q4, "value": v4, **kw}

@@ -20,6 +20,7 @@ from .. import masks
 from .._args import as_factory_device as check_factory_device
 from .._args import as_factory_dtype as check_factory_dtype
 from .._args import shape_text as shape_str
+from .._host import readable
 from ..functional import attention
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "check_param_dtype",
     "check_positive_int",
     "check_tensor",
+    "keep_of_zero_one",
     "override_active",
     "shape_str",
 ]
@@ -68,6 +70,25 @@ def check_dropout(owner: str, value: object) -> float:
     if not 0.0 <= float(value) < 1.0:
         raise ValueError(f"{owner}: dropout must be a float in [0, 1), got {value}")
     return float(value)
+
+
+def keep_of_zero_one(owner: str, name: str, mask: torch.Tensor, hint: str) -> torch.Tensor:
+    """The keep tensor (True = may attend) of a bool or 0/1 ``mask`` (nonzero = attend),
+    of ``mask``'s shape. A float mask holding anything but 0 and 1 (-inf, NaN, 0.5: an
+    additive bias, or a mistake) is refused where its values can be read without a sync
+    (:func:`attnkit._host.readable`); ``hint`` says what to pass instead."""
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_complex():
+        raise TypeError(f"{owner}: {name} must be bool or 0/1 numbers, got {mask.dtype}")
+    if mask.is_floating_point() and readable(mask):
+        bad = (mask != 0) & (mask != 1)  # (NaN too)
+        if bool(bad.any()):
+            raise ValueError(
+                f"{owner}: a float {name} must hold 0 (masked) and 1 (attend) only, got "
+                f"{float(mask[bad].flatten()[0])}; {hint}"
+            )
+    return mask != 0
 
 
 def check_not_nested(owner: str, name: str, value: object, hint: str) -> None:

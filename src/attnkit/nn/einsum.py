@@ -43,12 +43,18 @@ from ._common import (
     check_key_value,
     check_param_dtype,
     check_positive_int,
+    keep_of_zero_one,
     shape_str,
 )
 
 __all__ = ["EinsumMultiHeadAttention"]
 
 _OWNER = "EinsumMultiHeadAttention"
+
+BIAS_HINT = (
+    "a mask of 0 and -inf is an additive bias (torch's convention): pass (mask == 0), True = attend"
+)
+"""What a Keras-style layer says to a float mask that is not 0/1."""
 
 
 class _Call(NamedTuple):
@@ -285,7 +291,8 @@ class EinsumMultiHeadAttention(nn.Module):
                 attend), broadcastable to the scores' shape (batch axes..., H,
                 *T_attn, *S_attn) after Keras's rule: a mask with fewer dims gets
                 size-1 dims inserted just before its trailing 2·n attention dims,
-                so (B, T, S) fits a 3-D input.
+                so (B, T, S) fits a 3-D input. A float mask holding anything but
+                0 and 1 (an additive -inf mask, NaN) is refused.
             return_attention_scores: also return the attention weights, shaped
                 (batch axes..., H, *T_attn, *S_attn) like Keras's. Read by its truth
                 value as Keras reads it (None and 0 are False, 1 is True); a value that
@@ -479,7 +486,7 @@ class EinsumMultiHeadAttention(nn.Module):
                 )
             n = len(t_sizes)
             full = (*b_sizes, self.num_heads, *t_sizes, *s_sizes)
-            m = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
+            m = keep_of_zero_one(self._owner, "attention_mask", attention_mask, BIAS_HINT)
             if m.ndim < 2 * n or m.ndim > len(full):
                 raise ValueError(
                     f"{self._owner}: attention_mask of shape {shape_str(m)} does not fit the scores "

@@ -19,8 +19,8 @@ import torch
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.parameter import UninitializedParameter
 
-from ._common import check_factory_device, check_factory_dtype, shape_str
-from .einsum import EinsumMultiHeadAttention
+from ._common import check_factory_device, check_factory_dtype, keep_of_zero_one, shape_str
+from .einsum import BIAS_HINT, EinsumMultiHeadAttention
 
 __all__ = ["MultiHeadAttention"]
 
@@ -126,11 +126,12 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
         if key is None:
             key = value
         for name, t in (("query", query), ("value", value), ("key", key)):
-            if not isinstance(t, torch.Tensor) or t.ndim < 3:
+            if not isinstance(t, torch.Tensor) or t.ndim < 3 or t.shape[-1] == 0:
                 got = shape_str(t) if isinstance(t, torch.Tensor) else type(t).__name__
                 raise (ValueError if isinstance(t, torch.Tensor) else TypeError)(
                     f"{_OWNER}: {name} must be a tensor of shape (B, *T, F) with at least 3 "
-                    f"dims (its last dim F sets the layer's {name} features), got {got}"
+                    f"dims and F >= 1 (its last dim F sets the layer's {name} features), "
+                    f"got {got}"
                 )
         assert isinstance(query, torch.Tensor) and isinstance(value, torch.Tensor)
         assert isinstance(key, torch.Tensor)
@@ -266,7 +267,8 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
             value_mask, key_mask: (B, *S) bool or 0/1 numbers, True (nonzero) = a key
                 that may be attended, as Keras reads them: combined with
                 ``attention_mask`` by "and", over every query. One attention axis only
-                (Keras's own expansion of them is defined for one).
+                (Keras's own expansion of them is defined for one). A float mask
+                holding anything but 0 and 1 is refused.
             attention_mask: Keras's polarity: bool True (or 1) = may attend, broadcastable
                 to (B, H, *T, *S) under Keras's rule (a (B, T, S) mask fits 3-D inputs).
                 A query row it masks entirely gives 0 (Keras 3.15: a uniform average
@@ -336,16 +338,14 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
                     f"{_OWNER}: {name} must have the value's shape but its features, "
                     f"{tuple(value.shape[:-1])} (B, *S), got {shape_str(m)}"
                 )
-            if m.is_complex():
-                raise TypeError(f"{_OWNER}: {name} must be bool or 0/1 numbers, got {m.dtype}")
-            keep = (m if m.dtype == torch.bool else m != 0).unsqueeze(-2)  # (B, ..., 1, S)
+            keep = keep_of_zero_one(_OWNER, name, m, BIAS_HINT).unsqueeze(-2)  # (B, ..., 1, S)
             auto = keep if auto is None else auto & keep
         assert auto is not None
         if attention_mask is None:
             return auto
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.is_complex():
             return attention_mask  # (the call's own check names it)
-        given_keep = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
+        given_keep = keep_of_zero_one(_OWNER, "attention_mask", attention_mask, BIAS_HINT)
         try:
             return given_keep & auto  # Keras's "and", broadcast as numpy broadcasts
         except RuntimeError:

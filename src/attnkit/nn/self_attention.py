@@ -27,7 +27,6 @@ import torch
 from torch import nn
 
 from .. import masks
-from .._host import readable
 from .._torch_features import check_compiling
 from ._common import (
     attend,
@@ -37,6 +36,7 @@ from ._common import (
     check_param_dtype,
     check_positive_int,
     check_tensor,
+    keep_of_zero_one,
     shape_str,
 )
 from .kv_cache import KVCache
@@ -274,14 +274,7 @@ class SelfAttention(nn.Module):
                 f"{_OWNER}: mask must be an attnkit mask or a keep tensor (B, S) / (B, S, S), "
                 f"got {type(mask).__name__}"
             )
-        if mask.is_floating_point() and readable(mask):  # values read only without a sync
-            bad = (mask != 0) & (mask != 1)
-            if bool(bad.any()):
-                raise ValueError(
-                    f"{_OWNER}: a float mask tensor must hold 0 (masked) and 1 (attend) only; "
-                    "for an additive bias pass masks.bias(t)"
-                )
-        keep = mask if mask.dtype == torch.bool else mask != 0
+        keep = keep_of_zero_one(_OWNER, "mask", mask, "for an additive bias pass masks.bias(t)")
         if not batched:
             keep = keep.unsqueeze(0)  # (1, S) or (1, S, S)
         if keep.shape == (B, S):
