@@ -513,7 +513,12 @@ class Gaussian(Score):
 
     def feature_terms(self, q: torch.Tensor, k: torch.Tensor) -> FeatureTerms:
         """``-(q_d - k_d)² / 2σ²`` per feature: the sides are q and k themselves."""
-        return FeatureTerms("gaussian", q, k, inv_two_var=float(self._inv_two_var(q.float())))
+        return FeatureTerms(
+            "gaussian",
+            q,
+            k,
+            inv_two_var=float(self._inv_two_var(q.new_empty((), dtype=torch.float32))),
+        )
 
     def dot_form(
         self, q: torch.Tensor, k: torch.Tensor

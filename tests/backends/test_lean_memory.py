@@ -89,3 +89,27 @@ def test_per_query_lengths_go_to_a_backend_that_keeps_them_symbolic() -> None:
     ex = attnkit.explain(q, k, v, mask=masks.valid_lens(lens))
     assert ex.chosen == "chunked"
     assert any("per-query key ranges" in r for r in ex.reasons["sdpa"]), ex.reasons["sdpa"]
+
+
+class _Float64Copies(TorchDispatchMode):
+    """The largest float64 result of any operation, in elements."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float64:
+                self.elements = max(self.elements, t.numel())
+        return out
+
+
+def test_the_gaussian_measure_copies_no_query_to_float64() -> None:
+    # its 1/(2σ²) was taken "in the queries' dtype" from a float64 copy of every query
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, L, E, generator=g) for _ in range(3))
+    with _Float64Copies() as seen:
+        attnkit.attention(q, k, v, score=scores.Gaussian(4.0))
+    assert seen.elements < q.numel() // 8

@@ -68,20 +68,29 @@ def test_explain_huge_sizes_allocate_nothing(capsys: pytest.CaptureFixture[str])
     assert "chosen: none" not in capsys.readouterr().out
 
 
-def test_explain_describes_the_call_with_meta_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_explain_describes_the_call_on_cpu_views(monkeypatch: pytest.MonkeyPatch) -> None:
     from attnkit.commands import explain as command
 
-    devices: list[str] = []
+    devices: list[tuple[str, int]] = []
     real = command.explain
 
     def recording(q: torch.Tensor, *args: object, **kwargs: object) -> object:
-        devices.append(q.device.type)
+        devices.append((q.device.type, q.untyped_storage().nbytes()))
         return real(q, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(command, "explain", recording)
     assert main(["explain", "-L", "4096", "--mask", "window"]) == 0
-    assert devices[0] == "meta"
-    assert set(devices) <= {"meta", "cpu"}
+    assert devices == [("cpu", 4)]  # one float32 element, expanded
+
+
+def test_explain_describes_a_gaussian_of_any_size_without_reading_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # its form was measured from the views' values: a float64 copy of 57 GiB of queries
+    argv = ["explain", "--score", "gaussian", "--batch", "100", "-L", "100000"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "not read here" in out and "chosen: sdpa" in out
 
 
 def test_explain_refuses_sizes_beyond_int64_in_one_line(

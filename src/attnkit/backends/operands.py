@@ -254,7 +254,7 @@ def _gaussian_form(inputs: AttentionInputs, score: Gaussian) -> str:
         q, k = q.detach().to(cd), k.detach().to(cd)
         if not all_finite(q, k):
             return "dot"
-        g = float(score._inv_two_var(q.to(torch.float64))) * inputs.scale
+        g = float(score._inv_two_var(q.new_empty((), dtype=torch.float64))) * inputs.scale
         if inputs.head_scale is not None:
             g *= float(inputs.head_scale.detach().abs().amax())
         center = Gaussian._center(q, k)  # (..., 1, E)

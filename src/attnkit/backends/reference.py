@@ -33,7 +33,7 @@ class ReferenceBackend(Backend):
     """Materialized math in float32/float64; any score, any mask, weights and lse."""
 
     name: ClassVar[str] = "reference"
-    device_types: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda", "mps", "xpu"})
+    device_types: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda", "mps", "xpu", "meta"})
     fused: ClassVar[bool] = False
     mod_kinds: ClassVar[frozenset[str]] = ALL_MOD_KINDS
     supports_head_scale: ClassVar[bool] = True

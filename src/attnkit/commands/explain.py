@@ -1,15 +1,14 @@
 """``attnkit explain``: which backend runs an attention call of given shapes, and why.
 
-Nothing the size of the call is ever allocated, so any sizes can be asked about:
-
-1. The call is described with meta tensors (shapes and dtypes, no storage) and
-   handed to :func:`attnkit.explain`, which validates it as :func:`attnkit.attention`
-   would; a call attention() would refuse is refused here with its message.
-2. Dispatch ranks backends per device type, and no backend runs on the meta
-   device. When the meta description gets no backend for that reason alone, the
-   CPU answer comes from shape-only CPU views: one element per tensor, expanded
-   to the full shape with zero strides (dispatch reads shapes, dtypes and flags,
-   never values or strides).
+Nothing the size of the call is ever allocated, so any sizes can be asked about: the
+call is described on the CPU with shape-only views (one element per tensor, expanded
+to the full shape with zero strides) and handed to :func:`attnkit.explain`, which
+validates it as :func:`attnkit.attention` would (a call attention() would refuse is
+refused here with its message) and reads shapes, dtypes and flags. One thing dispatch
+reads is a value: a Gaussian score's form (dot products or differences) is chosen from
+the inputs' norms, which a description does not have; a Gaussian call is described
+without host reads (:func:`attnkit.device_semantics`: as on an accelerator), and the
+answer says so.
 
 ``--gpu-targets`` answers another question: whether the triton backend's kernels
 compile and fit on each NVIDIA GPU generation (see
@@ -23,6 +22,7 @@ naming for anything it lacks the release that has it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Callable
 
@@ -31,6 +31,7 @@ from torch import nn
 
 from .. import _score_names as score_names
 from .. import masks, scores
+from .._host import device_semantics
 from ..backends.dispatch import Explanation
 from ..functional import explain
 
@@ -55,7 +56,6 @@ MASK_HELP = {
 MAX_ELEMENTS = 2**62
 """Largest element count of any described tensor (torch indexes elements with int64)."""
 
-_META_REASON = "device type 'meta' is not supported"
 
 TensorFactory = Callable[..., torch.Tensor]
 """(shape, dtype, requires_grad, fill=0) -> a tensor describing that shape."""
@@ -126,13 +126,6 @@ def _fail(message: str) -> int:
     return 2
 
 
-def meta_tensor(
-    shape: tuple[int, ...], dtype: torch.dtype, grad: bool, fill: float = 0
-) -> torch.Tensor:
-    """A tensor with shape and dtype but no storage (``fill`` has nothing to fill)."""
-    return torch.empty(shape, dtype=dtype, device="meta", requires_grad=grad)
-
-
 def shape_only_cpu_tensor(
     shape: tuple[int, ...], dtype: torch.dtype, grad: bool, fill: float = 0
 ) -> torch.Tensor:
@@ -183,13 +176,6 @@ def _describe(args: argparse.Namespace, sizes: dict[str, int], make: TensorFacto
     )
 
 
-def _only_meta_missing(ex: Explanation) -> bool:
-    """True when the meta description got no backend only because no backend runs on meta."""
-    return ex.chosen is None and all(
-        any(_META_REASON in why for why in reasons) for reasons in ex.reasons.values()
-    )
-
-
 def _transformers_report() -> int:
     try:
         from ..integrations.transformers import report
@@ -221,12 +207,14 @@ def run(args: argparse.Namespace) -> int:
             f"sizes too large: a tensor of this call would have {largest:.3e} elements; "
             f"expected at most 2**62 ({MAX_ELEMENTS:.3e})"
         )
+    described = "the CPU (shape-only views)"
+    reads: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if args.score == "gaussian":  # its form is chosen from values this description lacks
+        reads = device_semantics()
+        described += "; the Gaussian's form is chosen from the inputs' values, not read here"
     try:
-        ex = _describe(args, sizes, meta_tensor)
-        described = "meta tensors"
-        if _only_meta_missing(ex):
+        with reads:
             ex = _describe(args, sizes, shape_only_cpu_tensor)
-            described = "the CPU (shape-only views)"
     except (ValueError, TypeError) as exc:
         return _fail(str(exc).splitlines()[0])
     elements = B * H * (L + 2 * S) * E
