@@ -252,6 +252,12 @@ def half_rounded_weights_rel(dtype: torch.dtype) -> float:
     return 2 * half_rel(dtype)
 
 
+def half_parts_grad_rel(dtype: torch.dtype, parts: int) -> float:
+    """A gradient in a half dtype summed from ``parts`` pieces (a ring's key blocks), each
+    rounded to that dtype, against one call's: the forward's rounding and one per part."""
+    return (parts + 1) * half_rel(dtype)
+
+
 def half_grad_rel(dtype: torch.dtype) -> float:
     """A gradient through one attention call in ``dtype`` against float64 math: in a half
     dtype, the forward's rounding to it (one ``half_rel``) carried through the backward

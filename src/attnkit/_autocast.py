@@ -22,8 +22,9 @@ replays the same computation.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -43,16 +44,26 @@ def autocast_dtype(query: object) -> torch.dtype | None:
     """Autocast's dtype on ``query``'s device when autocast is on there, else None
     (also for anything but a tensor, and a device type autocast has no mode for, such
     as ``meta``). When autocast is off everywhere: one C call."""
-    if not any_autocast():
-        return None
-    if not isinstance(query, torch.Tensor):
+    if not any_autocast() or not isinstance(query, torch.Tensor):
         return None
     device_type = query.device.type
-    if not torch.amp.is_autocast_available(device_type):
-        return None
-    if not torch.is_autocast_enabled(device_type):
-        return None
-    return torch.get_autocast_dtype(device_type)
+    return torch.get_autocast_dtype(device_type) if autocast_on(device_type) else None
+
+
+def autocast_mixes(device: torch.device, *dtypes: torch.dtype) -> bool:
+    """True when autocast is on for ``device`` and every one of ``dtypes`` is one it
+    casts: a layer's float32 parameters beside a bfloat16 activation from an earlier
+    autocast op are then one computation, as in torch's layers."""
+    return all(d in _CASTABLE for d in dtypes) and autocast_on(device.type)
+
+
+def autocast_on(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` (False for one it has no mode for)."""
+    return (
+        any_autocast()
+        and torch.amp.is_autocast_available(device_type)
+        and torch.is_autocast_enabled(device_type)
+    )
 
 
 def cast(t: object, dtype: torch.dtype) -> object:
@@ -70,3 +81,24 @@ def cast_score(score: ScoreT, dtype: torch.dtype) -> ScoreT:
     if isinstance(score, Score):
         return score.cast(dtype)  # type: ignore[return-value]
     return score
+
+
+BackwardT = TypeVar("BackwardT", bound=Callable[..., Any])
+
+
+def backward_without_autocast(backward: BackwardT) -> BackwardT:
+    """A custom autograd Function's ``backward`` run with autocast off on its gradients'
+    device. Its forward ran with autocast off (:func:`attnkit.attention` under autocast
+    runs so), and a backward called inside the autocast block would otherwise compute its
+    float32 sums in autocast's dtype (a tenth of the accuracy in bfloat16)."""
+
+    @functools.wraps(backward)
+    def run(ctx: Any, *grads: Any) -> Any:
+        if any_autocast():
+            t = next((g for g in grads if isinstance(g, torch.Tensor)), None)
+            if t is not None and autocast_on(t.device.type):
+                with torch.autocast(t.device.type, enabled=False):
+                    return backward(ctx, *grads)
+        return backward(ctx, *grads)
+
+    return run  # type: ignore[return-value]

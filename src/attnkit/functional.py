@@ -459,6 +459,10 @@ def attention_backward(
     ``*batch`` is the call's broadcast batch shape (the query's heads under grouped-query
     attention), as in the output of :func:`attention`.
 
+    Under ``torch.autocast`` it runs as :func:`attention` ran the forward (query, key,
+    value and a learned score in autocast's dtype, autocast off), so it takes the
+    (out, lse) that call returned; the gradients come back in the inputs' dtypes.
+
     Returns:
         ``(d query, d key, d value, [d param for each of params])``.
 
@@ -469,6 +473,15 @@ def attention_backward(
         lse is far too: rounding lost its log-sum, so its weights cannot be recovered
         from it (see :mod:`attnkit._far_rows`; differentiate :func:`attention` instead).
     """
+    low = autocast_dtype(query)
+    if low is not None:  # as attention() ran it: in autocast's dtype, autocast off
+        with torch.autocast(query.device.type, enabled=False):
+            dq, dk, dv, dp = attention_backward(
+                cast(query, low), cast(key, low), cast(value, low),  # type: ignore[arg-type]
+                out, lse, grad_out, grad_lse, score=cast_score(score, low), mask=mask,
+                scale=scale, backend=backend, params=params,
+            )  # fmt: skip
+        return dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype), dp
     with torch.no_grad():
         inputs = validate_inputs(
             query, key, value, score=score, mask=mask, scale=scale, return_lse=True

@@ -174,3 +174,83 @@ def test_a_llama_under_autocast_runs_on_attnkit_as_on_sdpa() -> None:
     assert_close_to_scale(got.double(), want.double(), rel=half_grad_rel(torch.bfloat16))
     got.float().sum().backward()
     assert all(p.grad is not None for p in ours.parameters() if p.requires_grad)
+
+
+def _call(layer_name: str, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    out = {"MultiheadAttention": lambda: layer(x, x, x), "SelfAttention": lambda: layer(x),
+           "Einsum": lambda: layer(x, x)}[layer_name]()  # fmt: skip
+    return out[0] if isinstance(out, tuple) else out
+
+
+@pytest.mark.parametrize("layer_name", ["MultiheadAttention", "SelfAttention", "Einsum"])
+def test_layers_take_an_activation_autocast_made(layer_name: str) -> None:
+    # a Linear under autocast gives bfloat16 beside the layer's float32 parameters:
+    # torch's layer takes it, attnkit's once refused it
+    from attnkit.nn import EinsumMultiHeadAttention, SelfAttention
+
+    torch.manual_seed(0)
+    before = torch.nn.Linear(16, 16)
+    layers = {
+        "MultiheadAttention": lambda: MultiheadAttention(16, 4, batch_first=True),
+        "SelfAttention": lambda: SelfAttention(16, 4),
+        "Einsum": lambda: EinsumMultiHeadAttention(4, 4, query_features=16),
+    }
+    layer = layers[layer_name]()
+    x = torch.randn(2, 7, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = before(x)
+        assert h.dtype == torch.bfloat16
+        out = _call(layer_name, layer, h)
+    # the same layer on the float32 activation, under the same autocast
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h32 = h.float()
+        want = _call(layer_name, layer, h32)
+    assert torch.equal(out.float(), want.float())
+    out.float().sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in layer.parameters())
+
+
+def test_attention_backward_takes_what_attention_returned_under_autocast() -> None:
+    case = make_case("scaled_dot", "causal", (2, 4, 2, 6, 9, 8, 5), seed=4)
+    q, k, v = _leaves(case, torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, lse = attnkit.attention(q, k, v, mask=case.mask, return_lse=True)
+        grad = torch.randn_like(out)
+        dq, dk, dv, _ = attnkit.attention_backward(q, k, v, out, lse, grad, mask=case.mask)
+    out.backward(grad)
+    for t, d in zip((q, k, v), (dq, dk, dv), strict=True):
+        assert t.grad is not None and d.dtype == t.dtype
+        assert_close_to_scale(d, t.grad, rel=half_grad_rel(torch.bfloat16))
+
+
+def test_a_backward_inside_the_autocast_block_is_the_backward_after_it() -> None:
+    # chunked's backward once ran its float32 sums in bfloat16 there (ten times the error);
+    # a kernel's backward runs with autocast off, as its forward ran
+    backend = "chunked"
+    case = make_case("scaled_dot", "key_padding", (2, 4, 2, 6, 9, 8, 5), seed=5)
+    grads = []
+    for inside in (True, False):
+        q, k, v = _leaves(case, torch.float32)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = attnkit.attention(q, k, v, mask=case.mask, backend=backend)
+            if inside:
+                out.float().sum().backward()
+        if not inside:
+            out.float().sum().backward()
+        grads.append([t.grad for t in (q, k, v)])
+    for inside_grad, after_grad in zip(*grads, strict=True):
+        assert torch.equal(inside_grad, after_grad)
+
+
+def test_a_kv_cache_decodes_under_autocast_as_one_pass() -> None:
+    from attnkit.nn import SelfAttention
+
+    torch.manual_seed(0)
+    layer = SelfAttention(32, num_heads=4, causal=True, num_kv_heads=2).eval()
+    x = torch.randn(1, 10, 32)
+    cache = layer.new_cache(batch_size=1, max_len=16)  # float32, the layer's dtype
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        full = layer(x)
+        steps = [layer(x[:, :6], cache=cache)]
+        steps += [layer(x[:, i : i + 1], cache=cache) for i in range(6, 10)]
+    assert torch.equal(torch.cat(steps, dim=1), full)

@@ -33,7 +33,7 @@ from attnkit.nn import MultiheadAttention, SelfAttention
 
 from cases import packed_ids
 from gloo_ranks import free_port, read_report, report_and_leave, run_ranks
-from tolerance import FLOAT64_REL, assert_close_to_scale
+from tolerance import FLOAT64_REL, assert_close_to_scale, half_parts_grad_rel
 
 GROUP_DEADLINE_S = 240
 B, H, E = 2, 4, 3
@@ -320,6 +320,35 @@ def _layer_cases(rank: int, world: int, failures: list[str]) -> int:
     return len(layers)
 
 
+def _autocast_case(rank: int, world: int, failures: list[str]) -> int:
+    """The ring under bfloat16 autocast, backward after the block, against one process
+    under the same autocast (its backward once got the float32 queries beside the
+    bfloat16 output and refused them)."""
+    n = 2 * world + 3
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(B, H, n, 8, generator=g) for _ in range(3))  # (B, H, n, 8)
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    mine = [cp.shard(t, rank=rank, world_size=world, dim=2).requires_grad_() for t in (q, k, v)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = attnkit.attention(*full, mask=masks.causal())
+        out = cp.context_parallel_attention(*mine, mask=masks.causal(), strategy="ring")
+    d_out = torch.randn(ref.shape, generator=g)
+    ref.float().mul(d_out).sum().backward()
+    out.float().mul(cp.shard(d_out, rank=rank, world_size=world, dim=2)).sum().backward()
+    try:
+        assert out.dtype == ref.dtype == torch.bfloat16
+        rel = half_parts_grad_rel(torch.bfloat16, world)  # (one key block per rank)
+        got = cp.unshard(out.detach().float(), dim=2)
+        assert_close_to_scale(got, ref.detach().float(), rel=rel, what="autocast output")
+        for t, t_full in zip(mine, full, strict=True):
+            assert t.grad is not None and t_full.grad is not None and t.grad.dtype == t.dtype
+            got = cp.unshard(t.grad, dim=2)
+            assert_close_to_scale(got, t_full.grad, rel=rel, what="autocast gradient")
+    except AssertionError as exc:
+        failures.append(f"autocast ring: {str(exc).splitlines()[0:3]}")
+    return 1
+
+
 def _cases(world: int) -> list[tuple[str, str, str, str, int, int]]:
     """(score, mask, layout, strategy, L, S), lengths odd (uneven shards).
 
@@ -384,6 +413,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, every: bool) -> None
         for case in _plan(world, every):
             _run_case(rank, world, *case, failures)
             ran += 1
+        ran += _autocast_case(rank, world, failures)
         if every:
             ran += _error_cases(rank, world, failures)
             ran += _layer_cases(rank, world, failures)
@@ -404,7 +434,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, every: bool) -> None
 def test_context_parallel_matches_single_process(world: int, every: bool, tmp_path: Path) -> None:
     run_ranks(_worker, world, (world, free_port(), str(tmp_path), every), str(tmp_path),
               GROUP_DEADLINE_S)  # fmt: skip
-    expected = len(_plan(world, every)) + (8 + 2 if every else 0)
+    expected = len(_plan(world, every)) + 1 + (8 + 2 if every else 0)
     for rank in range(world):
         report = read_report(tmp_path / f"rank{rank}.json", rank)
         assert report["failures"] == [], f"rank {rank}: " + "\n".join(report["failures"][:10])

@@ -36,6 +36,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
+from .._autocast import backward_without_autocast
 from .._inputs import AttentionInputs
 from ..scores import is_shared_score
 from ._materialized import materialized_attention
@@ -91,6 +92,7 @@ class KernelFunction(torch.autograd.Function):
         return out, lse, weights
 
     @staticmethod
+    @backward_without_autocast
     def backward(
         ctx: Any,
         d_out: torch.Tensor | None,
@@ -178,6 +180,7 @@ class BackendFunction(torch.autograd.Function):
         return res.output, res.lse
 
     @staticmethod
+    @backward_without_autocast
     def backward(ctx: Any, d_out: torch.Tensor, d_lse: torch.Tensor) -> tuple[Any, ...]:
         inputs: AttentionInputs = ctx.inputs
         out, lse, *_params = ctx.saved_tensors  # (unpacked: torch checks their versions)

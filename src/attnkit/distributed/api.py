@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import masks as _masks
+from .._autocast import autocast_dtype, cast, cast_score
 from .._inputs import validate_inputs
 from ..blockplan import stable_hash
 from ..scores import Score
@@ -124,7 +125,19 @@ def attend(
 ) -> Any:
     """:func:`context_parallel_attention` for callers that found a ``problem`` of their
     own with this rank's call: it is shipped in the agreement, so every rank raises
-    (instead of this rank raising alone while the others wait in the agreement)."""
+    (instead of this rank raising alone while the others wait in the agreement).
+
+    Under ``torch.autocast`` the call runs as :func:`attnkit.attention` runs there: its
+    inputs and a learned score in autocast's dtype, with autocast off (so the ring's
+    backward, run after the autocast block, sees the dtypes its forward saw)."""
+    low = autocast_dtype(query)
+    if low is not None:
+        with torch.autocast(query.device.type, enabled=False):
+            return attend(
+                cast(query, low), cast(key, low), cast(value, low), group=group,
+                score=cast_score(score, low), mask=mask, scale=scale, layout=layout,
+                strategy=strategy, return_lse=return_lse, backend=backend, problem=problem,
+            )  # fmt: skip
     plan = prepare(
         query, key, value, group=group, score=score, mask=mask, scale=scale,
         layout=layout, strategy=strategy, backend=backend, problem=problem,

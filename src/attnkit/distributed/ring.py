@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from .. import _lse
+from .._autocast import backward_without_autocast
 from ..backends.autograd import as_held
 from ..backends.records import OutputGrads
 from ..functional import attention, attention_backward
@@ -258,6 +259,7 @@ class _RingAttention(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @backward_without_autocast
     def backward(
         ctx: Any, d_out: torch.Tensor, d_lse: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:

@@ -20,6 +20,7 @@ from .. import masks
 from .._args import as_factory_device as check_factory_device
 from .._args import as_factory_dtype as check_factory_dtype
 from .._args import shape_text as shape_str
+from .._autocast import autocast_mixes
 from .._host import readable
 from ..functional import attention
 
@@ -201,7 +202,9 @@ def check_param_dtype(
     any compute, instead of failing inside ``F.linear`` or ``torch.einsum``.
     The parameters in ``cast`` (by identity) may have another floating-point
     dtype, because the layer casts them to the computation's dtype; they must
-    still be on the same device.
+    still be on the same device. Under ``torch.autocast`` an input may have another
+    dtype autocast casts (a bfloat16 activation beside float32 parameters), as
+    torch's layers take it.
     """
     params = _parameter_tensors(module)
     if not params:
@@ -226,7 +229,7 @@ def check_param_dtype(
                     f"of the layer must share one dtype and device (layer.to(dtype=..., device=...))"
                 )
     for name, t in inputs.items():
-        if t.dtype != dtype or t.device != device:
+        if t.device != device or (t.dtype != dtype and not autocast_mixes(device, t.dtype, dtype)):
             raise TypeError(
                 f"{owner}: {name} is {t.dtype} on {t.device}, but the layer's parameters are "
                 f"{dtype} on {device}; convert the input or the layer "

@@ -36,6 +36,7 @@ import os
 
 import torch
 
+from .._autocast import autocast_mixes
 from ._common import check_factory_device, check_factory_dtype, check_positive_int, shape_str
 
 __all__ = ["KVCache"]
@@ -144,7 +145,10 @@ class KVCache:
                 f"(batch_size, num_kv_heads, max_len, head size); build the cache for this "
                 f"layer and batch"
             )
-        if keys.dtype != self.keys.dtype or keys.device != self.keys.device:
+        if keys.device != self.keys.device or (
+            keys.dtype != self.keys.dtype
+            and not autocast_mixes(keys.device, keys.dtype, self.keys.dtype)
+        ):  # (under autocast the cache keeps its dtype; attention() casts what it reads)
             raise TypeError(
                 f"{owner}: the cache holds {self.keys.dtype} on {self.keys.device}, the layer "
                 f"computes {keys.dtype} on {keys.device}; build the cache with the layer's "

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..._autocast import backward_without_autocast
 from ..._host import readable
 from ..._inputs import AttentionInputs
 from ...blockplan import RaggedSeq
@@ -480,6 +481,7 @@ class _KernelValue(torch.autograd.Function):
         return value.clone()
 
     @staticmethod
+    @backward_without_autocast
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
         return None, grad
 

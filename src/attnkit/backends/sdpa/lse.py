@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ... import _host, _lse
+from ..._autocast import backward_without_autocast
 from ..._inputs import AttentionInputs
 from ...kernels.softmax import exp_rows_
 from .._common import all_finite, clean_rows, masked_softmax
@@ -175,6 +176,7 @@ class _RowSoftmax(torch.autograd.Function):
         return weights
 
     @staticmethod
+    @backward_without_autocast
     def backward(ctx: Any, d_weights: torch.Tensor) -> tuple[torch.Tensor, None]:
         weights, logits, nan_rows = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: weights as a function of the logits
