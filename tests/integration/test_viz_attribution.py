@@ -478,3 +478,14 @@ def test_integer_like_targets_and_captum_s_riemann_floor() -> None:
         with pytest.raises(ValueError, match=r"^steps: expected an int >= 2, got 1"):
             viz.explain(model, tok, TEXT, method="integrated_gradients", steps=1,
                         integration=integration)  # fmt: skip
+
+
+def test_a_caller_s_autocast_leaves_the_attribution_in_the_model_s_dtype() -> None:
+    # under bfloat16 autocast most tokens' relevance rounded to one value once
+    model, tok = _gpt2().float(), _tokenizer(False)
+    want = viz.explain(model, tok, TEXT, method="attention_x_gradient")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = viz.explain(model, tok, TEXT, method="attention_x_gradient")
+    assert got.scores.dtype == torch.float32
+    assert torch.equal(got.scores, want.scores)
+    assert torch.equal(got.head_importance, want.head_importance)
