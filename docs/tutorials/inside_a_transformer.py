@@ -56,7 +56,8 @@ plt.show()
 # ## In Python: transformers on attnkit
 #
 # `attn_implementation="attnkit"` runs every attention of the model as one
-# `attnkit.attention` call. Its outputs are those of transformers' own `sdpa`, and
+# `attnkit.attention` call. Its outputs are those of transformers' own `sdpa` (the
+# cell below compares them with `eager`, the implementation that returns weights), and
 # `output_attentions=True` returns exact weights without falling back to the slow
 # eager path.
 
