@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -48,9 +49,12 @@ class _ArgumentParser(argparse.ArgumentParser):
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``attnkit`` console script."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
+    if not args:
+        print(_usage(), file=sys.stderr)  # (a usage error: no command)
+        return 2
+    if args[0] in ("-h", "--help"):
         print(_usage())
-        return 0 if args else 2
+        return 0
     if args[0] in ("-V", "--version"):
         from . import __version__
 
@@ -70,7 +74,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         ns = parser.parse_args(args[1:])
     except SystemExit as exc:  # --help (0) or a bad argument (2, one line already printed)
         return exc.code if isinstance(exc.code, int) else 2
-    return int(module.run(ns))
+    try:
+        return int(module.run(ns))
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as shell tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # (the exit's flush has nowhere to fail)
+        return 1
+    except KeyboardInterrupt:
+        print(f"attnkit {name}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -117,3 +118,52 @@ def test_demo_accepts_the_largest_seed(capsys: pytest.CaptureFixture[str]) -> No
 def test_command_help_returns_zero(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--help"]) == 0
     assert "--seed" in capsys.readouterr().out
+
+
+def test_no_command_is_a_usage_error_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("usage: attnkit COMMAND")
+
+
+def test_an_interrupt_or_a_closed_pipe_ends_a_command_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from attnkit.commands import demo
+
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "run", interrupted)
+    assert main(["demo"]) == 130
+    assert capsys.readouterr().err == "attnkit demo: interrupted\n"
+    # a reader that leaves at once (`attnkit demo | true`): BrokenPipeError once
+    proc = subprocess.Popen([sys.executable, "-m", "attnkit", "demo"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait() == 1 and "Traceback" not in err, err
+
+
+def test_explain_counts_bytes_and_the_weights_in_its_size_check(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # (E, E) float32 weights of 2**62 elements passed an element count, then torch
+    # raised; (B, H, L, S) weights were not counted at all
+    one = ["--batch", "1", "--heads", "1"]
+    assert main(["explain", *one, "-L", "1", "-E", str(2**31), "--score", "bilinear"]) == 2
+    assert main(["explain", *one, "-E", "1", "-L", str(2**32), "--weights"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("sizes too large") == 2 and "Traceback" not in err
+
+
+def test_bench_says_in_one_line_that_its_json_could_not_be_written(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full (a file every write to fails)")
+    argv = ["bench", "--suite", "dense", "--quick", "--no-memory", "--json", "/dev/full"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "cannot write --json /dev/full" in err and "Traceback" not in err

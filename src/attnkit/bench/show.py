@@ -201,7 +201,10 @@ def _fill(res: CaseResult, case: ShowCase, shows: list[float], starts: list[floa
           fwds: list[float], ratios: list[float], page_mib: float, peak_gib: float,
           quick: bool) -> None:  # fmt: skip
     ratio = statistics.median(ratios)
-    res.attnkit_s = statistics.median(s - t for s, t in zip(shows, starts, strict=True))
+    extra = statistics.median(s - t for s, t in zip(shows, starts, strict=True))
+    # (a show no slower than its start-up, as a --quick run's short text can be: its
+    # time is within the start-up's noise, not a negative duration)
+    res.attnkit_s = extra if extra > 0 else None
     res.baseline_s = statistics.median(fwds)
     res.speedup = 1 / ratio if ratio > 0 else None
     res.ratios = [round(1 / r, 4) for r in ratios if r > 0]
@@ -210,10 +213,11 @@ def _fill(res: CaseResult, case: ShowCase, shows: list[float], starts: list[floa
         "show_s": round(statistics.median(shows), 3),
         "startup_s": round(statistics.median(starts), 3),
         "forward_s": round(res.baseline_s, 3),
-        "ratio": round(ratio, 3),
         "page_mib": round(page_mib, 2),
         "peak_gib": round(peak_gib, 3),
     }
+    if ratio > 0:
+        res.figures["ratio"] = round(ratio, 3)
     if quick:
         return
     res.met = ratio <= case.goal

@@ -269,15 +269,25 @@ def run(args: argparse.Namespace) -> int:
             "speedup = baseline time / attnkit time (median of interleaved pairs); MiB = peak extra"
         )
     if args.json:
+        from .. import __version__
+
         payload = {
             "suite": args.suite,
             "device": args.device,
             "mode": mode,
-            "machine": info,
+            "attnkit": __version__,
+            "budget_s": args.budget,
+            # read again after the cases: what they ran on (the additive kernel is built,
+            # or found missing, by the first call that needs it)
+            "machine": {**info, **machine_info()},
             "cases": [r.to_json() for r in results],
         }
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh, indent=2)
+        try:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump(payload, fh, indent=2)
+        except OSError as exc:
+            print(f"attnkit bench: error: cannot write --json {args.json}: {exc}", file=sys.stderr)
+            return 1
         print(f"wrote {args.json}", file=sys.stderr)
     return 1 if any(r.error for r in results) else 0
 

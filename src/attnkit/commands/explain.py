@@ -53,8 +53,10 @@ MASK_HELP = {
 }
 """The masks ``--mask`` describes, as the call passes them."""
 
-MAX_ELEMENTS = 2**62
-"""Largest element count of any described tensor (torch indexes elements with int64)."""
+MAX_BYTES = 2**62
+"""Largest size in bytes of any described tensor (torch counts a storage's bytes in
+int64): the inputs, a learned score's (E, E) weights and, asked for, the (B, H, L, S)
+weights."""
 
 
 TensorFactory = Callable[..., torch.Tensor]
@@ -201,11 +203,14 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--keys must be >= 1, got {S}")
     sizes = {"B": args.batch, "H": args.heads, "L": L, "S": S, "E": args.dim}
     B, H, E = args.batch, args.heads, args.dim
-    largest = max(B * H * L * E, B * H * S * E, E * E)
-    if largest > MAX_ELEMENTS:
+    itemsize = torch.empty((), dtype=_DTYPES[args.dtype]).element_size()
+    largest = itemsize * max(B * H * L * E, B * H * S * E, E * E)
+    if args.weights:  # in float32 for half inputs
+        largest = max(largest, max(itemsize, 4) * B * H * L * S)
+    if largest > MAX_BYTES:
         return _fail(
-            f"sizes too large: a tensor of this call would have {largest:.3e} elements; "
-            f"expected at most 2**62 ({MAX_ELEMENTS:.3e})"
+            f"sizes too large: a tensor of this call would take {largest:.3e} bytes; "
+            f"expected at most 2**62 ({MAX_BYTES:.3e})"
         )
     described = "the CPU (shape-only views)"
     reads: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
@@ -215,10 +220,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         with reads:
             ex = _describe(args, sizes, shape_only_cpu_tensor)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RuntimeError) as exc:  # (torch's own, one line too)
         return _fail(str(exc).splitlines()[0])
     elements = B * H * (L + 2 * S) * E
-    itemsize = torch.empty((), dtype=_DTYPES[args.dtype]).element_size()
     print(
         f"attention(query {(B, H, L, E)}, key/value {(B, H, S, E)}, score={args.score}, "
         f"mask={args.mask}, dtype={args.dtype}): inputs {_gib(elements * itemsize)} GiB, "
