@@ -44,7 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--suite",
         default="all",
         choices=all_suite_names(),
-        help="which cases to run; 'all' leaves out 'overhead', its own suite (default: %(default)s)",
+        help=(
+            "which cases to run; 'all' leaves out the suites run on their own: 'overhead', "
+            "'models' and 'show' (default: %(default)s)"
+        ),
     )
     parser.add_argument(
         "--device",
