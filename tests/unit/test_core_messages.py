@@ -155,3 +155,38 @@ def test_to_dense_names_a_bad_length(bad: object) -> None:
     """torch's arange and ones spoke of step signs and positional arguments."""
     with pytest.raises(ValueError, match=r"^to_dense: L must be an int >= 0 \(a length\)"):
         masks.causal().to_dense(bad, 5)  # type: ignore[arg-type]
+
+
+def _edit_bias(mask: masks.Mask) -> None:
+    mask.tensor[1, 3] = float("nan")  # type: ignore[attr-defined]
+
+
+def _edit_lens(mask: masks.Mask) -> None:
+    mask.lens[1] = -1  # type: ignore[attr-defined]
+
+
+def _edit_prefix(mask: masks.Mask) -> None:
+    mask.prefix[0] = -2  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("make", "edit", "message"),
+    [
+        (lambda: masks.bias(torch.zeros(5, 7)), _edit_bias, "NaN or \\+inf"),
+        (lambda: masks.valid_lens(torch.tensor([7, 3])), _edit_lens, "must be >= 0"),
+        (lambda: masks.prefix_lm(torch.tensor([2, 3])), _edit_prefix, "must be >= 0"),
+    ],
+    ids=["bias", "valid_lens", "prefix_lm"],
+)
+def test_a_mask_edited_in_place_is_checked_again_at_the_next_call(
+    backend: str, make: object, edit: object, message: str
+) -> None:
+    # the checks made when a mask is made were skipped for a reused one: a NaN row, or
+    # a row of zeros for a length of -1, came back silently
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, n, 4, generator=g) for n in (5, 7, 7))
+    mask = make()  # type: ignore[operator]
+    attnkit.attention(q, k, v, mask=mask, backend=backend)
+    edit(mask)  # type: ignore[operator]
+    with pytest.raises(ValueError, match=message):
+        attnkit.attention(q, k, v, mask=mask, backend=backend)

@@ -313,6 +313,12 @@ class PrefixLMMask(Mask):
                 f"mask: masks.prefix_lm has {n} prefix lengths, expected one or one per batch "
                 f"element (first leading dim {batch_shape[0] if batch_shape else 'absent'})"
             )
+        from .._host import readable
+
+        if readable(self.prefix) and self.prefix.numel() and int(self.prefix.min()) < 0:
+            raise ValueError(
+                f"masks.prefix_lm: prefix lengths must be >= 0, got {int(self.prefix.min())}"
+            )
 
     def _prefix_local(self, device: torch.device) -> torch.Tensor:
         """The prefix in this mask's own key columns: the keys at global positions below

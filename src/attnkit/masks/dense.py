@@ -61,6 +61,8 @@ class BiasMask(Mask):
 
     kind = "bias"
     additive = True
+    _checked: tuple[torch.Tensor, int] | None = None
+    """The tensor whose values :meth:`_check_values` last read, and its version then."""
     _beyond: tuple[torch.Tensor, int, float, bool] | None = None
     """:meth:`has_bias_beyond`'s last answer: the tensor it read, its version, the limit
     and the answer."""
@@ -75,15 +77,32 @@ class BiasMask(Mask):
             )
         if tensor.ndim < 1:
             raise ValueError("masks.bias: expected a tensor of shape (..., L, S), got a 0-d tensor")
-        if readable(tensor) and (torch.isnan(tensor).any() or torch.isposinf(tensor).any()):
-            raise ValueError(
-                "masks.bias: the bias contains NaN or +inf; expected finite values or -inf "
-                "(which blocks a key)"
-            )  # (on an accelerator the values are not read: that would sync)
         self.tensor = tensor
+        self._check_values()
 
     def validate(self, batch_shape: Sequence[int], L: int, S: int) -> None:
         check_broadcast_to("masks.bias(...)", self.tensor.shape, (*batch_shape, L, S))
+        self._check_values()
+
+    def _check_values(self) -> None:
+        """Refuse a bias holding NaN or +inf: when the mask is made, and again at a call
+        after an in-place edit (read once per version of the tensor, as
+        :meth:`has_bias_beyond`; every call for an inference-mode tensor, which keeps no
+        version). On an accelerator the values are not read: that would sync."""
+        t = self.tensor
+        if not readable(t):
+            return
+        seen = self._checked
+        if seen is not None and not t.is_inference() and seen[0] is t and seen[1] == t._version:
+            return
+        with torch.no_grad():
+            if bool(torch.isnan(t).any() | torch.isposinf(t).any()):
+                raise ValueError(
+                    "masks.bias: the bias contains NaN or +inf; expected finite values or -inf "
+                    "(which blocks a key)"
+                )
+        if not t.is_inference():
+            self._checked = (t, t._version)
 
     def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
         return DenseMask(keep=None, bias=self.tensor.to(device))

@@ -95,9 +95,12 @@ class ValidLensMask(Mask):
             )
         if not readable(self.lens) or not self.lens.numel():
             return  # the value checks below read the lengths on the host: CPU, eager only
-        if int(self.lens.max()) > S:
+        lo, hi = (int(x) for x in torch.aminmax(self.lens))  # (again at each call: an
+        if lo < 0:  # in-place edit since the mask was made is checked too)
+            raise ValueError(f"masks.valid_lens: lengths must be >= 0, got minimum {lo}")
+        if hi > S:
             raise ValueError(
-                f"mask: masks.valid_lens has a length of {int(self.lens.max())}, more than the "
+                f"mask: masks.valid_lens has a length of {hi}, more than the "
                 f"{S} keys; expected lengths in [0, {S}]"
             )
         ql = self.query_lens
