@@ -403,6 +403,12 @@ def test_a_t5_table_with_more_added_keeps_the_model_s_bias() -> None:
     mod, mask = position_bias_mod(module, more, 5, 0, 0)
     assert mod is None and mask is not None
     torch.testing.assert_close(mask.tensor, more, rtol=0, atol=0)
+    # the same tensor, once found T5's own, then added to in place: read again
+    bias = own.clone()
+    assert position_bias_mod(module, bias, 5, 0, 0)[0] is not None
+    bias += 0.5
+    mod, mask = position_bias_mod(module, bias, 5, 0, 0)
+    assert mod is None and mask is not None
 
 
 def test_what_attnkit_cannot_run_is_refused_by_name() -> None:

@@ -30,8 +30,9 @@ from ...masks.bands import Offset
 
 __all__ = ["position_bias_mod"]
 
-# id(position_bias) -> (a weak reference to it, its modifier or None for zeros)
-_SEEN: dict[int, tuple[weakref.ref[torch.Tensor], mods.Mod | None]] = {}
+# id(position_bias) -> (a weak reference to it, its version then, its modifier or None
+# for zeros): an in-place edit of the bias is read again
+_SEEN: dict[int, tuple[weakref.ref[torch.Tensor], int, mods.Mod | None]] = {}
 
 
 def _forget(key: int, _ref: object) -> None:
@@ -98,8 +99,8 @@ def position_bias_mod(
         q0, k0 = int(q0), int(k0)
     key = id(position_bias)
     seen = _SEEN.get(key)
-    if seen is not None and seen[0]() is position_bias:
-        return seen[1], None
+    if seen is not None and seen[0]() is position_bias and seen[1] == position_bias._version:
+        return seen[2], None
     mod = _table_mod(module, q0, k0)
     if mod is not None and not _made_by(mod, position_bias[..., :S]):
         return None, masks.bias(position_bias[..., :S])  # (1 or B, H, L, S)
@@ -108,5 +109,6 @@ def position_bias_mod(
             zero = not bool(position_bias.any())
         if not zero:
             return None, masks.bias(position_bias[..., :S])  # (1 or B, H, L, S)
-    _SEEN[key] = (weakref.ref(position_bias, functools.partial(_forget, key)), mod)
+    ref = weakref.ref(position_bias, functools.partial(_forget, key))
+    _SEEN[key] = (ref, position_bias._version, mod)
     return mod, None
