@@ -17,7 +17,7 @@ import torch
 
 from ._per_thread import THREAD
 
-__all__ = ["device_semantics", "in_transform", "readable", "strict"]
+__all__ = ["batched_by_autograd", "device_semantics", "in_transform", "readable", "strict"]
 
 # This thread's host-read setting is THREAD.strict, :func:`strict`'s answer (see
 # attnkit._per_thread); only :func:`device_semantics` sets it.
@@ -27,14 +27,22 @@ def readable(t: torch.Tensor) -> bool:
     """True when ``t``'s values may be read on the host without a device sync: a CPU
     tensor, outside ``torch.compile`` and outside torch.func's transforms (whose
     wrapped tensors cannot be read either), and not a fake tensor (shapes only: a
-    ``FakeTensorMode`` propagating shapes has no values to read)."""
+    ``FakeTensorMode`` propagating shapes has no values to read) or one batched by
+    ``is_grads_batched`` gradients."""
     return (
         t.device.type == "cpu"
         and not THREAD.strict
         and not torch.compiler.is_compiling()
         and not _transforming()
         and not isinstance(t, _FakeTensor)
+        and not batched_by_autograd(t)
     )
+
+
+def batched_by_autograd(t: torch.Tensor) -> bool:
+    """True for a gradient batched by ``torch.autograd.grad(..., is_grads_batched=True)``
+    (autograd's own vmap, which no transform stack shows)."""
+    return _legacy_batched is not None and _legacy_batched(t)
 
 
 def in_transform() -> bool:
@@ -56,6 +64,12 @@ try:  # (torch's shape-only tensor; absent: none is seen)
     from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 except ImportError:  # pragma: no cover
     _FakeTensor = ()
+_legacy_batched: Callable[[torch.Tensor], bool] | None = getattr(
+    torch._C._functorch, "is_legacy_batchedtensor", None
+)
+"""Whether a tensor is batched by autograd's own vmap (``torch.autograd.grad(...,
+is_grads_batched=True)``), which no transform stack shows: its values cannot be read."""
+
 _peek: Callable[[], object] | None
 try:  # (torch's own probe of its transforms' stack; absent: no transform is seen)
     from torch._C._functorch import peek_interpreter_stack as _peek

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..._host import batched_by_autograd
 from ...blockplan import BlockPlan
 from .._common import masked_softmax
 from ..records import OutputGrads
@@ -66,6 +67,12 @@ class ChunkedCall:
         """Operand gradients from ``given`` (out (N, L, Ev), lse (N, L), weights (N, L, S)
         or None); ``d_rows`` (N, L) accumulates each row's sum of the logits' gradient,
         for a per-row constant of the logits (see ``backward_tiles``)."""
+        if batched_by_autograd(given.grad_out):  # (its tiles index and read rows)
+            raise RuntimeError(
+                "attention: the chunked backend's backward cannot take batched gradients "
+                "(torch.autograd.grad(..., is_grads_batched=True)); run the call on "
+                "backend='reference', or take one gradient per cotangent"
+            )
         ops = self.operands(operands)
         d_pos = torch.zeros_like(ops.pos) if ops.pos is not None else None
         with torch.no_grad():

@@ -105,7 +105,11 @@ def _tile_logits(
             bias = bias.expand(qt.shape[0], i1 - i0, j1 - j0)  # (R, bi, bj)
             s = torch.baddbmm(bias, qt, kt.transpose(1, 2), alpha=ops.scale)
         else:
-            s = torch.bmm(qt, kt.transpose(1, 2)).mul_(ops.scale)  # (R, bi, bj)
+            # (scaled inside the product, as with a bias: not bmm's output scaled in
+            # place, which selective activation checkpointing, keeping the matrix
+            # products for the recomputation, refuses as mutated)
+            zero = qt.new_zeros(()).expand(qt.shape[0], i1 - i0, j1 - j0)  # (R, bi, bj)
+            s = torch.baddbmm(zero, qt, kt.transpose(1, 2), beta=0, alpha=ops.scale)
     elif ops.kind == "distance":
         assert ops.w is not None
         s = squared_distances(qt, kt).mul_(ops.w[rows] * -ops.scale)  # (R, bi, bj)
@@ -283,7 +287,7 @@ def forward_tiles(
                 assert tile_sum is not None
                 pv = torch.bmm(s, ops.v[rows, j0:j1])  # (R, bi, Ev)
                 if acc is None or denom is None or m is None:
-                    acc, denom = pv, tile_sum
+                    acc, denom = pv.clone(), tile_sum  # (pv, a product's output: kept)
                 else:
                     alpha = torch.exp(m - m_safe)  # (R, bi); exp(-inf) = 0
                     denom = denom.mul_(alpha).add_(tile_sum)
@@ -349,8 +353,14 @@ def _forward_band_runs(
         vw = v.as_strided(
             (R, g, span, Ev), (v.stride(0), bq * Ev, Ev, 1), v.storage_offset() + j0 * Ev
         )
-        s = torch.matmul(qb, kw.transpose(-2, -1))  # (R, g, bq, span)
-        s.mul_(ops.scale).add_(bias)
+        # the band's bias rides in the product's accumulator, scaled inside it (bmm's
+        # own output is never edited in place: see _tile_logits)
+        s = torch.baddbmm(
+            bias.expand(R * g, bq, span),
+            qb.reshape(R * g, bq, E),  # (R·g, bq, E')
+            kw.reshape(R * g, span, E).transpose(1, 2),  # (R·g, E', span)
+            alpha=ops.scale,
+        ).view(R, g, bq, span)  # (R, g, bq, span)
         if kb is not None:
             s.add_(
                 kb.as_strided(

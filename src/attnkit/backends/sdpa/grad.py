@@ -93,7 +93,11 @@ class TwiceDifferentiableCall:
         ]
         q, k, v, attn_mask = leaves
         assert q is not None and k is not None and v is not None
-        with torch.enable_grad():
+        # the inner graph keeps its own saved tensors (what the fused backward reads: the
+        # inputs, output and lse, no L x S): an activation checkpoint around the call
+        # would otherwise replay it for a backward that the checkpoint counts as its
+        # second (selective checkpointing refuses that)
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
             out, lse = self.run(q, k, v, attn_mask)
         self.inner = (leaves, out)
         return out.detach(), None if lse is None else lse.detach(), None
@@ -109,6 +113,11 @@ class TwiceDifferentiableCall:
     ) -> Grads:
         """The gradients of a differentiable recomputation, with create_graph."""
         return _grads(self.math(*operands), operands, given.grad_out, create_graph=True)
+
+
+def _keep(t: torch.Tensor) -> torch.Tensor:
+    """A saved tensor, kept as it is (see :meth:`TwiceDifferentiableCall.forward`)."""
+    return t
 
 
 def _grads(
