@@ -135,3 +135,22 @@ def test_batched_gradients_run_or_are_refused_by_name() -> None:
     out = attnkit.attention(q, k, v, backend="chunked")
     with pytest.raises(RuntimeError, match="chunked backend's backward cannot take batched"):
         torch.autograd.grad(out, (q,), cotangents, is_grads_batched=True)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize("backend", ["sdpa", "reference"])
+def test_checkpointing_with_dropout_recomputes_the_same_mask(backend: str, reentrant: bool) -> None:
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attnkit.attention(q, k, v, dropout_p=0.3, backend=backend)
+
+    grads = []
+    for checkpointed in (False, True):
+        g = torch.Generator().manual_seed(4)
+        q, k, v = (torch.randn(2, 2, 6, 4, generator=g, requires_grad=True) for _ in range(3))
+        torch.manual_seed(5)
+        out = checkpoint(fn, q, k, v, use_reentrant=reentrant) if checkpointed else fn(q, k, v)
+        torch.manual_seed(6)  # (the backward's draws differ from the forward's)
+        out.sum().backward()
+        grads.append([t.grad for t in (q, k, v)])
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
