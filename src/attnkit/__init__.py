@@ -8,7 +8,7 @@
 torch.Size([2, 4, 16, 32])
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import masks, mods, nn, scores
 from ._torch_features import FeatureUnavailableError
@@ -26,6 +26,10 @@ from .functional import attention, attention_backward, explain, masked_softmax
 __version__ = "0.1.0"
 """The version of attnkit, a string (``"0.1.0"``): the ``version`` of the project's
 ``pyproject.toml``, and what ``attnkit --version`` prints."""
+
+
+if TYPE_CHECKING:  # (for type checkers: attnkit.viz is the module, typed; at run time
+    from . import viz as viz  # it is imported on first use, below)
 
 
 def __getattr__(name: str) -> Any:

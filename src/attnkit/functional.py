@@ -6,7 +6,7 @@ import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Literal, Never, ParamSpec, TypeVar
+from typing import Any, Literal, Never, ParamSpec, TypedDict, TypeVar, Unpack, overload
 
 import torch
 from torch.compiler import is_compiling
@@ -38,15 +38,17 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 
-def _same_parameters(source: Callable[_P, Any]) -> Callable[[Callable[..., _R]], Callable[_P, _R]]:
+def _same_parameters(
+    source: Callable[_P, Any], shown: Callable[..., Any]
+) -> Callable[[Callable[..., _R]], Callable[_P, _R]]:
     """A decorator: the function takes ``source``'s parameters, declared once there, and
     keeps its own return type. Type checkers read them through the ``ParamSpec``;
     ``inspect.signature``, ``help()`` and the reference (``docs/hooks/griffe_attnkit.py``)
-    show each of them with its annotation."""
+    show each of ``shown``'s (the same parameters, spelt out) with its annotation."""
 
     def apply(func: Callable[..., _R]) -> Callable[_P, _R]:
         own = inspect.signature(func).return_annotation
-        shared = inspect.signature(source).replace(return_annotation=own)
+        shared = inspect.signature(shown).replace(return_annotation=own)
         setattr(func, "__signature__", shared)  # noqa: B010
         return func
 
@@ -75,6 +77,56 @@ _TRACE_REFUSED = (
     "lengths of a mask, the backend chosen for these shapes) as constants, and would give "
     "wrong numbers for other inputs; use torch.compile or torch.export instead"
 )
+
+
+class _Options(TypedDict, total=False):
+    """attention()'s keywords other than the two that decide what it returns (for its
+    overloads: a type checker reads the result's type from ``return_weights`` and
+    ``return_lse``)."""
+
+    score: ScoreArg
+    mask: MaskArg
+    scale: float | torch.Tensor | None
+    dropout_p: float
+    backend: BackendArg
+    mods: ModsArg
+    check_finite: bool
+    is_causal: bool
+    attn_mask: torch.Tensor | None
+    enable_gqa: bool | None
+
+
+_Weights = Literal[True, "mean"]
+
+
+@overload
+def attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+    return_weights: Literal[False] = False, return_lse: Literal[False] = False,
+    **options: Unpack[_Options],
+) -> torch.Tensor: ...  # fmt: skip
+@overload
+def attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+    return_weights: _Weights, return_lse: Literal[False] = False, **options: Unpack[_Options],
+) -> tuple[torch.Tensor, torch.Tensor]: ...  # fmt: skip
+@overload
+def attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+    return_weights: Literal[False] = False, return_lse: Literal[True],
+    **options: Unpack[_Options],
+) -> tuple[torch.Tensor, torch.Tensor]: ...  # fmt: skip
+@overload
+def attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+    return_weights: _Weights, return_lse: Literal[True], **options: Unpack[_Options],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...  # fmt: skip
+@overload
+def attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+    return_weights: bool | Literal["mean"] = False, return_lse: bool = False,
+    **options: Unpack[_Options],
+) -> torch.Tensor | tuple[torch.Tensor, ...]: ...  # fmt: skip
 
 
 def attention(
@@ -184,8 +236,8 @@ def attention(
         low = autocast_dtype(query)
         if low is not None:  # the call in autocast's dtype, run with autocast off
             with torch.autocast(query.device.type, enabled=False):
-                return attention(
-                    cast(query, low), cast(key, low), cast(value, low),  # type: ignore[arg-type]
+                return attention(  # type: ignore[call-overload, misc]
+                    cast(query, low), cast(key, low), cast(value, low),
                     score=cast_score(score, low), mask=mask, scale=scale, dropout_p=dropout_p,
                     return_weights=return_weights, return_lse=return_lse, backend=backend,
                     mods=mods, check_finite=check_finite, is_causal=is_causal,
@@ -253,7 +305,16 @@ def attention(
     return _pack(inputs, result)
 
 
-@_same_parameters(attention)
+def _any_call(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+    return_weights: bool | Literal["mean"] = False, return_lse: bool = False,
+    **options: Unpack[_Options],
+) -> None:  # fmt: skip
+    """attention()'s parameters in one signature, for a type checker: its last overload's,
+    where both flags are any value (what explain() takes)."""
+
+
+@_same_parameters(_any_call, shown=attention)
 def explain(*args: Any, **kwargs: Any) -> Explanation:
     """Which backend :func:`attention` would run for these arguments, and why.
 

@@ -438,3 +438,22 @@ def test_what_attnkit_cannot_run_is_refused_by_name() -> None:
     # (XGLM, TrOCR, MVP, LED read .size(), Doge .dtype: an AttributeError before; it still
     # is one, so that hasattr answers)
     assert not hasattr(carried, "dtype") and carried.shape == (1, 1, 4, 4)
+
+
+def test_a_4d_mask_wider_than_a_sliding_cache_s_keys_is_refused() -> None:
+    """A user's (1, 1, 4, 14) mask over every position, after a sliding-window layer kept
+    only the last keys: its first columns were taken for them, wrong logits without an
+    error (eager and sdpa fail on the sizes)."""
+    cfg = transformers.MistralConfig(**{**DECODER, "sliding_window": 8})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    model.set_attn_implementation(hf_attnkit.IMPLEMENTATION)
+    ids = torch.randint(1, VOCAB, (1, 14), generator=torch.Generator().manual_seed(0))
+    q, k = torch.arange(10, 14)[:, None], torch.arange(14)[None]
+    keep = (k <= q) & (k > q - 8)  # (4, 14): causal, in the window
+    mask4d = torch.zeros(1, 1, 4, 14).masked_fill(~keep, float("-inf"))
+    with torch.no_grad():
+        cache = model(ids[:, :10], use_cache=True).past_key_values
+        with pytest.raises(ValueError, match="covers 14 keys, but the call has"):
+            model(ids[:, 10:], attention_mask=mask4d, past_key_values=cache,
+                  position_ids=torch.arange(10, 14)[None])  # fmt: skip

@@ -25,6 +25,7 @@ from .api import (
 )
 from .errors import ContextParallelError
 from .layers import ContextParallel
+from .layout import Layout as Layout  # (the type of layout=, as distributed.Layout)
 from .layout import assemble, rank_segments, segments, shard, shard_lengths, unshard
 
 __all__ = [

@@ -31,7 +31,8 @@ from collections.abc import Sequence
 import torch
 
 from .._args import as_int
-from .base import Align, Mod, PositionMod, as_list
+from .base import Align as Align  # (the type of align=, as mods.Align)
+from .base import Mod, PositionMod, as_list
 from .logits import Sinks, Softcap
 from .position import MAX_HEADS, ALiBi, RelativePositionBias, alibi_slopes, t5_buckets
 

@@ -68,7 +68,15 @@ def _mask_of(
                 "attention_mask: expected a 4-D mask (B, 1 or H, L, S) or an attnkit mask, "
                 f"got shape {tuple(attention_mask.shape)}"
             )
-        m = attention_mask[..., :S]  # a longer mask covers unused cache slots
+        if attention_mask.shape[-1] != S:  # (which keys it would cover is not known:
+            # a sliding-window cache keeps the last ones, a static cache the first)
+            raise ValueError(
+                f"attention_mask: its last dim covers {attention_mask.shape[-1]} keys, but "
+                f"the call has {S} (the keys the cache holds; a sliding-window layer keeps "
+                f"only the last ones): expected a mask (B, 1 or H, {L}, {S}), as eager "
+                "attention requires"
+            )
+        m = attention_mask
         if m.dtype == torch.bool:
             return masks.keep(m), S - L, 0  # transformers' bool masks: True = attend
         return masks.bias(m), S - L, 0
@@ -157,12 +165,12 @@ def attnkit_attention(
         mod_list.append(mods.softcap(float(softcap)))
     if s_aux is not None:
         mod_list.append(mods.sinks(s_aux))
-    weights = _wants_weights(module, kwargs)
-    result = attention(
-        query, key, value, mask=mask, scale=scaling, dropout_p=float(dropout),
-        mods=mod_list or None, return_weights=weights,
-    )  # fmt: skip
-    if weights:
-        out, w = result
+    p, listed = float(dropout), mod_list or None
+    if _wants_weights(module, kwargs):
+        out, w = attention(
+            query, key, value, mask=mask, scale=scaling, dropout_p=p, mods=listed,
+            return_weights=True,
+        )  # fmt: skip
         return out.transpose(1, 2).contiguous(), w.to(query.dtype)  # (B, L, H, Ev), (B, H, L, S)
-    return result.transpose(1, 2).contiguous(), None  # (B, L, H, Ev)
+    out = attention(query, key, value, mask=mask, scale=scaling, dropout_p=p, mods=listed)
+    return out.transpose(1, 2).contiguous(), None  # (B, L, H, Ev)
