@@ -13,8 +13,8 @@ unchanged, only its layout):
 
 A function whose annotation says ``Any`` because its result depends on its flags
 gets the real union in the reference (``REAL_RETURNS``). A function decorated with
-``_same_parameters(other)`` (its parameters declared once, on ``other`` in the same
-module) shows ``other``'s parameters, as ``inspect.signature`` does at run time.
+``_same_parameters(typed, shown=other)`` (its parameters declared once, on ``other`` in
+the same module) shows ``other``'s parameters, as ``inspect.signature`` does at run time.
 """
 
 from __future__ import annotations
@@ -99,11 +99,14 @@ def normalize(text: str) -> str:
 
 
 def _copy_parameters(func: griffe.Function) -> None:
-    """``func``'s parameters taken from the sibling its ``_same_parameters`` names."""
+    """``func``'s parameters taken from the sibling its ``_same_parameters`` shows (its
+    ``shown=`` argument, the parameters spelt out; else the first)."""
     for decorator in func.decorators:
         call = decorator.value
         if isinstance(call, griffe.ExprCall) and str(call.function) == "_same_parameters":
-            source = func.parent.members[str(call.arguments[0])]
+            named = [a.value for a in call.arguments if isinstance(a, griffe.ExprKeyword)
+                     and a.name == "shown"]  # fmt: skip
+            source = func.parent.members[str(named[0] if named else call.arguments[0])]
             assert isinstance(source, griffe.Function), source
             func.parameters = source.parameters
 
