@@ -20,6 +20,7 @@ replay).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -95,9 +96,11 @@ class TwiceDifferentiableCall:
         assert q is not None and k is not None and v is not None
         # the inner graph keeps its own saved tensors (what the fused backward reads: the
         # inputs, output and lse, no L x S): an activation checkpoint around the call
-        # would otherwise replay it for a backward that the checkpoint counts as its
-        # second (selective checkpointing refuses that)
-        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+        # (saved-tensor hooks) would otherwise replay it for a backward that the
+        # checkpoint counts as its second (selective checkpointing refuses that). Only
+        # under such hooks: hooks of its own cost the call about 60 µs.
+        keep = _keep_saved() if _saved_tensor_hooks_on() else contextlib.nullcontext()
+        with torch.enable_grad(), keep:
             out, lse = self.run(q, k, v, attn_mask)
         self.inner = (leaves, out)
         return out.detach(), None if lse is None else lse.detach(), None
@@ -118,6 +121,21 @@ class TwiceDifferentiableCall:
 def _keep(t: torch.Tensor) -> torch.Tensor:
     """A saved tensor, kept as it is (see :meth:`TwiceDifferentiableCall.forward`)."""
     return t
+
+
+def _keep_saved() -> contextlib.AbstractContextManager[None]:
+    return torch.autograd.graph.saved_tensors_hooks(_keep, _keep)
+
+
+_top_hooks: Callable[[bool], object] | None = getattr(
+    torch._C._autograd, "_top_saved_tensors_default_hooks", None
+)
+
+
+def _saved_tensor_hooks_on() -> bool:
+    """Whether saved-tensor hooks (an activation checkpoint's) are on; True on a torch
+    without the probe (2.6 has none)."""
+    return _top_hooks is None or _top_hooks(False) is not None
 
 
 def _grads(
