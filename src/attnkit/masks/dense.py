@@ -87,13 +87,15 @@ class BiasMask(Mask):
     def _check_values(self) -> None:
         """Refuse a bias holding NaN or +inf: when the mask is made, and again at a call
         after an in-place edit (read once per version of the tensor, as
-        :meth:`has_bias_beyond`; every call for an inference-mode tensor, which keeps no
-        version). On an accelerator the values are not read: that would sync."""
+        :meth:`has_bias_beyond`; an inference-mode tensor keeps no version, so it is read
+        once, when made or first set). On an accelerator the values are not read: that
+        would sync."""
         t = self.tensor
         if not readable(t):
             return
         seen = self._checked
-        if seen is not None and not t.is_inference() and seen[0] is t and seen[1] == t._version:
+        inference = t.is_inference()
+        if seen is not None and seen[0] is t and (inference or seen[1] == t._version):
             return
         with torch.no_grad():
             if bool(torch.isnan(t).any() | torch.isposinf(t).any()):
@@ -101,8 +103,7 @@ class BiasMask(Mask):
                     "masks.bias: the bias contains NaN or +inf; expected finite values or -inf "
                     "(which blocks a key)"
                 )
-        if not t.is_inference():
-            self._checked = (t, t._version)
+        self._checked = (t, -1 if inference else t._version)
 
     def dense(self, L: int, S: int, batch_shape: Sequence[int], device: torch.device) -> DenseMask:
         return DenseMask(keep=None, bias=self.tensor.to(device))
