@@ -2,7 +2,7 @@
 
 torch puts ``scaled_dot_product_attention`` on autocast's lower-precision list: its
 float32, float16 and bfloat16 inputs are cast to autocast's dtype and it runs there.
-:func:`attnkit.attention` does the same (:func:`autocast_call`), then runs with
+:func:`attnkit.attention` does the same (:func:`autocast_dtype`, :func:`cast`), then runs with
 autocast off for that device, so every backend computes as it does for inputs given
 in that dtype (the case the oracle tests check): the output, weights and lse have the
 dtypes they have then, whichever backend runs, eager or compiled, with gradients or

@@ -7,7 +7,7 @@ validates it as :func:`attnkit.attention` would (a call attention() would refuse
 refused here with its message) and reads shapes, dtypes and flags. One thing dispatch
 reads is a value: a Gaussian score's form (dot products or differences) is chosen from
 the inputs' norms, which a description does not have; a Gaussian call is described
-without host reads (:func:`attnkit.device_semantics`: as on an accelerator), and the
+without host reads (:func:`attnkit._host.device_semantics`: as on an accelerator), and the
 answer says so.
 
 ``--gpu-targets`` answers another question: whether the triton backend's kernels
