@@ -409,6 +409,10 @@ def test_a_t5_table_with_more_added_keeps_the_model_s_bias() -> None:
     bias += 0.5
     mod, mask = position_bias_mod(module, bias, 5, 0, 0)
     assert mod is None and mask is not None
+    with torch.inference_mode():  # (a tensor without a version: read once, no error)
+        bias = own.clone()
+        for _ in range(2):
+            assert position_bias_mod(module, bias, 5, 0, 0)[0] is not None
 
 
 def test_what_attnkit_cannot_run_is_refused_by_name() -> None:

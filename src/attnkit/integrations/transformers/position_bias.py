@@ -98,8 +98,10 @@ def position_bias_mod(
     if isinstance(q0, torch.Tensor) or isinstance(k0, torch.Tensor):
         q0, k0 = int(q0), int(k0)
     key = id(position_bias)
+    # (an inference-mode tensor keeps no version: read once, as made in that forward)
+    version = -1 if position_bias.is_inference() else position_bias._version
     seen = _SEEN.get(key)
-    if seen is not None and seen[0]() is position_bias and seen[1] == position_bias._version:
+    if seen is not None and seen[0]() is position_bias and seen[1] == version:
         return seen[2], None
     mod = _table_mod(module, q0, k0)
     if mod is not None and not _made_by(mod, position_bias[..., :S]):
@@ -110,5 +112,5 @@ def position_bias_mod(
         if not zero:
             return None, masks.bias(position_bias[..., :S])  # (1 or B, H, L, S)
     ref = weakref.ref(position_bias, functools.partial(_forget, key))
-    _SEEN[key] = (ref, position_bias._version, mod)
+    _SEEN[key] = (ref, version, mod)
     return mod, None
