@@ -127,12 +127,17 @@ def _notes(r: Any, judged: bool = True) -> str:
         parts.append(
             f"TFLOP/s {r.figures['attnkit_tflops']:.1f} vs {r.figures['baseline_tflops']:.1f}"
         )
-    if "ratio" in r.figures:
+    if "show_s" in r.figures:
         f = r.figures
+        head = (
+            f"(show − start-up) ÷ forward {f['ratio']:.2f}×"
+            if "ratio" in f
+            else "show no slower than its start-up (within the start-up's noise)"
+        )
         parts.append(
-            f"(show − start-up) ÷ forward {f['ratio']:.2f}× (show {f['show_s']:.1f} s, "
-            f"start-up {f['startup_s']:.1f} s, forward {f['forward_s']:.1f} s); page "
-            f"{f['page_mib']:.1f} MiB, peak {f['peak_gib']:.2f} GiB"
+            f"{head} (show {f['show_s']:.1f} s, start-up {f['startup_s']:.1f} s, forward "
+            f"{f['forward_s']:.1f} s); page {f['page_mib']:.1f} MiB, peak "
+            f"{f['peak_gib']:.2f} GiB"
         )
     stages = {n: f for n, f in r.figures.items() if n.startswith("stage_")}
     if stages:
