@@ -253,4 +253,7 @@ def test_a_kv_cache_decodes_under_autocast_as_one_pass() -> None:
         full = layer(x)
         steps = [layer(x[:, :6], cache=cache)]
         steps += [layer(x[:, i : i + 1], cache=cache) for i in range(6, 10)]
-    assert torch.equal(torch.cat(steps, dim=1), full)
+    # (one step and the full pass run kernels of other shapes: bfloat16 rounding apart)
+    got = torch.cat(steps, dim=1)
+    assert got.dtype == full.dtype == torch.bfloat16
+    assert_close_to_scale(got.double(), full.double(), rel=half_grad_rel(torch.bfloat16))
