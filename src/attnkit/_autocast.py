@@ -83,6 +83,14 @@ def cast_score(score: ScoreT, dtype: torch.dtype) -> ScoreT:
     return score
 
 
+def operands(
+    dtype: torch.dtype, query: object, key: object, value: object, score: ScoreT
+) -> tuple[Any, Any, Any, ScoreT]:
+    """A call's query, key, value and score as autocast gives them to the call in
+    ``dtype`` (:func:`cast` each tensor, :func:`cast_score` the score)."""
+    return cast(query, dtype), cast(key, dtype), cast(value, dtype), cast_score(score, dtype)
+
+
 BackwardT = TypeVar("BackwardT", bound=Callable[..., Any])
 
 

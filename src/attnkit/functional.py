@@ -13,7 +13,8 @@ from torch.compiler import is_compiling
 
 from . import _plans, _recording
 from . import masks as _masks
-from ._autocast import any_autocast, autocast_dtype, cast, cast_score
+from ._autocast import any_autocast, autocast_dtype
+from ._autocast import operands as autocast_operands
 from ._backward_inputs import check_backward_tensors
 from ._far_rows import check_given_lse
 from ._inputs import AttentionInputs, validate_inputs
@@ -235,10 +236,10 @@ def attention(
     if any_autocast():
         low = autocast_dtype(query)
         if low is not None:  # the call in autocast's dtype, run with autocast off
+            q, k, v, low_score = autocast_operands(low, query, key, value, score)
             with torch.autocast(query.device.type, enabled=False):
-                return attention(  # type: ignore[call-overload, misc]
-                    cast(query, low), cast(key, low), cast(value, low),
-                    score=cast_score(score, low), mask=mask, scale=scale, dropout_p=dropout_p,
+                return attention(
+                    q, k, v, score=low_score, mask=mask, scale=scale, dropout_p=dropout_p,
                     return_weights=return_weights, return_lse=return_lse, backend=backend,
                     mods=mods, check_finite=check_finite, is_causal=is_causal,
                     attn_mask=attn_mask, enable_gqa=enable_gqa, **unexpected,
@@ -408,8 +409,9 @@ def explain(*args: Any, **kwargs: Any) -> Explanation:
     options = {name: a[name] for name in _VALIDATED}
     value, low = a["value"], autocast_dtype(query)
     if low is not None:  # described as attention() runs it: in autocast's dtype
-        query, key, value = cast(query, low), cast(key, low), cast(value, low)
-        options["score"] = cast_score(options["score"], low)
+        query, key, value, options["score"] = autocast_operands(
+            low, query, key, value, options["score"]
+        )
     inputs = validate_inputs(query, key, value, **{**options, "mask": mask})
     core = _split_common(_split_sinks(inputs)[0])[0]
     return explain_inputs(core, normalize_backend_arg(a["backend"]))
@@ -536,10 +538,10 @@ def attention_backward(
     """
     low = autocast_dtype(query)
     if low is not None:  # as attention() ran it: in autocast's dtype, autocast off
+        q, k, v, low_score = autocast_operands(low, query, key, value, score)
         with torch.autocast(query.device.type, enabled=False):
             dq, dk, dv, dp = attention_backward(
-                cast(query, low), cast(key, low), cast(value, low),  # type: ignore[arg-type]
-                out, lse, grad_out, grad_lse, score=cast_score(score, low), mask=mask,
+                q, k, v, out, lse, grad_out, grad_lse, score=low_score, mask=mask,
                 scale=scale, backend=backend, params=params,
             )  # fmt: skip
         return dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype), dp

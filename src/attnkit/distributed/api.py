@@ -18,7 +18,8 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import masks as _masks
-from .._autocast import autocast_dtype, cast, cast_score
+from .._autocast import autocast_dtype
+from .._autocast import operands as autocast_operands
 from .._inputs import validate_inputs
 from ..blockplan import stable_hash
 from ..scores import Score
@@ -132,10 +133,10 @@ def attend(
     backward, run after the autocast block, sees the dtypes its forward saw)."""
     low = autocast_dtype(query)
     if low is not None:
+        q, k, v, low_score = autocast_operands(low, query, key, value, score)
         with torch.autocast(query.device.type, enabled=False):
             return attend(
-                cast(query, low), cast(key, low), cast(value, low), group=group,
-                score=cast_score(score, low), mask=mask, scale=scale, layout=layout,
+                q, k, v, group=group, score=low_score, mask=mask, scale=scale, layout=layout,
                 strategy=strategy, return_lse=return_lse, backend=backend, problem=problem,
             )  # fmt: skip
     plan = prepare(
