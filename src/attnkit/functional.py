@@ -26,11 +26,11 @@ from .backends._common import graph_link
 from .backends.dispatch import Explanation, explain_inputs, normalize_backend_arg, select_backend
 from .backends.records import AttentionResult, BackwardCall, OutputGrads
 from .mods import Mod, PositionMod, Sinks, Softcap
-from .scores import Score
+from .scores import Score, ScoreName
 
 __all__ = ["attention", "attention_backward", "explain", "masked_softmax"]
 
-ScoreArg = str | Score
+ScoreArg = ScoreName | Score
 MaskArg = _masks.Mask | torch.Tensor | None
 BackendArg = str | Sequence[str] | None
 ModsArg = Mod | Sequence[Mod] | None

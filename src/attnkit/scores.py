@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -34,6 +35,7 @@ __all__ = [
     "Gaussian",
     "ScaledDot",
     "Score",
+    "ScoreName",
     "resolve_score",
 ]
 
@@ -552,7 +554,11 @@ def _check_scale(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a positive finite float, got {value!r}")
 
 
-_NAMED = {"dot": Dot, "scaled_dot": ScaledDot, "gaussian": Gaussian}
+ScoreName = Literal["dot", "scaled_dot", "gaussian"]
+"""The scores :func:`attnkit.attention` takes by name (``score="dot"``): the ones
+without learned weights. :class:`Bilinear` and :class:`Additive` are passed as objects."""
+
+_NAMED: dict[str, type[Score]] = {"dot": Dot, "scaled_dot": ScaledDot, "gaussian": Gaussian}
 
 
 _SHARED: dict[str, Score] = {name: cls() for name, cls in _NAMED.items()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import typing
 
 import pytest
 import torch
@@ -24,6 +25,20 @@ def test_cli_offers_exactly_the_shared_names() -> None:
     assert _cli_choices() == list(_score_names.ALL)
     assert set(_score_names.ALL) == set(_score_names.NAMED) | set(_score_names.NEEDS_WEIGHTS)
     assert {"dot", "scaled_dot", "gaussian", "bilinear", "additive"} <= set(_score_names.ALL)
+
+
+def test_the_type_of_a_score_name_lists_exactly_the_names_attention_takes() -> None:
+    # scores.ScoreName is what a type checker offers for attention(score=...).
+    assert set(typing.get_args(scores.ScoreName)) == set(_score_names.NAMED)
+
+
+def test_the_type_of_a_kernel_lists_exactly_the_kernels_nadaraya_watson_takes() -> None:
+    from attnkit.nn import classic
+
+    for kernel in typing.get_args(classic.Kernel):
+        attnkit.nn.NadarayaWatson(kernel)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        attnkit.nn.NadarayaWatson("triangle")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("name", _score_names.NAMED)

@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import nn
@@ -137,9 +138,11 @@ def shape_only_cpu_tensor(
     return one.expand(shape)  # shape, all strides 0
 
 
-def _score(name: str, E: int, dtype: torch.dtype, make: TensorFactory) -> str | scores.Score:
+def _score(
+    name: str, E: int, dtype: torch.dtype, make: TensorFactory
+) -> scores.ScoreName | scores.Score:
     if name not in score_names.NEEDS_WEIGHTS:
-        return name  # a string attention(score=...) takes
+        return cast(scores.ScoreName, name)  # a string attention(score=...) takes
     built = score_names.build_with_weights(name, E, device="meta", dtype=dtype)
     # Parameters as described tensors too: (E, E) weights would be allocated otherwise.
     for module in built.modules():

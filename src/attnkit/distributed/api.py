@@ -22,7 +22,7 @@ from .._autocast import autocast_dtype
 from .._autocast import operands as autocast_operands
 from .._inputs import validate_inputs
 from ..blockplan import stable_hash
-from ..scores import Score
+from ..scores import Score, ScoreName
 from .agree import normalize_mask
 from .all_to_all import all_to_all_attention
 from .comm import all_reduce, exchange_rows, metadata_device, require_group
@@ -52,7 +52,7 @@ def context_parallel_attention(
     value: torch.Tensor,
     *,
     group: dist.ProcessGroup | None = None,
-    score: str | Score = "scaled_dot",
+    score: ScoreName | Score = "scaled_dot",
     mask: _masks.Mask | torch.Tensor | None = None,
     scale: float | torch.Tensor | None = None,
     layout: Layout = "zigzag",
@@ -208,7 +208,7 @@ def explain_context_parallel(
     mask: _masks.Mask | torch.Tensor | None = None,
     layout: Layout = "zigzag",
     strategy: str | None = None,
-    score: str | Score = "scaled_dot",
+    score: ScoreName | Score = "scaled_dot",
 ) -> ContextParallelExplanation:
     """What :func:`context_parallel_attention` would do, on any process (no collective).
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 import torch
 from torch import nn
@@ -24,7 +25,7 @@ from .. import masks
 from .._host import readable
 from .._torch_features import check_compiling
 from ..functional import attention
-from ..scores import Additive, Gaussian, Score, check_bandwidth
+from ..scores import Additive, Gaussian, Score, ScoreName, check_bandwidth
 from ._common import check_dropout, check_param_dtype, check_positive_int, shape_str
 
 __all__ = ["AdditiveAttention", "DotProductAttention", "KernelScore", "NadarayaWatson"]
@@ -172,7 +173,7 @@ class _ValidLensAttention(_KeepsWeights):
 
     def _score_and_sizes(
         self, queries: object, keys: object, values: object
-    ) -> tuple[str | Score, int | None, int | None]:
+    ) -> tuple[ScoreName | Score, int | None, int | None]:
         """The score, and the query and key feature sizes it needs (None: any, but equal),
         for a call on ``queries`` (B, L, Dq), ``keys`` (B, S, Dk), ``values`` (B, S, Dv)."""
         raise NotImplementedError
@@ -220,7 +221,7 @@ class DotProductAttention(_ValidLensAttention):
 
     def _score_and_sizes(
         self, queries: object, keys: object, values: object
-    ) -> tuple[str | Score, int | None, int | None]:
+    ) -> tuple[ScoreName | Score, int | None, int | None]:
         return "scaled_dot", None, None
 
 
@@ -349,7 +350,7 @@ class AdditiveAttention(_ValidLensAttention):
 
     def _score_and_sizes(
         self, queries: object, keys: object, values: object
-    ) -> tuple[str | Score, int | None, int | None]:
+    ) -> tuple[ScoreName | Score, int | None, int | None]:
         if _is_lazy(self.W_q) or _is_lazy(self.W_k):  # the lazy form: sizes of the first call
             self._infer_sizes(queries, keys, values)
         return self.score, self.W_q.in_features, self.W_k.in_features
@@ -361,6 +362,10 @@ def _is_lazy(module: nn.Module) -> bool:
 
 
 # --------------------------------------------------------------------------- Nadaraya–Watson
+
+
+CompactKernel = Literal["boxcar", "epanechnikov"]
+"""The kernels of :class:`KernelScore` (Nadaraya–Watson's compactly supported ones)."""
 
 
 class KernelScore(Score):
@@ -378,9 +383,11 @@ class KernelScore(Score):
 
     dot_reducible = False
 
-    def __init__(self, kernel: str, sigma: float = 1.0, *, learnable: bool = False) -> None:
+    def __init__(
+        self, kernel: CompactKernel, sigma: float = 1.0, *, learnable: bool = False
+    ) -> None:
         super().__init__()
-        if kernel not in ("boxcar", "epanechnikov"):
+        if kernel not in get_args(CompactKernel):
             raise ValueError(
                 f"KernelScore: kernel must be 'boxcar' or 'epanechnikov', got {kernel!r}"
             )
@@ -423,7 +430,10 @@ class KernelScore(Score):
         return f"kernel={self.kernel!r}, sigma={float(self.sigma):g}"
 
 
-_KERNELS = ("gaussian", "boxcar", "epanechnikov")
+Kernel = Literal["gaussian", CompactKernel]
+"""The kernels of :class:`NadarayaWatson`."""
+
+_KERNELS: tuple[str, ...] = get_args(Kernel)
 
 
 class NadarayaWatson(_KeepsWeights):
@@ -453,7 +463,7 @@ class NadarayaWatson(_KeepsWeights):
     """
 
     def __init__(
-        self, kernel: str = "gaussian", sigma: float = 1.0, learnable: bool = False
+        self, kernel: Kernel = "gaussian", sigma: float = 1.0, learnable: bool = False
     ) -> None:
         super().__init__()
         if kernel not in _KERNELS:
