@@ -132,3 +132,22 @@ def test_a_notebook_shows_the_figures_without_pyplot() -> None:
         assert (w, h) == tuple(round(x * fig.dpi) for x in fig.get_size_inches())
     formatters = pytest.importorskip("IPython.core.formatters")
     assert _png_size(formatters.PNGFormatter()(fig))[0] > 0  # what Jupyter calls
+
+
+TOKENS_WITH_DOLLARS = ["a", "$$", "$\\alpha$", "b"]
+
+
+def test_tokens_with_dollar_signs_are_drawn_as_their_text() -> None:
+    # matplotlib reads "$...$" as math: "$$" failed at savefig, "$\alpha$" drew an alpha.
+    w = torch.softmax(torch.randn(1, 1, 4, 4, generator=torch.Generator().manual_seed(0)), -1)
+    grid = viz.attention_grid(w, TOKENS_WITH_DOLLARS, row_labels=["$$"], title="m $x^2$")
+    maps = viz.heatmaps(w[0, 0], xticklabels=TOKENS_WITH_DOLLARS, yticklabels=TOKENS_WITH_DOLLARS)
+    for fig in (grid, maps):
+        fig.savefig(io.BytesIO(), format="png")
+    drawn = [t for t in grid.findobj(lambda o: hasattr(o, "get_parse_math")) if t.get_text()]
+    shown = {t.get_text() for t in drawn}
+    assert set(TOKENS_WITH_DOLLARS) | {"$$", "m $x^2$"} <= shown
+    assert not any(t.get_parse_math() for t in drawn if "$" in t.get_text())
+    ticks = [*maps.axes[0].get_xticklabels(), *maps.axes[0].get_yticklabels()]
+    assert [t.get_text() for t in ticks] == TOKENS_WITH_DOLLARS * 2
+    assert not any(t.get_parse_math() for t in ticks)

@@ -125,8 +125,9 @@ def heatmaps(
         figsize: size of the whole figure in inches; None = 2.4 inches per panel
             plus room for labels (labels are laid out so none is clipped).
         cmap: a matplotlib colormap name.
-        xticklabels: K key labels (tokens) shown under the bottom row.
-        yticklabels: Q query labels (tokens) shown left of the first column.
+        xticklabels: K key labels (tokens) shown under the bottom row, drawn as their
+            text (a ``$`` is a dollar sign, not matplotlib's math).
+        yticklabels: Q query labels (tokens) shown left of the first column, as text.
         row_labels: one label per row (e.g. layer names), put before ``ylabel``.
         vmin, vmax: color range shared by every panel; None = the smallest
             (largest) value of all panels, so that the one colorbar is true of each.
@@ -174,11 +175,11 @@ def heatmaps(
     if xt is not None:
         ax0.set_xticks(range(K))
         for ax in axes[-1]:
-            ax.set_xticklabels(xt, rotation=90, fontsize=fontsize)
+            ax.set_xticklabels(xt, rotation=90, fontsize=fontsize, parse_math=False)
     if yt is not None:
         ax0.set_yticks(range(Q))
         for ax in axes[:, 0]:
-            ax.set_yticklabels(yt, fontsize=fontsize)
+            ax.set_yticklabels(yt, fontsize=fontsize, parse_math=False)
     if colorbar and image is not None:
         fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6)
     return fig
@@ -206,7 +207,9 @@ def attention_grid(
     Panels are tiled into one array (one ``imshow``), separated by thin white
     gaps, with token labels left of every row and under the bottom row, column
     labels on top and row labels on the right. Colors span 0 to 1 in every
-    panel, so panels compare directly. This is what ``attnkit show`` saves.
+    panel, so panels compare directly. This is what ``attnkit show`` saves. Every
+    label and the title are drawn as their text: a token's ``$`` is a dollar sign,
+    not the start of matplotlib's math.
 
     Args:
         matrices: (rows, cols, Q, K) weights, e.g. (layers, heads, L, L), or a
@@ -299,6 +302,7 @@ def attention_grid(
                         va="top",
                         fontsize=fontsize,
                         clip_on=False,
+                        parse_math=False,
                     )
     if yt is not None:
         for i in range(rows):
@@ -312,6 +316,7 @@ def attention_grid(
                         va="center",
                         fontsize=fontsize,
                         clip_on=False,
+                        parse_math=False,
                     )
     if cl is not None:
         for j, label in enumerate(cl):
@@ -322,6 +327,7 @@ def attention_grid(
                 ha="center",
                 va="bottom",
                 fontsize=fontsize + 1,
+                parse_math=False,
             )
     if rl is not None:
         for i, label in enumerate(rl):
@@ -332,6 +338,7 @@ def attention_grid(
                 ha="left",
                 va="center",
                 fontsize=fontsize + 1,
+                parse_math=False,
             )
     if colorbar:
         bar_h = min(H * cell, 3.0)
@@ -342,5 +349,8 @@ def attention_grid(
         bar.ax.tick_params(labelsize=7, length=2)
         bar.set_label(f"weight ({scale})", fontsize=7)
     if title:
-        fig.text(0.12 / fig_w, 1 - 0.1 / fig_h, title, ha="left", va="top", fontsize=10)
+        fig.text(
+            0.12 / fig_w, 1 - 0.1 / fig_h, title, ha="left", va="top", fontsize=10,
+            parse_math=False,
+        )  # fmt: skip
     return fig
