@@ -9,7 +9,12 @@ unchanged, only its layout):
 - a ``Raises:`` entry written as a sentence (``ContextParallelError, the same on
   every rank...``) or continued at the entry's own indentation;
 - a list of bullets under a ``Returns:`` (or ``Yields:``) entry, at the entry's own
-  indentation: it belongs to the entry's description, not a new entry each.
+  indentation: it belongs to the entry's description, not a new entry each;
+- Sphinx's cross-reference roles (``:func:`attention```, ``:class:`~attnkit.nn.KVCache```),
+  which ``help()`` reads well: each becomes a link to the entry it names when the
+  reference has one, and otherwise its name as code (:func:`crossrefs`);
+- reStructuredText's simple tables (columns under rules of ``=``): Markdown tables
+  (:func:`tables`); a paragraph that ends in ``::`` before its literal block ends in ``:``.
 
 A function whose annotation says ``Any`` because its result depends on its flags
 gets the real union in the reference (``REAL_RETURNS``). A function decorated with
@@ -34,6 +39,88 @@ _SECTION = re.compile(r"^(\w[\w ]*):\s*$")
 _GROUPED = re.compile(r"^(\s+)([A-Za-z_]\w*(?:,\s*[A-Za-z_]\w*)+):\s?(.*)$")
 _RAISES_ITEM = re.compile(r"^\s+[A-Za-z_][\w.]*(?:\s*[/,]\s*[A-Za-z_][\w.]*)*\s*:(\s|$)")
 _RAISES_SENTENCE = re.compile(r"^(\s+)([A-Z]\w*(?:Error|Exception|Warning)),\s+(.*)$")
+
+
+_ROLE = re.compile(
+    r":(?:func|class|meth|mod|data|attr|exc|obj):`(~?)([^`<>]+?)(?:\s*<([^`<>]+)>)?`"
+)
+_RULE = re.compile(r"^(\s*)(=+)(?:\s+=+)+\s*$")
+
+
+def crossrefs(text: str, resolve: Any = None) -> str:
+    """``text`` with each Sphinx role as an optional autorefs link: the link when the
+    reference renders the object, its name as code otherwise (no warning either way).
+
+    ``resolve`` turns a name as written (``attention``, ``Mask.to_dense``) into its full
+    path (``attnkit.functional.attention``), or raises; unresolved names stay as written.
+    """
+
+    def link(match: re.Match[str]) -> str:
+        short, written, explicit = match.groups()
+        target = (explicit or written).strip()
+        shown = written.strip() if explicit else target
+        if short:
+            shown = target.rsplit(".", 1)[-1]
+        full = target
+        if resolve is not None and not target.startswith(("attnkit.", "torch.")):
+            head, _, rest = target.partition(".")
+            try:
+                full = resolve(head) + (f".{rest}" if rest else "")
+            except Exception:  # a name griffe cannot see (another package's): as written
+                full = target
+        return f'<autoref identifier="{full}" optional><code>{shown}</code></autoref>'
+
+    return _ROLE.sub(link, text)
+
+
+def _cells(line: str, spans: list[tuple[int, int]]) -> list[str]:
+    """The text of ``line`` in each column, the last column to the end of the line."""
+    cells = []
+    for n, (start, end) in enumerate(spans):
+        stop = None if n == len(spans) - 1 else spans[n + 1][0]
+        cells.append(line[start:stop].strip() if len(line) > start else "")
+        del end
+    return cells
+
+
+def tables(text: str) -> str:
+    """``text`` with reStructuredText simple tables as Markdown tables.
+
+    A table is a rule (``====  ====``), a header row, a rule, rows and a closing rule;
+    a row whose first cell is empty continues the row above it."""
+    lines = text.splitlines()
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        rule = _RULE.match(lines[i])
+        closing = None
+        if rule and i + 2 < len(lines) and lines[i + 2].strip() == lines[i].strip():
+            closing = next(
+                (j for j in range(i + 3, len(lines)) if lines[j].strip() == lines[i].strip()),
+                None,
+            )
+        if rule is None or closing is None:
+            literal = lines[i].endswith("::") and lines[i].strip() != "::"
+            out.append(lines[i][:-1] if literal else lines[i])  # "Example::" -> "Example:"
+            i += 1
+            continue
+        pad = rule.group(1)
+        spans = [(m.start(), m.end()) for m in re.finditer(r"=+", lines[i])]
+        rows: list[list[str]] = []
+        for line in lines[i + 3 : closing]:
+            if not line.strip():
+                continue
+            cells = _cells(line, spans)
+            if rows and not cells[0]:
+                rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], cells, strict=True)]
+            else:
+                rows.append(cells)
+        header = _cells(lines[i + 1], spans)
+        out.append(pad + "| " + " | ".join(header) + " |")
+        out.append(pad + "|" + "|".join("---" for _ in header) + "|")
+        out.extend(pad + "| " + " | ".join(row) + " |" for row in rows)
+        i = closing + 1
+    return "\n".join(out)
 
 
 def _indent(line: str) -> int:
@@ -116,7 +203,8 @@ class AttnkitDocstrings(griffe.Extension):
 
     def on_object(self, *, obj: griffe.Object, **kwargs: Any) -> None:
         if obj.docstring is not None:
-            obj.docstring.value = normalize(obj.docstring.value)
+            text = tables(normalize(obj.docstring.value))
+            obj.docstring.value = crossrefs(text, obj.resolve)
         if isinstance(obj, griffe.Function):
             _copy_parameters(obj)
         real = REAL_RETURNS.get(obj.path)

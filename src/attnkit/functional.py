@@ -510,12 +510,15 @@ def attention_backward(
     computes it, from its own backward where it has one (no forward recomputation).
 
     Args:
-        query (..., L, E), key (..., S, Ek), value (..., S, Ev): this part's inputs.
+        query: (..., L, E), this part's queries.
+        key: (..., S, Ek), this part's keys.
+        value: (..., S, Ev), this part's values.
         out: (*batch, L, Ev) the global output of these queries, in the query's dtype
             (what :func:`attention` returns), on the query's device.
         lse: (*batch, L) the global log-sum-exp (-inf for rows with no key anywhere), in
             the compute dtype (float32 for half inputs, else the query's).
-        grad_out: like ``out``; grad_lse: like ``lse`` or None.
+        grad_out: the gradient of ``out``, shaped like it.
+        grad_lse: the gradient of ``lse``, shaped like it, or None.
         score, mask, scale, backend: as for :func:`attention` (the mask of this part).
         params: score parameters to differentiate too (tensors that require grad).
 

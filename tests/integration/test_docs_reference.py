@@ -8,6 +8,7 @@ import importlib.util
 import inspect
 import itertools
 import re
+import typing
 from pathlib import Path
 from types import ModuleType
 
@@ -53,7 +54,8 @@ def _attribute_docstring(module: ModuleType, name: str) -> str | None:
 
 def _docstring(namespace: ModuleType, name: str) -> str | None:
     obj = getattr(namespace, name)
-    if inspect.ismodule(obj) or inspect.isclass(obj) or callable(obj):
+    alias = typing.get_origin(obj) is not None  # a type alias (Literal[...]): a value
+    if not alias and (inspect.ismodule(obj) or inspect.isclass(obj) or callable(obj)):
         return inspect.getdoc(obj)
     # A value (a constant, a record): its docstring is the string under its assignment,
     # in the namespace or in the module it is imported from.
@@ -155,6 +157,56 @@ def test_docstring_layouts_are_normalized() -> None:
         "    dtype: where the weights live.\n        More.\n    x: one.\n\nRaises:\n"
         "    ValueError: when a shape is wrong\n        or a dtype."
     )
+
+
+def test_sphinx_roles_become_optional_links_to_their_full_names() -> None:
+    crossrefs = _hook("griffe_attnkit").crossrefs
+    full = {"attention": "attnkit.functional.attention", "Mask": "attnkit.masks.base.Mask"}
+
+    def resolve(name: str) -> str:
+        return full[name]  # KeyError for a name it does not know, as griffe raises
+
+    text = (
+        "See :func:`attention`, :class:`~attnkit.nn.KVCache`, :meth:`Mask.to_dense`, "
+        ":mod:`the mods <attnkit.mods>` and :class:`torch.nn.Linear`; :data:`NOPE`."
+    )
+    assert crossrefs(text, resolve) == (
+        'See <autoref identifier="attnkit.functional.attention" optional><code>attention'
+        '</code></autoref>, <autoref identifier="attnkit.nn.KVCache" optional><code>KVCache'
+        '</code></autoref>, <autoref identifier="attnkit.masks.base.Mask.to_dense" optional>'
+        '<code>Mask.to_dense</code></autoref>, <autoref identifier="attnkit.mods" optional>'
+        '<code>the mods</code></autoref> and <autoref identifier="torch.nn.Linear" optional>'
+        '<code>torch.nn.Linear</code></autoref>; <autoref identifier="NOPE" optional><code>'
+        "NOPE</code></autoref>."
+    )
+
+
+def test_simple_tables_become_markdown_tables() -> None:
+    tables = _hook("griffe_attnkit").tables
+    text = (
+        "Intro::\n\n    literal\n\n"
+        "==========  ============\nname        meaning\n==========  ============\n"
+        "``a|b``     first, in\n            two lines\n``c``       second\n"
+        "==========  ============\n\nAfter."
+    )
+    assert tables(text) == (
+        "Intro:\n\n    literal\n\n| name | meaning |\n|---|---|\n"
+        "| ``a|b`` | first, in two lines |\n| ``c`` | second |\n\nAfter."
+    )
+
+
+@pytest.mark.parametrize("namespace", NAMESPACES)
+def test_the_reference_shows_no_sphinx_markup(namespace: str) -> None:
+    # What the site renders from each public docstring: no role or table rule left.
+    hook = _hook("griffe_attnkit")
+    module = importlib.import_module(namespace)
+    for name in [namespace, *getattr(module, "__all__", [])]:
+        doc = _docstring(module, name) if name != namespace else inspect.getdoc(module)
+        if not doc:
+            continue
+        shown = hook.crossrefs(hook.tables(hook.normalize(doc)))
+        assert not re.search(r":(?:func|class|meth|mod|data|attr|exc):`", shown), name
+        assert not re.search(r"^\s*=+(\s+=+)+\s*$", shown, re.M), name
 
 
 def test_offline_hook_finds_assets_from_another_host() -> None:

@@ -260,7 +260,9 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
         ``key``/``value``.
 
         Args:
-            query: (B, *T, Fq); value: (B, *S, Fv); key: (B, *S, Fk), default ``value``.
+            query: (B, *T, Fq).
+            value: (B, *S, Fv).
+            key: (B, *S, Fk), default ``value``.
             query_mask: refused unless None. Keras 3 drops this argument for the query's
                 own Keras mask, which a torch tensor does not have (so a mask passed
                 here is ignored there); mask query rows with ``attention_mask``.

@@ -75,9 +75,11 @@ def run_model(
         model: a transformers model, an attnkit :class:`~attnkit.models.bert.Bert`,
             or a checkpoint folder (str or Path; BERT family or any transformers model).
         tokenizer: the model's tokenizer (None for an attnkit BERT model or a folder).
-        text: the input; pair: a second sentence (an encoder-decoder's decoder text).
+        text: the input.
+        pair: a second sentence (an encoder-decoder's decoder text), or None.
         max_length: truncate to this many tokens (default: the model's positions).
-        generate: a decoder generates this many tokens; seed: sample them.
+        generate: a decoder generates this many tokens.
+        seed: sample them with this seed (None: greedy).
         layers: layers to show (default all).
         top_k: keys kept per query row on a long page.
         words: the word view (subword pieces merged; see :mod:`attnkit.viz.positions`).
@@ -101,7 +103,8 @@ def run_options(model: Any, tokenizer: Any, options: RunOptions) -> Any:
     (:func:`.sources.open_source`), loaded, and run with ``options`` by :func:`attend`.
 
     Args:
-        model: as for :func:`run_model`; tokenizer: its tokenizer (or None).
+        model: as for :func:`run_model`.
+        tokenizer: its tokenizer (or None).
         options: the run (:class:`~attnkit.viz.options.RunOptions`).
     """
     from .sources import open_source
@@ -189,7 +192,8 @@ def check_length(
     Args:
         source: its ``max_tokens`` (the model's positions) and ``special_tokens``.
         max_length: the tokens asked for (None: the model's positions).
-        generate: tokens to generate after the prompt; pair: a second text, or None.
+        generate: tokens to generate after the prompt.
+        pair: a second text, or None.
         spell: as for :func:`check_counts`.
 
     Returns:
