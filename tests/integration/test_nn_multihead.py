@@ -451,6 +451,49 @@ def test_inside_transformer_encoder_layer_fast_path(norm_first: bool) -> None:
         assert_close_to_scale(got[ok], want[ok], rel=FLOAT32_ULPS_REL)
 
 
+def test_inside_transformer_encoder_layer_attnkit_runs_in_every_mode() -> None:
+    # torch's encoder layer ran eval without gradients as one fused kernel that never
+    # called self_attn: a fully padded sequence gave NaN, is_causal alone was ignored.
+    _, ours = _encoder_pair(26, heads=2, norm_first=False)
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(27))
+    pad = torch.tensor([[False] * 5, [True] * 5])  # the second sequence: all padding
+    blocked = torch.zeros(5, 5, dtype=torch.bool)
+    blocked[2] = True  # query 2 may attend nothing
+    for kwargs in ({"src_key_padding_mask": pad}, {"src_mask": blocked}, {"is_causal": True}):
+        with_grad = ours(x, **kwargs)  # runs attnkit's forward
+        with torch.no_grad():
+            without = ours(x, **kwargs)
+        assert torch.isfinite(without).all(), kwargs
+        assert_close_to_scale(without, with_grad, rel=FLOAT32_ULPS_REL)
+    later = x.clone()
+    later[:, -1] += 1.0  # causal: the first position cannot see the last one
+    with torch.no_grad():
+        first, second = ours(x, is_causal=True), ours(later, is_causal=True)
+    assert torch.equal(first[:, 0], second[:, 0])
+
+
+def test_merge_masks_takes_every_self_attention_mask_shape() -> None:
+    theirs, ours = _pair(28, embed_dim=8, num_heads=2, batch_first=True)
+    N, L, H = 3, 4, 2
+    g = torch.Generator().manual_seed(29)
+    q = torch.randn(N, L, 8, generator=g)
+    pad = torch.rand(N, L, generator=g) < 0.3
+    full = torch.rand(N, H, L, L, generator=g) < 0.3  # (N, H, L, L)
+    per_batch = full[:, 0]  # (N, L, L)
+    for attn_mask, want in [
+        (full, full),
+        (full.reshape(N * H, L, L), full),
+        (per_batch, per_batch[:, None].expand(N, H, L, L)),
+    ]:
+        got, kind = ours.merge_masks(attn_mask, pad, q)
+        assert kind == 2 and got is not None
+        assert torch.equal(got, want | pad[:, None, None, :])
+    with pytest.raises(RuntimeError):
+        theirs.merge_masks(full, None, q)  # torch's own takes (L, L) and (N*H, L, L) only
+    with pytest.raises(ValueError, match=r"attn_mask must be .* got \(2, 4, 4\)"):
+        ours.merge_masks(torch.zeros(2, L, L, dtype=torch.bool), None, q)
+
+
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
 def test_inside_transformer_encoder_with_nested_fast_path() -> None:
     theirs_layer, ours_layer = _encoder_pair(22, heads=4, norm_first=False)

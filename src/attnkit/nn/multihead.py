@@ -40,7 +40,10 @@ The attributes and methods torch's own modules read from a
 ``self_attn`` (``_qkv_same_embed_dim``, ``batch_first``, ``in_proj_weight``,
 ``in_proj_bias``, ``out_proj``, ``merge_masks``, ...) are all present, so the
 layer can replace torch's inside ``nn.TransformerEncoderLayer`` and
-``nn.TransformerDecoderLayer``, fast path included.
+``nn.TransformerDecoderLayer``. The encoder layer's fused inference kernel, which
+would run the layer without calling it, is declined (:func:`declines_fused_encoder`):
+attnkit's policy holds in every mode, and the layer takes torch's fused attention op
+itself where that is safe.
 """
 
 from __future__ import annotations
@@ -70,6 +73,19 @@ from ._mha_nested import any_nested, nested_forward
 __all__ = ["MultiheadAttention"]
 
 _CAUSAL = masks.causal()
+
+
+def declines_fused_encoder(module: nn.Module, args: tuple[Any, ...]) -> None:
+    """A forward pre-hook that does nothing, on the layer's ``out_proj``.
+
+    torch's ``nn.TransformerEncoderLayer`` runs a whole layer in eval without gradients
+    as one fused kernel (``torch._transformer_encoder_layer_fwd``) that reads its
+    ``self_attn``'s weights and never calls it: a fully masked row would give NaN and
+    an ``is_causal`` without a mask would be ignored there. The encoder layer declines
+    that kernel when any of its modules has a hook, so it calls this layer in every
+    mode. ``out_proj``'s weights are read, the module is never called, so the hook costs
+    nothing (and a Linear with a no-op hook computes as without it)."""
+    del module, args
 
 
 class MultiheadAttention(nn.Module):
@@ -155,6 +171,7 @@ class MultiheadAttention(nn.Module):
             self.register_parameter("in_proj_bias", None)
         # torch's class for this Linear: dynamic quantization leaves it alone, as in torch.
         self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias, **factory)
+        self.out_proj.register_forward_pre_hook(declines_fused_encoder)
         self.bias_k: nn.Parameter | None
         self.bias_v: nn.Parameter | None
         if add_bias_kv:
@@ -456,18 +473,22 @@ class MultiheadAttention(nn.Module):
         encoder layer calls it on its inference fast path):
 
         - only ``key_padding_mask`` (N, S): returned as is, mask type 1;
-        - ``attn_mask`` (L, L) or (N·H, L, L): returned as (N, H, L, L)
-          (broadcast or viewed), mask type 2; with a ``key_padding_mask`` as
-          well, the two are added (a logical or for bool masks), mask type 2;
+        - ``attn_mask`` (L, L), (N·H, L, L), (N, L, L) or (N, H, L, L): returned as
+          (N, H, L, L) (broadcast or viewed), mask type 2; with a ``key_padding_mask``
+          as well, the two are added (a logical or for bool masks), mask type 2;
         - neither: ``(None, None)``.
 
         Args:
-            attn_mask: (L, L) or (N·H, L, L), bool (True = masked) or float.
+            attn_mask: (L, L), (N·H, L, L), (N, L, L) or (N, H, L, L), bool (True =
+                masked) or float: the shapes :meth:`forward` takes for self-attention.
             key_padding_mask: (N, L), bool (True = padding) or float.
             query: (N, L, E), batch first.
 
         Returns:
             ``(merged_mask, mask_type)``.
+
+        Raises:
+            ValueError: ``query`` is not 3-D, or ``attn_mask`` has none of those shapes.
         """
         if attn_mask is None:
             if key_padding_mask is None:
@@ -478,10 +499,15 @@ class MultiheadAttention(nn.Module):
                 f"{_OWNER}.merge_masks: query must be (N, L, E) batch first, got {shape_str(query)}"
             )
         N, L, H = query.shape[0], query.shape[1], self.num_heads
-        if attn_mask.ndim == 3:
-            merged = attn_mask.view(N, -1, L, L)  # (N, H, L, L)
-        else:
-            merged = attn_mask.view(1, 1, L, L).expand(N, H, L, L)  # (N, H, L, L)
+        shapes = {(L, L): (1, 1), (N * H, L, L): (N, H), (N, L, L): (N, 1), (N, H, L, L): (N, H)}
+        lead = shapes.get(tuple(attn_mask.shape))
+        if lead is None:
+            raise ValueError(
+                f"{_OWNER}.merge_masks: attn_mask must be (L, L), (N*H, L, L), (N, L, L) or "
+                f"(N, H, L, L) = {', '.join(str(tuple(s)) for s in shapes)} for this query "
+                f"{shape_str(query)} and {H} heads, got {shape_str(attn_mask)}"
+            )
+        merged = attn_mask.view(*lead, L, L).expand(N, H, L, L)  # (N, H, L, L)
         if key_padding_mask is not None:
             padding = key_padding_mask.view(N, 1, 1, L).expand(N, H, 1, L)  # (N, H, 1, L)
             merged = merged + padding  # (N, H, L, L)
