@@ -190,3 +190,29 @@ def test_a_mask_edited_in_place_is_checked_again_at_the_next_call(
     edit(mask)  # type: ignore[operator]
     with pytest.raises(ValueError, match=message):
         attnkit.attention(q, k, v, mask=mask, backend=backend)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle", "torch.save"])
+def test_a_copied_bias_reads_its_values_again(how: str) -> None:
+    # a copy kept the original's record "read at version N" while its new tensor
+    # restarted at that version: a NaN written before the copy came back as NaN output
+    import copy
+    import io
+    import pickle
+
+    t = torch.zeros(4, 4)
+    t[:, 3] = float("-inf")  # one write: version 1, the version a copy's tensor starts at
+    mask = masks.bias(t)  # read now, at version 1
+    t[0, 0] = float("nan")  # after it was read
+    if how == "deepcopy":
+        copied = copy.deepcopy(mask)
+    elif how == "pickle":
+        copied = pickle.loads(pickle.dumps(mask))
+    else:
+        buffer = io.BytesIO()
+        torch.save(mask, buffer)
+        buffer.seek(0)
+        copied = torch.load(buffer, weights_only=False)
+    q = torch.randn(1, 1, 4, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="NaN or \\+inf"):
+        attnkit.attention(q, q, q, mask=copied)

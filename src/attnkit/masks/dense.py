@@ -84,6 +84,15 @@ class BiasMask(Mask):
         check_broadcast_to("masks.bias(...)", self.tensor.shape, (*batch_shape, L, S))
         self._check_values()
 
+    def __getstate__(self) -> dict[str, object]:
+        """The mask without its records of values read: a copy (``copy.deepcopy``,
+        pickle, ``torch.save``) holds a new tensor whose version restarts, so the copy
+        reads its values again at its first call."""
+        state = dict(self.__dict__)
+        state.pop("_checked", None)
+        state.pop("_beyond", None)
+        return state
+
     def _check_values(self) -> None:
         """Refuse a bias holding NaN or +inf: when the mask is made, and again at a call
         after an in-place edit (read once per version of the tensor, as
