@@ -71,6 +71,39 @@ def test_setting_the_length_back_rolls_the_cache_back(mode: Any) -> None:
     assert_close_to_scale(got[:, :3], want[:, :3], rel=FLOAT64_REL)
 
 
+@pytest.mark.parametrize("value", [-1, 4, 2.5, True, "3"])
+def test_the_length_takes_only_written_positions(value: object) -> None:
+    # -3 gave 4 positions for a write of 1; a length past the writes exposed zero keys
+    # never written (a decode step 0.2 off the full forward), with no error
+    cache = KVCache(1, 1, 6, 2)
+    cache.append(torch.randn(1, 1, 3, 2), torch.randn(1, 1, 3, 2))
+    cache.length = 1  # back, then forward again to the written positions
+    cache.length = 3
+    with pytest.raises(ValueError, match=r"KVCache.length: expected an int from 0 to the 3"):
+        cache.length = value  # type: ignore[assignment]
+    assert cache.length == 3
+    cache.reset()
+    with pytest.raises(ValueError, match="from 0 to the 0 positions"):
+        cache.length = 2
+
+
+def test_a_deep_copy_of_a_cache_filled_with_gradients_keeps_them() -> None:
+    # torch refused to deep-copy the differentiable filled part (not a graph leaf)
+    import copy
+
+    layer, x = _decoder(34, fused=True)
+    cache = layer.new_cache(2, 8)
+    layer(x[:, :3], cache=cache)  # with gradients
+    branch = copy.deepcopy(cache)
+    assert branch.keys.data_ptr() != cache.keys.data_ptr()
+    assert torch.equal(branch.keys, cache.keys) and branch.length == cache.length == 3
+    one, two = layer(x[:, 3:4], cache=cache), layer(x[:, 3:4], cache=branch)
+    assert torch.equal(one, two)
+    (got,) = torch.autograd.grad(two.sum(), [x])  # through the copy, to the first steps
+    (want,) = torch.autograd.grad(layer(x[:, :4])[:, 3].sum(), [x])
+    assert_close_to_scale(got, want, rel=FLOAT64_REL)
+
+
 def test_a_no_grad_step_between_grad_steps_keeps_the_earlier_gradients() -> None:
     """Step 3 reaches token 0's keys through the cache although step 2 ran without grad."""
     layer, x = _decoder(31, fused=True)

@@ -58,7 +58,11 @@ class KVCache:
     ``length`` is the number of positions filled so far; :meth:`reset` empties
     the cache (the buffers are kept and overwritten by the next writes). Setting
     ``length`` back to an earlier count rolls the cache back: the next write
-    overwrites the positions from there on.
+    overwrites the positions from there on. It takes an int from 0 to the positions
+    written since the last reset (a ValueError otherwise: past them the buffers hold
+    no keys). ``copy.deepcopy`` copies the buffers (a branch for beam search); with
+    gradients enabled the copy shares the earlier steps' differentiable keys and
+    values, which no write changes, so gradients reach them from either cache.
     Inference decoding runs under ``torch.no_grad()`` or ``torch.inference_mode()``
     (writes in place, no autograd graph across steps); a cache made under
     ``torch.inference_mode()`` and written outside it copies its buffers once. With gradients enabled the
@@ -106,12 +110,48 @@ class KVCache:
                 f"{_OWNER}: could not allocate {shapes}, {size:,} bytes ({_human(size)}) on "
                 f"{where}; lower max_len={n} or batch_size={B}, or free memory"
             ) from exc
-        self.length = 0
+        self._length = 0
+        self._written = 0  # positions written since the last reset: length's largest value
         # With gradients enabled: the filled part as a differentiable tensor (see the module
         # docstring), its length, and the one a write made before advance() commits it.
         self._graph: tuple[torch.Tensor, torch.Tensor] | None = None
         self._graph_end = 0  # the positions of _graph still valid (fewer after a roll-back)
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def length(self) -> int:
+        """The positions filled so far, ``[0, length)``; set it back to roll back."""
+        return self._length
+
+    @length.setter
+    def length(self, value: int) -> None:
+        if not torch.compiler.is_compiling() and (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Integral)
+            or not 0 <= int(value) <= self._written
+        ):
+            raise ValueError(
+                f"{_OWNER}.length: expected an int from 0 to the {self._written} positions "
+                f"written since the last reset (max_len {self.max_len}), got {value!r}"
+            )
+        self._length = int(value)
+
+    def __deepcopy__(self, memo: dict[int, object]) -> KVCache:
+        """A copy with its own buffers; the differentiable filled part of the steps taken
+        with gradients is shared (never written in place), so gradients still reach it."""
+        import copy
+
+        shared = ("_graph", "_pending")
+        other = object.__new__(type(self))
+        memo[id(self)] = other
+        for name, value in self.__dict__.items():
+            if name in shared:
+                other.__dict__[name] = value
+            elif isinstance(value, torch.Tensor):
+                other.__dict__[name] = value.detach().clone()
+            else:
+                other.__dict__[name] = copy.deepcopy(value, memo)
+        return other
 
     @property
     def max_len(self) -> int:
@@ -124,7 +164,7 @@ class KVCache:
 
     def reset(self) -> None:
         """Empty the cache for a new batch of sequences."""
-        self.length = 0
+        self._length = self._written = 0
         self._graph = self._pending = None
 
     def check_write(self, owner: str, keys: torch.Tensor, values: torch.Tensor) -> None:
@@ -219,7 +259,8 @@ class KVCache:
                 f"{_OWNER}.advance: count must be an int from 0 to the {left} positions left "
                 f"(length {self.length} of max_len {self.max_len}), got {count!r}"
             )
-        self.length += int(count)
+        self._length += int(count)
+        self._written = max(self._written, self._length)
         pending, self._pending = self._pending, None
         if pending is not None and pending[0].shape[2] == self.length:
             self._graph, self._graph_end = pending, self.length
