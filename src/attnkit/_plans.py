@@ -157,6 +157,7 @@ def plan_key(
         forced_backends(),
         strict(),
         check_finite,
+        dispatch.registry_generation(),  # a plan made while the registry changed: never read
     )
 
 
@@ -191,18 +192,7 @@ def remember(key: tuple[object, ...], inputs: AttentionInputs, backend: Backend)
     )
 
 
-_GENERATION = 0
-"""How many times the backend registry changed: part of a traced call's key, so a
-compiled graph whose op was chosen from another registry is traced again."""
-
-
-def _next_generation() -> None:
-    global _GENERATION
-    _GENERATION += 1
-
-
 dispatch.on_registry_change(_PLANS.clear)
-dispatch.on_registry_change(_next_generation)
 
 
 def _traced_call(
@@ -270,7 +260,9 @@ def _traced_call(
         (query.device, key.device, value.device),
         (query.requires_grad, key.requires_grad, value.requires_grad),
         (score, mask_key, scale, dropout_p, backend, check_finite),
-        (_CALL_SETTINGS.forced, _CALL_SETTINGS.strict, _GENERATION),
+        # the registry's generation: a compiled graph whose op was chosen from another
+        # registry is traced again
+        (_CALL_SETTINGS.forced, _CALL_SETTINGS.strict, dispatch.registry_generation()),
     )
     if route is None:
         return None

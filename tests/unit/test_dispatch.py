@@ -75,3 +75,88 @@ def test_reference_returns_weights_that_sum_to_one() -> None:
     assert_close_to_scale(w.sum(-1), torch.ones(2, 2, 4), rel=FLOAT32_ULPS_REL)
     assert lse.shape == (2, 2, 4)
     assert_close_to_scale(out, w @ k, rel=FLOAT32_CALL_REL)
+
+
+def test_a_backend_unregistered_during_a_choice_never_runs_afterwards() -> None:
+    # A call still choosing (here: in the backend's own check) when the backend is
+    # unregistered stored its choice and plan after the registry's caches were
+    # cleared: every later call ran the removed backend while explain() named another.
+    from attnkit.backends.reference import ReferenceBackend
+
+    runs: list[int] = []
+
+    class Leaving(ReferenceBackend):
+        name = "leaving"
+
+        def materialized_masks(self, inputs):  # type: ignore[no-untyped-def]
+            if "leaving" in attnkit.available_backends():
+                attnkit.unregister_backend("leaving")  # as another thread would, meanwhile
+            return []
+
+        def forward(self, inputs):  # type: ignore[no-untyped-def]
+            runs.append(1)
+            return super().forward(inputs)
+
+    q = torch.randn(2, 2, 8, 4, generator=torch.Generator().manual_seed(0))
+    for mask in (None, masks.valid_lens(torch.tensor([3, 5]))):
+        attnkit.register_backend(Leaving(), before="sdpa")
+        attnkit.attention(q, q, q, mask=mask)  # it was registered when the call began
+        runs.clear()
+        for _ in range(2):
+            attnkit.attention(q, q, q, mask=mask)
+        assert runs == [] and attnkit.explain(q, q, q, mask=mask).chosen == "sdpa"
+
+
+def test_a_forced_backend_that_was_unregistered_is_named() -> None:
+    from attnkit.backends.reference import ReferenceBackend
+
+    class Mine(ReferenceBackend):
+        name = "mine"
+
+    attnkit.register_backend(Mine())
+    q = torch.randn(1, 4, 4)
+    with attnkit.use_backend("mine"):
+        attnkit.unregister_backend("mine")
+        for call in (attnkit.attention, attnkit.explain):
+            with pytest.raises(ValueError, match="'mine' is no longer registered"):
+                call(q, q, q)
+
+
+def test_registering_a_backend_before_itself_is_refused() -> None:
+    sdpa = attnkit.get_backend("sdpa")
+    before = attnkit.backends.dispatch.backends_for("cpu")
+    with pytest.raises(ValueError, match="before: 'sdpa' is the backend being registered"):
+        attnkit.register_backend(sdpa, before="sdpa")
+    assert attnkit.backends.dispatch.backends_for("cpu") == before
+
+
+def test_use_backend_belongs_to_its_asyncio_task() -> None:
+    # use_backend was per thread: two tasks interleaving their blocks each saw the
+    # other's choice, and the first one's stayed forced after both blocks ended
+    import asyncio
+
+    q = torch.randn(1, 4, 4)
+    seen: dict[str, str | None] = {}
+
+    async def first(entered: asyncio.Event, other: asyncio.Event, done: asyncio.Event) -> None:
+        with attnkit.use_backend("sdpa"):
+            entered.set()
+            await other.wait()  # the second task's block begins inside this one
+            seen["sdpa"] = attnkit.explain(q, q, q).chosen
+            done.set()
+
+    async def second(entered: asyncio.Event, other: asyncio.Event, done: asyncio.Event) -> None:
+        await other.wait()
+        with attnkit.use_backend("chunked"):
+            entered.set()
+            await done.wait()  # the first task's block ends inside this one
+            seen["chunked"] = attnkit.explain(q, q, q).chosen
+
+    async def both() -> None:
+        a, b, done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        await asyncio.gather(first(a, b, done), second(b, a, done))
+
+    asyncio.run(both())
+    assert seen == {"sdpa": "sdpa", "chunked": "chunked"}
+    assert attnkit.backends.dispatch.forced_backends() is None
+    assert attnkit._per_thread.THREAD.forced is None

@@ -22,8 +22,9 @@ Ranking lives here and only here; no backend imports or instantiates another.
 
 The first candidate with no reasons runs. A backend forced by name (``backend=`` or
 ``use_backend``) runs or raises with its reasons; it never falls back silently, and
-preference rules do not apply to it. ``use_backend`` is per thread (a field of
-:mod:`attnkit._per_thread`'s ``threading.local`` record), which torch.compile traces and
+preference rules do not apply to it. ``use_backend`` is per context (a context
+variable, so each thread and each asyncio task has its own), mirrored into a field of
+:mod:`attnkit._per_thread`'s ``threading.local`` record, which torch.compile traces and
 guards on, so a compiled function is recompiled when the choice changes instead of
 keeping a stale one.
 """
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
@@ -125,9 +127,17 @@ RULES: list[PreferenceRule] = [
 # attnkit._per_thread); only :func:`use_backend` sets it.
 
 
+_FORCED: ContextVar[tuple[str, ...] | None] = ContextVar("attnkit_forced", default=None)
+"""The names of the innermost :func:`use_backend` of this context (an asyncio task has
+its own). Eager calls read it; code traced by torch.compile, which cannot trace a
+ContextVar, reads the thread's copy in ``THREAD.forced``."""
+
+
 def forced_backends() -> tuple[str, ...] | None:
-    """The names forced by the innermost :func:`use_backend` of this thread, or None."""
-    return THREAD.forced
+    """The names forced by the innermost :func:`use_backend` of this context, or None."""
+    if torch.compiler.is_compiling():
+        return THREAD.forced
+    return _FORCED.get()
 
 
 class BackendNotSupportedError(ValueError):
@@ -194,6 +204,11 @@ def register_backend(
         raise ValueError(
             f"before: unknown backend {before!r}; expected one of {sorted(known)} or None"
         )
+    if before == backend.name:
+        raise ValueError(
+            f"before: {before!r} is the backend being registered; name another backend, or "
+            "leave before=None to keep its place"
+        )
     if backend.name not in _REGISTRY:
         _ORDER.append(backend.name)
     _REGISTRY[backend.name] = backend
@@ -212,8 +227,21 @@ def register_backend(
 _ON_CHANGE: list[Callable[[], None]] = []
 
 
+_GENERATION = 0
+"""How many times the registry changed. Part of the keys of cached choices and plans: a
+choice made while another thread changed the registry is stored under the old count,
+where no later call looks."""
+
+
+def registry_generation() -> int:
+    """How many times a backend was registered or unregistered (see :data:`_GENERATION`)."""
+    return _GENERATION
+
+
 def _registry_changed() -> None:
     """Forget every choice made for the old registry: names, choices, and the listeners'."""
+    global _GENERATION
+    _GENERATION += 1
     _NAME_CACHE.clear()
     _CHOICES.clear()
     for clear in list(_ON_CHANGE):
@@ -311,7 +339,15 @@ def normalize_backend_arg(backend: str | Sequence[str] | None) -> tuple[str, ...
 
 
 def _candidates(inputs: AttentionInputs, forced: tuple[str, ...] | None) -> tuple[str, ...]:
-    return forced if forced is not None else backends_for(inputs.device.type)
+    if forced is None:
+        return backends_for(inputs.device.type)
+    gone = [n for n in forced if n not in _REGISTRY]
+    if gone:
+        raise ValueError(
+            f"backend: {', '.join(map(repr, gone))} is no longer registered (unregistered "
+            f"while use_backend or backend= named it); registered: {list(_ORDER)}"
+        )
+    return forced
 
 
 def _reasons(backend: Backend, inputs: AttentionInputs) -> list[str]:
@@ -327,18 +363,18 @@ def _reasons(backend: Backend, inputs: AttentionInputs) -> list[str]:
     return backend.not_supported_reasons(inputs)
 
 
-def _preferred(name: str, later: Sequence[str], inputs: AttentionInputs) -> list[str]:
-    """Preference reasons to pass over ``name`` (which can run) for a later candidate."""
-    backend = _REGISTRY[name]
+def _preferred(backend: Backend, later: Sequence[str], inputs: AttentionInputs) -> list[str]:
+    """Preference reasons to pass over ``backend`` (which can run) for a later candidate."""
     out: list[str] = []
     for rule in RULES:
         why = rule.reasons(backend, inputs)
         if not why:
             continue
         for other in later:
-            cand = _REGISTRY[other]
+            cand = _REGISTRY.get(other)  # (None: unregistered by another thread meanwhile)
             if (
-                rule.accepts(cand, inputs)
+                cand is not None
+                and rule.accepts(cand, inputs)
                 and not _reasons(cand, inputs)
                 and not rule.reasons(cand, inputs)
             ):
@@ -352,22 +388,22 @@ def explain_inputs(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
     """Every backend's reasons for this call and the one that would run."""
     forced = backend if backend is not None else forced_backends()
     candidates = _candidates(inputs, forced)
-    reasons: dict[str, list[str]] = {}
-    for name in _ORDER:
-        be = _REGISTRY[name]
-        reasons[name] = _reasons(be, inputs)
+    registry = dict(_REGISTRY)  # (this call's view: another thread may change it)
+    reasons: dict[str, list[str]] = {name: _reasons(be, inputs) for name, be in registry.items()}
     chosen: str | None = None
     for pos, name in enumerate(candidates):
+        if name not in reasons:
+            reasons[name] = ["unregistered while this call chose a backend"]
         if reasons[name]:
             continue
         if forced is None:
-            pref = _preferred(name, candidates[pos + 1 :], inputs)
+            pref = _preferred(registry[name], candidates[pos + 1 :], inputs)
             if pref:
                 reasons[name] = pref
                 continue
         chosen = name
         break
-    note = _REGISTRY[chosen].describe(inputs) if chosen is not None else ""
+    note = registry[chosen].describe(inputs) if chosen is not None else ""
     return Explanation(
         chosen=chosen, candidates=candidates, reasons=reasons, forced=forced, note=note
     )
@@ -402,16 +438,18 @@ def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
     key: tuple[object, ...] | None = None
     if not torch.compiler.is_compiling():  # (a traced dict lookup would guard on the dict)
         key = (forced, _host.strict(), _host.in_transform(), inputs.signature(),
-               _value_forms(inputs))  # fmt: skip
+               _value_forms(inputs), _GENERATION)  # fmt: skip
         hit = _CHOICES.get(key)
         if hit is not None:
             return hit
     candidates = _candidates(inputs, forced)
     for pos, name in enumerate(candidates):
-        be = _REGISTRY[name]
+        be = _REGISTRY.get(name)
+        if be is None:  # unregistered by another thread since the candidates were listed
+            continue
         if _reasons(be, inputs):
             continue
-        if forced is None and _preferred(name, candidates[pos + 1 :], inputs):
+        if forced is None and _preferred(be, candidates[pos + 1 :], inputs):
             continue
         if key is not None:
             if len(_CHOICES) >= _CHOICES_MAX:
@@ -431,12 +469,14 @@ def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
 
 @contextmanager
 def use_backend(*names: str | Sequence[str]) -> Iterator[None]:
-    """Force the backend(s) tried, in order, inside a ``with`` block, in this thread.
+    """Force the backend(s) tried, in order, inside a ``with`` block, in this context.
 
     ``use_backend("reference")`` or ``use_backend("chunked", "reference")``. The
-    previous choice is restored on exit, even on error; other threads are not
-    affected. A forced backend that cannot run raises with its reasons instead of
-    falling back to another.
+    previous choice is restored on exit, even on error; other threads, and other
+    asyncio tasks, are not affected (the choice is a ``contextvars`` variable). A forced
+    backend that cannot run raises with its reasons instead of falling back to another.
+    Inside ``torch.compile`` the choice read is the thread's latest ``use_backend``
+    (dynamo cannot trace a context variable), the same unless tasks interleave blocks.
     """
     flat: list[str] = []
     for n in names:
@@ -445,12 +485,13 @@ def use_backend(*names: str | Sequence[str]) -> Iterator[None]:
         else:
             flat.append(n)  # type: ignore[arg-type]
     chosen = _check_names(flat, "use_backend")
-    outer = THREAD.forced
+    token = _FORCED.set(chosen)
     THREAD.forced = chosen
     try:
         yield
     finally:
-        THREAD.forced = outer
+        _FORCED.reset(token)
+        THREAD.forced = _FORCED.get()  # (this context's choice again, for compiled code)
 
 
 _CHUNKED = ChunkedBackend()
