@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .backends.base import Backend
     from .backends.records import AttentionResult
 
-__all__ = ["ACTIVE", "Recorder"]
+__all__ = ["ACTIVE", "Recorder", "reaches"]
 
 
 class Recorder(Protocol):
@@ -26,3 +26,19 @@ class Recorder(Protocol):
 
 
 ACTIVE: ContextVar[Recorder | None] = ContextVar("attnkit_active_recorder", default=None)
+
+
+def reaches(recorder: object) -> bool:
+    """Whether this context's ``attention()`` calls reach ``recorder``: it is the active
+    recorder, or one the active recorder passes its calls on to (its ``parent``, and
+    its ``also`` where it passes them to two). Module hooks of a recording ask it, so
+    the same model run in another thread (whose context has no recorder) leaves the
+    recording alone."""
+    todo = [ACTIVE.get()]
+    while todo:
+        active = todo.pop()
+        if active is recorder:
+            return True
+        if active is not None:
+            todo += [getattr(active, "parent", None), getattr(active, "also", None)]
+    return False

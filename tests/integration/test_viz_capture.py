@@ -256,3 +256,40 @@ def test_recomputed_weights_keep_the_call_s_modifiers_and_scale(kind: str) -> No
     _, plain = attnkit.attention(q, k, v, mask=masks.causal(), return_weights=True)
     assert_close_to_scale(cap.weights(0), want, rel=FLOAT64_REL)
     assert scaled_error(want, plain) > 1e-3  # (the modifier changes the weights)
+
+
+def test_the_model_run_in_another_thread_leaves_the_capture_alone() -> None:
+    # capture's module hooks are on the shared modules: another thread entering layer b
+    # while this thread was inside layer a filed a's weights under b's name
+    import threading
+
+    inside_a, inside_b, go = threading.Event(), threading.Event(), threading.Event()
+
+    class First(attnkit.nn.SelfAttention):
+        def forward(self, x, *args, **kwargs):  # type: ignore[no-untyped-def]
+            inside_a.set()
+            assert inside_b.wait(timeout=30)  # the other thread is inside b meanwhile
+            return super().forward(x, *args, **kwargs)
+
+    class Second(attnkit.nn.SelfAttention):
+        def forward(self, x, *args, **kwargs):  # type: ignore[no-untyped-def]
+            inside_b.set()
+            assert go.wait(timeout=30)
+            return super().forward(x, *args, **kwargs)
+
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"a": First(8, 2), "b": Second(8, 2)})
+    x = torch.randn(1, 5, 8)
+
+    def other() -> None:
+        assert inside_a.wait(timeout=30)
+        model["b"](x)
+
+    thread = threading.Thread(target=other)
+    with capture(model) as cap:
+        thread.start()
+        want = model["a"](x, return_weights=True)[1]
+        go.set()
+        thread.join()
+    assert [r.layer for r in cap] == ["a"]
+    assert torch.equal(cap[0].weights, want)

@@ -132,6 +132,9 @@ def recording(recorder: Any) -> Iterator[Any]:
     parent = _recording.ACTIVE.get()
 
     class _Both:
+        # (for _recording.reaches: the calls reach both)
+        also, parent = recorder, _recording.ACTIVE.get()
+
         def record(self, inputs: Any, result: Any, backend: Any) -> None:
             recorder.record(inputs, result, backend)
             if parent is not None:

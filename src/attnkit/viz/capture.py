@@ -351,13 +351,15 @@ def capture(
 
 def _bind_enter(recorder: _Recorder, name: str) -> Any:
     def hook(module: nn.Module, args: Any) -> None:
-        recorder.enter(name, module, args)
+        if _recording.reaches(recorder):  # (not a run of the model in another thread)
+            recorder.enter(name, module, args)
 
     return hook
 
 
 def _bind_leave(recorder: _Recorder, name: str) -> Any:
     def hook(module: nn.Module, args: Any, output: Any) -> None:
-        recorder.leave(name, module, args, output)
+        if _recording.reaches(recorder):
+            recorder.leave(name, module, args, output)
 
     return hook

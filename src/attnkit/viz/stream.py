@@ -481,14 +481,15 @@ def streaming(model: nn.Module, router: Router) -> Iterator[StreamRecorder]:
 
 def _enter(recorder: StreamRecorder, name: str) -> Any:
     def hook(module: nn.Module, args: Any) -> None:
-        recorder.stack.append(name)
+        if _recording.reaches(recorder):  # (not a run of the model in another thread)
+            recorder.stack.append(name)
 
     return hook
 
 
 def _leave(recorder: StreamRecorder, name: str) -> Any:
     def hook(module: nn.Module, args: Any, output: Any) -> None:
-        if recorder.stack and recorder.stack[-1] == name:
+        if _recording.reaches(recorder) and recorder.stack and recorder.stack[-1] == name:
             recorder.stack.pop()
 
     return hook
