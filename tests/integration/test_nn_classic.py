@@ -411,3 +411,15 @@ def test_masked_softmax_over_no_key_is_empty() -> None:
         assert w.shape == (2, 3, 0)
     attnkit.masked_softmax(x).sum().backward()
     assert x.grad is not None and x.grad.shape == (2, 3, 0)
+
+
+def test_a_learnable_boxcar_sigma_gets_its_zero_gradient() -> None:
+    # the boxcar's log-kernel was a constant: its output had no gradient at all, so
+    # d2l's loop failed at loss.backward(), and sigma.grad stayed None, not zeros
+    x = torch.sort(torch.rand(12, generator=torch.Generator().manual_seed(0)) * 5).values
+    y = torch.sin(x)
+    model = NadarayaWatson("boxcar", sigma=1.0, learnable=True)
+    out = model(x, x, y)
+    ((out - y) ** 2).sum().backward()
+    assert model.score.sigma.grad is not None
+    assert torch.equal(model.score.sigma.grad, torch.zeros(()))

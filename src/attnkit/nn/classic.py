@@ -420,7 +420,9 @@ class KernelScore(Score):
         neg_inf = torch.full((), float("-inf"), dtype=q.dtype, device=q.device)
         if self.kernel == "boxcar":
             inside = u2 <= 1
-            return torch.where(inside, torch.zeros_like(u2), neg_inf)
+            # log K = 0 inside: written as 0 * u2 so that a learnable σ is in the graph
+            # and gets its zero gradient (the weights are piecewise constant in σ)
+            return torch.where(inside, u2 * 0, neg_inf)
         inside = u2 < 1
         # Clamp inside log so the branch not taken has a finite gradient (no 0 * inf = NaN).
         safe = torch.where(inside, 1 - u2, torch.ones_like(u2))
