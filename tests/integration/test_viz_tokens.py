@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnkit.viz.positions import WordsError, position_map
+from attnkit.viz.positions import PositionMap, WordsError, map_labels, position_map
 from attnkit.viz.tokens import TokenText, display_tokens, encoding_tokens, mark
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -130,3 +130,26 @@ def test_without_offsets_tokens_are_decoded_and_words_are_unknown(byte_level) ->
     with pytest.raises(WordsError, match="neither word ids nor character offsets"):
         position_map(tt, words=True, drop_special=False)
     assert position_map(tt, words=False, drop_special=True) is not None  # special: fine
+
+
+def test_a_word_holding_a_split_character_reads_as_written(byte_level) -> None:  # type: ignore[no-untyped-def]
+    # the word view joined each piece as shown: "café" read "caf\xc3é" and "👍" its bytes
+    text = "the café 👍 cat"
+    tt = _fast(byte_level, text)
+    assert tt.partial is not None and any(tt.partial)
+    assert all(tt.shown[i].lstrip().startswith("\\x") for i in range(len(tt)) if tt.partial[i])
+    words = position_map(tt, words=True, drop_special=False)
+    labels, raw = map_labels(tt.shown, tt.raw, words, tt.partial)
+    assert labels == ["the", " café", " 👍", " cat"]
+    assert "".join(labels) == text
+    assert len(raw) == 4  # the raw spellings keep every piece
+    # a character left unfinished inside a group keeps its bytes (nothing is lost)
+    alone = PositionMap.from_groups([0, 0])
+    assert map_labels([" a", "\\xc3"], ["Ġa", "Ã"], alone, [False, True])[0] == [" a\\xc3"]
+
+
+def test_decoded_tokens_mark_their_split_characters_too(byte_level) -> None:  # type: ignore[no-untyped-def]
+    ids = byte_level("it was é")["input_ids"]
+    tt = display_tokens(byte_level, ids)  # no offsets: decoded
+    assert tt.partial is not None and tt.partial[-2] and not tt.partial[-1]
+    assert tt.shown[-1] == "é"

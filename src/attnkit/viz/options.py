@@ -320,7 +320,7 @@ class PageView:
             if keys is None
             else position_map(keys, words=opt.words, drop_special=opt.drop_special)
         )
-        self.tokens, self.raw = map_labels(queries.shown, queries.raw, self.rows)
+        self.tokens, self.raw = map_labels(queries.shown, queries.raw, self.rows, queries.partial)
         self.window: tuple[int, int] | None = None
 
     def set_window(self) -> None:
@@ -363,10 +363,10 @@ class PageView:
         rows = self.rows
         cols = self.cols if cross else rows
         q = queries or self.queries
-        s.tokens, raw = map_labels(q.shown, q.raw, rows)
+        s.tokens, raw = map_labels(q.shown, q.raw, rows, q.partial)
         s.raw_tokens = raw if raw != s.tokens else None
         if keys is not None:
-            s.key_tokens, key_raw = map_labels(keys.shown, keys.raw, cols)
+            s.key_tokens, key_raw = map_labels(keys.shown, keys.raw, cols, keys.partial)
             s.key_raw_tokens = key_raw if key_raw != s.key_tokens else None
         s.pair_start = s.key_pair_start = map_position(rows, pair_start)
         s.generated_start = map_position(rows, generated_start)

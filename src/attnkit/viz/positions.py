@@ -170,20 +170,36 @@ def apply_map(
     return out, g0
 
 
-def map_labels(shown: Sequence[str], raw: Sequence[str], pmap: PositionMap | None) -> tuple[
-    list[str], list[str]
-]:  # fmt: skip
+def map_labels(
+    shown: Sequence[str],
+    raw: Sequence[str],
+    pmap: PositionMap | None,
+    partial: Sequence[bool] | None = None,
+) -> tuple[list[str], list[str]]:
     """The page's tokens: each group's pieces joined as written, and their raw spellings
-    joined by spaces (``un ##bel ##ie``)."""
+    joined by spaces (``un ##bel ##ie``).
+
+    ``partial`` marks the tokens shown as the bytes of a character a later token
+    completes (:attr:`attnkit.viz.tokens.TokenText.partial`): within a group that holds
+    the completing token, only their leading space is kept, so a word reads as written
+    (``café``, not ``caf\\xc3é``)."""
     if pmap is None:
         return list(shown), list(raw)
     texts: list[list[str]] = [[] for _ in range(pmap.size)]
     raws: list[list[str]] = [[] for _ in range(pmap.size)]
+    held: list[list[str]] = [[] for _ in range(pmap.size)]  # pieces not yet completed
     for i, g in enumerate(pmap.group.tolist()):
-        if g >= 0:
-            texts[g].append(shown[i])
-            raws[g].append(raw[i])
-    return ["".join(t) for t in texts], [" ".join(r) for r in raws]
+        if g < 0:
+            continue
+        raws[g].append(raw[i])
+        if partial is not None and partial[i]:
+            held[g].append(shown[i])
+            continue
+        if held[g]:  # this token completes the character: its pieces leave their spaces
+            texts[g].append("".join(p[: len(p) - len(p.lstrip())] for p in held[g]))
+            held[g] = []
+        texts[g].append(shown[i])
+    return ["".join(t + h) for t, h in zip(texts, held, strict=True)], [" ".join(r) for r in raws]
 
 
 def map_position(pmap: PositionMap | None, position: int | None) -> int | None:

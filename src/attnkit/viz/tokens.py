@@ -61,6 +61,8 @@ class TokenText:
             word of their own); None when the tokenizer tells nothing of words.
         word_source: ``"tokenizer"`` (its pre-tokenizer's words), ``"spaces"``
             (runs of tokens between whitespace in the text) or ``""`` (none).
+        partial: which tokens are pieces of a character that a later token completes
+            (shown as their bytes, ``\\xe2``); None when none is.
     """
 
     shown: list[str]
@@ -68,6 +70,7 @@ class TokenText:
     special: list[bool]
     words: list[int] | None = None
     word_source: str = ""
+    partial: list[bool] | None = None
 
     def __len__(self) -> int:
         return len(self.shown)
@@ -101,6 +104,17 @@ def readable_tokens(
     Returns:
         one string per token, with real spaces and newlines (see :func:`mark`).
     """
+    return _readable(tokenizer, ids, raw, special)[0]
+
+
+def _readable(
+    tokenizer: Any,
+    ids: Sequence[int],
+    raw: Sequence[str] | None,
+    special: Sequence[bool] | None,
+) -> tuple[list[str], list[bool]]:
+    """:func:`readable_tokens`, and which tokens are pieces of a character that later
+    tokens complete (shown as their bytes)."""
     decode = _decoder(tokenizer)
     ids = [int(i) for i in ids]
     raw = list(raw) if raw is not None else [decode([i]) for i in ids]
@@ -133,7 +147,7 @@ def readable_tokens(
             partial[i] = True
             piece = _bytes_of(raw[i])  # a piece of a character the next tokens complete
         out.append(piece if piece else raw[i])
-    return out
+    return out, partial
 
 
 def _gap_prefix(gap: str) -> str:
@@ -149,10 +163,11 @@ def _from_offsets(
     sequence: Sequence[int | None],
     special: Sequence[bool],
     raw: Sequence[str],
-    fallback: Callable[[], list[str]],
-) -> tuple[list[str], list[bool]]:
-    """Each token's text as written, from its offsets, and whether it starts a word
-    (whitespace before it, or it is whitespace itself, or it follows whitespace).
+    fallback: Callable[[], tuple[list[str], list[bool]]],
+) -> tuple[list[str], list[bool], list[bool]]:
+    """Each token's text as written, from its offsets, whether it starts a word
+    (whitespace before it, or it is whitespace itself, or it follows whitespace), and
+    whether it is a piece of a character that a later token completes.
 
     A token whose offsets say nothing (an empty span) takes the decoded piece from
     ``fallback``; a token that shares its span with the next one (a piece of a
@@ -161,7 +176,8 @@ def _from_offsets(
     n = len(raw)
     shown: list[str] = [""] * n
     starts = [False] * n
-    decoded: list[str] | None = None
+    partial = [False] * n
+    decoded: tuple[list[str], list[bool]] | None = None
     prev_end: dict[int, int] = {}
     after_space = False
     for i in range(n):
@@ -171,9 +187,9 @@ def _from_offsets(
             continue
         if span is None or seq is None or not 0 <= seq < len(texts) or span[1] <= span[0]:
             decoded = decoded if decoded is not None else fallback()
-            shown[i] = decoded[i]
-            blank = not decoded[i].strip()
-            starts[i] = after_space or blank or decoded[i][:1].isspace()
+            shown[i], partial[i] = decoded[0][i], decoded[1][i]
+            blank = not shown[i].strip()
+            starts[i] = after_space or blank or shown[i][:1].isspace()
             after_space = blank
             continue
         text = texts[seq]
@@ -194,11 +210,12 @@ def _from_offsets(
         nxt = offsets[i + 1] if i + 1 < n else None
         if nxt is not None and sequence[i + 1] == seq and tuple(nxt) == tuple(span):
             shown[i] = prefix + _bytes_of(raw[i])  # a piece of a character the next completes
+            partial[i] = True
             prev_end[seq] = start
             continue
         shown[i] = prefix + piece
         prev_end[seq] = max(before, end)
-    return shown, starts
+    return shown, starts, partial
 
 
 def _words(
@@ -282,19 +299,22 @@ def display_tokens(
     given = list(sequence_ids) if sequence_ids is not None else [0] * n
     seq: list[int | None] = [None if special[i] else given[i] for i in range(n)]
 
-    def fallback() -> list[str]:
-        return readable_tokens(tokenizer, ids, raw, special)
+    def fallback() -> tuple[list[str], list[bool]]:
+        return _readable(tokenizer, ids, raw, special)
 
     starts: list[bool] | None = None
     if offsets is not None and texts and len(offsets) == n:
         spans = [(int(o[0]), int(o[1])) if o is not None else None for o in offsets]
-        shown, starts = _from_offsets(texts, spans, seq, special, raw, fallback)
+        shown, starts, partial = _from_offsets(texts, spans, seq, special, raw, fallback)
     else:
-        shown = fallback()
+        shown, partial = fallback()
     if word_ids is not None and len(word_ids) != n:
         word_ids = None
     words, source = _words(word_ids, seq, special, starts)
-    return TokenText(shown=shown, raw=raw, special=special, words=words, word_source=source)
+    return TokenText(
+        shown=shown, raw=raw, special=special, words=words, word_source=source,
+        partial=partial if any(partial) else None,
+    )  # fmt: skip
 
 
 def encoding_tokens(tokenizer: Any, encoding: Any, texts: Sequence[str]) -> TokenText:
