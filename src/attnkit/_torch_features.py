@@ -91,9 +91,10 @@ class Feature:
 
 FEATURES: dict[str, Feature] = {
     "compile": Feature(
-        name="torch.compile of attnkit.attention()",
+        name="torch.compile or torch.export of attnkit.attention()",
         floor=(2, 12),
-        why="older dynamo cannot trace attention() without graph breaks",
+        why="older dynamo cannot trace attention() without graph breaks (export traces "
+        "with dynamo too)",
     ),
     "triton": Feature(
         name="the triton backend",

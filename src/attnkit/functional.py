@@ -21,7 +21,7 @@ from ._inputs import AttentionInputs, validate_inputs
 from ._keywords import refuse_unknown, sdpa_mask
 from ._masked_softmax import masked_softmax
 from ._plans import traced_call
-from ._torch_features import check_compiling
+from ._torch_features import available, check_compiling, missing
 from .backends._common import graph_link
 from .backends.dispatch import Explanation, explain_inputs, normalize_backend_arg, select_backend
 from .backends.records import AttentionResult, BackwardCall, OutputGrads
@@ -76,7 +76,12 @@ def _sdpa_keywords(
 _TRACE_REFUSED = (
     "attention: torch.jit.trace is not supported: a trace keeps one call's host reads (the "
     "lengths of a mask, the backend chosen for these shapes) as constants, and would give "
-    "wrong numbers for other inputs; use torch.compile or torch.export instead"
+    "wrong numbers for other inputs; "
+    + (
+        "use torch.compile or torch.export instead"
+        if available("compile")
+        else f"run it eagerly ({missing('compile')})"
+    )
 )
 
 

@@ -11,7 +11,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import attnkit
-from attnkit import masks, scores
+from attnkit import FeatureUnavailableError, masks, scores
+from attnkit._torch_features import available
 from attnkit.nn import AdditiveAttention, DotProductAttention, MultiheadAttention, NadarayaWatson
 
 from tolerance import assert_close_to_scale
@@ -57,6 +58,20 @@ def test_export_with_dynamic_sizes_of_a_bottom_right_causal_mask() -> None:
         assert_close_to_scale(exported.module()(q, kv, kv), BottomRight()(q, kv, kv))
 
 
+@pytest.mark.skipif(available("compile"), reason="torch.export runs at or above its floor")
+def test_export_below_its_floor_is_refused_naming_export() -> None:
+    # it named torch.compile only, which the exporting user never called
+    class Plain(torch.nn.Module):
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            return attnkit.attention(q, q, q)
+
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(FeatureUnavailableError, match=r"torch\.export of .* needs torch >= "):
+        torch.export.export(Plain(), (q,), strict=False)
+    with pytest.raises(Exception, match=r"torch\.export of .* needs torch >= "):
+        torch.export.export(Plain(), (q,), strict=True)  # inside dynamo's own error
+
+
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning")
 def test_jit_trace_is_refused_with_one_line() -> None:
     """A trace keeps the lengths read from ``valid_lens`` as constants: traced at
@@ -65,7 +80,9 @@ def test_jit_trace_is_refused_with_one_line() -> None:
     g = torch.Generator().manual_seed(1)
     q, kv = torch.randn(2, 3, 4, generator=g), torch.randn(2, 6, 4, generator=g)
     lens = torch.tensor([2, 6])
-    why = r"^attention: torch\.jit\.trace is not supported: .* use torch\.compile or torch\.export"
+    # the way out it names: compile or export, or (below their floor) running eagerly
+    out = r"use torch\.compile or torch\.export" if available("compile") else r"run it eagerly"
+    why = rf"^attention: torch\.jit\.trace is not supported: .* {out}"
     for layer in (DotProductAttention().eval(), AdditiveAttention(4, 4, 5).eval()):
         with pytest.raises(RuntimeError, match=why):
             torch.jit.trace(layer, (q, kv, kv, lens))
