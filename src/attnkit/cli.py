@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import os
 import sys
 from collections.abc import Sequence
@@ -48,6 +49,11 @@ class _ArgumentParser(argparse.ArgumentParser):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``attnkit`` console script."""
+    for stream in (sys.stdout, sys.stderr):
+        # A console or file that is not UTF-8 (Windows' cp1252, an ASCII locale) gets a
+        # character it cannot write as an escape, not a UnicodeEncodeError.
+        if isinstance(stream, io.TextIOWrapper) and "utf" not in (stream.encoding or "").lower():
+            stream.reconfigure(errors="backslashreplace")
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         print(_usage(), file=sys.stderr)  # (a usage error: no command)

@@ -463,3 +463,28 @@ def test_calling_the_ops_imports_no_dynamo(private_cache: Path) -> None:
     built, dynamo = done.stdout.split()
     assert built == "True", "the native library did not build: the ops were not exercised"
     assert dynamo == "False", "a kernel call imported torch._dynamo"
+
+
+def test_without_posix_user_ids_the_kernels_fall_back_and_say_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # os.getuid (the private cache's checks) raised AttributeError on Windows, where
+    # only an OSError was caught: the additive score failed instead of running in torch
+    from attnkit.kernels import _native_ops
+
+    monkeypatch.delattr(os, "getuid")
+    monkeypatch.delenv("ATTNKIT_NO_COMPILE", raising=False)
+    lib, why = _native._try_build()
+    assert lib is None and why == "pure torch: the C kernel is built on POSIX systems only"
+    if not all(hasattr(torch.ops.attnkit, name) for name in _native_ops.OPS):
+        ok, why = _native_ops._try_build()
+        assert not ok and "POSIX systems only" in why
+
+
+def test_peak_memory_reads_zero_without_the_resource_module(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from attnkit.bench import runner
+
+    monkeypatch.setitem(sys.modules, "resource", None)  # as on Windows: no such module
+    assert runner._max_rss_kib() == 0

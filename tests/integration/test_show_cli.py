@@ -381,3 +381,42 @@ def test_the_512_token_page_stays_under_10_mib(
     assert neuron["layers"] == list(range(6)) and neuron["keyIndex"] is None
     assert (neuron["queryStart"], neuron["queryStop"]) == (0, 512)
     assert page.stat().st_size < 10 << 20, f"{page.stat().st_size / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize(
+    ("args", "what"),
+    [
+        (["caf\udce9 au lait"], "TEXT"),
+        (["the cat sat", "--pair", "caf\udce9"], "--pair"),
+        (["the cat sat", "--compare", "caf\udce9"], "--compare"),
+    ],
+)
+def test_a_text_argument_that_is_not_utf8_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str], what: str
+) -> None:
+    # Latin-1 bytes on the command line reached the tokenizer: a bare TypeError
+    code, _, err = _show(capsys, *args, "--no-png", "--out", str(tmp_path / "p.html"))
+    _assert_usage_error(code, err, rf"^attnkit show: error: {what} is not UTF-8 text \(bytes")
+
+
+def test_token_text_reaches_the_terminal_without_its_control_characters() -> None:
+    from attnkit.commands.show_report import elide_text, tokens_line
+
+    line = tokens_line(["the", " \x1b]0;owned\x07", "\x1b[2J"])
+    assert "\x1b" not in line and "\x07" not in line
+    assert line == "tokens: the ·\\x1b]0;owned\\x07 \\x1b[2J"
+    assert elide_text("a\x1b[8mb\tc\nd") == "a\\x1b[8mb\tc\nd"  # tabs and newlines stay
+
+
+def test_the_command_writes_to_a_console_that_is_not_utf8(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # "–" in the usage and "σ" in the demo raised UnicodeEncodeError on cp1252 or ASCII
+    import io
+
+    buffer = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(buffer, encoding="ascii"))
+    assert main(["--help"]) == 0
+    assert main(["demo"]) == 0
+    sys.stdout.flush()
+    assert b"\\u03c3" in buffer.getvalue()  # the sigma, escaped

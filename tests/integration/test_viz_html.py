@@ -318,3 +318,20 @@ def test_screenshots_are_not_blank(tmp_path: Path, browser: Any) -> None:
         # Coloured pixels (lines, cells or thumbnails), not only text on white.
         blue = (image[..., 2] - image[..., 0] > 0.25).mean()
         assert blue > 0.002, (state, blue)
+
+
+def test_a_token_with_half_a_character_is_named_and_no_file_is_left(tmp_path: Path) -> None:
+    # a lone surrogate (half of an emoji) raised a bare UnicodeEncodeError and left an
+    # empty page file behind
+    w = torch.softmax(torch.randn(1, 1, 3, 3, generator=torch.Generator().manual_seed(0)), -1)
+    out = tmp_path / "page.html"
+    with pytest.raises(ValueError, match=r"tokens: entry 1 .* lone surrogate \(U\+D83D"):
+        viz.to_html(w, ["a", "\ud83d", "b"], out)
+    assert not out.exists()
+    with pytest.raises(ValueError, match=r"U\+D83D, half of a character"):
+        viz.to_html(w, ["a", "b", "c"], out, title="x \ud83d")
+    assert not out.exists()
+    from attnkit.viz.notebook import check_text
+
+    with pytest.raises(ValueError, match=r"^text: character 3 is U\+DCE9, half of a character"):
+        check_text("caf\udce9")  # what viz.show(model, tokenizer, text) checks first

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -207,14 +206,24 @@ def reset_peak() -> int:
     except OSError:
         pass
     rss = _status_kib("VmRSS")
-    return rss if rss is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if rss is not None else _max_rss_kib()
+
+
+def _max_rss_kib() -> int:
+    """The process's peak resident size in KiB (``getrusage``), or 0 where the system has
+    no ``resource`` module (Windows): the peak columns then read 0."""
+    try:
+        import resource
+    except ImportError:
+        return 0
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
 def peak_since(start_kib: int) -> float:
     """Peak extra MiB since :func:`reset_peak` returned ``start_kib``."""
     hwm = _status_kib("VmHWM")
     if hwm is None:
-        hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        hwm = _max_rss_kib()
     return max(0, hwm - start_kib) / 1024
 
 

@@ -42,6 +42,7 @@ from .show_args import (
     parse_selection,
     read_text,
     resolve,
+    utf8_argument,
 )
 from .show_report import (
     elide_text,
@@ -127,7 +128,7 @@ def _checked(args: argparse.Namespace) -> tuple[str, str | None]:
         raise UsageError(
             "TEXT is empty" + (" (only whitespace)" if text else "") + f"; try: {EXAMPLE}"
         )
-    pair: str | None = args.pair
+    pair: str | None = None if args.pair is None else utf8_argument(args.pair, "--pair")
     if pair is not None and not pair.strip():
         raise UsageError("--pair: the second text is empty; give a sentence or leave --pair out")
     try:

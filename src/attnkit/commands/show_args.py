@@ -120,6 +120,20 @@ def _read_limited(stream: IO[bytes], what: str) -> str:
         raise UsageError(f"{what} is not UTF-8 text") from None
 
 
+def utf8_argument(value: str, what: str) -> str:
+    """``value``, a text given on the command line, or a UsageError when its bytes were
+    not UTF-8 (Python keeps such bytes as lone surrogates, which no tokenizer takes)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = value[exc.start : exc.end].encode("utf-8", "surrogateescape")
+        raise UsageError(
+            f"{what} is not UTF-8 text (bytes {bad!r} at character {exc.start}); give it in "
+            "UTF-8, or in a file with --text-file"
+        ) from None
+    return value
+
+
 def read_text(args: argparse.Namespace) -> str:
     """The text to show: TEXT, '-' (stdin) or --text-file, at most MAX_TEXT_BYTES."""
     if args.text_file is not None and args.text is not None:
@@ -156,7 +170,7 @@ def read_text(args: argparse.Namespace) -> str:
                 "give a shorter text (no model reads that many tokens)"
             )
         return text
-    return str(args.text)
+    return utf8_argument(str(args.text), "TEXT")
 
 
 def picture_format(path: Path) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .outputs import check_input
-from .show_args import UsageError, count, resolve
+from .show_args import UsageError, count, resolve, utf8_argument
 from .show_report import elide_text, tokens_line
 from .show_sources import open_source
 
@@ -59,7 +59,7 @@ def check(args: argparse.Namespace) -> None:
     if text2 is None and other is None:
         return
     flag = "--compare" if text2 is not None else "--compare-model"
-    if text2 is not None and not text2.strip():
+    if text2 is not None and not utf8_argument(text2, "--compare").strip():
         raise UsageError("--compare: the second text is empty; give a sentence or leave it out")
     if args.generate:
         raise UsageError(f"{flag} and --generate: a comparison shows one forward pass per side")

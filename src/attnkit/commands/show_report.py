@@ -8,6 +8,7 @@ layers × heads grid of every kind of attention the page holds.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,21 +25,32 @@ __all__ = ["elide_text", "focus_lines", "open_page", "save_picture", "tokens_lin
 _HEAD, _TAIL = 40, 10  # tokens printed before and after the elision
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_text(text: str) -> str:
+    """``text`` with its control characters written out (``\\x1b``): a token or a text
+    from elsewhere must not move the cursor, clear the screen or retitle the terminal.
+    Newlines and tabs stay."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def tokens_line(tokens: Sequence[str]) -> str:
     """``tokens: the ·cat ·sat …``, the middle elided past 50 tokens."""
     shown = [mark(t) for t in tokens]
     if len(shown) > _HEAD + _TAIL:
         hidden = len(shown) - _HEAD - _TAIL
         shown = [*shown[:_HEAD], f"… ({hidden:,} more) …", *shown[-_TAIL:]]
-    return "tokens: " + " ".join(shown)
+    return terminal_text("tokens: " + " ".join(shown))
 
 
 def elide_text(text: str, limit: int = 300) -> str:
-    """The text, cut in the middle past ``limit`` characters."""
-    if len(text) <= limit:
-        return text
-    keep = limit // 2
-    return f"{text[:keep]} … ({len(text) - 2 * keep:,} more characters) … {text[-keep // 2 :]}"
+    """The text, cut in the middle past ``limit`` characters (control characters written
+    out, :func:`terminal_text`)."""
+    if len(text) > limit:
+        keep = limit // 2
+        text = f"{text[:keep]} … ({len(text) - 2 * keep:,} more characters) … {text[-keep // 2 :]}"
+    return terminal_text(text)
 
 
 def focus_lines(s: ReducedSet, layers: Sequence[int], heads: Sequence[int]) -> list[str]:
@@ -50,7 +62,7 @@ def focus_lines(s: ReducedSet, layers: Sequence[int], heads: Sequence[int]) -> l
         hi = int(np.argmin(ent[li]))
         lines.append(
             f"  layer {layer}: head {heads[hi]:<{width}}  entropy {float(ent[li, hi]):.2f} nats, "
-            + describe(s.stats, li, hi)
+            + terminal_text(describe(s.stats, li, hi))
         )
     return lines
 

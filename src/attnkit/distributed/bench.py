@@ -152,7 +152,7 @@ def model_rows(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--world", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=1)

@@ -222,6 +222,8 @@ def _load(path: Path) -> tuple[ctypes.CDLL | None, str]:
 def _try_build() -> tuple[ctypes.CDLL | None, str]:
     if os.environ.get("ATTNKIT_NO_COMPILE"):
         return None, "pure torch: compilation disabled by ATTNKIT_NO_COMPILE"
+    if not hasattr(os, "getuid"):  # the private cache checks need a POSIX system
+        return None, "pure torch: the C kernel is built on POSIX systems only"
     cc = _compiler()
     if cc is None:
         return None, "pure torch: no C compiler found ($CC, cc, gcc, clang)"

@@ -117,6 +117,8 @@ def _try_build() -> tuple[bool, str]:
         return False, "Python ops: compilation disabled by ATTNKIT_NO_COMPILE"
     if all(hasattr(torch.ops.attnkit, name) for name in OPS):
         return True, "compiled C++ ops (loaded before)"
+    if not hasattr(os, "getuid"):  # the private cache checks need a POSIX system
+        return False, "Python ops: the compiled ops are built on POSIX systems only"
     cxx = _compiler()
     if cxx is None:
         return False, "Python ops: no C++ compiler found ($CXX, c++, g++, clang++)"

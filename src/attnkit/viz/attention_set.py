@@ -60,12 +60,28 @@ class AttentionSet:
     layers: Sequence[int] | None = None
 
 
+def _texts(name: str, values: Sequence[Any]) -> list[str]:
+    """``values`` as strings, or a ValueError naming ``name`` for one that is not text a
+    page can hold (a lone surrogate: half of a character, which UTF-8 cannot write)."""
+    out = [str(t) for t in values]
+    for i, t in enumerate(out):
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"{name}: entry {i} ({t!r}) holds a lone surrogate "
+                f"(U+{ord(t[exc.start]):04X}, half of a character), which a page cannot "
+                "hold; decode the tokens with the tokenizer, or replace it"
+            ) from None
+    return out
+
+
 def _labels(name: str, labels: Sequence[Any] | None, n: int, default: str) -> list[str]:
     if labels is None:
         return [f"{default} {i}" for i in range(n)]
     if isinstance(labels, str):
         raise TypeError(f"{name}: expected a list of {n} strings, got a single str")
-    out = [str(t) for t in labels]
+    out = _texts(name, labels)
     if len(out) != n:
         raise ValueError(f"{name}: expected {n} labels, got {len(out)}")
     return out
@@ -76,7 +92,7 @@ def _tokens(name: str, tokens: Sequence[Any] | None, n: int, what: str) -> list[
         raise ValueError(f"{name}: expected {n} {what} tokens, got None")
     if isinstance(tokens, str):
         raise TypeError(f"{name}: expected a list of strings, got a single str")
-    out = [str(t) for t in tokens]
+    out = _texts(name, tokens)
     if len(out) != n:
         raise ValueError(
             f"{name}: expected {n} {what} tokens (the weights have {n}), got {len(out)}"

@@ -74,7 +74,7 @@ class Page:
     def save(self, path: str | Path) -> Path:
         """Write the page to ``path`` (UTF-8) and return it."""
         out = Path(path)
-        out.write_text(self.html, encoding="utf-8")
+        out.write_bytes(_encoded(self.html))
         return out
 
     def _repr_html_(self) -> str:
@@ -307,8 +307,21 @@ def to_html(
             f"(the page would be {str(out)!r})"
         )
     page = show(attentions, tokens, **options)
-    out.write_text(page.html, encoding="utf-8")
+    out.write_bytes(_encoded(page.html))  # (encoded first: no empty file on an error)
     return out
+
+
+def _encoded(page: str) -> bytes:
+    """The page in UTF-8, or a ValueError (before any file is opened) naming what holds
+    text UTF-8 cannot write."""
+    try:
+        return page.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"the page holds U+{ord(page[exc.start]):04X}, half of a character (a lone "
+            "surrogate), which UTF-8 cannot write; check the title, subtitle, meta, notes "
+            "and labels"
+        ) from None
 
 
 def show(

@@ -231,6 +231,14 @@ def check_text(text: Any) -> str:
     """``text`` when it is a str with something besides whitespace, else ValueError."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"text: expected the text to run the model on, got {text!r}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"text: character {exc.start} is U+{ord(text[exc.start]):04X}, half of a "
+            "character (a lone surrogate, e.g. from bytes decoded with surrogateescape); "
+            "expected text a tokenizer can read"
+        ) from None
     return text
 
 

@@ -44,12 +44,11 @@ __all__ = [
     "traced_direct",
 ]
 
-# SDPA's enable_gqa (torch >= 2.5), taken only where it runs the fused kernel that the
-# lse op runs too (_torch_features.SDPA_GROUPED_HEADS_FLOOR); below, heads are expanded.
-HAS_GQA = (
-    "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
-    and _features.INSTALLED.release >= _features.SDPA_GROUPED_HEADS_FLOOR
-)
+# SDPA's enable_gqa (every torch from the package floor has it), taken only where it runs
+# the fused kernel that the lse op runs too (_torch_features.SDPA_GROUPED_HEADS_FLOOR);
+# below, heads are expanded. (Read from the version, not from SDPA's docstring, which
+# ``python -OO`` strips.)
+HAS_GQA = _features.INSTALLED.release >= _features.SDPA_GROUPED_HEADS_FLOOR
 
 
 @functools.cache
