@@ -367,3 +367,42 @@ def test_viewer_helpers_name_their_bad_arguments(tmp_path: Path) -> None:
         viz.attention_rollout([torch.randn(3, 4, 4)])
     with pytest.raises(FileNotFoundError, match=r"^path: the folder .* does not exist"):
         viz.to_html(list(w), list("abcd"), tmp_path / "missing" / "x.html")
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"pair": "a cat"}, {"max_length": 2}, {"generate": 3}, {"seed": 1}]
+)
+def test_show_refuses_the_run_arguments_with_weights(kwargs: dict[str, Any]) -> None:
+    # documented as "with a model", they were accepted with weights and changed nothing
+    w = torch.softmax(torch.randn(2, 2, 4, 4, generator=torch.Generator().manual_seed(0)), -1)
+    (name,) = kwargs
+    with pytest.raises(TypeError, match=rf"^{name}: only with a model"):
+        viz.show(w, list("abcd"), **kwargs)
+
+
+def test_show_refuses_key_tokens_with_a_model(tok: Any) -> None:
+    # the message named tokens= and AttentionSet objects, which the caller never gave
+    model = _gpt2()
+    calls: list[int] = []
+    hook = model.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(TypeError, match="^key_tokens: only with weights"):
+            viz.show(model, tok, TEXT, key_tokens=["a", "b"], progress=False)
+    finally:
+        hook.remove()
+    assert not calls
+
+
+def test_from_generate_names_outputs_without_weights_and_too_few_tokens() -> None:
+    # an sdpa model's generate() returns empty tuples: a bare IndexError came out
+    from types import SimpleNamespace
+
+    empty = SimpleNamespace(attentions=((), (), ()))
+    with pytest.raises(ValueError, match="^outputs: its .attentions holds no weights"):
+        viz.from_generate(empty, ["a"] * 5)
+    prompt = torch.softmax(torch.randn(1, 2, 3, 3), -1)  # (1, heads, L, L)
+    step = torch.softmax(torch.randn(1, 2, 1, 4), -1)  # (1, heads, 1, L + 1)
+    outputs = SimpleNamespace(attentions=((prompt,), (step,)))
+    with pytest.raises(ValueError, match=r"^tokens: expected at least 4 tokens"):
+        viz.from_generate(outputs, ["a", "b"])
+    assert viz.from_generate(outputs, list("abcde")).weights.shape == (1, 2, 4, 4)

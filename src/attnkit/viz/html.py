@@ -408,8 +408,9 @@ def show(
         A :class:`Page`: ``.html`` (str), ``.save(path)``, shown inline in Jupyter.
 
     Raises:
-        TypeError: ``text``/``tokenizer``, or ``words``/``special``/``neuron_window``,
-            given with weights instead of a model; an unknown keyword; a
+        TypeError: ``text``/``tokenizer``, ``pair``, ``max_length``, ``generate``,
+            ``seed``, or ``words``/``special``/``neuron_window``, given with weights
+            instead of a model; ``key_tokens`` with a model; an unknown keyword; a
             transformers model without its tokenizer.
         ValueError: ``sentence_b_start`` with ``pair_start``; weights and bertviz's
             arguments together; weights, tokens or labels that do not fit (as for
@@ -441,6 +442,11 @@ def show(
     if bertviz:
         attentions, tokens = from_bertviz(attentions, tokens, bertviz)
     if is_model(attentions):
+        if o.key_tokens is not None:
+            raise TypeError(
+                "key_tokens: only with weights; a model's run gives its own tokens, the "
+                "queries' and the keys'"
+            )
         run_opts = RunOptions.of(
             check_text(text), pair=pair, max_length=max_length, generate=generate, seed=seed,
             layers=include_layers, top_k=o.top_k, words=words, special=special,
@@ -457,6 +463,13 @@ def show(
         raise TypeError(
             "words, special, neuron_window: only with a model (show(model, tokenizer, text)): "
             "the tokenizer says where words and special tokens are"
+        )
+    elif pair is not None or max_length is not None or generate or seed is not None:
+        given = [name for name, value in (("pair", pair), ("max_length", max_length),
+                 ("generate", generate or None), ("seed", seed)) if value is not None]  # fmt: skip
+        raise TypeError(
+            f"{', '.join(given)}: only with a model (show(model, tokenizer, text)): they "
+            "change the run, and weights are given already run"
         )
     elif include_layers is not None:
         sets = as_sets(attentions, tokens, o.key_tokens, o.layer_labels, o.head_labels,

@@ -334,9 +334,19 @@ def from_generate(
             "'s result, whose .attentions holds one tuple of layers per step"
         )
     first = steps[0]
+    if not first or any(not step or step[0] is None for step in steps):
+        raise ValueError(
+            "outputs: its .attentions holds no weights (empty tuples or None): the model ran "
+            "an attention that returns none (transformers' sdpa or flash); load it with "
+            'attn_implementation="attnkit" or "eager" and generate again'
+        )
     n_layers = len(first)
     n_heads, L = int(first[0].shape[1]), int(first[0].shape[-1])
     n = L + len(steps) - 1
+    if len(tokens) < n:
+        raise ValueError(
+            f"tokens: expected at least {n} tokens (prompt + steps), got {len(tokens)}"
+        )
     grid = torch.zeros(n_layers, n_heads, n, n)  # (layers, heads, n, n)
     for li in range(n_layers):
         grid[li, :, :L, :L] = first[li][0].float()
@@ -344,9 +354,5 @@ def from_generate(
         for li in range(n_layers):
             row = step[li][0, :, -1].float()  # (heads, L + t + 1)
             grid[li, :, L + t, : row.shape[-1]] = row
-    if len(tokens) < n:
-        raise ValueError(
-            f"tokens: expected at least {n} tokens (prompt + steps), got {len(tokens)}"
-        )
     return AttentionSet(name=name, weights=grid, tokens=list(tokens)[:n],
                         generated_start=L if n > L else None)  # fmt: skip
