@@ -386,7 +386,7 @@ def test_show_refuses_key_tokens_with_a_model(tok: Any) -> None:
     calls: list[int] = []
     hook = model.register_forward_pre_hook(lambda *a: calls.append(1))
     try:
-        with pytest.raises(TypeError, match="^key_tokens: only with weights"):
+        with pytest.raises(TypeError, match=r"^key_tokens: only with weights"):
             viz.show(model, tok, TEXT, key_tokens=["a", "b"], progress=False)
     finally:
         hook.remove()
@@ -398,7 +398,7 @@ def test_from_generate_names_outputs_without_weights_and_too_few_tokens() -> Non
     from types import SimpleNamespace
 
     empty = SimpleNamespace(attentions=((), (), ()))
-    with pytest.raises(ValueError, match="^outputs: its .attentions holds no weights"):
+    with pytest.raises(ValueError, match=r"^outputs: its \.attentions holds no weights"):
         viz.from_generate(empty, ["a"] * 5)
     prompt = torch.softmax(torch.randn(1, 2, 3, 3), -1)  # (1, heads, L, L)
     step = torch.softmax(torch.randn(1, 2, 1, 4), -1)  # (1, heads, 1, L + 1)
