@@ -12,13 +12,11 @@ connection, ``Ã = (A + I) / 2`` (rows renormalized), then
 
 Rollout costs n matrix products of L×L; flow solves L² max-flow problems, so
 it is meant for short inputs (:data:`FLOW_MAX_TOKENS` by default). Flow uses
-SciPy's max-flow solver when SciPy is installed (capacities in steps of 1e-7),
-else a plain Edmonds-Karp that is practical up to about 16 tokens.
+SciPy's max-flow solver (Dinic's algorithm, capacities in steps of 1e-7).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 import numpy as np
@@ -121,43 +119,11 @@ def rollout_of_means(means: torch.Tensor) -> np.ndarray:
     return out.numpy()
 
 
-def _max_flow(cap: np.ndarray, source: int, sink: int) -> float:
-    """Edmonds-Karp on a dense capacity matrix (N, N); the residual is built in place."""
-    res = cap.copy()
-    total = 0.0
-    n = res.shape[0]
-    while True:
-        parent = np.full(n, -1)
-        parent[source] = source
-        todo = deque([source])
-        while todo and parent[sink] < 0:
-            u = todo.popleft()
-            for nxt in np.flatnonzero((res[u] > 1e-12) & (parent < 0)):
-                parent[nxt] = u
-                todo.append(int(nxt))
-        if parent[sink] < 0:
-            return total
-        push, v = float("inf"), int(sink)
-        while v != source:
-            u = int(parent[v])
-            push = min(push, float(res[u, v]))
-            v = u
-        v = sink
-        while v != source:
-            u = int(parent[v])
-            res[u, v] -= push
-            res[v, u] += push
-            v = u
-        total += push
-
-
 def _solver(cap: np.ndarray) -> Any:
     """A function (source, sink) -> max flow over the capacity matrix (N, N)."""
-    try:
-        from scipy.sparse import csr_matrix
-        from scipy.sparse.csgraph import maximum_flow
-    except ImportError:
-        return lambda s, t: _max_flow(cap, s, t)
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import maximum_flow
+
     graph = csr_matrix(np.rint(cap * _UNIT).astype(np.int32))
     return lambda s, t: maximum_flow(graph, s, t, method="dinic").flow_value / _UNIT
 
