@@ -7,6 +7,7 @@ prints it and names, for what a release lacks, the release that has it.
 from __future__ import annotations
 
 import inspect
+import sys
 
 import pytest
 
@@ -47,3 +48,30 @@ def test_explain_prints_what_the_installed_transformers_offers(
     t5 = family_reason("t5")
     assert (t5 if t5 is not None else "T5 reaches attnkit") in out
     assert "5.15.0" in out and "GPT-2" in out
+
+
+def test_a_deprecated_mask_parameter_is_not_passed() -> None:
+    # transformers 5.17 deprecated sdpa_mask's allow_torch_fix (it still takes it, and
+    # warns): a parameter no code of the function reads is not passed
+    from attnkit.integrations.transformers import features
+
+    def deprecated(a: int, allow_torch_fix: bool = True, **kwargs: object) -> int:
+        """allow_torch_fix: Deprecated and has no effect."""
+        return a
+
+    def used(a: int, allow_torch_fix: bool = True) -> int:
+        return a if allow_torch_fix else -a
+
+    assert not features._reads(deprecated, "allow_torch_fix")
+    assert features._reads(used, "allow_torch_fix")
+    assert features._reads(len, "anything")  # no source: assume it is read
+
+
+def test_without_transformers_the_message_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from attnkit.integrations.transformers import features
+
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ImportError, match=r"pip install 'attnkit\[transformers\]'"):
+        features.learn()

@@ -406,3 +406,14 @@ def test_from_generate_names_outputs_without_weights_and_too_few_tokens() -> Non
     with pytest.raises(ValueError, match=r"^tokens: expected at least 4 tokens"):
         viz.from_generate(outputs, ["a", "b"])
     assert viz.from_generate(outputs, list("abcde")).weights.shape == (1, 2, 4, 4)
+
+
+def test_generation_uses_the_cache_keyword_the_installed_transformers_takes(tok: Any) -> None:
+    # past_key_values= is deprecated from transformers 5.24 (FutureWarning; removed in
+    # 5.40): a run under -W error failed
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        page = viz.show(_gpt2(), tok, TEXT, generate=2, progress=False)
+    assert page.html.startswith("<!DOCTYPE html>")

@@ -17,9 +17,11 @@ it for ``attnkit explain --transformers``.
 
 from __future__ import annotations
 
+import ast
 import inspect
+import textwrap
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [
     "FAMILY_FIRST_VERSION",
@@ -93,7 +95,13 @@ def learn() -> TransformersFeatures:
         ImportError: transformers is missing, or older than :data:`OLDEST_SUPPORTED`
             (the message names both versions).
     """
-    import transformers
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ImportError(
+            "attnkit.integrations.transformers needs transformers >= "
+            f"{OLDEST_SUPPORTED}, which is not installed: pip install 'attnkit[transformers]'"
+        ) from exc
 
     version = str(transformers.__version__)
     try:
@@ -102,6 +110,8 @@ def learn() -> TransformersFeatures:
     except ImportError as exc:
         raise ImportError(_too_old(version)) from exc
     params = frozenset(inspect.signature(masking_utils.sdpa_mask).parameters)
+    if "allow_torch_fix" in params and not _reads(masking_utils.sdpa_mask, "allow_torch_fix"):
+        params -= {"allow_torch_fix"}  # deprecated (5.17): passing it only warns
     if "q_length" in params:
         positions: Literal["offsets", "cache_position"] = "offsets"
     elif "cache_position" in params:
@@ -116,6 +126,21 @@ def learn() -> TransformersFeatures:
     if not features.supported:
         raise ImportError(_too_old(version))
     return features
+
+
+def _reads(function: Any, name: str) -> bool:
+    """Whether ``function``'s body reads the parameter ``name`` (a deprecated parameter
+    stays in the signature and is read by no code); True when the source is not there."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(function))))
+    except (OSError, TypeError, SyntaxError):
+        return True
+    body = tree.body[0].body if tree.body and hasattr(tree.body[0], "body") else []
+    return any(
+        isinstance(node, ast.Name) and node.id == name
+        for statement in body
+        for node in ast.walk(statement)
+    )
 
 
 def _too_old(version: str) -> str:

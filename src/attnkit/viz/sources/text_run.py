@@ -9,6 +9,7 @@ for :func:`attnkit.viz.to_html`.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -322,14 +323,17 @@ def generate(
     gen = None if seed is None else torch.Generator().manual_seed(seed)
     ids = list(prompt)
     past = None
+    # the cache's keyword and output field: "cache" from transformers 5.24 on (where
+    # "past_key_values" is deprecated), "past_key_values" before
+    cache = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     step_ids = torch.tensor([prompt], dtype=torch.long)  # (1, L)
     try:
         for t in range(steps + 1):
-            out = _forward(model, router, input_ids=step_ids, past_key_values=past,
-                           use_cache=True)  # fmt: skip
+            out = _forward(model, router, input_ids=step_ids, use_cache=True,
+                           **{cache: past})  # fmt: skip
             if t == steps:
                 break
-            past = out.past_key_values
+            past = out[cache]
             logits = out.logits[0, -1].float()  # (vocab,)
             if gen is None:
                 nxt = int(torch.argmax(logits))
