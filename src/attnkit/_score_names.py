@@ -25,10 +25,7 @@ __all__ = ["ALL", "NAMED", "NEEDS_WEIGHTS", "build_with_weights", "check_score_n
 NAMED: tuple[str, ...] = tuple(sorted(scores._NAMED))
 """Strings ``attention(score=...)`` accepts."""
 
-NEEDS_WEIGHTS: dict[str, tuple[type[scores.Score], str]] = {
-    scores.Bilinear.name: (scores.Bilinear, "scores.Bilinear(query_dim, key_dim)"),
-    scores.Additive.name: (scores.Additive, "scores.Additive(query_dim, key_dim, hidden_dim)"),
-}
+NEEDS_WEIGHTS: dict[str, tuple[type[scores.Score], str]] = scores.WITH_WEIGHTS
 """Name -> (the Score class, how to build one): scores with learned weights."""
 
 ALL: tuple[str, ...] = NAMED + tuple(n for n in NEEDS_WEIGHTS if n not in NAMED)
@@ -51,12 +48,7 @@ def check_score_name(score: object) -> object:
             weights; the message names the object to pass.
     """
     if isinstance(score, str) and score in NEEDS_WEIGHTS and score not in NAMED:
-        how = NEEDS_WEIGHTS[score][1]
-        raise ValueError(
-            f"score: {score!r} needs learned weights, so it is not a name attention() "
-            f"takes; pass a {how} object (its weights are parameters you train or load). "
-            f"Names attention() takes: {', '.join(NAMED)}"
-        )
+        scores.refuse_weighted_name(score)
     return score
 
 

@@ -170,8 +170,9 @@ def attention(
             ``masks.valid_lens(lens)``, combinations with ``&``), or a float
             tensor (..., L, S) added to the logits. A raw bool tensor is refused:
             use ``masks.keep`` (True = attend) or ``masks.block`` (True = masked).
-        scale: multiplier of the logits; None = the score's default
-            (1/sqrt(E) for scaled_dot, 1 otherwise); a (H,) tensor: one per query head.
+        scale: multiplier of the logits, a positive finite float; None = the score's
+            default (1/sqrt(E) for scaled_dot, 1 otherwise); a (H,) tensor: one per query
+            head. Zero and negative scales are refused (SDPA takes them).
             A scale whose logits would overflow the compute dtype is refused (a tensor
             by its largest value, where it can be read on the host).
         dropout_p: dropout on the attention weights, in [0, 1).
@@ -202,7 +203,8 @@ def attention(
 
     From :func:`torch.nn.functional.scaled_dot_product_attention`, every keyword works
     and gives SDPA's numbers: ``attn_mask``, ``dropout_p`` (its own random draws),
-    ``is_causal``, ``scale`` (None = 1/sqrt(E), as SDPA) and ``enable_gqa``. A row whose
+    ``is_causal``, ``scale`` (None = 1/sqrt(E), as SDPA; positive, where SDPA also takes
+    0 and negative scales) and ``enable_gqa``. A row whose
     mask keeps no key gives 0 here on every path (SDPA gives 0 or NaN, by kernel). In
     attnkit's own terms:
 

@@ -83,6 +83,10 @@ class Score(nn.Module):
     name: str = "score"
     dot_reducible: bool = False
 
+    def __init__(self) -> None:
+        """A score with no parameters of its own (subclasses add theirs)."""
+        super().__init__()
+
     def query_dim(self) -> int | None:
         """Feature size the query must have, or None if it must equal the key's."""
         return None
@@ -561,6 +565,24 @@ without learned weights. :class:`Bilinear` and :class:`Additive` are passed as o
 _NAMED: dict[str, type[Score]] = {"dot": Dot, "scaled_dot": ScaledDot, "gaussian": Gaussian}
 
 
+WITH_WEIGHTS: dict[str, tuple[type[Score], str]] = {
+    Bilinear.name: (Bilinear, "scores.Bilinear(query_dim, key_dim)"),
+    Additive.name: (Additive, "scores.Additive(query_dim, key_dim, hidden_dim)"),
+}
+"""The scores with learned weights by name: (the class, how to build one). A name cannot
+carry weights, so :func:`attnkit.attention` takes these as objects only."""
+
+
+def refuse_weighted_name(name: str) -> None:
+    """Raise the ValueError for ``score=name`` where ``name`` is in :data:`WITH_WEIGHTS`:
+    it names the object to pass."""
+    raise ValueError(
+        f"score: {name!r} needs learned weights, so it is not a name attention() takes; "
+        f"pass a {WITH_WEIGHTS[name][1]} object (its weights are parameters you train or "
+        f"load). Names attention() takes: {', '.join(sorted(_NAMED))}"
+    )
+
+
 _SHARED: dict[str, Score] = {name: cls() for name, cls in _NAMED.items()}
 """The parameter-free named scores, built once at import: a dict that never changes
 after import gives torch.compile no reason to recompile on a later call."""
@@ -571,7 +593,7 @@ def is_shared_score(score: Score) -> bool:
     return _SHARED.get(score.name) is score
 
 
-def resolve_score(score: str | Score) -> Score:
+def resolve_score(score: ScoreName | str | Score) -> Score:
     """Turn ``"dot"``, ``"scaled_dot"``, ``"gaussian"`` or a :class:`Score` into a Score.
 
     What :func:`attnkit.attention` does with its ``score=`` argument.
@@ -601,6 +623,8 @@ def resolve_score(score: str | Score) -> Score:
         return score
     if isinstance(score, str):
         shared = _SHARED.get(score)
+        if shared is None and score in WITH_WEIGHTS:
+            refuse_weighted_name(score)
         if shared is None:
             raise ValueError(
                 f"score: unknown score {score!r}; expected one of {sorted(_NAMED)} or a "

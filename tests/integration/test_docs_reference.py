@@ -209,6 +209,25 @@ def test_the_reference_shows_no_sphinx_markup(namespace: str) -> None:
         assert not re.search(r"^\s*=+(\s+=+)+\s*$", shown, re.M), name
 
 
+@pytest.mark.parametrize("namespace", NAMESPACES)
+def test_no_public_signature_is_only_args_and_kwargs(namespace: str) -> None:
+    # scores.Dot, scores.Score and mods.Mod showed (*args, **kwargs), nn.Module's
+    module = importlib.import_module(namespace)
+    vague = []
+    for name in getattr(module, "__all__", []):
+        obj = getattr(module, name)
+        if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            continue
+        try:
+            params = list(inspect.signature(obj).parameters.values())
+        except (TypeError, ValueError):
+            continue
+        kinds = {p.kind for p in params}
+        if kinds == {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
+            vague.append(name)
+    assert vague == []
+
+
 def test_offline_hook_finds_assets_from_another_host() -> None:
     remote_assets = _hook("offline").remote_assets
     page = (

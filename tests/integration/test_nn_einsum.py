@@ -217,8 +217,10 @@ def test_bad_inputs() -> None:
         layer(q, torch.randn(3, 6, 4))
     with pytest.raises(ValueError, match=r"attention_mask of shape \(2, 5, 5\) does not broadcast"):
         layer(q, v, attention_mask=torch.ones(2, 5, 5, dtype=torch.bool))
-    bad_axes = EinsumMultiHeadAttention(1, 2, attention_axes=(-1,), query_features=3)
-    with pytest.raises(ValueError, match="attention_axes entry -1"):
+    with pytest.raises(ValueError, match="attention_axes must not hold -1, the feature axis"):
+        EinsumMultiHeadAttention(1, 2, attention_axes=(-1,), query_features=3)
+    bad_axes = EinsumMultiHeadAttention(1, 2, attention_axes=(-5,), query_features=3)
+    with pytest.raises(ValueError, match="attention_axes entry -5"):
         bad_axes(q, q)
     with pytest.raises(
         TypeError, match=r"query is torch\.float64 .* parameters are torch\.float32"

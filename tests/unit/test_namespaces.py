@@ -29,3 +29,12 @@ def test_dir_of_scores_names_no_imports() -> None:
     import attnkit.scores
 
     assert {"math", "nn", "torch"}.isdisjoint(dir(attnkit.scores))
+
+
+def test_viz_export_is_reached_as_the_viewer_guide_writes_it() -> None:
+    # attnkit.viz.export.load_weights raised AttributeError until an explicit import;
+    # the package's own __getattr__ is asked (another test may have imported it already)
+    import attnkit.viz
+
+    export = attnkit.viz.__getattr__("export")
+    assert callable(export.load_weights) and callable(export.save_weights)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import typing
 
 import pytest
@@ -75,3 +76,11 @@ def test_unknown_name_lists_the_names() -> None:
     with pytest.raises(ValueError, match="unknown score 'cosine'"):
         attnkit.attention(q, q, q, score="cosine")
     assert isinstance(scores.resolve_score("dot"), scores.Dot)
+
+
+@pytest.mark.parametrize("name", sorted(_score_names.NEEDS_WEIGHTS))
+def test_resolve_score_names_the_object_for_a_score_with_weights(name: str) -> None:
+    # its docstring promised the hint; it said only "unknown score"
+    how = re.escape(_score_names.NEEDS_WEIGHTS[name][1])
+    with pytest.raises(ValueError, match=rf"needs learned weights.*pass a {how} object"):
+        scores.resolve_score(name)

@@ -277,8 +277,11 @@ class DocumentMask(Mask):
                         f"longest row adds up to {n}; to pad the rest, give ids with -1 there: "
                         f"masks.document(ids)"
                     )
+                given = name if name == "ids" or self.k_ids is not self.q_ids else (
+                    "ids (the keys' ids too: key_ids not given)"
+                )
                 raise ValueError(
-                    f"mask: masks.document {name} cover {t.shape[-1]} positions, but the call "
+                    f"mask: masks.document {given} cover {t.shape[-1]} positions, but the call "
                     f"has {n} {what}; expected shape (N,) or (B, N) with N = {n}"
                     + (" (give key_ids when queries and keys differ)" if L != S else "")
                 )
@@ -423,8 +426,10 @@ def document(
             (B, N) per batch element (B: the query's first leading dim), N = L; query
             ``i`` keeps key ``j`` when their ids are equal and not negative. A negative
             id is padding: it keeps nothing and is kept by nothing.
-        lengths: keyword-only, the documents' lengths (ints >= 0), (D,) or (B, D);
-            positions past a row's total are padding.
+        lengths: keyword-only, the documents' lengths (ints >= 0), (D,) or (B, D).
+            The longest row's total is the call's L; in a (B, D) row that adds up to
+            less, the positions past its total are padding. (Padding at the end of
+            every row: ``ids`` with -1 there.)
         key_ids: keyword-only, with ``ids`` only: the keys' ids, (S,) or (B, S), when
             the keys are not the queries (cross-attention between packed batches);
             default None, the keys have the queries' ids.
@@ -439,7 +444,8 @@ def document(
             ``lengths``, or ids that are not integers.
         ValueError: a shape other than those above, or a negative length; when the mask
             is used, ids that do not cover the call's L queries (or ``key_ids`` its S
-            keys) or B rows that are not the call's batch.
+            keys), lengths whose longest row does not add up to L, or B rows that are
+            not the call's batch.
 
     Examples:
         >>> from attnkit import masks

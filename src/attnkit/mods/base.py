@@ -126,6 +126,10 @@ class Mod(nn.Module):
     additive: bool = False
     """True for a position bias added to the logits (ALiBi, relative position bias)."""
 
+    def __init__(self) -> None:
+        """A modifier with no parameters of its own (subclasses add theirs)."""
+        super().__init__()
+
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if "kind" in cls.__dict__ and cls.in_backends:

@@ -247,12 +247,22 @@ _OVERRIDE: contextvars.ContextVar[AttendFn | None] = contextvars.ContextVar(
 
 @contextmanager
 def attention_override(fn: AttendFn) -> Iterator[None]:
-    """Inside the block (this thread or task), the layers' attention calls go to ``fn``.
+    """Inside the block (this thread or task), the multi-head layers' attention calls go
+    to ``fn``: those of :class:`~attnkit.nn.MultiheadAttention`,
+    :class:`~attnkit.nn.EinsumMultiHeadAttention` (and the Keras-style
+    :class:`~attnkit.nn.MultiHeadAttention`) and :class:`~attnkit.nn.SelfAttention`. The
+    d2l-style layers and :class:`~attnkit.nn.NadarayaWatson`, which have one head and
+    no projections around the attention, call :func:`attnkit.attention` directly.
 
-    ``fn`` takes what :func:`attend` takes and returns what it returns. This is how a
-    wrapper changes how a layer attends without touching the layer (for example
-    :class:`attnkit.distributed.ContextParallel`, which runs it across ranks). Not
-    seen by code being traced by torch.compile.
+    ``fn(q, k, v, *, mask, dropout_p, need_weights, scale)`` takes the heads, q
+    (..., H, L, E), k (..., Hkv, S, E) and v (..., Hkv, S, Ev) with H a multiple of Hkv,
+    an :mod:`attnkit.masks` mask or None, the dropout probability, ``need_weights``
+    (False, True or ``"mean"``) and the scale (None: 1/sqrt(E)), and returns
+    ``(output (..., H, L, Ev), weights or None)``: weights (..., H, L, S) for True,
+    averaged over the heads to (..., L, S) for ``"mean"``. This is how a wrapper changes
+    how a layer attends without touching the layer (for example
+    :class:`attnkit.distributed.ContextParallel`, which runs it across ranks). Not seen
+    by code being traced by torch.compile.
     """
     token = _OVERRIDE.set(fn)
     try:

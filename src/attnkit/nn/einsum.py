@@ -196,6 +196,11 @@ class EinsumMultiHeadAttention(nn.Module):
                 f"{self._owner}: attention_axes must be None, an int or a tuple of ints, got "
                 f"{attention_axes!r}"
             )
+        if self.attention_axes is not None and -1 in self.attention_axes:
+            raise ValueError(
+                f"{self._owner}: attention_axes must not hold -1, the feature axis of every "
+                f"input, got {attention_axes!r}"
+            )
 
         self.sliding_window = (
             None

@@ -78,6 +78,10 @@ def __getattr__(name: str) -> Any:
         from . import heatmap
 
         return getattr(heatmap, name)
+    if name == "export":  # (viz.export.load_weights, as the viewer guide writes it)
+        import importlib
+
+        return importlib.import_module(f"{__name__}.export")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

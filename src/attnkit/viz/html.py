@@ -107,7 +107,8 @@ def render_html(
     options: PageOptions | None = None,
     **page: Any,
 ) -> str:
-    """The page of :func:`to_html` as a string (same arguments, no path).
+    """The page of :func:`to_html` as a string (its arguments but ``path``, and but
+    ``include_layers``: :func:`show` takes it, and cuts the weights before the page).
 
     Args:
         attentions: the weights: (layers, heads, Q, K) (tensor or array), a list of

@@ -115,7 +115,7 @@ def attnkit_attention(
         module: the calling attention module (``is_causal``, T5's table are read from it).
         query: (B, H, L, E).
         key, value: (B, Hk, S, E) and (B, Hk, S, Ev), H a multiple of Hk.
-        attention_mask: a :class:`~.masks.SymbolicMask`, a (B, 1 or H, L, >= S) bool
+        attention_mask: a :class:`~.masks.SymbolicMask`, a (B, 1 or H, L, S) bool
             (True = attend) or float (additive) tensor, or None (then causal, at the
             bottom right, when ``is_causal`` or ``module.is_causal`` says so).
         dropout: dropout on the weights (transformers passes 0 outside training).

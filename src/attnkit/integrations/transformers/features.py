@@ -154,7 +154,9 @@ def _too_old(version: str) -> str:
 def family_reason(model_type: str, version: str | None = None) -> str | None:
     """Why a model family's attention does not reach attnkit in a transformers release
     (default: the installed one), naming the first release where it does; None when it
-    does.
+    does, and for a family attnkit has no record of (one whose attention goes through
+    transformers' attention interface, as the families of transformers 5 do; a family
+    that computes its attention itself gives no error, and its attention no record).
 
     Args:
         model_type: the config's ``model_type`` ("t5", "llama", ...).
