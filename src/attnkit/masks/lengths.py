@@ -277,8 +277,10 @@ class DocumentMask(Mask):
                         f"longest row adds up to {n}; to pad the rest, give ids with -1 there: "
                         f"masks.document(ids)"
                     )
-                given = name if name == "ids" or self.k_ids is not self.q_ids else (
-                    "ids (the keys' ids too: key_ids not given)"
+                given = (
+                    name
+                    if name == "ids" or self.k_ids is not self.q_ids
+                    else ("ids (the keys' ids too: key_ids not given)")
                 )
                 raise ValueError(
                     f"mask: masks.document {given} cover {t.shape[-1]} positions, but the call "
