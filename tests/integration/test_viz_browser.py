@@ -303,6 +303,51 @@ def test_matrix_and_statistics_download_as_csv(browser, tmp_path: Path) -> None:
     assert errors == []
 
 
+@pytest.mark.slow
+def test_a_comparison_csv_shows_formulas_as_text(browser, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # a token became its own cell starting with "=": a spreadsheet ran it as a formula
+    g = torch.Generator().manual_seed(2)
+    tokens = ["the", '=HYPERLINK("http://x","y")', "-1", "@a"]
+    sets = [
+        viz.AttentionSet(
+            "self-attention", torch.softmax(torch.randn(1, 1, 4, 4, generator=g), -1), tokens
+        )
+        for _ in range(2)
+    ]
+    path = viz.to_html(viz.compare(*sets, names=("A", "B")), None, tmp_path / "c.html")
+    page, errors = _visit(browser, path, "view=matrix")
+    with page.expect_download() as got:
+        page.locator("#csv-matrix").click()
+    notes, rows = _csv(got.value)
+    assert any("has a ' before it" in n for n in notes)
+    cells = {c for r in rows for c in r}
+    assert '\'=HYPERLINK("http://x","y")' in cells and "'-1" in cells and "'@a" in cells
+    text = [c for c in cells if c and not re.fullmatch(r"-?[\d.e+-]+", c)]  # (not figures)
+    assert not any(c[:1] in "=+-@" for c in text)
+    assert errors == []
+
+
+@pytest.mark.slow
+def test_the_svg_of_a_view_is_xml_with_control_characters_in_tokens(
+    browser, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    # a form feed or ESC in a token made the SVG not XML, and the PNG made from it empty
+    import xml.dom.minidom
+
+    w = torch.softmax(torch.randn(1, 2, 4, 4, generator=torch.Generator().manual_seed(3)), -1)
+    path = viz.to_html(w, ["the", "cat\x0c", "\x1b[1m", "down"], tmp_path / "s.html")
+    page, errors = _visit(browser, path, "view=matrix")
+    with page.expect_download() as got:
+        page.locator("#save-svg").click()
+    svg = Path(got.value.path()).read_text(encoding="utf-8")
+    xml.dom.minidom.parseString(svg)  # raises on a character XML cannot hold
+    assert "cat\ufffd" in svg
+    with page.expect_download() as got:
+        page.locator("#save-png").click()
+    assert Path(got.value.path()).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert errors == []
+
+
 def test_a_long_page_downloads_what_it_holds_and_says_so(browser, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     L, k = 200, 16

@@ -16,7 +16,12 @@
   var SVG_NS = ["http", "//www.w3.org/2000/svg"].join(":");  // a name, never fetched
   function svgOf() {
     var W = 0, H = 0, parts = [], title = AK.D.title + " \u2014 " + AK.describeView();
-    function esc(s) { return String(s).replace(/[&<>"]/g, function (c) { return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]; }); }
+    // XML's escapes, and U+FFFD for the control characters XML 1.0 cannot hold (a token's ESC
+    // or form feed made the file unreadable and the PNG made from it empty)
+    function esc(s) {
+      return String(s).replace(/[\u0000-\u0008\u000B\u000C\u000E-\u001F]/g, "\uFFFD")
+        .replace(/[&<>"]/g, function (c) { return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]; });
+    }
     function image(cv, x, y, w, h) {
       parts.push('<image x="' + x + '" y="' + y + '" width="' + w + '" height="' + h + '" preserveAspectRatio="none" ' +
         'style="image-rendering:pixelated" href="' + cv.toDataURL("image/png") + '"/>');
@@ -104,7 +109,13 @@
   $("save-png").addEventListener("click", savePNG);
 
   // ---- CSV
-  function quote(s) { return '"' + String(s).replace(/"/g, '""') + '"'; }
+  // A text field, quoted; one that starts as a formula would (=, +, -, @, tab, return) gets a
+  // leading ' so that a spreadsheet shows it instead of running it.
+  function quote(s) {
+    s = String(s);
+    if (/^[=+\-@\t\r]/.test(s)) s = "'" + s;
+    return '"' + s.replace(/"/g, '""') + '"';
+  }
   function num(v) { return v === 0 ? "0" : String(+v.toPrecision(5)); }
   function label(tokens, i) { return quote(i + ":" + tokens[i]); }
   function notes(lines) {
@@ -157,7 +168,8 @@
   }
   function matrixCSV() {
     var sides = AK.sides(), srcs = sides.map(matrixSource), first = srcs[0], long = first.g.mode === "long";
-    var head = ["attnkit attention matrix: " + AK.D.title, "Rows are queries, columns keys; labels are position:token."];
+    var head = ["attnkit attention matrix: " + AK.D.title, "Rows are queries, columns keys; labels are position:token.",
+                "A text field that starts with =, +, - or @ has a ' before it (a spreadsheet would run it as a formula)."];
     var stored = long ? ["Long input: the page holds, for every head, each query's top " + first.g.k + " keys " +
       "(exact up to one byte per weight) and block overviews; this file holds those top " + first.g.k +
       " keys of every query, per head. Every other weight is below its row's " + AK.ordinal(first.g.k) +
