@@ -151,3 +151,18 @@ def test_tokens_with_dollar_signs_are_drawn_as_their_text() -> None:
     ticks = [*maps.axes[0].get_xticklabels(), *maps.axes[0].get_yticklabels()]
     assert [t.get_text() for t in ticks] == TOKENS_WITH_DOLLARS * 2
     assert not any(t.get_parse_math() for t in ticks)
+
+
+def test_a_long_title_is_wrapped_inside_a_narrow_picture() -> None:
+    # one layer and one head: the title was wider than the picture and cut at its edge
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    w = torch.softmax(torch.randn(1, 1, 6, 6, generator=torch.Generator().manual_seed(0)), -1)
+    title = "a model: self-attention of each layer (rows) and head (columns); queries down"
+    fig = viz.attention_grid(w, list("abcdef"), title=title)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    (shown,) = [t for t in fig.texts if t.get_text().replace("\n", " ") == title]
+    box = shown.get_window_extent(renderer)
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.width
+    assert 0 <= box.y0 and box.y1 <= fig.bbox.height
+    assert "\n" in shown.get_text()

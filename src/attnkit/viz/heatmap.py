@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -275,9 +276,12 @@ def attention_grid(
 
     left, bottom = label_in + 0.15, label_in + 0.35
     right = (0.9 if rl else 0.2) + bar_in
-    top = (0.45 if cl else 0.2) + (0.35 if title else 0.0)
     # Whole hundredths of an inch: a whole number of pixels at dpi 100.
     fig_w = round(left + W * cell + right, 2)
+    # The title wrapped to the figure's width (about 0.075 in per character at 10 pt),
+    # one more line of 0.17 in each, so no word of it is cut at the right edge.
+    title_lines = textwrap.wrap(title, max(12, int((fig_w - 0.24) / 0.075))) if title else []
+    top = (0.45 if cl else 0.2) + (0.35 + 0.17 * (len(title_lines) - 1) if title else 0.0)
     fig_h = round(bottom + H * cell + top, 2)
     fig = AttentionFigure(figsize=(fig_w, fig_h))
     ax = fig.add_axes((left / fig_w, bottom / fig_h, W * cell / fig_w, H * cell / fig_h))
@@ -350,7 +354,8 @@ def attention_grid(
         bar.set_label(f"weight ({scale})", fontsize=7)
     if title:
         fig.text(
-            0.12 / fig_w, 1 - 0.1 / fig_h, title, ha="left", va="top", fontsize=10,
+            0.12 / fig_w, 1 - 0.1 / fig_h, "\n".join(title_lines), ha="left", va="top",
+            fontsize=10,
             parse_math=False,
         )  # fmt: skip
     return fig
