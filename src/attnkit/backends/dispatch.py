@@ -184,6 +184,13 @@ def register_backend(
     or ``device_types``, a list of names such as ``["cpu"]``): placed before ``before``
     (a backend name) when given, else where :data:`PRIORITY` names it, else last.
 
+    Args:
+        backend: an :class:`attnkit.backends.base.Backend` instance; its ``name`` is
+            its key (a registered backend of that name is replaced).
+        before: a registered backend's name to place it before, or None.
+        device_types: the device types ("cpu", "cuda", ...) whose ranking it joins;
+            None: ``backend.device_types``.
+
     Raises:
         TypeError: ``backend`` is not a Backend; ``device_types`` is not a list of names.
         ValueError: ``before`` names no backend.
@@ -261,7 +268,17 @@ def on_registry_change(clear: Callable[[], None]) -> Callable[[], None]:
 
 
 def get_backend(name: str) -> Backend:
-    """The registered backend called ``name``; ValueError naming the registered ones if none."""
+    """The registered backend called ``name``.
+
+    Args:
+        name: a backend's name (``"sdpa"``, ``"chunked"``, ``"reference"``, ...).
+
+    Returns:
+        The :class:`attnkit.backends.base.Backend` registered under it.
+
+    Raises:
+        ValueError: no backend is registered under ``name`` (the message lists them).
+    """
     be = _REGISTRY.get(name) if isinstance(name, str) else None
     if be is None:
         raise ValueError(f"get_backend: unknown backend {name!r}; expected one of {list(_ORDER)}")
@@ -269,11 +286,21 @@ def get_backend(name: str) -> Backend:
 
 
 def unregister_backend(name: str) -> Backend:
-    """Remove the backend called ``name`` and return it (ValueError if none is).
+    """Remove the backend called ``name`` and return it.
 
     Its place in :data:`PRIORITY` is kept (names not registered are skipped), so
     ``register_backend(unregister_backend(name))`` puts a backend back where it was.
-    Cached choices and call plans are forgotten.
+    Cached choices and call plans are forgotten; a call choosing its backend meanwhile
+    (in another thread) does not store its choice.
+
+    Args:
+        name: the registered backend's name.
+
+    Returns:
+        The :class:`attnkit.backends.base.Backend` removed.
+
+    Raises:
+        ValueError: no backend is registered under ``name``.
     """
     be = _REGISTRY.get(name) if isinstance(name, str) else None
     if be is None:

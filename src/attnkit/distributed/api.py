@@ -30,6 +30,7 @@ from .errors import ContextParallelError
 from .layout import Layout, check_layout, segments
 from .plan import (
     STRATEGIES,
+    Strategy,
     call_batch_shape,
     check_full_mask,
     choose_strategy,
@@ -56,7 +57,7 @@ def context_parallel_attention(
     mask: _masks.Mask | torch.Tensor | None = None,
     scale: float | torch.Tensor | None = None,
     layout: Layout = "zigzag",
-    strategy: str | None = None,
+    strategy: Strategy | None = None,
     return_lse: bool = False,
     backend: str | Sequence[str] | None = None,
 ) -> Any:
@@ -207,7 +208,7 @@ def explain_context_parallel(
     kv_seq_len: int | None = None,
     mask: _masks.Mask | torch.Tensor | None = None,
     layout: Layout = "zigzag",
-    strategy: str | None = None,
+    strategy: Strategy | None = None,
     score: ScoreName | Score = "scaled_dot",
 ) -> ContextParallelExplanation:
     """What :func:`context_parallel_attention` would do, on any process (no collective).
@@ -217,8 +218,14 @@ def explain_context_parallel(
         world_size: the number of ranks.
         seq_len, kv_seq_len: full query / key lengths (default: the shard length
             times ``world_size``).
-        mask: the full-sequence mask (a float tensor is a bias); layout, strategy,
-            score: as for the call (the score for its checks of the feature sizes).
+        mask: the full-sequence mask (a float tensor is a bias).
+        layout: as for the call, ``"zigzag"`` or ``"contiguous"``.
+        strategy: as for the call, ``"ring"``, ``"all_to_all"`` or None (chosen).
+        score: as for the call (read for its checks of the feature sizes).
+
+    Returns:
+        A :class:`ContextParallelExplanation`: the strategy chosen and why, each
+        strategy's reasons, and the ring's blocks and hops per rank.
 
     Raises:
         TypeError, ValueError: what the call would refuse of these shapes and dtypes

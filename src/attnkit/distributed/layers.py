@@ -29,6 +29,7 @@ from .agree import refuse
 from .api import attend
 from .errors import ContextParallelError
 from .layout import Layout, check_layout
+from .plan import Strategy
 
 __all__ = ["ContextParallel"]
 
@@ -37,7 +38,7 @@ __all__ = ["ContextParallel"]
 class _Route:
     group: dist.ProcessGroup | None
     layout: Layout
-    strategy: str | None
+    strategy: Strategy | None
     backend: str | None
 
     def attend(
@@ -102,7 +103,7 @@ class ContextParallel(nn.Module):
         *,
         group: dist.ProcessGroup | None = None,
         layout: Layout = "zigzag",
-        strategy: str | None = None,
+        strategy: Strategy | None = None,
         backend: str | None = None,
     ) -> None:
         super().__init__()

@@ -194,6 +194,9 @@ def shard(
         x: the full tensor, e.g. (B, H, N, E) with the sequence at ``dim``.
         group: the process group (its rank and size are used), or give ``rank``
             and ``world_size`` explicitly (no process group needed).
+        rank: this rank, an int in [0, world_size), with ``world_size`` instead of a
+            group (default None: the group's).
+        world_size: the number of ranks P, with ``rank`` (default None: the group's).
         layout: ``"zigzag"`` or ``"contiguous"``.
         dim: the sequence dim.
 

@@ -376,9 +376,15 @@ class KernelScore(Score):
     key, so a query with no key in its support gets weights 0 and output 0.
     Constant factors of K cancel in the normalization and are dropped.
 
-    kernels:
-        ``"boxcar"``        K(u) = 1 for u <= 1, else 0          (log K = 0 or -inf)
-        ``"epanechnikov"``  K(u) = 1 - u² for u < 1, else 0      (log K = log(1 - u²))
+    Args:
+        kernel: ``"boxcar"``, K(u) = 1 for u <= 1, else 0 (log K = 0 or -inf); or
+            ``"epanechnikov"``, K(u) = 1 - u² for u < 1, else 0 (log K = log(1 - u²)).
+        sigma: the bandwidth σ, a positive finite float.
+        learnable: keyword-only; make σ an ``nn.Parameter`` (the boxcar's gets zero
+            gradients: its weights are piecewise constant in σ).
+
+    Raises:
+        ValueError: another kernel, or σ that is not a positive finite float.
     """
 
     dot_reducible = False
