@@ -157,7 +157,7 @@ def plan_key(
         forced_backends(),
         strict(),
         check_finite,
-        dispatch.registry_generation(),  # a plan made while the registry changed: never read
+        dispatch.GENERATION,  # a plan made while the registry changed: never read
     )
 
 
@@ -262,7 +262,7 @@ def _traced_call(
         (score, mask_key, scale, dropout_p, backend, check_finite),
         # the registry's generation: a compiled graph whose op was chosen from another
         # registry is traced again
-        (_CALL_SETTINGS.forced, _CALL_SETTINGS.strict, dispatch.registry_generation()),
+        (_CALL_SETTINGS.forced, _CALL_SETTINGS.strict, dispatch.GENERATION),
     )
     if route is None:
         return None

@@ -10,6 +10,8 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Protocol
 
+import torch
+
 if TYPE_CHECKING:
     from ._inputs import AttentionInputs
     from .backends.base import Backend
@@ -33,7 +35,10 @@ def reaches(recorder: object) -> bool:
     recorder, or one the active recorder passes its calls on to (its ``parent``, and
     its ``also`` where it passes them to two). Module hooks of a recording ask it, so
     the same model run in another thread (whose context has no recorder) leaves the
-    recording alone."""
+    recording alone. False in code being traced by torch.compile (which cannot trace
+    a context variable, and whose calls record nothing)."""
+    if torch.compiler.is_compiling():
+        return False
     todo = [ACTIVE.get()]
     while todo:
         active = todo.pop()

@@ -157,6 +157,28 @@ def test_use_backend_and_device_semantics_are_honoured_after_compiling() -> None
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > frames
 
 
+def test_use_backend_and_capture_work_inside_a_compiled_function() -> None:
+    """``use_backend`` written inside the compiled function, and a model compiled while
+    ``viz.capture`` records (another thread's run of a shared model), trace in one
+    graph: neither reads a context variable, which dynamo cannot trace."""
+    from attnkit.viz import capture
+
+    q, k, v = _qkv()
+
+    def forced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        with attnkit.use_backend("reference"):
+            return attnkit.attention(q, k, v, is_causal=True)
+
+    want = _reference(q, k, v, mask=masks.causal())
+    assert_close_to_scale(torch.compile(forced, fullgraph=True)(q, k, v), want)
+    layer = attnkit.nn.SelfAttention(q.shape[-1], 2).eval()
+    x = q[0].transpose(0, 1).reshape(1, q.shape[2], -1)[..., : q.shape[-1]]  # (1, L, E)
+    compiled = torch.compile(layer, fullgraph=True)
+    with capture(layer) as cap:
+        assert_close_to_scale(compiled(x), layer(x))
+    assert len(cap) == 1  # the eager call's record; compiled calls record nothing
+
+
 def test_a_registry_change_traces_the_call_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """A backend registered after compiling, ranked before sdpa, makes the compiled call
     trace again and run it (its op was chosen from the old registry); unregistered, the

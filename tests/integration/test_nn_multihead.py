@@ -472,6 +472,28 @@ def test_inside_transformer_encoder_layer_attnkit_runs_in_every_mode() -> None:
     assert torch.equal(first[:, 0], second[:, 0])
 
 
+def test_the_encoder_layer_calls_attnkit_after_out_proj_is_replaced_or_reloaded() -> None:
+    # the hook that declines torch's fused encoder kernel was set in __init__ only: a
+    # replaced out_proj, or a layer saved before it, brought the fused NaN rows back
+    import pickle
+
+    _, ours = _encoder_pair(30, heads=2, norm_first=False)
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(31))
+    pad = torch.tensor([[False] * 5, [True] * 5])
+    attn = ours.self_attn
+    replaced = torch.nn.Linear(8, 8)
+    replaced.load_state_dict(attn.out_proj.state_dict())
+    attn.out_proj = replaced
+    with torch.no_grad():
+        assert torch.isfinite(ours(x, src_key_padding_mask=pad)).all()
+    attn.out_proj._forward_pre_hooks.clear()  # as a layer saved before the hook existed
+    ours = pickle.loads(pickle.dumps(ours))
+    with torch.no_grad():
+        assert torch.isfinite(ours(x, src_key_padding_mask=pad)).all()
+    assert len(ours.self_attn.out_proj._forward_pre_hooks) == 1  # once, not per load
+    torch.jit.script(ours.self_attn.out_proj)  # TorchScript compiles the hook
+
+
 def test_merge_masks_takes_every_self_attention_mask_shape() -> None:
     theirs, ours = _pair(28, embed_dim=8, num_heads=2, batch_first=True)
     N, L, H = 3, 4, 2

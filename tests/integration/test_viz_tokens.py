@@ -153,3 +153,15 @@ def test_decoded_tokens_mark_their_split_characters_too(byte_level) -> None:  # 
     tt = display_tokens(byte_level, ids)  # no offsets: decoded
     assert tt.partial is not None and tt.partial[-2] and not tt.partial[-1]
     assert tt.shown[-1] == "é"
+
+
+def test_the_decoder_input_keeps_the_split_characters_shifted_right(byte_level) -> None:  # type: ignore[no-untyped-def]
+    # a seq2seq decoder's tokens (shifted right by one) dropped the marks: its word view
+    # read "caf\xc3é" where the encoder's read "café"
+    from attnkit.viz.sources.text_run import _shifted_right
+
+    tt = _fast(byte_level, "the café cat")
+    dec = _shifted_right(tt, "<s>")
+    assert tt.partial is not None and dec.partial == [False, *tt.partial[:-1]]
+    words = position_map(dec, words=True, drop_special=False)
+    assert map_labels(dec.shown, dec.raw, words, dec.partial)[0][:3] == ["<s>", "the", " café"]

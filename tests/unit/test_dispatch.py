@@ -128,35 +128,3 @@ def test_registering_a_backend_before_itself_is_refused() -> None:
     with pytest.raises(ValueError, match="before: 'sdpa' is the backend being registered"):
         attnkit.register_backend(sdpa, before="sdpa")
     assert attnkit.backends.dispatch.backends_for("cpu") == before
-
-
-def test_use_backend_belongs_to_its_asyncio_task() -> None:
-    # use_backend was per thread: two tasks interleaving their blocks each saw the
-    # other's choice, and the first one's stayed forced after both blocks ended
-    import asyncio
-
-    q = torch.randn(1, 4, 4)
-    seen: dict[str, str | None] = {}
-
-    async def first(entered: asyncio.Event, other: asyncio.Event, done: asyncio.Event) -> None:
-        with attnkit.use_backend("sdpa"):
-            entered.set()
-            await other.wait()  # the second task's block begins inside this one
-            seen["sdpa"] = attnkit.explain(q, q, q).chosen
-            done.set()
-
-    async def second(entered: asyncio.Event, other: asyncio.Event, done: asyncio.Event) -> None:
-        await other.wait()
-        with attnkit.use_backend("chunked"):
-            entered.set()
-            await done.wait()  # the first task's block ends inside this one
-            seen["chunked"] = attnkit.explain(q, q, q).chosen
-
-    async def both() -> None:
-        a, b, done = asyncio.Event(), asyncio.Event(), asyncio.Event()
-        await asyncio.gather(first(a, b, done), second(b, a, done))
-
-    asyncio.run(both())
-    assert seen == {"sdpa": "sdpa", "chunked": "chunked"}
-    assert attnkit.backends.dispatch.forced_backends() is None
-    assert attnkit._per_thread.THREAD.forced is None

@@ -22,9 +22,8 @@ Ranking lives here and only here; no backend imports or instantiates another.
 
 The first candidate with no reasons runs. A backend forced by name (``backend=`` or
 ``use_backend``) runs or raises with its reasons; it never falls back silently, and
-preference rules do not apply to it. ``use_backend`` is per context (a context
-variable, so each thread and each asyncio task has its own), mirrored into a field of
-:mod:`attnkit._per_thread`'s ``threading.local`` record, which torch.compile traces and
+preference rules do not apply to it. ``use_backend`` is per thread (a field of
+:mod:`attnkit._per_thread`'s ``threading.local`` record), which torch.compile traces and
 guards on, so a compiled function is recompiled when the choice changes instead of
 keeping a stale one.
 """
@@ -33,7 +32,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
@@ -127,17 +125,9 @@ RULES: list[PreferenceRule] = [
 # attnkit._per_thread); only :func:`use_backend` sets it.
 
 
-_FORCED: ContextVar[tuple[str, ...] | None] = ContextVar("attnkit_forced", default=None)
-"""The names of the innermost :func:`use_backend` of this context (an asyncio task has
-its own). Eager calls read it; code traced by torch.compile, which cannot trace a
-ContextVar, reads the thread's copy in ``THREAD.forced``."""
-
-
 def forced_backends() -> tuple[str, ...] | None:
-    """The names forced by the innermost :func:`use_backend` of this context, or None."""
-    if torch.compiler.is_compiling():
-        return THREAD.forced
-    return _FORCED.get()
+    """The names forced by the innermost :func:`use_backend` of this thread, or None."""
+    return THREAD.forced
 
 
 class BackendNotSupportedError(ValueError):
@@ -234,21 +224,16 @@ def register_backend(
 _ON_CHANGE: list[Callable[[], None]] = []
 
 
-_GENERATION = 0
-"""How many times the registry changed. Part of the keys of cached choices and plans: a
-choice made while another thread changed the registry is stored under the old count,
-where no later call looks."""
-
-
-def registry_generation() -> int:
-    """How many times a backend was registered or unregistered (see :data:`_GENERATION`)."""
-    return _GENERATION
+GENERATION = 0
+"""How many times the registry changed (read it as ``dispatch.GENERATION``). Part of the
+keys of cached choices and plans: a choice made while another thread changed the
+registry is stored under the old count, where no later call looks."""
 
 
 def _registry_changed() -> None:
     """Forget every choice made for the old registry: names, choices, and the listeners'."""
-    global _GENERATION
-    _GENERATION += 1
+    global GENERATION
+    GENERATION += 1
     _NAME_CACHE.clear()
     _CHOICES.clear()
     for clear in list(_ON_CHANGE):
@@ -465,7 +450,7 @@ def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
     key: tuple[object, ...] | None = None
     if not torch.compiler.is_compiling():  # (a traced dict lookup would guard on the dict)
         key = (forced, _host.strict(), _host.in_transform(), inputs.signature(),
-               _value_forms(inputs), _GENERATION)  # fmt: skip
+               _value_forms(inputs), GENERATION)  # fmt: skip
         hit = _CHOICES.get(key)
         if hit is not None:
             return hit
@@ -496,14 +481,14 @@ def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
 
 @contextmanager
 def use_backend(*names: str | Sequence[str]) -> Iterator[None]:
-    """Force the backend(s) tried, in order, inside a ``with`` block, in this context.
+    """Force the backend(s) tried, in order, inside a ``with`` block, in this thread.
 
     ``use_backend("reference")`` or ``use_backend("chunked", "reference")``. The
-    previous choice is restored on exit, even on error; other threads, and other
-    asyncio tasks, are not affected (the choice is a ``contextvars`` variable). A forced
-    backend that cannot run raises with its reasons instead of falling back to another.
-    Inside ``torch.compile`` the choice read is the thread's latest ``use_backend``
-    (dynamo cannot trace a context variable), the same unless tasks interleave blocks.
+    previous choice is restored on exit, even on error; other threads are not
+    affected. A forced backend that cannot run raises with its reasons instead of
+    falling back to another. The choice belongs to the thread (a compiled function
+    guards on it, and it works inside one): asyncio tasks of one thread whose blocks
+    interleave share it, so give such calls ``backend=`` instead.
     """
     flat: list[str] = []
     for n in names:
@@ -512,13 +497,12 @@ def use_backend(*names: str | Sequence[str]) -> Iterator[None]:
         else:
             flat.append(n)  # type: ignore[arg-type]
     chosen = _check_names(flat, "use_backend")
-    token = _FORCED.set(chosen)
+    outer = THREAD.forced
     THREAD.forced = chosen
     try:
         yield
     finally:
-        _FORCED.reset(token)
-        THREAD.forced = _FORCED.get()  # (this context's choice again, for compiled code)
+        THREAD.forced = outer
 
 
 _CHUNKED = ChunkedBackend()

@@ -125,7 +125,8 @@ class KVCache:
 
     @length.setter
     def length(self, value: int) -> None:
-        if not torch.compiler.is_compiling() and (
+        traced = torch.compiler.is_compiling() and not isinstance(value, int)  # (a SymInt)
+        if not traced and (
             isinstance(value, bool)
             or not isinstance(value, numbers.Integral)
             or not 0 <= int(value) <= self._written

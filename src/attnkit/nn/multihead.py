@@ -75,7 +75,7 @@ __all__ = ["MultiheadAttention"]
 _CAUSAL = masks.causal()
 
 
-def declines_fused_encoder(module: nn.Module, args: tuple[Any, ...]) -> None:
+def declines_fused_encoder(module: nn.Module, args: tuple[torch.Tensor]) -> None:
     """A forward pre-hook that does nothing, on the layer's ``out_proj``.
 
     torch's ``nn.TransformerEncoderLayer`` runs a whole layer in eval without gradients
@@ -84,8 +84,18 @@ def declines_fused_encoder(module: nn.Module, args: tuple[Any, ...]) -> None:
     an ``is_causal`` without a mask would be ignored there. The encoder layer declines
     that kernel when any of its modules has a hook, so it calls this layer in every
     mode. ``out_proj``'s weights are read, the module is never called, so the hook costs
-    nothing (and a Linear with a no-op hook computes as without it)."""
-    del module, args
+    nothing (and a Linear with a no-op hook computes as without it; TorchScript compiles
+    it). The layer puts it on whatever module becomes its ``out_proj`` (a replacement,
+    a layer loaded from a file saved before it had the hook)."""
+    return None
+
+
+def _declining(out_proj: object) -> None:
+    """Give ``out_proj`` the hook :func:`declines_fused_encoder` once."""
+    if isinstance(out_proj, nn.Module) and not any(
+        hook is declines_fused_encoder for hook in out_proj._forward_pre_hooks.values()
+    ):
+        out_proj.register_forward_pre_hook(declines_fused_encoder)
 
 
 class MultiheadAttention(nn.Module):
@@ -171,7 +181,6 @@ class MultiheadAttention(nn.Module):
             self.register_parameter("in_proj_bias", None)
         # torch's class for this Linear: dynamic quantization leaves it alone, as in torch.
         self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias, **factory)
-        self.out_proj.register_forward_pre_hook(declines_fused_encoder)
         self.bias_k: nn.Parameter | None
         self.bias_v: nn.Parameter | None
         if add_bias_kv:
@@ -180,6 +189,15 @@ class MultiheadAttention(nn.Module):
         else:
             self.bias_k = self.bias_v = None
         self._reset_parameters()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "out_proj":  # whichever module it is: torch's fused encoder declined
+            _declining(value)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        _declining(self._modules.get("out_proj"))  # (saved before the hook existed)
 
     def _reset_parameters(self) -> None:
         """Glorot-uniform projections, zero biases, Glorot-normal ``bias_k``/``bias_v``."""

@@ -200,9 +200,10 @@ def attend(
 def _shifted_right(tokens: TokenText, start: str) -> TokenText:
     """The decoder's input: a start token (special), then the target's tokens but the last."""
     words = None if tokens.words is None else [0, *(w + 1 for w in tokens.words[:-1])]
+    partial = None if tokens.partial is None else [False, *tokens.partial[:-1]]
     return TokenText(shown=[start, *tokens.shown[:-1]], raw=[start, *tokens.raw[:-1]],
                      special=[True, *tokens.special[:-1]], words=words,
-                     word_source=tokens.word_source)  # fmt: skip
+                     word_source=tokens.word_source, partial=partial)  # fmt: skip
 
 
 def _attend_seq2seq(
