@@ -8,7 +8,9 @@ canonical score and mask objects, the resolved scale and the flags.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
+from typing import SupportsFloat, TypeGuard
 
 import torch
 
@@ -368,6 +370,8 @@ def validate_inputs(
             # float scale is checked (no heads: nothing to check)
             _check_scale_range(float(head_scale.detach().max()), q, k, sc)
     else:
+        if not isinstance(scale, (int, float)) and _other_real(scale):
+            scale = float(scale)  # a NumPy float (1 / np.sqrt(E)), as SDPA takes it
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
             raise TypeError(
                 f"scale: expected a positive finite float, a (H,) tensor or None, got {scale!r}"
@@ -380,6 +384,8 @@ def validate_inputs(
     mod_list = _check_mods(mods, heads, device)
 
     if type(dropout_p) not in (int, float) or dropout_p != 0.0:
+        if not isinstance(dropout_p, (int, float)) and _other_real(dropout_p):
+            dropout_p = float(dropout_p)  # a NumPy float
         if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
             raise TypeError(f"dropout_p: expected a float in [0, 1), got {dropout_p!r}")
         if not (0.0 <= float(dropout_p) < 1.0):
@@ -453,14 +459,21 @@ def _check_mods(mods: object, heads: int, device: torch.device) -> tuple[Mod, ..
     return out
 
 
+def _other_real(value: object) -> TypeGuard[SupportsFloat]:
+    """A real number that is not a Python int, float or bool, nor a tensor (NumPy's)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, torch.Tensor))
+
+
 def _check_head_scale(scale: torch.Tensor, heads: int, device: torch.device) -> torch.Tensor:
     check_strided("", "scale", scale)
+    if scale.ndim == 0:  # one multiplier for every head, as a float (and differentiable)
+        scale = scale.reshape(1)  # (1,)
     # (!=, not `in`: dynamo's `in` misses a dynamic size equal to an int)
     n = scale.shape[0] if scale.ndim == 1 else 0
     if scale.ndim != 1 or not scale.is_floating_point() or (n != 1 and n != heads):
         raise ValueError(
             f"scale: a tensor scale is one multiplier per query head, shape ({heads},) "
-            f"(or (1,)), floating point; got shape {_shape(scale)} and dtype {scale.dtype}"
+            f"(or (1,) or 0-d), floating point; got shape {_shape(scale)} and dtype {scale.dtype}"
         )
     if scale.device != device and device.type != "meta":
         raise ValueError(f"scale: is on {scale.device} but the query is on {device}")

@@ -68,13 +68,14 @@ def sdpa_mask(
         query: (..., L, E); key: (..., S, E): read for their head dim (-3) only.
         mask: attnkit's ``mask=`` as received (None, a mask or a float tensor).
         is_causal: True = ``masks.causal()`` (top-left, as SDPA), combined with ``mask``
-            by ``&``; refused with ``attn_mask`` (SDPA refuses that pair).
+            or ``attn_mask`` by ``&`` (SDPA takes the pair on the kernels that read a mask
+            and refuses it on others: here it always means both).
         attn_mask: None, a bool tensor (..., L, S) with SDPA's polarity (True = may
             attend: ``masks.keep``) or a float tensor added to the logits
             (``masks.bias``); refused with ``mask``.
         enable_gqa: None (attnkit's rule: the query's head dim may be a multiple of the
-            key's), True (the same) or False (SDPA's default: head dims must broadcast,
-            equal or the key's 1).
+            key's), True (the same) or False (SDPA's default: head dims must broadcast:
+            equal, or either one 1).
 
     Returns:
         the mask to pass on (None, a mask object, or ``mask`` unchanged).
@@ -88,7 +89,7 @@ def sdpa_mask(
         raise TypeError(f"enable_gqa: expected None, True or False, got {enable_gqa!r}")
     if enable_gqa is False and query.dim() >= 3 and key.dim() >= 3:
         hq, hk = query.shape[-3], key.shape[-3]
-        if hq != hk and hk != 1:
+        if hq != hk and 1 not in (hq, hk):
             raise ValueError(
                 f"enable_gqa: False (SDPA's rule) needs the head dims (-3) of query and key to "
                 f"broadcast, got query {tuple(query.shape)} and key {tuple(key.shape)}; pass "
@@ -96,11 +97,6 @@ def sdpa_mask(
                 f"({hq} query heads over {hk} key heads)"
             )
     if attn_mask is not None:
-        if is_causal:
-            raise ValueError(
-                "is_causal, attn_mask: both given; SDPA refuses the pair. Combine them as "
-                "mask=masks.keep(attn_mask) & masks.causal() (or masks.bias(attn_mask) & ...)"
-            )
         if mask is not None:
             raise ValueError(
                 "attn_mask, mask: both given; pass one (attn_mask is SDPA's name: a bool "
@@ -112,13 +108,15 @@ def sdpa_mask(
                 f"{type(attn_mask).__name__}; attnkit masks go to mask="
             )
         if attn_mask.dtype == torch.bool:
-            return _masks.keep(attn_mask)  # SDPA's polarity: True = may attend
-        if attn_mask.is_floating_point():
-            return _masks.bias(attn_mask)
-        raise TypeError(
-            f"attn_mask: expected a bool (True = attend) or float (added) tensor as SDPA "
-            f"takes, got dtype {attn_mask.dtype}"
-        )
+            given_mask: _masks.Mask = _masks.keep(attn_mask)  # SDPA's: True = may attend
+        elif attn_mask.is_floating_point():
+            given_mask = _masks.bias(attn_mask)
+        else:
+            raise TypeError(
+                f"attn_mask: expected a bool (True = attend) or float (added) tensor as SDPA "
+                f"takes, got dtype {attn_mask.dtype}"
+            )
+        return given_mask & _CAUSAL if is_causal else given_mask
     if not is_causal:
         return mask
     if mask is None:

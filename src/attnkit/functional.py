@@ -192,8 +192,9 @@ def attention(
             ``check_finite=False``); the checks are skipped and non-finite inputs give
             whatever the kernel gives.
         is_causal: SDPA's keyword: True = ``mask=masks.causal()`` (top-left aligned, as
-            SDPA: query i keeps keys j <= i). With ``mask=`` it is ``mask &
-            masks.causal()``; with ``attn_mask`` it is refused, as SDPA refuses it.
+            SDPA: query i keeps keys j <= i). With ``mask=`` or ``attn_mask`` it is that
+            mask ``& masks.causal()`` (SDPA takes that pair on some kernels and refuses it
+            on others).
         attn_mask: SDPA's keyword: a bool tensor (..., L, S) in SDPA's polarity (True =
             may attend, ``masks.keep(attn_mask)``) or a float tensor added to the logits
             (``masks.bias(attn_mask)``). Refused together with ``mask=``.
@@ -593,7 +594,7 @@ def _pack(inputs: AttentionInputs, result: AttentionResult) -> Any:
         out.append(result.weights)
     if inputs.return_lse:
         assert result.lse is not None
-        out.append(result.lse)
+        out.append(result.lse.contiguous())  # (SDPA's kernels return a transposed one)
     return tuple(out)
 
 

@@ -90,13 +90,33 @@ def test_enable_gqa_like_sdpa() -> None:
     assert_close_to_scale(attnkit.attention(q1, k1, v1, enable_gqa=False), want)
 
 
+def test_is_causal_with_attn_mask_is_both() -> None:
+    # it was refused "as SDPA refuses it"; SDPA takes the pair where its kernel reads a
+    # mask (here: E = Ev) and refuses it on others (E != Ev): attnkit always takes it
+    q, k, v = _qkv(L=5, S=7, Ev=8)
+    keep = torch.rand(5, 7, generator=torch.Generator().manual_seed(1)) < 0.7
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True, attn_mask=keep)
+    got = attnkit.attention(q, k, v, is_causal=True, attn_mask=keep)
+    ok = keep & torch.ones(5, 7, dtype=torch.bool).tril()  # (L, S)
+    assert_close_to_scale(got, F.scaled_dot_product_attention(q, k, v, attn_mask=ok))
+    rows = ok.any(-1)  # rows with a key: SDPA gives NaN or 0 for the others, attnkit 0
+    assert_close_to_scale(got[..., rows, :], want[..., rows, :])
+    bias = torch.randn(5, 7, generator=torch.Generator().manual_seed(2))
+    got = attnkit.attention(q, k, v, is_causal=True, attn_mask=bias)
+    causal_bias = bias.masked_fill(~torch.ones(5, 7, dtype=torch.bool).tril(), float("-inf"))
+    assert_close_to_scale(got, F.scaled_dot_product_attention(q, k, v, attn_mask=causal_bias))
+
+
+def test_enable_gqa_false_takes_one_query_head_over_many_key_heads() -> None:
+    # SDPA broadcasts a single query head over the key heads; attnkit refused it
+    q, k, v = _qkv(Hq=1, Hk=4)
+    want = F.scaled_dot_product_attention(q, k, v, enable_gqa=False)
+    assert_close_to_scale(attnkit.attention(q, k, v, enable_gqa=False), want)
+
+
 def test_refuses_what_sdpa_refuses() -> None:
     q, k, v = _qkv()
     keep = torch.ones(7, 7, dtype=torch.bool)
-    with pytest.raises(RuntimeError):
-        F.scaled_dot_product_attention(q, k, v, is_causal=True, attn_mask=keep)
-    with pytest.raises(ValueError, match=r"is_causal, attn_mask: both given.*masks.causal\(\)"):
-        attnkit.attention(q, k, v, is_causal=True, attn_mask=keep)
     with pytest.raises(ValueError, match="attn_mask, mask: both given"):
         attnkit.attention(q, k, v, attn_mask=keep, mask=masks.causal())
     with pytest.raises(TypeError, match=r"attn_mask: expected a bool .* got dtype torch.int64"):
@@ -120,8 +140,10 @@ def test_explain_takes_the_same_keywords() -> None:
     q, k, v = _qkv()
     ex = attnkit.explain(q, k, v, is_causal=True)
     assert ex.chosen is not None
-    with pytest.raises(ValueError, match="is_causal, attn_mask"):
-        attnkit.explain(q, k, v, is_causal=True, attn_mask=torch.ones(7, 7, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attn_mask, mask: both given"):
+        attnkit.explain(q, k, v, attn_mask=torch.ones(7, 7, dtype=torch.bool), mask=masks.causal())
+    both = attnkit.explain(q, k, v, is_causal=True, attn_mask=torch.ones(7, 7, dtype=torch.bool))
+    assert both.chosen is not None
     with pytest.raises(TypeError, match=r"explain\(\) got an unexpected keyword argument"):
         attnkit.explain(q, k, v, is_casual=True)  # type: ignore[call-arg]
 
@@ -151,3 +173,32 @@ def test_unknown_keyword_is_refused_before_any_compute() -> None:
     q, k, v = _qkv()
     with pytest.raises(TypeError, match="'frobnicate'"):  # no close match: named alone
         attnkit.attention(q, k[..., :3], v, frobnicate=1)  # bad shapes too: keyword first
+
+
+def test_numpy_and_0d_tensor_scalars_are_taken_as_sdpa_takes_them() -> None:
+    # scale=1 / np.sqrt(np.float32(E)), a 0-d tensor scale and a NumPy dropout_p were
+    # refused, where a call written for SDPA should run unchanged
+    import numpy as np
+
+    q, k, v = _qkv(Ev=8)
+    scale = 1 / np.sqrt(np.float32(8))
+    want = F.scaled_dot_product_attention(q, k, v, scale=float(scale))
+    assert_close_to_scale(attnkit.attention(q, k, v, scale=scale), want)
+    assert_close_to_scale(attnkit.attention(q, k, v, scale=torch.tensor(float(scale))), want)
+    torch.manual_seed(0)
+    a = attnkit.attention(q, k, v, dropout_p=np.float32(0.25))
+    torch.manual_seed(0)
+    assert torch.equal(a, attnkit.attention(q, k, v, dropout_p=float(np.float32(0.25))))
+
+
+def test_outputs_and_lse_are_contiguous_on_every_backend() -> None:
+    # ALiBi on sdpa returned a view of a padded buffer (out.view(B, -1) failed), and
+    # sdpa's lse came back transposed
+    from attnkit import mods
+
+    q, k, v = _qkv(Ev=8)
+    for backend in ("sdpa", "chunked", "reference"):
+        out, lse = attnkit.attention(
+            q, k, v, mask=masks.causal(), mods=mods.alibi(4), return_lse=True, backend=backend
+        )
+        assert out.is_contiguous() and lse.is_contiguous(), backend

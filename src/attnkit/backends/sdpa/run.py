@@ -592,7 +592,9 @@ def _kernel(
             q, k = F.pad(q, (0, Ev - E)), F.pad(k, (0, Ev - E))  # (..., L or S, Ev)
         out, lse = _kernel(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                            dropout_p=dropout_p, scale=scale, gqa=gqa, want_lse=want_lse)  # fmt: skip
-        return out[..., :Ev], lse
+        # (a copy of the Ev columns: a view of the padded buffer would keep it alive, and a
+        # caller's .view() of the output would fail on its strides)
+        return out[..., :Ev].contiguous(), lse  # (..., L, Ev)
     run = functools.partial(_fused, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
                             gqa=gqa, want_lse=want_lse)  # fmt: skip
     tensors = (q, k, v) if attn_mask is None else (q, k, v, attn_mask)
