@@ -47,8 +47,9 @@ def _flags(action: argparse.Action) -> str:
 
 
 def _default(action: argparse.Action) -> str:
-    if action.nargs == 0 or action.default in (None, argparse.SUPPRESS, False):
-        return ""
+    default = action.default
+    if action.nargs == 0 or default is None or default is False or default == argparse.SUPPRESS:
+        return ""  # (identity for False: a default of 0 equals False and is shown)
     return f"`{action.default}`"
 
 

@@ -47,12 +47,13 @@ _ROLE = re.compile(
 _RULE = re.compile(r"^(\s*)(=+)(?:\s+=+)+\s*$")
 
 
-def crossrefs(text: str, resolve: Any = None) -> str:
+def crossrefs(text: str, resolve: Any = None, finish: Any = None) -> str:
     """``text`` with each Sphinx role as an optional autorefs link: the link when the
     reference renders the object, its name as code otherwise (no warning either way).
 
     ``resolve`` turns a name as written (``attention``, ``Mask.to_dense``) into its full
     path (``attnkit.functional.attention``), or raises; unresolved names stay as written.
+    ``finish`` maps the full path to the one the reference renders (:func:`_unshadowed`).
     """
 
     def link(match: re.Match[str]) -> str:
@@ -61,13 +62,15 @@ def crossrefs(text: str, resolve: Any = None) -> str:
         shown = written.strip() if explicit else target
         if short:
             shown = target.rsplit(".", 1)[-1]
-        full = target
-        if resolve is not None and not target.startswith(("attnkit.", "torch.")):
-            head, _, rest = target.partition(".")
+        full = target.lstrip(".")  # (``~.masks.X``: relative to the package)
+        if resolve is not None and not full.startswith(("attnkit.", "torch.")):
+            head, _, rest = full.partition(".")
             try:
                 full = resolve(head) + (f".{rest}" if rest else "")
             except Exception:  # a name griffe cannot see (another package's): as written
-                full = target
+                full = target.lstrip(".")
+        if finish is not None:
+            full = finish(full)
         return f'<autoref identifier="{full}" optional><code>{shown}</code></autoref>'
 
     return _ROLE.sub(link, text)
@@ -152,7 +155,7 @@ def normalize(text: str) -> str:
         if item_indent is None and section:
             item_indent = _indent(line)
         at_item = section and _indent(line) == item_indent
-        if at_item and section in ("args", "arguments", "parameters", "params"):
+        if at_item and section in ("args", "arguments", "parameters", "params", "attributes"):
             grouped = _GROUPED.match(line)
             if grouped:
                 pad, names, first = grouped.groups()
@@ -203,8 +206,7 @@ class AttnkitDocstrings(griffe.Extension):
 
     def on_object(self, *, obj: griffe.Object, **kwargs: Any) -> None:
         if obj.docstring is not None:
-            text = tables(normalize(obj.docstring.value))
-            obj.docstring.value = crossrefs(text, obj.resolve)
+            obj.docstring.value = tables(normalize(obj.docstring.value))
         if isinstance(obj, griffe.Function):
             _copy_parameters(obj)
         real = REAL_RETURNS.get(obj.path)
@@ -213,3 +215,50 @@ class AttnkitDocstrings(griffe.Extension):
                 raise ValueError(f"{obj.path} no longer returns Any: remove it from REAL_RETURNS")
             expr = ast.parse(real, mode="eval").body
             obj.returns = griffe.safe_get_annotation(expr, parent=obj.parent)  # type: ignore[arg-type]
+
+    def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
+        """Once every module is loaded (base classes and other modules are known), each
+        docstring's roles become links (:func:`crossrefs`, :func:`_resolver`)."""
+        for obj in _objects(pkg):
+            if obj.docstring is not None:
+                obj.docstring.value = crossrefs(
+                    obj.docstring.value, _resolver(obj), lambda full: _unshadowed(pkg, full)
+                )
+
+
+def _objects(obj: griffe.Object) -> list[griffe.Object]:
+    """``obj`` and every object defined under it (not aliases of others)."""
+    out = [obj]
+    for member in obj.members.values():
+        if not member.is_alias:
+            out.extend(_objects(member))  # type: ignore[arg-type]
+    return out
+
+
+def _resolver(obj: griffe.Object) -> Any:
+    """name -> the full path of what ``name`` means in ``obj``'s docstring: its scope (as
+    griffe resolves it), else a member its class inherits."""
+
+    def resolve(name: str) -> str:
+        try:
+            full = obj.resolve(name)
+        except Exception:
+            cls = obj if obj.is_class else obj.parent
+            if cls is None or not cls.is_class or name not in cls.all_members:
+                raise
+            full = cls.all_members[name].path
+        return full
+
+    return resolve
+
+
+def _unshadowed(package: griffe.Module, full: str) -> str:
+    """``full``, or its same-named function when ``full`` is a module that holds one (the
+    package exports the function under the module's name)."""
+    try:
+        target = package[full.removeprefix(package.path + ".")]
+    except Exception:
+        return full
+    inner = target.members.get(target.name) if target.is_module else None
+    defined = inner is not None and not inner.is_alias and inner.is_function  # (not imports)
+    return f"{full}.{target.name}" if defined else full

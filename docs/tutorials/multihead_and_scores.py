@@ -1,5 +1,5 @@
 # %% [markdown]
-# # torch's `MultiheadAttention` and the four classic score functions
+# # torch's MultiheadAttention and the four classic score functions
 #
 # `torch.nn.MultiheadAttention` takes sequences as `(L, N, E)` (length first) unless
 # `batch_first=True`, and returns the output with the attention weights averaged over

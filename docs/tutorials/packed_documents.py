@@ -115,7 +115,7 @@ sdpa_out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask)
 print(f"same output: {torch.allclose(out, sdpa_out, rtol=1e-4, atol=1e-5)}")
 
 # %% [markdown]
-# (The times depend on the machine; [Performance](../guides/performance.md) has
+# (The times depend on the machine; [Performance](../guides/performance.html) has
 # measured tables.)
 #
 # ## Training through it

@@ -46,7 +46,7 @@ out = attnkit.attention(q, k, v)
 print(torch.allclose(out, by_hand, atol=1e-6))
 
 # %% [markdown]
-# ## With `einsum`, over any batch dims
+# ## With einsum, over any batch dims
 #
 # With several leading dims (here a (2, 3) grid of sequences) the same projections
 # are `einsum`s that name the feature dims and leave the rest alone. The projection
@@ -64,7 +64,7 @@ manual = torch.einsum("...lm,...mo->...lo", scores.softmax(-1), vs)
 print(manual.shape, torch.allclose(attnkit.attention(qs, ks, vs), manual, atol=1e-6))
 
 # %% [markdown]
-# ## Several heads: Keras' `MultiHeadAttention`
+# ## Several heads: Keras' MultiHeadAttention
 #
 # A multi-head layer runs several small attentions side by side, each with its own
 # projections (`num_heads` heads of `key_dim` features), then projects their

@@ -363,6 +363,8 @@ def validate_inputs(
     head_scale: torch.Tensor | None = None
     if scale is None:
         scale_f = sc.default_scale(E)
+        if scale_f > SCALE_READ_ABOVE:  # a score's own scale (ScaledDot(scale=...))
+            _check_scale_range(scale_f, q, k, sc, what=f"score: the scale of {sc.name!r}:")
     elif isinstance(scale, torch.Tensor):
         head_scale = _check_head_scale(scale, heads, device)
         scale_f = 1.0
@@ -495,7 +497,9 @@ def scale_ceiling(dtype: torch.dtype) -> float:
     return math.sqrt(torch.finfo(dtype).max)
 
 
-def _check_scale_range(scale: float, q: torch.Tensor, k: torch.Tensor, score: Score) -> None:
+def _check_scale_range(
+    scale: float, q: torch.Tensor, k: torch.Tensor, score: Score, what: str = "scale:"
+) -> None:
     """Refuse a scale whose logits would overflow the compute dtype (they would give NaN,
     or -inf everywhere for the Gaussian: a row treated as empty).
 
@@ -510,7 +514,7 @@ def _check_scale_range(scale: float, q: torch.Tensor, k: torch.Tensor, score: Sc
     ceiling = scale_ceiling(cd)
     if scale > ceiling:
         raise ValueError(
-            f"scale: expected at most {ceiling:.3g} for logits computed in {cd} (the square "
+            f"{what} expected at most {ceiling:.3g} for logits computed in {cd} (the square "
             f"root of its range, the rest being the scores'), got {scale:g}; fold part of "
             "it into the query, or use float64 inputs"
         )
@@ -520,7 +524,7 @@ def _check_scale_range(scale: float, q: torch.Tensor, k: torch.Tensor, score: Sc
     limit = torch.finfo(cd).max / 64
     if bound is not None and math.isfinite(bound) and bound > 0 and scale * bound > limit:
         raise ValueError(
-            f"scale: {scale:g} would overflow the logits, computed in {cd}: the score's "
+            f"{what} {scale:g} would overflow the logits, computed in {cd}: the score's "
             f"largest |logit| for these inputs is up to {bound:.3g} before scaling, and "
             f"scale x {bound:.3g} must stay below {limit:.3g}; the largest usable scale for "
             f"these inputs is about {limit / bound:.3g}"

@@ -42,11 +42,12 @@ def masked_softmax(
     Raises:
         TypeError, ValueError: before any compute, naming ``X`` or ``valid_lens``.
 
-    >>> import torch, attnkit
-    >>> attnkit.masked_softmax(torch.zeros(2, 1, 4), torch.tensor([2, 0]))
-    tensor([[[0.5000, 0.5000, 0.0000, 0.0000]],
-    <BLANKLINE>
-            [[0.0000, 0.0000, 0.0000, 0.0000]]])
+    Examples:
+        >>> import torch, attnkit
+        >>> attnkit.masked_softmax(torch.zeros(2, 1, 4), torch.tensor([2, 0]))
+        tensor([[[0.5000, 0.5000, 0.0000, 0.0000]],
+        <BLANKLINE>
+                [[0.0000, 0.0000, 0.0000, 0.0000]]])
     """
     if not isinstance(X, torch.Tensor) or not X.is_floating_point():
         got = X.dtype if isinstance(X, torch.Tensor) else type(X).__name__

@@ -234,3 +234,15 @@ def test_a_device_this_torch_lacks_is_named_at_construction() -> None:
     factory before; now a ValueError naming the layer and the device."""
     with pytest.raises(ValueError, match=r"MultiheadAttention: device cuda is not available"):
         ann.MultiheadAttention(8, 2, device="cuda")
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.int64])
+def test_t5_buckets_of_the_dtypes_extremes_are_the_last_buckets(dtype: torch.dtype) -> None:
+    # abs() of the dtype's minimum overflowed: bucket -128 for int8, -2**63 for int64
+    info = torch.iinfo(dtype)
+    extremes = torch.tensor([info.min, info.max], dtype=dtype)
+    far = torch.tensor([-(10**2), 10**2])  # past max_distance: the last bucket each way
+    for bidirectional in (True, False):
+        got = mods.t5_buckets(extremes, 32, 64, bidirectional)
+        assert got.dtype == torch.long
+        assert torch.equal(got, mods.t5_buckets(far, 32, 64, bidirectional))

@@ -164,3 +164,15 @@ def test_ceiling_holds_under_torch_compile() -> None:
     compiled = torch.compile(lambda q, k, v: attnkit.attention(q, k, v, scale=1e38))
     with pytest.raises(ValueError, match="scale: expected at most"):
         compiled(q, k, v)
+
+
+def test_a_scores_own_scale_is_checked_as_the_calls_is() -> None:
+    # scores.ScaledDot(scale=1e300) skipped the check that attention(scale=1e300) makes,
+    # and the output was NaN
+    q = torch.randn(1, 2, 4, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"^score: the scale of 'scaled_dot': expected at most"):
+        attnkit.attention(q, q, q, score=scores.ScaledDot(1e300))
+    with pytest.raises(
+        ValueError, match=r"^score: the scale of 'scaled_dot': 1e\+18 would overflow"
+    ):
+        attnkit.attention(q * 1e9, q * 1e9, q, score=scores.ScaledDot(1e18))

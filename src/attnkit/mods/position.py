@@ -221,6 +221,9 @@ def t5_buckets(
     num_buckets, max_distance, bidirectional = _bucketing(
         where, num_buckets, max_distance, bidirectional
     )
+    # in int64, and within ±2**62: |dtype's minimum| overflowed abs() to a negative bucket
+    # (every distance past max_distance has the last bucket anyway)
+    relative = relative.to(torch.long).clamp(-(2**62), 2**62)
     out = torch.zeros_like(relative)
     n = num_buckets
     if bidirectional:

@@ -52,14 +52,15 @@ class MultiHeadAttention(LazyModuleMixin, EinsumMultiHeadAttention):
     uniform and zeros as Keras initializes them. ``load_state_dict`` before the first
     call builds them from the loaded shapes.
 
-    >>> import torch
-    >>> from attnkit.nn import MultiHeadAttention
-    >>> mha = MultiHeadAttention(num_heads=2, key_dim=4)
-    >>> x = torch.randn(3, 5, 8)                          # (B, T, F)
-    >>> mha(x, x, use_causal_mask=True).shape             # self-attention, causal
-    torch.Size([3, 5, 8])
-    >>> mha.query_kernel.shape                            # (Fq, H, Dk), from the call
-    torch.Size([8, 2, 4])
+    Examples:
+        >>> import torch
+        >>> from attnkit.nn import MultiHeadAttention
+        >>> mha = MultiHeadAttention(num_heads=2, key_dim=4)
+        >>> x = torch.randn(3, 5, 8)                          # (B, T, F)
+        >>> mha(x, x, use_causal_mask=True).shape             # self-attention, causal
+        torch.Size([3, 5, 8])
+        >>> mha.query_kernel.shape                            # (Fq, H, Dk), from the call
+        torch.Size([8, 2, 4])
     """
 
     _sizes_from = "as built at the first call (or loaded)"
