@@ -468,8 +468,8 @@ def _other_real(value: object) -> TypeGuard[SupportsFloat]:
 
 def _check_head_scale(scale: torch.Tensor, heads: int, device: torch.device) -> torch.Tensor:
     check_strided("", "scale", scale)
-    if scale.ndim == 0:  # one multiplier for every head, as a float (and differentiable)
-        scale = scale.reshape(1)  # (1,)
+    if scale.ndim == 0 and scale.is_floating_point():  # one multiplier for every head,
+        scale = scale.reshape(1)  # (1,), as a float scale (and differentiable)
     # (!=, not `in`: dynamo's `in` misses a dynamic size equal to an int)
     n = scale.shape[0] if scale.ndim == 1 else 0
     if scale.ndim != 1 or not scale.is_floating_point() or (n != 1 and n != heads):

@@ -157,7 +157,7 @@ def plan_key(
         forced_backends(),
         strict(),
         check_finite,
-        dispatch.GENERATION,  # a plan made while the registry changed: never read
+        _GENERATION,  # a plan made while the registry changed: never read
     )
 
 
@@ -192,7 +192,20 @@ def remember(key: tuple[object, ...], inputs: AttentionInputs, backend: Backend)
     )
 
 
+_GENERATION = 0
+"""How many times the backend registry changed: part of a plan's key (a plan made while
+another thread changed the registry is stored where no later call looks) and of a traced
+call's (a compiled graph whose op was chosen from another registry is traced again). A
+global of this module: a compiled call guards on it alone."""
+
+
+def _next_generation() -> None:
+    global _GENERATION
+    _GENERATION += 1
+
+
 dispatch.on_registry_change(_PLANS.clear)
+dispatch.on_registry_change(_next_generation)
 
 
 def _traced_call(
@@ -260,9 +273,7 @@ def _traced_call(
         (query.device, key.device, value.device),
         (query.requires_grad, key.requires_grad, value.requires_grad),
         (score, mask_key, scale, dropout_p, backend, check_finite),
-        # the registry's generation: a compiled graph whose op was chosen from another
-        # registry is traced again
-        (_CALL_SETTINGS.forced, _CALL_SETTINGS.strict, dispatch.GENERATION),
+        (_CALL_SETTINGS.forced, _CALL_SETTINGS.strict, _GENERATION),
     )
     if route is None:
         return None

@@ -200,7 +200,7 @@ def attention(
             (``masks.bias(attn_mask)``). Refused together with ``mask=``.
         enable_gqa: SDPA's keyword. None (default): the query's head dim (-3) may be a
             multiple of the key's (grouped-query attention). True: the same. False:
-            SDPA's default rule, the head dims must be equal (or the key's 1).
+            SDPA's default rule, the head dims must broadcast (equal, or either one 1).
 
     From :func:`torch.nn.functional.scaled_dot_product_attention`, every keyword works
     and gives SDPA's numbers: ``attn_mask``, ``dropout_p`` (its own random draws),

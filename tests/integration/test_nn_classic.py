@@ -423,3 +423,14 @@ def test_a_learnable_boxcar_sigma_gets_its_zero_gradient() -> None:
     ((out - y) ** 2).sum().backward()
     assert model.score.sigma.grad is not None
     assert torch.equal(model.score.sigma.grad, torch.zeros(()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_the_lazy_additive_layer_names_an_input_of_another_dtype(dtype: torch.dtype) -> None:
+    # its first call ran the lazy Linear on the input: torch's bare "expected m1 and m2
+    # to have the same dtype" instead of the layer's own message
+    q, k, v = torch.randn(2, 3, 8), torch.randn(2, 5, 8), torch.randn(2, 5, 4)
+    with pytest.raises(TypeError, match=rf"AdditiveAttention: queries is {dtype}"):
+        AdditiveAttention(6)(q.to(dtype), k.to(dtype), v.to(dtype))
+    layer = AdditiveAttention(6).to(dtype)  # moved first: its sizes come from the call
+    assert layer(q.to(dtype), k.to(dtype), v.to(dtype)).dtype == dtype

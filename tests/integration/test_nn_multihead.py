@@ -492,6 +492,9 @@ def test_the_encoder_layer_calls_attnkit_after_out_proj_is_replaced_or_reloaded(
         assert torch.isfinite(ours(x, src_key_padding_mask=pad)).all()
     assert len(ours.self_attn.out_proj._forward_pre_hooks) == 1  # once, not per load
     torch.jit.script(ours.self_attn.out_proj)  # TorchScript compiles the hook
+    scripted = torch.jit.script(torch.nn.Linear(8, 8))  # takes no hook: assigned as it is
+    ours.self_attn.out_proj = scripted
+    assert ours.self_attn(x, x, x)[0].shape == x.shape
 
 
 def test_merge_masks_takes_every_self_attention_mask_shape() -> None:

@@ -185,6 +185,8 @@ def test_numpy_and_0d_tensor_scalars_are_taken_as_sdpa_takes_them() -> None:
     want = F.scaled_dot_product_attention(q, k, v, scale=float(scale))
     assert_close_to_scale(attnkit.attention(q, k, v, scale=scale), want)
     assert_close_to_scale(attnkit.attention(q, k, v, scale=torch.tensor(float(scale))), want)
+    with pytest.raises(ValueError, match=r"floating point; got shape \(\) and dtype torch.int64"):
+        attnkit.attention(q, k, v, scale=torch.tensor(2))
     torch.manual_seed(0)
     a = attnkit.attention(q, k, v, dropout_p=np.float32(0.25))
     torch.manual_seed(0)

@@ -224,16 +224,16 @@ def register_backend(
 _ON_CHANGE: list[Callable[[], None]] = []
 
 
-GENERATION = 0
-"""How many times the registry changed (read it as ``dispatch.GENERATION``). Part of the
-keys of cached choices and plans: a choice made while another thread changed the
-registry is stored under the old count, where no later call looks."""
+_GENERATION = 0
+"""How many times the registry changed. Part of the key of a cached choice: a choice made
+while another thread changed the registry is stored under the old count, where no later
+call looks (call plans keep a count of their own, :mod:`attnkit._plans`)."""
 
 
 def _registry_changed() -> None:
     """Forget every choice made for the old registry: names, choices, and the listeners'."""
-    global GENERATION
-    GENERATION += 1
+    global _GENERATION
+    _GENERATION += 1
     _NAME_CACHE.clear()
     _CHOICES.clear()
     for clear in list(_ON_CHANGE):
@@ -450,7 +450,7 @@ def select_backend(inputs: AttentionInputs, backend: tuple[str, ...] | None = No
     key: tuple[object, ...] | None = None
     if not torch.compiler.is_compiling():  # (a traced dict lookup would guard on the dict)
         key = (forced, _host.strict(), _host.in_transform(), inputs.signature(),
-               _value_forms(inputs), GENERATION)  # fmt: skip
+               _value_forms(inputs), _GENERATION)  # fmt: skip
         hit = _CHOICES.get(key)
         if hit is not None:
             return hit

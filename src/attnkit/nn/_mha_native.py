@@ -134,7 +134,10 @@ def metadata_blocker(
         return "no in_proj_weight or no in_proj_bias (kdim/vdim differ, or bias=False)"
     if layer.bias_k is not None or layer.add_zero_attn:  # (a parametrized one too)
         return "add_bias_kv or add_zero_attn"
-    out_params = layer._modules["out_proj"]._parameters  # type: ignore[union-attr]
+    out_proj = layer._modules["out_proj"]
+    if isinstance(out_proj, torch.jit.ScriptModule):
+        return "out_proj is a TorchScript module"
+    out_params = out_proj._parameters  # type: ignore[union-attr]
     ow, ob = out_params.get("weight"), out_params.get("bias")
     if ow is None or ob is None:
         return "out_proj has no bias"

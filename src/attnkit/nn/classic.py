@@ -344,7 +344,10 @@ class AdditiveAttention(_ValidLensAttention):
                 if not _is_lazy(linear):
                     continue
                 if linear.has_uninitialized_params():  # type: ignore[operator]
-                    linear(x[:, :0])  # (B, 0, hidden): reads the feature size, computes nothing
+                    # (B, 0, hidden) in the layer's dtype: reads the feature size and
+                    # computes nothing; an input of another dtype is named by the check
+                    # of the parameters' dtype that follows, not by torch's matmul
+                    linear(x[:, :0].to(linear.weight.dtype))
                 # A LazyLinear loaded from a state_dict leaves in_features at 0.
                 linear.in_features = int(linear.weight.shape[1])
 

@@ -92,6 +92,8 @@ def declines_fused_encoder(module: nn.Module, args: tuple[torch.Tensor]) -> None
 
 def _declining(out_proj: object) -> None:
     """Give ``out_proj`` the hook :func:`declines_fused_encoder` once."""
+    if isinstance(out_proj, torch.jit.ScriptModule):
+        return  # (TorchScript modules take no hooks; torch's encoder may then fuse the layer)
     if isinstance(out_proj, nn.Module) and not any(
         hook is declines_fused_encoder for hook in out_proj._forward_pre_hooks.values()
     ):
@@ -358,7 +360,8 @@ class MultiheadAttention(nn.Module):
         """
         params, out_params = self._parameters, self.out_proj._parameters
         if (
-            "in_proj_bias" not in params
+            isinstance(self.out_proj, torch.jit.ScriptModule)
+            or "in_proj_bias" not in params
             or "weight" not in out_params
             or "bias" not in out_params
             or self.bias_k is not None

@@ -169,7 +169,7 @@
   function matrixCSV() {
     var sides = AK.sides(), srcs = sides.map(matrixSource), first = srcs[0], long = first.g.mode === "long";
     var head = ["attnkit attention matrix: " + AK.D.title, "Rows are queries, columns keys; labels are position:token.",
-                "A text field that starts with =, +, - or @ has a ' before it (a spreadsheet would run it as a formula)."];
+                "A text field that starts with =, +, -, @, a tab or a return has a ' before it (a spreadsheet would run it as a formula)."];
     var stored = long ? ["Long input: the page holds, for every head, each query's top " + first.g.k + " keys " +
       "(exact up to one byte per weight) and block overviews; this file holds those top " + first.g.k +
       " keys of every query, per head. Every other weight is below its row's " + AK.ordinal(first.g.k) +
