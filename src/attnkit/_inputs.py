@@ -378,7 +378,10 @@ def validate_inputs(
             raise TypeError(
                 f"scale: expected a positive finite float, a (H,) tensor or None, got {scale!r}"
             )
-        scale_f = float(scale)
+        try:
+            scale_f = float(scale)
+        except OverflowError:  # an int beyond any float (10**400)
+            scale_f = math.inf
         if not 0 < scale_f < math.inf:  # NaN too (comparisons, not math.isfinite(): a
             # compiled call whose scale is a dynamic float traces them)
             raise ValueError(f"scale: expected a positive finite float or None, got {scale!r}")

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
+import operator
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import nn
 
-from ._args import as_bool, as_factory_device, as_factory_dtype
+from ._args import MAX_POSITION, as_bool, as_factory_device, as_factory_dtype
 from ._host import readable
 
 __all__ = [
@@ -258,9 +260,7 @@ class ScaledDot(Dot):
 
     def __init__(self, scale: float | None = None) -> None:
         super().__init__()
-        if scale is not None:
-            _check_scale("ScaledDot(scale)", scale)
-        self.scale = None if scale is None else float(scale)
+        self.scale = None if scale is None else _check_scale("ScaledDot(scale)", scale)
 
     def default_scale(self, E: int) -> float:
         """``scale`` when given, else ``1/sqrt(E)``."""
@@ -315,8 +315,8 @@ class Bilinear(Score):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        _check_dim("Bilinear", "query_dim", query_dim)
-        _check_dim("Bilinear", "key_dim", key_dim)
+        query_dim = _check_dim("Bilinear", "query_dim", query_dim)
+        key_dim = _check_dim("Bilinear", "key_dim", key_dim)
         dtype = as_factory_dtype("scores.Bilinear", dtype)
         device = as_factory_device("scores.Bilinear", device)
         self.weight = nn.Parameter(torch.empty(query_dim, key_dim, device=device, dtype=dtype))
@@ -390,9 +390,9 @@ class Additive(Score):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        _check_dim("Additive", "query_dim", query_dim)
-        _check_dim("Additive", "key_dim", key_dim)
-        _check_dim("Additive", "hidden_dim", hidden_dim)
+        query_dim = _check_dim("Additive", "query_dim", query_dim)
+        key_dim = _check_dim("Additive", "key_dim", key_dim)
+        hidden_dim = _check_dim("Additive", "hidden_dim", hidden_dim)
         dtype = as_factory_dtype("scores.Additive", dtype)
         device = as_factory_device("scores.Additive", device)
         kw = {"device": device, "dtype": dtype, "bias": False}
@@ -474,7 +474,7 @@ class Gaussian(Score):
         learnable = as_bool("Gaussian", "learnable", learnable)
         # A fixed bandwidth is kept in float64 so float64 inputs see it exactly.
         dtype = torch.get_default_dtype() if learnable else torch.float64
-        if isinstance(sigma, bool) or not isinstance(sigma, (int, float, torch.Tensor)):
+        if isinstance(sigma, bool) or not isinstance(sigma, (numbers.Real, torch.Tensor)):
             raise TypeError(
                 f"Gaussian: sigma must be a positive finite number or a 0-d tensor, got {sigma!r}"
             )
@@ -546,16 +546,28 @@ class Gaussian(Score):
         return f"sigma={float(self.sigma):g}"
 
 
-def _check_dim(owner: str, name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+def _check_dim(owner: str, name: str, value: object) -> int:
+    """``value`` as a Python int (a NumPy int too, as torch's layers take it) when it is
+    a positive size up to 2**60, else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
+    n = operator.index(value)
+    if not 0 < n <= MAX_POSITION:
+        raise ValueError(f"{owner}: {name} must be a positive int up to 2**60, got {n}")
+    return n
 
 
-def _check_scale(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+def _check_scale(name: str, value: object) -> float:
+    """``value`` as a float when it is a positive finite real (NumPy's too), else raise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a positive finite float, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
+    try:
+        f = float(value)
+    except OverflowError:  # (an int beyond any float)
+        raise ValueError(f"{name} must be a positive finite float, got {value!r}") from None
+    if not math.isfinite(f) or f <= 0:
         raise ValueError(f"{name} must be a positive finite float, got {value!r}")
+    return f
 
 
 ScoreName = Literal["dot", "scaled_dot", "gaussian"]

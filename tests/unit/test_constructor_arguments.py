@@ -246,3 +246,34 @@ def test_t5_buckets_of_the_dtypes_extremes_are_the_last_buckets(dtype: torch.dty
         got = mods.t5_buckets(extremes, 32, 64, bidirectional)
         assert got.dtype == torch.long
         assert torch.equal(got, mods.t5_buckets(far, 32, 64, bidirectional))
+
+
+def test_numpy_numbers_are_taken_where_torch_takes_them() -> None:
+    # torch.nn.MultiheadAttention(np.int64(8), 2) works; the drop-in said "must be a
+    # positive int, got np.int64(8)", as did the scores, SelfAttention and distributed
+    from attnkit import distributed, nn, scores
+
+    mha = nn.MultiheadAttention(np.int64(8), np.int64(2), dropout=np.float32(0.25))
+    assert type(mha.embed_dim) is int and mha.dropout == 0.25
+    assert type(nn.SelfAttention(np.int64(8), 2).hidden_dim) is int
+    assert scores.Bilinear(np.int64(4), 4).weight.shape == (4, 4)
+    assert scores.ScaledDot(np.float32(0.5)).scale == 0.5
+    assert float(scores.Gaussian(np.float32(0.5)).sigma) == 0.5
+    assert distributed.shard_lengths(np.int64(10), np.int64(3)) == [3, 3, 4]
+
+
+@pytest.mark.parametrize("size", [2**63, 2**61])
+def test_sizes_past_int64_are_refused_by_name(size: int) -> None:
+    # "Overflow when unpacking long long" came from torch, or a world size ran for ever
+    from attnkit import distributed, nn
+
+    with pytest.raises(
+        ValueError, match=r"MultiheadAttention: embed_dim must be a positive int up"
+    ):
+        nn.MultiheadAttention(size, 1)
+    with pytest.raises(ValueError, match=r"world_size: expected an int from 1 to"):
+        distributed.shard_lengths(8, size)
+    with pytest.raises(ValueError, match=r"scale: expected a positive finite float"):
+        attnkit.attention(
+            torch.ones(1, 2, 4), torch.ones(1, 2, 4), torch.ones(1, 2, 4), scale=10**400
+        )

@@ -9,6 +9,7 @@ global positions. The call is a collective: every rank of ``group`` makes it.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -241,7 +242,7 @@ def explain_context_parallel(
         if not isinstance(t, torch.Tensor) or t.ndim < 2:
             raise TypeError(f"{name}: expected a tensor of shape (..., L, E), got {t!r:.60}")
     for name, n in (("seq_len", seq_len), ("kv_seq_len", kv_seq_len)):
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+        if n is not None and (isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0):
             raise ValueError(f"{name}: expected None or an int >= 0, got {n!r}")
     # the call's own checks of shapes and dtypes (attention()'s), on stand-ins of no memory
     # (zeros expanded, on the inputs' devices: a score's parameters are checked there)

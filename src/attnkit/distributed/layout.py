@@ -17,6 +17,8 @@ chunk; nothing is padded). :func:`shard` cuts a full tensor for one rank and
 
 from __future__ import annotations
 
+import numbers
+import operator
 from collections.abc import Sequence
 from typing import Literal
 
@@ -53,10 +55,21 @@ def check_layout(layout: object) -> Layout:
     return layout  # type: ignore[return-value]
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+MAX_WORLD_SIZE = 2**20
+"""The most ranks a layout is computed for (a list per rank: a world size of 2**40 ran
+for ever)."""
+
+
+def _check_int(name: str, value: object, minimum: int, maximum: int = 2**60) -> int:
+    """``value`` as a Python int (NumPy ints too) in [minimum, maximum], or a ValueError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
-    return value
+    n = operator.index(value)
+    if n < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {n}")
+    if n > maximum:
+        raise ValueError(f"{name}: expected an int from {minimum} to {maximum}, got {n}")
+    return n
 
 
 def _chunks(n: int, m: int) -> list[Segment]:
@@ -76,7 +89,7 @@ def segments(n: int, world_size: int, layout: Layout = "zigzag") -> list[list[Se
 
     Args:
         n: the full sequence length, an int >= 0.
-        world_size: the number of ranks P, an int >= 1.
+        world_size: the number of ranks P, an int from 1 to 2**20.
         layout: ``"zigzag"`` (default; two segments per rank, chunks ``r`` and
             ``2P - 1 - r`` of 2P) or ``"contiguous"`` (one segment, chunk ``r`` of P).
 
@@ -95,8 +108,8 @@ def segments(n: int, world_size: int, layout: Layout = "zigzag") -> list[list[Se
         >>> cp.segments(10, 2, "contiguous")
         [[(0, 5)], [(5, 5)]]
     """
-    _check_int("n", n, 0)
-    _check_int("world_size", world_size, 1)
+    n = _check_int("n", n, 0)
+    world_size = _check_int("world_size", world_size, 1, MAX_WORLD_SIZE)
     check_layout(layout)
     if layout == "contiguous":
         return [[c] for c in _chunks(n, world_size)]
@@ -109,7 +122,7 @@ def rank_segments(n: int, world_size: int, rank: int, layout: Layout = "zigzag")
 
     Args:
         n: the full sequence length, an int >= 0.
-        world_size: the number of ranks P, an int >= 1.
+        world_size: the number of ranks P, an int from 1 to 2**20.
         rank: the rank, an int in [0, P).
         layout: ``"zigzag"`` (default) or ``"contiguous"``.
 
@@ -124,7 +137,7 @@ def rank_segments(n: int, world_size: int, rank: int, layout: Layout = "zigzag")
         >>> cp.rank_segments(10, 2, 1)
         [(3, 3), (6, 2)]
     """
-    _check_int("rank", rank, 0)
+    rank = _check_int("rank", rank, 0)
     if rank >= world_size:
         raise ValueError(f"rank: expected an int in [0, {world_size}), got {rank}")
     return segments(n, world_size, layout)[rank]
@@ -135,7 +148,7 @@ def shard_lengths(n: int, world_size: int, layout: Layout = "zigzag") -> list[in
 
     Args:
         n: the full sequence length, an int >= 0.
-        world_size: the number of ranks P, an int >= 1.
+        world_size: the number of ranks P, an int from 1 to 2**20.
         layout: ``"zigzag"`` (default) or ``"contiguous"``.
 
     Returns:

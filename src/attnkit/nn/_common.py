@@ -9,6 +9,8 @@ import it (the layer's module imports them).
 from __future__ import annotations
 
 import contextvars
+import numbers
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal, Protocol
@@ -17,6 +19,7 @@ import torch
 from torch import nn
 
 from .. import masks
+from .._args import MAX_POSITION
 from .._args import as_factory_device as check_factory_device
 from .._args import as_factory_dtype as check_factory_dtype
 from .._args import shape_text as shape_str
@@ -56,17 +59,21 @@ class InputShapeError(ValueError, AssertionError):
 
 
 def check_positive_int(owner: str, name: str, value: object) -> int:
-    """Return ``value`` if it is an int > 0, else raise naming ``owner`` and ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """``value`` as a Python int when it is an int > 0 (a NumPy int too, as torch's layers
+    take it) up to 2**60, else raise naming ``owner`` and ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{owner}: {name} must be a positive int, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{owner}: {name} must be a positive int, got {value}")
-    return value
+    n = operator.index(value)
+    if n <= 0:
+        raise ValueError(f"{owner}: {name} must be a positive int, got {n}")
+    if n > MAX_POSITION:  # (torch's "Overflow when unpacking long long" past int64)
+        raise ValueError(f"{owner}: {name} must be a positive int up to 2**60, got {n}")
+    return n
 
 
 def check_dropout(owner: str, value: object) -> float:
     """Return ``value`` as a float if it is a probability in [0, 1), else raise."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # (NumPy's too)
         raise TypeError(f"{owner}: dropout must be a float in [0, 1), got {value!r}")
     if not 0.0 <= float(value) < 1.0:
         raise ValueError(f"{owner}: dropout must be a float in [0, 1), got {value}")

@@ -148,7 +148,7 @@ class EinsumMultiHeadAttention(nn.Module):
         self.value_dim = (
             check_positive_int(self._owner, "value_dim", value_dim)
             if value_dim is not None
-            else key_dim
+            else self.key_dim
         )
         self.dropout = check_dropout(self._owner, dropout)
         self.use_bias = bool(use_bias)
@@ -176,8 +176,7 @@ class EinsumMultiHeadAttention(nn.Module):
             )
         if not out:
             raise ValueError(f"{self._owner}: output_shape must not be empty, got {output_shape!r}")
-        for d in out:
-            check_positive_int(self._owner, "output_shape entries", d)
+        out = tuple(check_positive_int(self._owner, "output_shape entries", d) for d in out)
         self.output_shape = out
         if attention_axes is None:
             self.attention_axes: tuple[int, ...] | None = None

@@ -139,17 +139,17 @@ class MultiheadAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        check_positive_int(_OWNER, "embed_dim", embed_dim)
-        check_positive_int(_OWNER, "num_heads", num_heads)
+        embed_dim = check_positive_int(_OWNER, "embed_dim", embed_dim)
+        num_heads = check_positive_int(_OWNER, "num_heads", num_heads)
         if embed_dim % num_heads != 0:
             raise ValueError(
                 f"{_OWNER}: num_heads={num_heads} must divide embed_dim={embed_dim} "
                 f"(each head gets embed_dim / num_heads features)"
             )
         if kdim is not None:
-            check_positive_int(_OWNER, "kdim", kdim)
+            kdim = check_positive_int(_OWNER, "kdim", kdim)
         if vdim is not None:
-            check_positive_int(_OWNER, "vdim", vdim)
+            vdim = check_positive_int(_OWNER, "vdim", vdim)
         check_factory_dtype(_OWNER, dtype)
         check_factory_device(_OWNER, device)
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
