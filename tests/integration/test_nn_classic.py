@@ -434,3 +434,14 @@ def test_the_lazy_additive_layer_names_an_input_of_another_dtype(dtype: torch.dt
         AdditiveAttention(6)(q.to(dtype), k.to(dtype), v.to(dtype))
     layer = AdditiveAttention(6).to(dtype)  # moved first: its sizes come from the call
     assert layer(q.to(dtype), k.to(dtype), v.to(dtype)).dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.uint32, torch.uint64])
+def test_unsigned_valid_lens_are_read_as_masks_valid_lens_reads_them(dtype: torch.dtype) -> None:
+    # uint32 and uint64 lengths failed with torch's '"min_all" not implemented'
+    q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6)
+    layer = DotProductAttention()
+    want = layer(q, k, v, torch.tensor([2, 5]))
+    assert torch.equal(layer(q, k, v, torch.tensor([2, 5]).to(dtype)), want)
+    with pytest.raises(ValueError, match=r"valid_lens must lie in \[0, 5\]"):
+        layer(q, k, v, torch.tensor([2, 6]).to(dtype))

@@ -293,3 +293,18 @@ def test_the_model_run_in_another_thread_leaves_the_capture_alone() -> None:
         thread.join()
     assert [r.layer for r in cap] == ["a"]
     assert torch.equal(cap[0].weights, want)
+
+
+def test_heads_and_layers_take_numpy_and_0d_tensor_numbers() -> None:
+    # capture(heads=np.int64(0)) said "'numpy.int64' object is not iterable"
+    import numpy as np
+
+    layer = attnkit.nn.SelfAttention(8, 2).eval()
+    x = torch.randn(1, 4, 8)
+    for heads in (np.int64(1), torch.tensor(1), [np.int64(1)]):
+        with capture(layer, layers=[np.int64(0)], heads=heads) as cap:
+            layer(x)
+        assert cap[0].weights.shape[-3] == 1
+    with pytest.raises(TypeError, match="heads: expected None, a head number or a list"):
+        with capture(layer, heads=0.5):  # type: ignore[arg-type]
+            pass

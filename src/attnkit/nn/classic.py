@@ -88,6 +88,11 @@ def _check_qkv(
     return queries, keys, values
 
 
+_UNSIGNED_WIDE = tuple(
+    getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)
+)
+
+
 def _valid_lens_mask(
     owner: str, valid_lens: object, B: int, L: int, S: int
 ) -> masks.ValidLensMask | None:
@@ -122,7 +127,10 @@ def _valid_lens_mask(
             f"{owner}: valid_lens must have shape ({B},) or ({B}, {L}), got {shape_str(lens)}"
         )
     if host and lens.numel():
-        lo, hi = int(lens.min()), int(lens.max())
+        wide = lens.to(torch.long) if lens.dtype in _UNSIGNED_WIDE else lens  # (no min/max
+        lo, hi = int(wide.min()), int(wide.max())  # for uint16/32/64 in torch)
+        if lens.dtype == torch.uint64 and bool((wide < 0).any()):
+            lo = 2**63  # (past int64: wrapped around by the conversion)
         if lo < 0 or hi > S:
             raise ValueError(
                 f"{owner}: valid_lens must lie in [0, {S}] (there are {S} keys), got values "

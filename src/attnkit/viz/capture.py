@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import fnmatch
 import numbers
-from collections.abc import Iterator, Sequence
+import operator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -137,19 +138,30 @@ def _normalize_layers(layers: LayerSelection) -> tuple[int | str, ...] | None:
     if layers is None:
         return None
     items: list[Any] = list(layers) if isinstance(layers, (list, tuple, range)) else [layers]
-    for item in items:
-        if isinstance(item, bool) or not isinstance(item, (int, str)):
+    for i, item in enumerate(items):
+        if isinstance(item, bool) or not isinstance(item, (numbers.Integral, str)):
             raise TypeError(f"layers: expected None, layer numbers or module names, got {item!r}")
+        if not isinstance(item, str):
+            items[i] = operator.index(item)  # (a NumPy int: a Python int)
     return tuple(items)
 
 
 def _normalize_heads(heads: HeadSelection) -> tuple[int, ...] | None:
     if heads is None:
         return None
-    items = [heads] if isinstance(heads, int) else list(heads)
-    for item in items:
-        if isinstance(item, bool) or not isinstance(item, int):
+    single = isinstance(heads, numbers.Integral) or (
+        isinstance(heads, torch.Tensor) and heads.ndim == 0
+    )
+    if not single and not isinstance(heads, Iterable):
+        raise TypeError(f"heads: expected None, a head number or a list of them, got {heads!r}")
+    given: list[object] = [heads] if single else list(heads)  # type: ignore[arg-type]
+    items: list[int] = []
+    for item in given:
+        if isinstance(item, torch.Tensor) and item.ndim == 0 and not item.is_floating_point():
+            item = int(item)
+        if isinstance(item, bool) or not isinstance(item, numbers.Integral):
             raise TypeError(f"heads: expected None or head numbers, got {item!r}")
+        items.append(operator.index(item))
     if not items:
         raise ValueError("heads: expected at least one head number, got none")
     return tuple(items)
