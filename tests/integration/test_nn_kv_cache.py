@@ -186,3 +186,20 @@ def test_a_top_left_band_after_the_prefill_is_refused() -> None:
             )
             steps.append(layer(x[:, i : i + 1], mask=step, cache=cache))
         assert_close_to_scale(torch.cat(steps, dim=1), want, rel=FLOAT64_REL)  # type: ignore[arg-type]
+
+
+def test_a_cache_pickled_before_its_length_was_checked_loads() -> None:
+    # its state held a plain "length": loading it gave "no attribute '_length'"
+    import pickle
+
+    cache = KVCache(1, 1, 6, 2)
+    cache.append(torch.randn(1, 1, 3, 2), torch.randn(1, 1, 3, 2))
+    state = dict(cache.__dict__)
+    state["length"] = state.pop("_length")  # the fields of a cache saved then
+    state.pop("_written")
+    old = KVCache.__new__(KVCache)
+    old.__dict__.update(state)
+    loaded = pickle.loads(pickle.dumps(old))
+    assert loaded.length == 3
+    loaded.length = 2  # (the written positions are known)
+    assert torch.equal(loaded.keys, cache.keys)

@@ -137,6 +137,14 @@ class KVCache:
             )
         self._length = int(value)
 
+    def __setstate__(self, state: dict[str, object]) -> None:
+        """A cache pickled before ``length`` was checked (its plain ``length`` field)
+        loads with its length as the positions written."""
+        if "length" in state and "_length" not in state:
+            state["_length"] = state.pop("length")
+            state.setdefault("_written", state["_length"])
+        self.__dict__.update(state)
+
     def __deepcopy__(self, memo: dict[int, object]) -> KVCache:
         """A copy with its own buffers; the differentiable filled part of the steps taken
         with gradients is shared (never written in place), so gradients still reach it."""
