@@ -68,7 +68,7 @@ def sdpa_mask(
         query: (..., L, E); key: (..., S, E): read for their head dim (-3) only.
         mask: attnkit's ``mask=`` as received (None, a mask or a float tensor).
         is_causal: True = ``masks.causal()`` (top-left, as SDPA), combined with ``mask``
-            or ``attn_mask`` by ``&`` (SDPA takes the pair on the kernels that read a mask
+            or ``attn_mask`` by ``&`` (SDPA takes the pair on some kernels and torch versions
             and refuses it on others: here it always means both).
         attn_mask: None, a bool tensor (..., L, S) with SDPA's polarity (True = may
             attend: ``masks.keep``) or a float tensor added to the logits

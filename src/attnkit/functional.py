@@ -193,8 +193,8 @@ def attention(
             whatever the kernel gives.
         is_causal: SDPA's keyword: True = ``mask=masks.causal()`` (top-left aligned, as
             SDPA: query i keeps keys j <= i). With ``mask=`` or ``attn_mask`` it is that
-            mask ``& masks.causal()`` (SDPA takes that pair on some kernels and refuses it
-            on others).
+            mask ``& masks.causal()`` (SDPA takes that pair on some kernels and torch
+            versions and refuses it on others).
         attn_mask: SDPA's keyword: a bool tensor (..., L, S) in SDPA's polarity (True =
             may attend, ``masks.keep(attn_mask)``) or a float tensor added to the logits
             (``masks.bias(attn_mask)``). Refused together with ``mask=``.

@@ -95,12 +95,16 @@ def test_is_causal_with_attn_mask_is_both() -> None:
     # mask (here: E = Ev) and refuses it on others (E != Ev): attnkit always takes it
     q, k, v = _qkv(L=5, S=7, Ev=8)
     keep = torch.rand(5, 7, generator=torch.Generator().manual_seed(1)) < 0.7
-    want = F.scaled_dot_product_attention(q, k, v, is_causal=True, attn_mask=keep)
     got = attnkit.attention(q, k, v, is_causal=True, attn_mask=keep)
     ok = keep & torch.ones(5, 7, dtype=torch.bool).tril()  # (L, S)
     assert_close_to_scale(got, F.scaled_dot_product_attention(q, k, v, attn_mask=ok))
-    rows = ok.any(-1)  # rows with a key: SDPA gives NaN or 0 for the others, attnkit 0
-    assert_close_to_scale(got[..., rows, :], want[..., rows, :])
+    try:  # (torch 2.15 refuses the pair in SDPA itself)
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=True, attn_mask=keep)
+    except RuntimeError:
+        want = None
+    if want is not None:
+        rows = ok.any(-1)  # rows with a key: SDPA gives NaN or 0 for the others, attnkit 0
+        assert_close_to_scale(got[..., rows, :], want[..., rows, :])
     bias = torch.randn(5, 7, generator=torch.Generator().manual_seed(2))
     got = attnkit.attention(q, k, v, is_causal=True, attn_mask=bias)
     causal_bias = bias.masked_fill(~torch.ones(5, 7, dtype=torch.bool).tril(), float("-inf"))
